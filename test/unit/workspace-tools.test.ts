@@ -1,0 +1,204 @@
+import test from "ava";
+import { mkdtemp, mkdir, readFile, rm, symlink, writeFile, access } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import type { AgentTool } from "@mariozechner/pi-agent-core";
+import { BUILTIN_TOOLS } from "../../src/domain.js";
+import { createWorkspaceTools, MAX_OUTPUT_BYTES, Workspace } from "../../actors/workspace-tools.js";
+
+interface Dirs {
+  base: string;
+  workspace: string;
+  outside: string;
+}
+
+async function dirs(): Promise<Dirs> {
+  const base = await mkdtemp(path.join(tmpdir(), "ws-tools-"));
+  const workspace = path.join(base, "ws");
+  const outside = path.join(base, "outside");
+  await mkdir(workspace);
+  await mkdir(outside);
+  await writeFile(path.join(outside, "secret.txt"), "secret");
+  return { base, workspace, outside };
+}
+
+function tools(dir: string, commandTimeoutMs?: number): Record<string, AgentTool<any>> {
+  return Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { commandTimeoutMs }).map((t) => [t.name, t]));
+}
+
+function text(result: { content: { type: string; text?: string }[] }): string {
+  return result.content.map((c) => c.text ?? "").join("");
+}
+
+async function exists(p: string): Promise<boolean> {
+  return access(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+test("workspace-tools - creates the named tools in order", async (t) => {
+  const d = await dirs();
+  t.deepEqual(
+    createWorkspaceTools(d.workspace, ["ls", "bash"]).map((tool) => tool.name),
+    ["ls", "bash"],
+  );
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - bash runs in the workspace and returns output", async (t) => {
+  const d = await dirs();
+  const result = await tools(d.workspace).bash.execute("c1", { command: "pwd && echo hi > a.txt && echo done" });
+  t.regex(text(result), /done/);
+  t.true(text(result).includes(path.basename(d.workspace)));
+  t.is(await readFile(path.join(d.workspace, "a.txt"), "utf8"), "hi\n");
+  t.is(result.details.exitCode, 0);
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - bash nonzero exit throws with exit code and output", async (t) => {
+  const d = await dirs();
+  const error = await t.throwsAsync(tools(d.workspace).bash.execute("c1", { command: "echo oops >&2; exit 3" }));
+  t.regex(error!.message, /exited with code 3/);
+  t.regex(error!.message, /oops/);
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - bash command timeout kills the process group", async (t) => {
+  const d = await dirs();
+  const started = Date.now();
+  const error = await t.throwsAsync(
+    tools(d.workspace, 300).bash.execute("c1", { command: "(sleep 3; touch late.txt) & sleep 5; touch after.txt" }),
+  );
+  t.regex(error!.message, /timed out after 0\.3 s/);
+  t.true(Date.now() - started < 2500);
+  await new Promise((resolve) => setTimeout(resolve, 3300));
+  t.false(await exists(path.join(d.workspace, "late.txt")), "background child was killed too");
+  t.false(await exists(path.join(d.workspace, "after.txt")));
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - bash abort signal kills the command", async (t) => {
+  const d = await dirs();
+  const controller = new AbortController();
+  setTimeout(() => controller.abort(), 200);
+  const started = Date.now();
+  const error = await t.throwsAsync(
+    tools(d.workspace).bash.execute("c1", { command: "sleep 5; touch after.txt" }, controller.signal),
+  );
+  t.regex(error!.message, /cancelled/);
+  t.true(Date.now() - started < 2000);
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - bash keeps the last 64 KiB of output", async (t) => {
+  const d = await dirs();
+  const result = await tools(d.workspace).bash.execute("c1", {
+    command: "head -c 200000 /dev/zero | tr '\\0' 'a'; echo; echo END",
+  });
+  const out = text(result);
+  t.true(result.details.truncated);
+  t.is(out.split("\n")[0], "[output truncated: last 65536 of 200005 bytes]");
+  t.true(out.endsWith("END\n"));
+  t.true(Buffer.byteLength(out) < MAX_OUTPUT_BYTES + 100);
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - bash does not pass the service's secrets", async (t) => {
+  const d = await dirs();
+  process.env.RUNS_MASTER_KEY = "do-not-leak";
+  try {
+    const result = await tools(d.workspace).bash.execute("c1", { command: 'echo "key=${RUNS_MASTER_KEY:-unset}"' });
+    t.regex(text(result), /key=unset/);
+  } finally {
+    delete process.env.RUNS_MASTER_KEY;
+    await rm(d.base, { recursive: true });
+  }
+});
+
+test("workspace-tools - write creates parent directories, read returns lines", async (t) => {
+  const d = await dirs();
+  const all = tools(d.workspace);
+  await all.write.execute("c1", { path: "deep/dir/f.txt", content: "one\ntwo\nthree" });
+  t.is(await readFile(path.join(d.workspace, "deep/dir/f.txt"), "utf8"), "one\ntwo\nthree");
+  t.is(text(await all.read.execute("c2", { path: "deep/dir/f.txt" })), "one\ntwo\nthree");
+  const slice = text(await all.read.execute("c3", { path: "deep/dir/f.txt", offset: 2, limit: 1 }));
+  t.true(slice.startsWith("two\n"));
+  t.regex(slice, /continue with offset 3/);
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - edit replaces one exact unique match", async (t) => {
+  const d = await dirs();
+  const all = tools(d.workspace);
+  await writeFile(path.join(d.workspace, "e.txt"), "alpha beta alpha gamma");
+  await t.throwsAsync(all.edit.execute("c1", { path: "e.txt", old_text: "alpha", new_text: "x" }), {
+    message: /occurs 2 times/,
+  });
+  await t.throwsAsync(all.edit.execute("c2", { path: "e.txt", old_text: "delta", new_text: "x" }), {
+    message: /not found/,
+  });
+  await all.edit.execute("c3", { path: "e.txt", old_text: "beta", new_text: "$& $1" });
+  t.is(await readFile(path.join(d.workspace, "e.txt"), "utf8"), "alpha $& $1 alpha gamma");
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - ls lists entries, directories with a slash", async (t) => {
+  const d = await dirs();
+  await mkdir(path.join(d.workspace, "sub"));
+  await writeFile(path.join(d.workspace, "b.txt"), "");
+  const all = tools(d.workspace);
+  t.is(text(await all.ls.execute("c1", {})), "b.txt\nsub/");
+  t.is(text(await all.ls.execute("c2", { path: "sub" })), "(empty directory)");
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - paths escaping the workspace are rejected", async (t) => {
+  const d = await dirs();
+  const all = tools(d.workspace);
+  await symlink(d.outside, path.join(d.workspace, "link-out"));
+  await symlink(path.join(d.outside, "secret.txt"), path.join(d.workspace, "secret-link"));
+  await symlink(path.join(d.outside, "missing.txt"), path.join(d.workspace, "dangling"));
+
+  const attempts: Array<[string, Record<string, unknown>]> = [
+    ["read", { path: "../outside/secret.txt" }],
+    ["read", { path: path.join(d.outside, "secret.txt") }],
+    ["read", { path: "secret-link" }],
+    ["read", { path: "link-out/secret.txt" }],
+    ["write", { path: "../outside/new.txt", content: "x" }],
+    ["write", { path: "link-out/new.txt", content: "x" }],
+    ["write", { path: "link-out/deeper/new.txt", content: "x" }],
+    ["write", { path: "dangling", content: "x" }],
+    ["edit", { path: "secret-link", old_text: "secret", new_text: "x" }],
+    ["ls", { path: ".." }],
+    ["ls", { path: "link-out" }],
+  ];
+  for (const [name, args] of attempts) {
+    await t.throwsAsync(all[name].execute("c", args), undefined, `${name} ${JSON.stringify(args)}`);
+  }
+  t.is(await readFile(path.join(d.outside, "secret.txt"), "utf8"), "secret");
+  t.false(await exists(path.join(d.outside, "new.txt")));
+  t.false(await exists(path.join(d.outside, "missing.txt")));
+  t.false(await exists(path.join(d.outside, "deeper")));
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - links and absolute paths inside the workspace are allowed", async (t) => {
+  const d = await dirs();
+  await mkdir(path.join(d.workspace, "real"));
+  await writeFile(path.join(d.workspace, "real/f.txt"), "inside");
+  await symlink(path.join(d.workspace, "real"), path.join(d.workspace, "alias"));
+  const all = tools(d.workspace);
+  t.is(text(await all.read.execute("c1", { path: "alias/f.txt" })), "inside");
+  t.is(text(await all.read.execute("c2", { path: path.join(d.workspace, "real/f.txt") })), "inside");
+  t.is(text(await all.read.execute("c3", { path: "real/../real/f.txt" })), "inside");
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - Workspace.resolve maps to the real path", async (t) => {
+  const d = await dirs();
+  const ws = new Workspace(d.workspace);
+  t.is(await ws.resolve("."), await import("node:fs/promises").then((fs) => fs.realpath(d.workspace)));
+  await t.throwsAsync(ws.resolve("a/../../x"), { message: /outside the workspace/ });
+  await rm(d.base, { recursive: true });
+});
