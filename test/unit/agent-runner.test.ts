@@ -1,0 +1,596 @@
+import test from "ava";
+import { readFileSync } from "node:fs";
+import { access, mkdtemp, readFile, rm } from "node:fs/promises";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import type { AgentMessage, StreamFn } from "@mariozechner/pi-agent-core";
+import type { AssistantMessage, Context } from "@mariozechner/pi-ai";
+import type { AgentConfig, InputPart, RuntimeEvent, ScriptStep } from "../../src/domain.js";
+import {
+  buildUserMessage,
+  classifyFile,
+  listModels,
+  providerFailure,
+  resolveModel,
+  sanitizeErrorText,
+  startTurn,
+  SteeringTargetEndedError,
+  type RunningTurn,
+  type TurnRunRequest,
+} from "../../actors/agent-runner.js";
+import { scriptedModel } from "../../actors/scripted-model.js";
+
+async function workspace(): Promise<string> {
+  return mkdtemp(path.join(tmpdir(), "agent-runner-"));
+}
+
+function scripted(script?: ScriptStep[], extra: Partial<AgentConfig> = {}): AgentConfig {
+  return { model: "faux/scripted", tools: ["bash"], ...(script ? { script } : {}), ...extra };
+}
+
+function bash(command: string): ScriptStep {
+  return { tool_call: { name: "bash", arguments: { command } } };
+}
+
+function text(value: string): InputPart[] {
+  return [{ type: "input_text", text: value }];
+}
+
+/** Starts a turn collecting its events; `onEvent` also gets the running turn. */
+function run(
+  req: Omit<TurnRunRequest, "onEvent"> & { onEvent?: (event: RuntimeEvent, turn: RunningTurn) => void },
+): { turn: RunningTurn; events: RuntimeEvent[] } {
+  const events: RuntimeEvent[] = [];
+  const turn: RunningTurn = startTurn({
+    ...req,
+    onEvent: (event) => {
+      events.push(event);
+      req.onEvent?.(event, turn);
+    },
+  });
+  return { turn, events };
+}
+
+/** Wraps the real resolver so the test sees every context the model was called with. */
+function recordingResolver(contexts: Context[]): typeof resolveModel {
+  return (ref, options) => {
+    const resolved = resolveModel(ref, options);
+    if ("error" in resolved || !resolved.streamFn) return resolved;
+    const inner = resolved.streamFn;
+    const streamFn: StreamFn = (model, context, opts) => {
+      contexts.push({ ...context, messages: structuredClone(context.messages) });
+      return inner(model, context, opts);
+    };
+    return { ...resolved, streamFn };
+  };
+}
+
+function userTexts(messages: AgentMessage[]): string[] {
+  return messages.flatMap((m) =>
+    m.role === "user" ? [typeof m.content === "string" ? m.content : m.content.map((c) => (c.type === "text" ? c.text : "")).join("")] : [],
+  );
+}
+
+async function waitForFile(file: string): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if (await access(file).then(() => true, () => false)) return;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+}
+
+function processGone(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return true;
+  }
+  // A zombie (killed, not yet reaped by a container's pid 1) is gone for our purpose.
+  return /\)\s+Z\s/.test(safeRead(`/proc/${pid}/stat`));
+}
+
+function safeRead(file: string): string {
+  try {
+    return readFileSync(file, "utf8");
+  } catch {
+    return "";
+  }
+}
+
+test("agent-runner - a bash tool call then text completes with the text and the file", async (t) => {
+  const dir = await workspace();
+  const { turn, events } = run({
+    config: scripted([bash("echo hi > a.txt && sleep 0.2"), { text: "done" }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("make a file"),
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "completed");
+  t.deepEqual(result.output, [{ type: "output_text", text: "done" }]);
+  t.is(result.error, undefined);
+  t.is(await readFile(path.join(dir, "a.txt"), "utf8"), "hi\n");
+  t.deepEqual(
+    result.transcript.map((m) => m.role),
+    ["user", "assistant", "toolResult", "assistant"],
+  );
+  const toolEnd = events.find((e) => e.type === "tool_execution_end");
+  t.is(toolEnd?.data.toolName, "bash");
+  t.is(toolEnd?.data.isError, false);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - without a script the model echoes the input", async (t) => {
+  const dir = await workspace();
+  const { turn } = run({ config: scripted(), workspaceDir: dir, history: [], input: text("hello there") });
+  const result = await turn.result;
+  t.is(result.outcome, "completed");
+  t.deepEqual(result.output, [{ type: "output_text", text: "hello there" }]);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - history reaches the model and is not repeated in the transcript", async (t) => {
+  const dir = await workspace();
+  const first = await run({ config: scripted(), workspaceDir: dir, history: [], input: text("one") }).turn.result;
+  const contexts: Context[] = [];
+  const second = await run({
+    config: scripted(),
+    workspaceDir: dir,
+    history: first.transcript,
+    input: text("two"),
+    resolveModel: recordingResolver(contexts),
+  }).turn.result;
+  t.deepEqual(userTexts(contexts[0].messages), ["one", "two"]);
+  t.deepEqual(userTexts(second.transcript), ["two"]);
+  t.deepEqual(second.output, [{ type: "output_text", text: "two" }]);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - error step with status 429 fails with provider_rate_limited, retryable", async (t) => {
+  const dir = await workspace();
+  const { turn } = run({
+    config: scripted([{ error: { message: "slow down", status: 429 } }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "failed");
+  t.is(result.error?.code, "provider_rate_limited");
+  t.is(result.error?.retryable, true);
+  t.is(result.error?.source, "provider");
+  t.is(result.error?.message, "slow down");
+  t.regex(result.error?.reference ?? "", /^ref_[0-9A-Za-z]{20}$/);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - error step with status 401 fails with provider_authentication_failed", async (t) => {
+  const dir = await workspace();
+  const result = await run({
+    config: scripted([{ error: { message: "bad key", status: 401 } }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+  }).turn.result;
+  t.is(result.outcome, "failed");
+  t.is(result.error?.code, "provider_authentication_failed");
+  t.is(result.error?.retryable, false);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - error step without status fails with provider_failure", async (t) => {
+  const dir = await workspace();
+  const result = await run({
+    config: scripted([{ error: { message: "x" } }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+  }).turn.result;
+  t.is(result.error?.code, "provider_failure");
+  t.is(result.error?.retryable, true);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a failing tool is an error result for the model, not a turn failure", async (t) => {
+  const dir = await workspace();
+  const result = await run({
+    config: scripted([bash("echo broken; exit 2"), { text: "recovered" }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+  }).turn.result;
+  t.is(result.outcome, "completed");
+  t.deepEqual(result.output, [{ type: "output_text", text: "recovered" }]);
+  const toolResult = result.transcript.find((m) => m.role === "toolResult");
+  t.true(toolResult?.role === "toolResult" && toolResult.isError);
+  t.regex(JSON.stringify(toolResult), /exited with code 2/);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - abort during sleep 5 ends aborted quickly and kills the process", async (t) => {
+  const dir = await workspace();
+  let abortedAt = 0;
+  const { turn } = run({
+    config: scripted([bash("echo $$ > pid && exec sleep 5"), { text: "never" }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    onEvent: (event, running) => {
+      // Abort once the command is really running (its pid is written).
+      if (event.type === "tool_execution_start") {
+        void waitForFile(path.join(dir, "pid")).then(() => {
+          abortedAt = Date.now();
+          running.abort();
+        });
+      }
+    },
+  });
+  const result = await turn.result;
+  const elapsed = Date.now() - abortedAt;
+  t.is(result.outcome, "aborted");
+  t.is(result.error, undefined);
+  t.true(abortedAt > 0 && elapsed < 1500, `took ${elapsed} ms after abort`);
+  t.false(result.output.some((part) => part.text === "never"));
+  const pid = Number((await readFile(path.join(dir, "pid"), "utf8")).trim());
+  t.true(pid > 0);
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  t.true(processGone(pid), `process ${pid} still running`);
+  t.throws(() => turn.steer("too late"), { instanceOf: SteeringTargetEndedError });
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - the request's abort signal cancels the turn", async (t) => {
+  const dir = await workspace();
+  const controller = new AbortController();
+  const { turn } = run({
+    config: scripted([bash("sleep 5")]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    signal: controller.signal,
+    onEvent: (event) => {
+      if (event.type === "tool_execution_start") setTimeout(() => controller.abort(), 50);
+    },
+  });
+  const started = Date.now();
+  const result = await turn.result;
+  t.is(result.outcome, "aborted");
+  t.true(Date.now() - started < 3000);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - an already aborted signal never starts the agent", async (t) => {
+  const dir = await workspace();
+  const { turn, events } = run({
+    config: scripted([bash("touch ran.txt")]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    signal: AbortSignal.abort(),
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "aborted");
+  t.deepEqual(userTexts(result.transcript), ["x"]);
+  t.is(events.length, 0);
+  await t.throwsAsync(access(path.join(dir, "ran.txt")));
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a steer during a tool call is seen by the model before its final answer", async (t) => {
+  const dir = await workspace();
+  const contexts: Context[] = [];
+  const { turn } = run({
+    config: scripted([bash("sleep 1"), { text: "done" }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("start"),
+    resolveModel: recordingResolver(contexts),
+    onEvent: (event, running) => {
+      if (event.type === "tool_execution_start") setTimeout(() => running.steer("also mind the tests"), 100);
+    },
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "completed");
+  t.deepEqual(result.output, [{ type: "output_text", text: "done" }]);
+  t.is(contexts.length, 2);
+  t.deepEqual(userTexts(contexts[1].messages), ["start", "also mind the tests"]);
+  const steerIndex = result.transcript.findIndex(
+    (m) => m.role === "user" && userTexts([m])[0] === "also mind the tests",
+  );
+  const finalIndex = result.transcript.length - 1;
+  t.true(steerIndex > 0 && steerIndex < finalIndex);
+  t.is(result.transcript[finalIndex].role, "assistant");
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a steer arriving as the agent finishes still gets one more step", async (t) => {
+  const dir = await workspace();
+  let steered = false;
+  const { turn, events } = run({
+    config: scripted([{ text: "first answer" }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("start"),
+    onEvent: (event, running) => {
+      if (event.type === "agent_end" && !steered) {
+        steered = true;
+        running.steer("one more thing");
+      }
+    },
+  });
+  const result = await turn.result;
+  t.true(steered);
+  t.is(result.outcome, "completed");
+  // Past the script the model echoes the latest user message: the steer.
+  t.deepEqual(result.output, [{ type: "output_text", text: "one more thing" }]);
+  t.deepEqual(userTexts(result.transcript), ["start", "one more thing"]);
+  t.deepEqual(
+    result.transcript.map((m) => m.role),
+    ["user", "assistant", "user", "assistant"],
+  );
+  t.is(events.filter((e) => e.type === "agent_start").length, 2);
+  t.throws(() => turn.steer("after the end"), { instanceOf: SteeringTargetEndedError });
+});
+
+test("agent-runner - steers the agent never saw stay in the transcript of a failed turn", async (t) => {
+  const dir = await workspace();
+  const { turn } = run({
+    config: scripted([{ error: { message: "down", status: 503 } }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("start"),
+    onEvent: (event, running) => {
+      if (event.type === "message_end" && (event.data.message as AgentMessage).role === "assistant") {
+        running.steer("undelivered");
+      }
+    },
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "failed");
+  t.is(result.error?.code, "provider_service_unavailable");
+  t.deepEqual(userTexts(result.transcript), ["start", "undelivered"]);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - events map 1:1, message updates flattened, never a partial", async (t) => {
+  const dir = await workspace();
+  const { turn, events } = run({
+    config: scripted([bash("echo hi"), { text: "All done here, with a longer answer to stream." }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+  });
+  await turn.result;
+  const types = events.map((e) => e.type);
+  t.is(types[0], "agent_start");
+  t.is(types.at(-1), "agent_end");
+  t.false(types.includes("message_update"));
+  for (const type of ["turn_start", "message_start", "message_end", "text_delta", "toolcall_delta", "tool_execution_start", "tool_execution_end", "turn_end"]) {
+    t.true(types.includes(type), type);
+  }
+  const textDelta = events.find((e) => e.type === "text_delta")!;
+  t.deepEqual(Object.keys(textDelta.data).sort(), ["contentIndex", "delta"]);
+  for (const event of events) t.false("partial" in event.data, event.type);
+  const agentEnd = events.at(-1)!;
+  t.deepEqual(agentEnd.data, { messageCount: 4 }); // user, assistant, toolResult, assistant
+  const deltas = events
+    .filter((e) => e.type === "text_delta")
+    .map((e) => e.data.delta)
+    .join("");
+  t.is(deltas, "All done here, with a longer answer to stream.");
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - onEvent is not called before startTurn returns", async (t) => {
+  const dir = await workspace();
+  let returned = false;
+  let early = false;
+  const turn = startTurn({
+    config: scripted(),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    onEvent: () => {
+      if (!returned) early = true;
+    },
+  });
+  returned = true;
+  await turn.result;
+  t.false(early);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - an exception in the loop fails with agent_execution_failed, sanitized", async (t) => {
+  const dir = await workspace();
+  const result = await run({
+    config: scripted(),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    resolveModel: () => ({
+      model: scriptedModel,
+      streamFn: () => {
+        throw new Error("kaboom with sk-abcdefghijklmnop1234567");
+      },
+    }),
+  }).turn.result;
+  t.is(result.outcome, "failed");
+  t.is(result.error?.code, "agent_execution_failed");
+  t.is(result.error?.source, "runtime");
+  t.regex(result.error?.message ?? "", /kaboom/);
+  t.notRegex(result.error?.message ?? "", /sk-abcdefghijklmnop/);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - the result never rejects, even when preparing the turn throws", async (t) => {
+  const dir = await workspace();
+  const result = await run({
+    config: scripted(),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    resolveModel: () => {
+      throw new Error("resolver broke");
+    },
+  }).turn.result;
+  t.is(result.outcome, "failed");
+  t.is(result.error?.code, "agent_execution_failed");
+  t.regex(result.error?.message ?? "", /resolver broke/);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a missing API key fails before calling the model: agent_configuration_invalid", async (t) => {
+  const dir = await workspace();
+  const { turn, events } = run({
+    config: { model: "openai/gpt-4.1-mini" },
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    getApiKey: () => undefined,
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "failed");
+  t.is(result.error?.code, "agent_configuration_invalid");
+  t.is(result.error?.source, "configuration");
+  t.regex(result.error?.message ?? "", /provider "openai"/);
+  t.is(events.length, 0);
+  t.deepEqual(userTexts(result.transcript), ["x"]);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - an unknown model fails with agent_configuration_invalid naming it", async (t) => {
+  const dir = await workspace();
+  const result = await run({
+    config: { model: "nowhere/model-x" },
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+  }).turn.result;
+  t.is(result.error?.code, "agent_configuration_invalid");
+  t.regex(result.error?.message ?? "", /nowhere\/model-x/);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a real provider's HTTP status is mapped (openai-compatible server answering 401 and 429)", async (t) => {
+  const dir = await workspace();
+  let status = 401;
+  let authorization: string | undefined;
+  const server = createServer((req, res) => {
+    authorization = req.headers.authorization;
+    req.resume();
+    res.writeHead(status, { "content-type": "application/json", "retry-after-ms": "1" });
+    res.end(JSON.stringify({ error: { message: "nope", type: "test_error" } }));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+  try {
+    const config: AgentConfig = { model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: [] };
+    const unauthorized = await run({ config, workspaceDir: dir, history: [], input: text("x") }).turn.result;
+    t.is(unauthorized.error?.code, "provider_authentication_failed");
+    t.is(authorization, "Bearer none"); // the placeholder key when none is configured
+    status = 429;
+    const limited = await run({
+      config,
+      workspaceDir: dir,
+      history: [],
+      input: text("x"),
+      getApiKey: () => "sk-test",
+    }).turn.result;
+    t.is(limited.error?.code, "provider_rate_limited");
+    t.is(authorization, "Bearer sk-test");
+  } finally {
+    server.close();
+    await rm(dir, { recursive: true });
+  }
+});
+
+test("agent-runner - providerFailure parses provider error messages in one place", (t) => {
+  const failed = (errorMessage: string): AssistantMessage => ({
+    role: "assistant",
+    content: [],
+    api: "openai-completions",
+    provider: "openai",
+    model: "m",
+    usage: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } },
+    stopReason: "error",
+    errorMessage,
+    timestamp: 0,
+  });
+  t.is(providerFailure(failed("429 Rate limit reached for requests")).code, "provider_rate_limited");
+  t.is(providerFailure(failed("401 Incorrect API key provided")).code, "provider_authentication_failed");
+  t.is(providerFailure(failed("got status: 503 Service Unavailable")).code, "provider_service_unavailable");
+  t.is(providerFailure(failed('{"error":{"code":400,"message":"bad"}}')).code, "provider_request_rejected");
+  t.is(providerFailure(failed("402 insufficient credits")).code, "provider_quota_exhausted");
+  t.is(providerFailure(failed("Connection error.")).code, "provider_transport_failed");
+  t.is(providerFailure(failed("fetch failed")).code, "provider_transport_failed");
+  t.is(providerFailure(failed("Something odd")).code, "provider_failure");
+  t.is(providerFailure(failed("Something odd")).message, "openai: Something odd");
+});
+
+test("agent-runner - sanitizeErrorText redacts secrets and caps length", (t) => {
+  t.notRegex(sanitizeErrorText("key sk-proj-abcdefghijklmnopqrstuv rejected"), /abcdefghijkl/);
+  t.notRegex(sanitizeErrorText("Authorization: Bearer abc.def.ghi"), /abc\.def/);
+  t.notRegex(sanitizeErrorText('{"api_key": "secretvalue123"}'), /secretvalue123/);
+  t.true(sanitizeErrorText("x".repeat(5000)).length <= 1001);
+});
+
+test("agent-runner - resolveModel and listModels", (t) => {
+  const scriptedResolved = resolveModel("faux/scripted");
+  t.true("model" in scriptedResolved && scriptedResolved.streamFn !== undefined);
+  const registry = resolveModel("openai/gpt-4.1-mini");
+  t.true("model" in registry && registry.model.id === "gpt-4.1-mini" && registry.streamFn === undefined);
+  const slashInId = resolveModel("openrouter/anthropic/claude-sonnet-4");
+  t.true("model" in slashInId && slashInId.model.provider === "openrouter");
+  const unknown = resolveModel("openai/no-such-model");
+  t.true("error" in unknown && unknown.error.includes("openai/no-such-model"));
+  t.true("error" in resolveModel("nonsense"));
+  const compatible = resolveModel({ provider: "openai-compatible", base_url: "http://localhost:11434/v1", model: "llama3" });
+  t.true(
+    "model" in compatible &&
+      compatible.model.api === "openai-completions" &&
+      compatible.model.baseUrl === "http://localhost:11434/v1" &&
+      compatible.model.id === "llama3",
+  );
+  t.true("error" in resolveModel({ provider: "openai-compatible", base_url: "not a url", model: "m" }));
+
+  const models = listModels();
+  t.true(models.some((m) => m.id === "faux/scripted" && m.input.includes("image")));
+  t.true(models.some((m) => m.id === "openai/gpt-4.1-mini" && m.provider === "openai"));
+});
+
+test("agent-runner - input files: text included, images as image content or a note, binary described", (t) => {
+  const b64 = (s: string | Buffer) => Buffer.from(s).toString("base64");
+  const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0, 1, 2, 3]);
+  const input: InputPart[] = [
+    { type: "input_text", text: "look" },
+    { type: "input_file", filename: "notes.md", file_data: b64("# Notes") },
+    { type: "input_file", filename: "data.bin", media_type: "application/json", file_data: b64('{"a":1}') },
+    { type: "input_file", filename: "pic.png", file_data: png.toString("base64") },
+    { type: "input_file", filename: "blob", media_type: "application/pdf", file_data: b64(Buffer.from([0, 1, 2])) },
+    { type: "input_file", filename: 'q"uote', file_data: b64("plain utf8, no type") },
+  ];
+  const withImages = buildUserMessage(input, true, 0);
+  const content = withImages.content as Array<{ type: string; text?: string; data?: string; mimeType?: string }>;
+  t.is(content[0].text, "look");
+  t.is(content[1].text, '<file name="notes.md">\n# Notes\n</file>');
+  t.is(content[2].text, '<file name="data.bin">\n{"a":1}\n</file>');
+  t.deepEqual(content[3], { type: "image", data: png.toString("base64"), mimeType: "image/png" });
+  t.regex(content[4].text ?? "", /binary and is not included/);
+  t.is(content[5].text, '<file name="q&quot;uote">\nplain utf8, no type\n</file>');
+
+  const textOnly = buildUserMessage(input, false, 0).content as Array<{ type: string; text?: string }>;
+  t.is(textOnly[3].type, "text");
+  t.regex(textOnly[3].text ?? "", /does not accept images/);
+});
+
+test("agent-runner - classifyFile decides by media type, then extension, then content", (t) => {
+  const utf8 = Buffer.from("hello");
+  t.is(classifyFile(utf8, "text/plain; charset=utf-8", undefined).kind, "text");
+  t.is(classifyFile(utf8, "application/vnd.api+json", undefined).kind, "text");
+  t.is(classifyFile(utf8, "image/webp", "x.txt").kind, "image");
+  t.is(classifyFile(utf8, undefined, "photo.JPG").kind, "image");
+  t.is(classifyFile(utf8, "application/x-custom", "main.py").kind, "text");
+  t.is(classifyFile(utf8, "application/x-custom", "x.custom").kind, "binary");
+  t.is(classifyFile(Buffer.from([0xff, 0xfe, 0]), undefined, "x.unknown").kind, "binary");
+});
