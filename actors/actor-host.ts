@@ -1,0 +1,126 @@
+import type { Subscription } from "@nats-io/transport-node";
+import type { CommandReply, RunCommand } from "../src/commands.js";
+import { Subjects } from "../src/nats.js";
+import { PartitionLeases, partitionOf } from "./partition-leases.js";
+import { RunActor, type ActorResources } from "./run-actor.js";
+import type { KV } from "@nats-io/kv";
+
+const encoder = new TextEncoder();
+
+/**
+ * Hosts the run actors of the partitions this node owns: serves `runs.cmd.<p>` for
+ * each held partition, recovers busy runs when a partition is gained, and stops the
+ * partition's actors when it is lost.
+ */
+export class ActorHost {
+  private readonly actors = new Map<string, RunActor>();
+  private readonly subs = new Map<number, Subscription>();
+  private readonly leases: PartitionLeases;
+  private passivateTimer: NodeJS.Timeout | undefined;
+  private admitting = true;
+
+  constructor(
+    private readonly r: ActorResources,
+    kv: { leases: KV; nodes: KV },
+  ) {
+    this.leases = new PartitionLeases(
+      kv.leases,
+      kv.nodes,
+      r.config.nodeId,
+      r.config.partitions,
+      r.config.leaseTtlMs,
+      r.clock,
+      {
+        gained: (p, epoch) => this.gained(p, epoch),
+        lost: (p) => this.lost(p),
+        isIdle: (p) => this.partitionIdle(p),
+      },
+      r.log.child({ component: "leases" }),
+    );
+  }
+
+  async start(): Promise<void> {
+    await this.leases.start();
+    this.passivateTimer = setInterval(() => this.passivate(), 30_000);
+    this.passivateTimer.unref();
+  }
+
+  /** Number of partitions held (for readiness). */
+  get heldCount(): number {
+    return this.leases.heldPartitions().length;
+  }
+
+  async stop(): Promise<void> {
+    this.admitting = false;
+    if (this.passivateTimer) clearInterval(this.passivateTimer);
+    await this.leases.stop();
+    await this.leases.releaseAll();
+  }
+
+  private async gained(partition: number, epoch: number): Promise<void> {
+    const sub = this.r.nc.subscribe(Subjects.command(partition), {
+      callback: (err, msg) => {
+        if (err) return;
+        void this.serve(partition, msg.data).then(
+          (reply) => msg.respond(encoder.encode(JSON.stringify(reply))),
+          (error) => {
+            this.r.log.error({ err: error, partition }, "command failed");
+            msg.respond(encoder.encode(JSON.stringify({ ok: false, code: "internal_error" } satisfies CommandReply)));
+          },
+        );
+      },
+    });
+    this.subs.set(partition, sub);
+    const busy = await this.r.store.busyRunsIn([partition]);
+    for (const run of busy) {
+      void this.actorFor(run._id, partition, epoch).recover().catch((err) =>
+        this.r.log.error({ err, run_id: run._id }, "recovery failed"),
+      );
+    }
+    if (busy.length) this.r.log.info({ partition, runs: busy.length }, "recovering busy runs");
+  }
+
+  private lost(partition: number): void {
+    this.subs.get(partition)?.unsubscribe();
+    this.subs.delete(partition);
+    for (const [id, actor] of this.actors) {
+      if (actor.partition !== partition) continue;
+      actor.stop("partition lost");
+      this.actors.delete(id);
+    }
+  }
+
+  private partitionIdle(partition: number): boolean {
+    for (const actor of this.actors.values()) if (actor.partition === partition && !actor.isIdle) return false;
+    return true;
+  }
+
+  private async serve(partition: number, data: Uint8Array): Promise<CommandReply> {
+    const cmd = JSON.parse(new TextDecoder().decode(data)) as RunCommand;
+    const epoch = this.leases.epochOf(partition);
+    if (epoch === undefined || !this.admitting || partitionOf(cmd.run_id, this.r.config.partitions) !== partition) {
+      return { ok: false, not_owner: true };
+    }
+    const actor = this.actorFor(cmd.run_id, partition, epoch);
+    const reply = await actor.command(cmd);
+    if (actor.isStopped) this.actors.delete(cmd.run_id);
+    return reply;
+  }
+
+  private actorFor(runId: string, partition: number, epoch: number): RunActor {
+    let actor = this.actors.get(runId);
+    if (!actor || actor.isStopped || actor.epoch !== epoch) {
+      actor = new RunActor(runId, partition, epoch, this.r);
+      this.actors.set(runId, actor);
+    }
+    return actor;
+  }
+
+  /** Drops idle actors that were not used for a while; their state is all in the store. */
+  private passivate(): void {
+    const cutoff = this.r.clock.nowMs() - 60_000;
+    for (const [id, actor] of this.actors) {
+      if (actor.isIdle && actor.lastUsedMs < cutoff) this.actors.delete(id);
+    }
+  }
+}

@@ -1,0 +1,5 @@
+export { ActorHost } from "./actor-host.js";
+export { RunActor, DeploymentCache, type ActorResources } from "./run-actor.js";
+export { DeploymentBuilder } from "./deployment-builder.js";
+export { partitionOf, rendezvousOwner, PartitionLeases } from "./partition-leases.js";
+export { listModels, resolveModel } from "./agent-runner.js";

@@ -1,0 +1,16 @@
+import type { RunDoc } from "../src/documents.js";
+import type { MongoStore } from "../src/mongo-store.js";
+
+/**
+ * The version a run's next turn runs on (spec rule 10): the active deployment's
+ * `upgrade_policy` decides; `automatic` moves to the active version, `new_run_only`
+ * keeps the run's version.
+ */
+export async function nextVersionFor(store: MongoStore, run: RunDoc): Promise<number> {
+  const agent = await store.agents.findOne({ _id: run.agent_id });
+  const active = agent?.active_version;
+  if (!active || active === run.agent_version) return run.agent_version;
+  const deployment = await store.getDeployment(run.agent_id, active);
+  if (!deployment || deployment.status !== "ready") return run.agent_version;
+  return deployment.upgrade_policy === "automatic" ? active : run.agent_version;
+}

@@ -1,0 +1,6 @@
+#!/usr/bin/env node
+// The `runs` command: loads the TypeScript sources through tsx.
+import { register } from "tsx/esm/api";
+
+register();
+await import("../src/cli.ts");

@@ -1,0 +1,120 @@
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { Logger } from "pino";
+import type { Config } from "../src/config.js";
+import type { Clock } from "../src/clock.js";
+import { ApiError, invalid } from "../src/errors.js";
+import { Ids } from "../src/ids.js";
+import { StoreUnavailableError, type MongoStore } from "../src/mongo-store.js";
+import type { DeploymentBuilder } from "../actors/index.js";
+import { Authenticator, requireScope, type AuthContext } from "./auth.js";
+import { CommandRouter } from "./router.js";
+import { IdempotencyRecords } from "./idempotency.js";
+import { retryAfterSeconds } from "./unavailable.js";
+import { runRoutes } from "./routes/runs.js";
+import { agentRoutes } from "./routes/agents.js";
+import { apiKeyRoutes } from "./routes/api-keys.js";
+import { healthRoutes } from "./routes/health.js";
+
+/** Everything the routes use, built once at the composition root. */
+export interface GatewayContext {
+  config: Config;
+  clock: Clock;
+  store: MongoStore;
+  nc: NatsConnection;
+  log: Logger;
+  router: CommandRouter;
+  auth: Authenticator;
+  idempotency: IdempotencyRecords;
+  builder: DeploymentBuilder;
+  /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
+  actorsReady?: () => boolean;
+}
+
+declare module "fastify" {
+  interface FastifyRequest {
+    auth: AuthContext | null;
+  }
+  interface FastifyContextConfig {
+    /** Scope the route requires; `public` routes need no key. */
+    scope?: string;
+    public?: boolean;
+  }
+}
+
+export const BODY_LIMIT_BYTES = 16 * 1024 * 1024;
+
+/** The authenticated caller of a route that requires a key. */
+export function authOf(request: FastifyRequest): AuthContext {
+  if (!request.auth) throw new ApiError("unauthorized");
+  return request.auth;
+}
+
+function toApiError(err: unknown, log: Logger, request: FastifyRequest): ApiError {
+  if (err instanceof ApiError) return err;
+  if (err instanceof StoreUnavailableError) {
+    log.warn({ err: err.cause, reqId: request.id }, "store unavailable");
+    return new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
+  }
+  const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
+  if (e.code === "FST_ERR_CTP_BODY_TOO_LARGE") return new ApiError("payload_too_large", { message: "The request body is larger than 16 MiB." });
+  if (e.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") return invalid(null, "Send the body as application/json.");
+  if (e.code === "FST_ERR_CTP_EMPTY_JSON_BODY") return invalid(null, "The JSON body is empty.");
+  if (typeof e.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500) {
+    return invalid(null, e.message ?? "The request is invalid.");
+  }
+  const reference = Ids.reference();
+  log.error({ err, reference, reqId: request.id, url: request.url }, "internal error");
+  return new ApiError("internal_error", { reference });
+}
+
+export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
+  if (error.retryAfterS !== undefined) reply.header("retry-after", String(error.retryAfterS));
+  return reply.status(error.status).send(error.toBody());
+}
+
+export async function buildApp(ctx: Omit<GatewayContext, "router" | "auth" | "idempotency">): Promise<{ app: FastifyInstance; context: GatewayContext }> {
+  const context: GatewayContext = {
+    ...ctx,
+    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" })),
+    auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
+    idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
+  };
+  const app = Fastify({
+    loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,
+    bodyLimit: BODY_LIMIT_BYTES,
+    disableRequestLogging: false,
+    genReqId: () => Ids.reference().replace("ref_", "req_"),
+  });
+  app.decorateRequest("auth", null);
+
+  // Every /api route authenticates unless marked public, then checks its scope.
+  app.addHook("onRequest", async (request) => {
+    const config = request.routeOptions.config;
+    if (config?.public || !request.url.startsWith("/api")) return;
+    if (!request.routeOptions.url) return; // unknown path: answered 404 below, after auth
+    request.auth = await context.auth.authenticate(request);
+    if (config?.scope) requireScope(request.auth, config.scope);
+  });
+
+  app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request)));
+  app.setNotFoundHandler((request, reply) =>
+    sendError(reply, new ApiError("not_found", { message: `No route ${request.method} ${request.url.split("?")[0]}.` })),
+  );
+  // An empty JSON body on a POST is treated as {} (cancel takes an optional body).
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, undefined);
+    try {
+      done(null, JSON.parse(text));
+    } catch {
+      done(invalid(null, "The body is not valid JSON."), undefined);
+    }
+  });
+
+  await app.register(healthRoutes(context));
+  await app.register(runRoutes(context));
+  await app.register(agentRoutes(context));
+  await app.register(apiKeyRoutes(context));
+  return { app, context };
+}

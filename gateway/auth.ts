@@ -1,0 +1,90 @@
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { FastifyRequest } from "fastify";
+import type { Clock } from "../src/clock.js";
+import type { ApiKeyDoc, WorkspaceDoc } from "../src/documents.js";
+import { ApiError } from "../src/errors.js";
+import type { MongoStore } from "../src/mongo-store.js";
+import { hashSecret, keyIsUsable } from "../src/api-keys.js";
+import { Subjects } from "../src/nats.js";
+
+/** Who is calling: the key's workspace and scopes. */
+export interface AuthContext {
+  workspace: WorkspaceDoc;
+  keyId: string;
+  scopes: ReadonlySet<string>;
+}
+
+interface CacheEntry {
+  key: ApiKeyDoc | null;
+  workspace: WorkspaceDoc | null;
+  fetchedMs: number;
+}
+
+const LAST_USED_EVERY_MS = 60_000;
+
+/**
+ * Bearer-key authentication with a short cache. Revocations are published on NATS so
+ * every node drops the cached key at once; the cache lifetime bounds the rest.
+ */
+export class Authenticator {
+  private readonly cache = new Map<string, CacheEntry>();
+  private readonly lastUsedWrites = new Map<string, number>();
+  private sub: Subscription | undefined;
+
+  constructor(
+    private readonly store: MongoStore,
+    private readonly clock: Clock,
+    private readonly cacheMs: number,
+    private readonly nc?: NatsConnection,
+  ) {
+    this.sub = nc?.subscribe(Subjects.authInvalidate, {
+      callback: () => this.cache.clear(),
+    });
+  }
+
+  close(): void {
+    this.sub?.unsubscribe();
+  }
+
+  /** Tells every node that a key changed (revoked or rotated). */
+  invalidate(): void {
+    this.cache.clear();
+    this.nc?.publish(Subjects.authInvalidate, "");
+  }
+
+  async authenticate(request: FastifyRequest): Promise<AuthContext> {
+    const header = request.headers.authorization;
+    const match = typeof header === "string" ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
+    if (!match) throw new ApiError("unauthorized", { message: "Missing API key: send Authorization: Bearer <API_KEY>." });
+    const hash = hashSecret(match[1]!);
+    const now = this.clock.nowMs();
+    let entry = this.cache.get(hash);
+    if (!entry || now - entry.fetchedMs > this.cacheMs) {
+      const key = await this.store.findApiKeyByHash(hash);
+      const workspace = key ? await this.store.getWorkspace(key.workspace_id) : null;
+      entry = { key, workspace, fetchedMs: now };
+      if (this.cache.size > 10_000) this.cache.clear();
+      this.cache.set(hash, entry);
+    }
+    const { key, workspace } = entry;
+    if (!key || !workspace || !keyIsUsable(key, now)) {
+      throw new ApiError("unauthorized", { message: "Invalid or revoked API key." });
+    }
+    this.touch(key, now);
+    return { workspace, keyId: key._id, scopes: new Set(key.scopes) };
+  }
+
+  /** `last_used_at` is written at most once a minute per key, never on the request path. */
+  private touch(key: ApiKeyDoc, now: number): void {
+    const last = this.lastUsedWrites.get(key._id) ?? key.last_used_at ?? 0;
+    if (now - last < LAST_USED_EVERY_MS) return;
+    this.lastUsedWrites.set(key._id, now);
+    void this.store.updateApiKey(key._id, { last_used_at: now }).catch(() => undefined);
+  }
+}
+
+export function requireScope(auth: AuthContext, scope: string): void {
+  if (!auth.scopes.has(scope)) {
+    throw new ApiError("permission_denied", { message: `This API key lacks the scope ${scope}.` });
+  }
+}

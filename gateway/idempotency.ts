@@ -1,0 +1,100 @@
+import { createHash } from "node:crypto";
+import type { FastifyRequest } from "fastify";
+import type { Clock } from "../src/clock.js";
+import type { IdempotencyDoc } from "../src/documents.js";
+import { ApiError, invalid } from "../src/errors.js";
+import type { MongoStore } from "../src/mongo-store.js";
+
+const KEEP_MS = 48 * 3600_000;
+const KEY_PATTERN = /^[\x20-\x7e]{1,255}$/;
+
+/** The Idempotency-Key header: required, 1–255 printable ASCII characters. */
+export function idempotencyKeyOf(request: FastifyRequest, required = true): string | undefined {
+  const value = request.headers["idempotency-key"];
+  if (value === undefined || value === "") {
+    if (required) throw invalid("Idempotency-Key", "This request needs an Idempotency-Key header.");
+    return undefined;
+  }
+  if (typeof value !== "string" || !KEY_PATTERN.test(value)) {
+    throw invalid("Idempotency-Key", "Idempotency-Key must be 1 to 255 printable ASCII characters.");
+  }
+  return value;
+}
+
+/** Stable JSON: object keys sorted, so equal requests hash equally. */
+export function canonicalJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  if (value && typeof value === "object") {
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(",")}}`;
+  }
+  return JSON.stringify(value);
+}
+
+export type Claim<T> =
+  /** This request owns the key: do the work, then `complete`. */
+  | { kind: "new"; id: string; result: T }
+  /** An earlier request with this key finished (or was left pending long enough to re-drive). */
+  | { kind: "replay"; id: string; result: T; done: boolean };
+
+/**
+ * Idempotency records per (workspace, operation, key). The first request stores its
+ * pre-allocated answer identity as pending; a retry with another fingerprint is 409;
+ * a retry while the first is pending waits for it, and after `staleMs` re-drives the
+ * same ids (the actor's admission is idempotent on them).
+ */
+export class IdempotencyRecords {
+  constructor(
+    private readonly store: MongoStore,
+    private readonly clock: Clock,
+    private readonly staleMs = 5_000,
+  ) {}
+
+  async claim<T extends Record<string, unknown>>(
+    workspaceId: string,
+    operation: string,
+    key: string,
+    fingerprint: unknown,
+    fresh: () => T,
+  ): Promise<Claim<T>> {
+    const id = createHash("sha256").update(`${workspaceId}\u0000${operation}\u0000${key}`).digest("hex");
+    const print = createHash("sha256").update(canonicalJson(fingerprint)).digest("hex");
+    const now = this.clock.nowMs();
+    const result = fresh();
+    const doc: IdempotencyDoc = {
+      _id: id,
+      workspace_id: workspaceId,
+      operation,
+      fingerprint: print,
+      state: "pending",
+      result,
+      created_at: now,
+      expires_at: now + KEEP_MS,
+    };
+    let existing = await this.store.claimIdempotencyKey(doc);
+    if (!existing) return { kind: "new", id, result };
+    if (existing.fingerprint !== print) {
+      throw new ApiError("idempotency_conflict", {
+        param: "Idempotency-Key",
+        message: "This Idempotency-Key was already used for a different request.",
+      });
+    }
+    // Wait for the first request's answer; bounded, then take over with its ids.
+    for (let i = 0; i < 100 && existing.state === "pending" && this.clock.nowMs() - existing.created_at < this.staleMs; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      existing = (await this.store.getIdempotency(id)) ?? existing;
+    }
+    return { kind: "replay", id, result: existing.result as T, done: existing.state === "done" };
+  }
+
+  complete(id: string, result: Record<string, unknown>): Promise<unknown> {
+    return this.store.completeIdempotency(id, result);
+  }
+
+  /** Forgets a pending claim whose request failed before doing anything. */
+  release(id: string): Promise<unknown> {
+    return this.store.releaseIdempotency(id);
+  }
+}

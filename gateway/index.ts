@@ -1,0 +1,1 @@
+export { buildApp, type GatewayContext } from "./app.js";

@@ -1,0 +1,80 @@
+import { unixSeconds } from "../src/clock.js";
+import type { Disposition } from "../src/domain.js";
+import type { AgentDoc, DeploymentDoc, RunDoc, TurnDoc } from "../src/documents.js";
+
+const secondsOrNull = (ms: number | null) => (ms === null ? null : unixSeconds(ms));
+
+export function renderTurn(turn: TurnDoc) {
+  return {
+    id: turn._id,
+    object: "turn",
+    status: turn.status,
+    agent_version: turn.agent_version,
+    input: turn.input,
+    output: turn.output,
+    error: turn.error,
+    created_at: unixSeconds(turn.created_at),
+    started_at: secondsOrNull(turn.started_at),
+    completed_at: secondsOrNull(turn.completed_at),
+    duration_ms: turn.duration_ms,
+  };
+}
+
+/** The Run object with its selected turn; agent_version is the turn's version. */
+export function renderRun(run: RunDoc, turn: TurnDoc, disposition?: Disposition) {
+  const out: Record<string, unknown> = {
+    id: run._id,
+    object: "run",
+    agent_id: run.agent_id,
+    agent_version: turn.agent_version,
+    state: run.state,
+    tags: [...run.tags].sort(),
+    created_at: unixSeconds(run.created_at),
+    last_activity_at: unixSeconds(run.last_activity_at),
+    turn: renderTurn(turn),
+  };
+  if (disposition) out.disposition = disposition;
+  return out;
+}
+
+export function renderRunSummary(run: RunDoc) {
+  return {
+    id: run._id,
+    object: "run",
+    agent_id: run.agent_id,
+    agent_version: run.agent_version,
+    state: run.state,
+    tags: [...run.tags].sort(),
+    created_at: unixSeconds(run.created_at),
+    last_activity_at: unixSeconds(run.last_activity_at),
+  };
+}
+
+export function renderAgent(agent: AgentDoc) {
+  return {
+    id: agent._id,
+    object: "agent",
+    name: agent.name,
+    description: agent.description,
+    active_version: agent.active_version,
+    created_at: unixSeconds(agent.created_at),
+  };
+}
+
+export function renderDeployment(d: DeploymentDoc) {
+  return {
+    object: "deployment",
+    agent_id: d.agent_id,
+    version: d.version,
+    status: d.status,
+    upgrade_policy: d.upgrade_policy,
+    config: d.config,
+    error: d.error,
+    created_at: unixSeconds(d.created_at),
+    ready_at: secondsOrNull(d.ready_at),
+  };
+}
+
+export function list<T>(data: T[], hasMore: boolean, nextCursor: string | null) {
+  return { object: "list", data, has_more: hasMore, next_cursor: hasMore ? nextCursor : null };
+}

@@ -1,0 +1,136 @@
+import type { FastifyInstance } from "fastify";
+import { AgentCreateSchema, parseDeploymentRequest, parseWith } from "../../src/agent-config.js";
+import type { AgentDoc, DeploymentDoc } from "../../src/documents.js";
+import { ApiError, invalid } from "../../src/errors.js";
+import { Ids } from "../../src/ids.js";
+import { listModels } from "../../actors/index.js";
+import { authOf, type GatewayContext } from "../app.js";
+import { idempotencyKeyOf } from "../idempotency.js";
+import { list, renderAgent, renderDeployment } from "../render.js";
+import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
+
+type AgentParams = { Params: { agentId: string } };
+type VersionParams = { Params: { agentId: string; version: string } };
+
+async function loadAgent(ctx: GatewayContext, workspaceId: string, agentId: string): Promise<AgentDoc> {
+  const agent = await ctx.store.getAgent(workspaceId, agentId);
+  if (!agent) throw new ApiError("agent_not_found", { param: "agentId" });
+  return agent;
+}
+
+function parseVersion(raw: string): number {
+  const version = Number(raw);
+  if (!/^[1-9][0-9]{0,15}$/.test(raw) || !Number.isSafeInteger(version)) throw invalid("version", "version must be a positive whole number.");
+  return version;
+}
+
+async function loadDeployment(ctx: GatewayContext, agent: AgentDoc, raw: string): Promise<DeploymentDoc> {
+  const deployment = await ctx.store.getDeployment(agent._id, parseVersion(raw));
+  if (!deployment) throw new ApiError("agent_version_not_found", { param: "version" });
+  return deployment;
+}
+
+export function agentRoutes(ctx: GatewayContext) {
+  return async function (app: FastifyInstance) {
+    app.get("/api/v1/models", { config: { scope: "models:read" } }, async () => {
+      const data = listModels().map((m) => ({ object: "model", ...m }));
+      return list(data, false, null);
+    });
+
+    app.post("/api/v1/agents", { config: { scope: "agents:write" } }, async (request, reply) => {
+      const auth = authOf(request);
+      const body = parseWith(AgentCreateSchema, request.body);
+      const agent: AgentDoc = {
+        _id: Ids.agent(),
+        workspace_id: auth.workspace._id,
+        name: body.name,
+        description: body.description ?? null,
+        active_version: null,
+        created_at: ctx.clock.nowMs(),
+      };
+      await ctx.store.insertAgent(agent);
+      return reply.status(201).send(renderAgent(agent));
+    });
+
+    app.get<{ Querystring: { limit?: string; after?: string } }>("/api/v1/agents", { config: { scope: "agents:read" } }, async (request) => {
+      const auth = authOf(request);
+      const limit = parseLimit(request.query.limit, 20, 100);
+      const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "agents", auth.workspace._id);
+      const agents = await ctx.store.listAgents(
+        auth.workspace._id,
+        limit + 1,
+        after ? { createdAt: Number(after.k), id: after.id } : undefined,
+      );
+      const page = agents.slice(0, limit);
+      const last = page[page.length - 1];
+      const next = last ? encodeCursor({ s: "agents", o: auth.workspace._id, k: String(last.created_at), id: last._id }) : null;
+      return list(page.map(renderAgent), agents.length > limit, next);
+    });
+
+    app.get<AgentParams>("/api/v1/agents/:agentId", { config: { scope: "agents:read" } }, async (request) => {
+      const auth = authOf(request);
+      return renderAgent(await loadAgent(ctx, auth.workspace._id, request.params.agentId));
+    });
+
+    app.post<AgentParams>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:write" } }, async (request, reply) => {
+      const auth = authOf(request);
+      const key = idempotencyKeyOf(request)!;
+      const body = parseDeploymentRequest(request.body);
+      const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
+      const claim = await ctx.idempotency.claim<{ version?: number }>(auth.workspace._id, `deployments.create:${agent._id}`, key, body, () => ({}));
+      if (claim.kind === "replay" && typeof claim.result.version === "number") {
+        const existing = await ctx.store.getDeployment(agent._id, claim.result.version);
+        if (existing) return reply.status(201).send(renderDeployment(existing));
+      }
+      const deployment = await ctx.store.insertDeployment({
+        workspace_id: auth.workspace._id,
+        agent_id: agent._id,
+        status: "building",
+        upgrade_policy: body.upgrade_policy,
+        config: body.config,
+        activate: body.activate,
+        error: null,
+        created_at: ctx.clock.nowMs(),
+        ready_at: null,
+      });
+      await ctx.idempotency.complete(claim.id, { version: deployment.version });
+      ctx.builder.schedule(deployment);
+      return reply.status(201).send(renderDeployment(deployment));
+    });
+
+    app.get<AgentParams>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:read" } }, async (request) => {
+      const auth = authOf(request);
+      const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
+      const deployments = await ctx.store.listDeployments(agent._id);
+      return list(deployments.map(renderDeployment), false, null);
+    });
+
+    app.get<VersionParams>("/api/v1/agents/:agentId/deployments/:version", { config: { scope: "agents:read" } }, async (request) => {
+      const auth = authOf(request);
+      const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
+      return renderDeployment(await loadDeployment(ctx, agent, request.params.version));
+    });
+
+    app.post<VersionParams>(
+      "/api/v1/agents/:agentId/deployments/:version/activate",
+      { config: { scope: "agents:write" } },
+      async (request) => {
+        const auth = authOf(request);
+        const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
+        const deployment = await loadDeployment(ctx, agent, request.params.version);
+        if (deployment.status === "failed") {
+          throw new ApiError("agent_version_not_ready", { param: "version", message: `Version ${deployment.version} failed to build.` });
+        }
+        if (deployment.status === "building") {
+          // Becomes active when the build finishes; if it finished meanwhile, activate now.
+          await ctx.store.deployments.updateOne({ _id: deployment._id, status: "building" }, { $set: { activate: true } });
+          const now = await ctx.store.getDeployment(agent._id, deployment.version);
+          if (now?.status === "ready") await ctx.store.setActiveVersion(agent._id, deployment.version);
+        } else {
+          await ctx.store.setActiveVersion(agent._id, deployment.version);
+        }
+        return renderAgent((await ctx.store.getAgent(auth.workspace._id, agent._id))!);
+      },
+    );
+  };
+}

@@ -1,0 +1,111 @@
+import type { FastifyInstance, FastifyRequest } from "fastify";
+import { z } from "zod";
+import { parseWith } from "../../src/agent-config.js";
+import { keyIsUsable, newApiKey, renderApiKey } from "../../src/api-keys.js";
+import type { ApiKeyDoc } from "../../src/documents.js";
+import { ApiError, invalid } from "../../src/errors.js";
+import { scopeListProblem } from "../../src/scopes.js";
+import { authOf, type GatewayContext } from "../app.js";
+import { list } from "../render.js";
+
+export const DEFAULT_GRACE_PERIOD_S = 86_400;
+export const MAX_GRACE_PERIOD_S = 604_800;
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+const Label = z.string().max(80).nullable();
+const Scopes = z.array(z.string());
+
+const CreateSchema = z.object({ label: Label.optional(), scopes: Scopes }).strict();
+const RotateSchema = z
+  .object({
+    label: Label.optional(),
+    scopes: Scopes.optional(),
+    mode: z.string().optional(),
+    gracePeriodSeconds: z.number().int().min(0).max(MAX_GRACE_PERIOD_S).optional(),
+  })
+  .strict();
+
+function checkScopes(scopes: string[]): string[] {
+  const problem = scopeListProblem(scopes);
+  if (problem) throw invalid("scopes", problem);
+  return scopes;
+}
+
+type KeyParams = { Params: { keyId: string } };
+
+async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>): Promise<ApiKeyDoc> {
+  const auth = authOf(request);
+  const id = request.params.keyId;
+  if (!UUID.test(id)) throw invalid("keyId", "keyId must be a UUID.");
+  const key = await ctx.store.getApiKey(auth.workspace._id, id);
+  if (!key) throw new ApiError("not_found", { param: "keyId", message: "No such API key." });
+  return key;
+}
+
+export function apiKeyRoutes(ctx: GatewayContext) {
+  return async function (app: FastifyInstance) {
+    const scope = { config: { scope: "api_keys:manage" } };
+
+    app.post("/api/v1/api-keys", scope, async (request, reply) => {
+      const auth = authOf(request);
+      const body = parseWith(CreateSchema, request.body);
+      const { doc, secret } = newApiKey({
+        workspaceId: auth.workspace._id,
+        label: body.label ?? null,
+        scopes: checkScopes(body.scopes),
+        nowMs: ctx.clock.nowMs(),
+      });
+      await ctx.store.insertApiKey(doc);
+      return reply.status(201).send(renderApiKey(doc, ctx.clock.nowMs(), { secret }));
+    });
+
+    app.get("/api/v1/api-keys", scope, async (request) => {
+      const auth = authOf(request);
+      const now = ctx.clock.nowMs();
+      const keys = await ctx.store.listApiKeys(auth.workspace._id);
+      return list(keys.map((k) => renderApiKey(k, now)), false, null);
+    });
+
+    app.get<KeyParams>("/api/v1/api-keys/:keyId", scope, async (request) => renderApiKey(await loadKey(ctx, request), ctx.clock.nowMs()));
+
+    app.post<KeyParams>("/api/v1/api-keys/:keyId/revoke", scope, async (request) => {
+      const key = await loadKey(ctx, request);
+      const now = ctx.clock.nowMs();
+      if (key.revoked_at === null) {
+        await ctx.store.updateApiKey(key._id, { revoked_at: now, updated_at: now });
+        key.revoked_at = now;
+        key.updated_at = now;
+        ctx.auth.invalidate();
+      }
+      return renderApiKey(key, now);
+    });
+
+    const rotate = async (request: FastifyRequest<KeyParams>, reply: import("fastify").FastifyReply) => {
+      if (request.body === undefined || request.body === null || typeof request.body !== "object" || Array.isArray(request.body)) {
+        throw invalid(null, "The body must be a JSON object.");
+      }
+      const body = parseWith(RotateSchema, request.body);
+      if (body.mode !== undefined && body.mode !== "live") throw invalid("mode", "Rotation always issues a live key; mode may only be live.");
+      const old = await loadKey(ctx, request);
+      const now = ctx.clock.nowMs();
+      if (!keyIsUsable(old, now)) throw new ApiError("conflict", { param: "keyId", message: "A revoked key cannot be rotated." });
+      const scopes = body.scopes === undefined ? old.scopes : checkScopes(body.scopes);
+      const graceS = body.gracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_S;
+      const revokesAt = now + graceS * 1000;
+      const { doc, secret } = newApiKey({
+        workspaceId: old.workspace_id,
+        label: body.label === undefined ? old.label : body.label,
+        scopes,
+        nowMs: now,
+      });
+      await ctx.store.insertApiKey(doc);
+      const oldRevokesAt = old.revokes_at === null ? revokesAt : Math.min(old.revokes_at, revokesAt);
+      await ctx.store.updateApiKey(old._id, { revokes_at: oldRevokesAt, updated_at: now });
+      ctx.auth.invalidate();
+      return reply.status(201).send(renderApiKey(doc, now, { secret, oldKeyRevokesAtMs: oldRevokesAt }));
+    };
+    app.post<KeyParams>("/api/v1/api-keys/:keyId/rotate", scope, rotate);
+    app.post<KeyParams>("/api-keys/:keyId/rotate", scope, rotate);
+  };
+}

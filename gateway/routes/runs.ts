@@ -1,0 +1,227 @@
+import type { FastifyInstance, FastifyReply } from "fastify";
+import type { Subscription } from "@nats-io/transport-node";
+import { ApiError, invalid } from "../../src/errors.js";
+import { Ids } from "../../src/ids.js";
+import { Subjects } from "../../src/nats.js";
+import { isFinalStatus, type Disposition } from "../../src/domain.js";
+import type { RunDoc, TurnDoc } from "../../src/documents.js";
+import type { RunCommand } from "../../src/commands.js";
+import { parseRunRequest, runRequestFingerprint, type RunRequest } from "../../src/run-request.js";
+import { authOf, type GatewayContext } from "../app.js";
+import { idempotencyKeyOf } from "../idempotency.js";
+import { renderRun } from "../render.js";
+
+/** The identity of a POST /runs answer, kept in its idempotency record. */
+interface RunAnswer extends Record<string, unknown> {
+  run_id: string;
+  turn_id: string;
+  disposition?: Disposition;
+  http_status?: number;
+  /** A recorded error answer (the same key returns the same answer). */
+  error?: { code: string; message: string; param: string | null };
+}
+
+/** Reads a run of the workspace, or answers 404/410 as the spec says. */
+export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: string): Promise<RunDoc> {
+  const run = await ctx.store.getRun(runId);
+  if (run && run.workspace_id === workspaceId) return run;
+  const tombstone = await ctx.store.getTombstone(runId);
+  if (tombstone && tombstone.workspace_id === workspaceId && tombstone.reason === "expired") {
+    throw new ApiError("run_expired");
+  }
+  throw new ApiError("run_not_found", { param: "run_id" });
+}
+
+async function loadTurn(ctx: GatewayContext, run: RunDoc, turnId: string): Promise<TurnDoc> {
+  const turn = await ctx.store.getTurn(turnId);
+  if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turn_id" });
+  return turn;
+}
+
+/** Subscribes to a turn's final notice; resolves true when it arrives, false on timeout. */
+function finalNotice(ctx: GatewayContext, turnId: string): { sub: Subscription; arrived: (timeoutMs: number) => Promise<boolean> } {
+  const sub = ctx.nc.subscribe(Subjects.turnFinal(turnId), { max: 1 });
+  return {
+    sub,
+    arrived: async (timeoutMs) => {
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(false), timeoutMs);
+      });
+      const message = (async () => {
+        for await (const _ of sub) return true;
+        return false;
+      })();
+      try {
+        return await Promise.race([message, timeout]);
+      } finally {
+        clearTimeout(timer);
+        sub.unsubscribe();
+      }
+    },
+  };
+}
+
+export function runRoutes(ctx: GatewayContext) {
+  return async function (app: FastifyInstance) {
+    app.post("/api/v1/runs", { config: { scope: "run:write" } }, async (request, reply) => {
+      const auth = authOf(request);
+      const body = parseRunRequest(request.body);
+      const key = idempotencyKeyOf(request)!;
+      if (body.stream) throw invalid("stream", "Streaming is not available on this server yet; use background or the default wait.");
+      const workspaceId = auth.workspace._id;
+
+      let startVersion: number | undefined;
+      if (body.kind === "start") {
+        startVersion = await resolveStartVersion(ctx, workspaceId, body.agent, body.version);
+      } else {
+        await loadRun(ctx, workspaceId, body.run_id);
+      }
+
+      const claim = await ctx.idempotency.claim<RunAnswer>(workspaceId, "runs.create", key, runRequestFingerprint(body), () => ({
+        run_id: body.kind === "start" ? Ids.run() : body.run_id,
+        turn_id: Ids.turn(),
+      }));
+      let answer = claim.result;
+      // Subscribe before admission so a fast turn's final notice is not missed.
+      const waitFor = !body.background ? finalNotice(ctx, answer.turn_id) : undefined;
+      try {
+        if (claim.kind === "new" || !claim.done) {
+          answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan);
+          await ctx.idempotency.complete(claim.id, answer);
+        }
+        if (answer.error) {
+          throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
+        }
+        return await deliver(ctx, reply, workspaceId, answer, body, waitFor);
+      } finally {
+        waitFor?.sub.unsubscribe();
+      }
+    });
+
+    app.get<{ Params: { runId: string }; Querystring: { turn_id?: string } }>(
+      "/api/v1/runs/:runId",
+      { config: { scope: "run:read" } },
+      async (request) => {
+        const auth = authOf(request);
+        const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
+        const turnId = request.query.turn_id;
+        if (turnId !== undefined && (typeof turnId !== "string" || turnId === "")) throw invalid("turn_id", "turn_id must be a turn id.");
+        const turn = await loadTurn(ctx, run, turnId ?? run.latest_turn_id);
+        return renderRun(run, turn);
+      },
+    );
+
+    app.post<{ Params: { runId: string }; Body: { turn_id?: unknown } | undefined }>(
+      "/api/v1/runs/:runId/cancel",
+      { config: { scope: "run:write" } },
+      async (request, reply) => {
+        const auth = authOf(request);
+        const key = idempotencyKeyOf(request)!;
+        const body = request.body ?? {};
+        if (typeof body !== "object" || Array.isArray(body)) throw invalid(null, "The body must be a JSON object.");
+        for (const field of Object.keys(body)) if (field !== "turn_id") throw invalid(field, `Unknown field ${field}.`);
+        const turnId = body.turn_id;
+        if (turnId !== undefined && (typeof turnId !== "string" || turnId === "")) throw invalid("turn_id", "turn_id must be a turn id.");
+        const workspaceId = auth.workspace._id;
+        const run = await loadRun(ctx, workspaceId, request.params.runId);
+        if (turnId) await loadTurn(ctx, run, turnId);
+        const claim = await ctx.idempotency.claim<{ run_id: string; turn_id?: string; http_status?: number }>(workspaceId, "runs.cancel", key, { run_id: run._id, turn_id: turnId ?? null }, () => ({
+          run_id: run._id,
+        }));
+        let selected = claim.result.turn_id;
+        let status = claim.result.http_status ?? 200;
+        if (claim.kind === "new" || !claim.done) {
+          const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: turnId });
+          selected = result.turn_id;
+          status = result.http_status ?? 200;
+          await ctx.idempotency.complete(claim.id, { run_id: run._id, turn_id: selected, http_status: status });
+        }
+        const fresh = await loadRun(ctx, workspaceId, run._id);
+        const turn = await loadTurn(ctx, fresh, selected ?? fresh.latest_turn_id);
+        return reply.status(status).send(renderRun(fresh, turn));
+      },
+    );
+  };
+}
+
+/** Spec rules 7–9: the version a new run starts on, or the error that says why it cannot. */
+async function resolveStartVersion(ctx: GatewayContext, workspaceId: string, agentId: string, version: number | undefined): Promise<number> {
+  const agent = await ctx.store.getAgent(workspaceId, agentId);
+  if (!agent) throw new ApiError("agent_not_found", { param: "agent" });
+  const target = version ?? agent.active_version;
+  if (target === null) {
+    throw new ApiError("agent_version_not_ready", { param: "agent", message: "The agent has no active deployment yet." });
+  }
+  const deployment = await ctx.store.getDeployment(agentId, target);
+  if (!deployment) throw new ApiError("agent_version_not_found", { param: "version" });
+  if (deployment.status !== "ready") {
+    throw new ApiError("agent_version_not_ready", {
+      param: version === undefined ? "agent" : "version",
+      message: `Version ${target} is ${deployment.status}.`,
+    });
+  }
+  return target;
+}
+
+async function admit(
+  ctx: GatewayContext,
+  workspaceId: string,
+  body: RunRequest,
+  ids: RunAnswer,
+  startVersion: number | undefined,
+  plan: "solo" | "business",
+): Promise<RunAnswer> {
+  const cmd: RunCommand =
+    body.kind === "start"
+      ? {
+          op: "start",
+          workspace_id: workspaceId,
+          run_id: ids.run_id,
+          turn_id: ids.turn_id,
+          agent_id: body.agent,
+          version: startVersion!,
+          input: body.input,
+          tags: body.tags,
+          plan,
+        }
+      : { op: "continue", workspace_id: workspaceId, run_id: body.run_id, turn_id: ids.turn_id, input: body.input, on_busy: body.on_busy };
+  try {
+    const result = await ctx.router.send(cmd);
+    return { run_id: result.run_id, turn_id: result.turn_id ?? ids.turn_id, disposition: result.disposition };
+  } catch (err) {
+    // Lifecycle answers are part of the key's result; transient ones are not recorded.
+    if (err instanceof ApiError && err.status === 409) {
+      return { ...ids, error: { code: err.code, message: err.message, param: err.param } };
+    }
+    throw err;
+  }
+}
+
+/** Answers a start or continue: background at once, otherwise after the turn is final or the wait ends. */
+async function deliver(
+  ctx: GatewayContext,
+  reply: FastifyReply,
+  workspaceId: string,
+  answer: RunAnswer,
+  body: RunRequest,
+  waitFor: ReturnType<typeof finalNotice> | undefined,
+) {
+  let run = await loadRun(ctx, workspaceId, answer.run_id);
+  let turn = await loadTurn(ctx, run, answer.turn_id);
+  if (!body.background && !isFinalStatus(turn.status)) {
+    // A steered answer names the active turn, whose notice we were not subscribed to.
+    const notice = waitFor && turn._id === answer.turn_id ? waitFor : finalNotice(ctx, turn._id);
+    const again = await loadTurn(ctx, run, turn._id);
+    if (!isFinalStatus(again.status)) await notice.arrived(ctx.config.waitTimeoutMs);
+    else notice.sub.unsubscribe();
+    run = await loadRun(ctx, workspaceId, answer.run_id);
+    turn = await loadTurn(ctx, run, turn._id);
+  }
+  const final = isFinalStatus(turn.status);
+  if (!final || body.background) {
+    reply.header("location", `/api/v1/runs/${run._id}?turn_id=${turn._id}`);
+    return reply.status(final && !body.background ? 200 : 202).send(renderRun(run, turn, answer.disposition));
+  }
+  return reply.status(200).send(renderRun(run, turn, answer.disposition));
+}

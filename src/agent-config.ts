@@ -1,0 +1,66 @@
+import { z } from "zod";
+import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
+import { ApiError, invalid } from "./errors.js";
+
+const ScriptStepSchema = z.union([
+  z.object({ text: z.string() }).strict(),
+  z.object({ tool_call: z.object({ name: z.string().min(1), arguments: z.record(z.string(), z.unknown()) }).strict() }).strict(),
+  z.object({ error: z.object({ message: z.string(), status: z.number().int().min(100).max(599).optional() }).strict() }).strict(),
+]);
+
+const AgentConfigSchema = z
+  .object({
+    model: z.union([
+      z.string().regex(/^[^/\s]+\/\S+$/, "model must be <provider>/<model-id>"),
+      z.object({ provider: z.literal("openai-compatible"), base_url: z.url(), model: z.string().min(1) }).strict(),
+    ]),
+    instructions: z.string().max(200_000).optional(),
+    tools: z.array(z.enum(BUILTIN_TOOLS)).max(BUILTIN_TOOLS.length).optional(),
+    limits: z.object({ command_timeout_s: z.number().int().min(1).max(12 * 3600).optional() }).strict().optional(),
+    script: z.array(ScriptStepSchema).max(10_000).optional(),
+    tokens_per_second: z.number().positive().max(1_000_000).optional(),
+  })
+  .strict();
+
+const DeploymentRequestSchema = z
+  .object({
+    config: AgentConfigSchema,
+    upgrade_policy: z.enum(["automatic", "new_run_only"]).optional(),
+    activate: z.boolean().optional(),
+  })
+  .strict();
+
+export type DeploymentRequest = { config: AgentConfig; upgrade_policy: "automatic" | "new_run_only"; activate: boolean };
+
+/** Turns the first zod issue into a 400 naming the offending field by its dotted path. */
+export function zodToApiError(error: z.ZodError, prefix = ""): ApiError {
+  const issue = error.issues[0]!;
+  let path = issue.path.map(String);
+  if (issue.code === "unrecognized_keys") path = [...path, issue.keys[0]!];
+  const param = [prefix, ...path].filter(Boolean).join(".") || null;
+  const message = issue.code === "unrecognized_keys" ? `Unknown field ${param}.` : `${param ?? "body"}: ${issue.message}`;
+  return invalid(param, message);
+}
+
+export function parseWith<T>(schema: z.ZodType<T>, value: unknown, prefix = ""): T {
+  if (value === undefined) value = {};
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) throw zodToApiError(parsed.error, prefix);
+  return parsed.data;
+}
+
+/** Validates a deployment request; `script` and pacing belong to the scripted model only. */
+export function parseDeploymentRequest(body: unknown): DeploymentRequest {
+  const parsed = parseWith(DeploymentRequestSchema, body);
+  const config = parsed.config as AgentConfig;
+  if (config.model !== SCRIPTED_MODEL && config.script !== undefined) {
+    throw invalid("config.script", `script is only for the ${SCRIPTED_MODEL} model.`);
+  }
+  const tools = config.tools ?? [];
+  if (new Set(tools).size !== tools.length) throw invalid("config.tools", "Each tool may appear once.");
+  return { config, upgrade_policy: parsed.upgrade_policy ?? "automatic", activate: parsed.activate ?? true };
+}
+
+export const AgentCreateSchema = z
+  .object({ name: z.string().min(1).max(200), description: z.string().max(2000).nullable().optional() })
+  .strict();

@@ -1,0 +1,82 @@
+import path from "node:path";
+import { loadConfig } from "./config.js";
+import { runningEmbedded } from "./embedded.js";
+import { MongoStore } from "./mongo-store.js";
+import { MissingToolError, freePort, startFerretDb, type ServerProcess } from "./servers.js";
+import { createWorkspace } from "./workspaces.js";
+import { Plan } from "./domain.js";
+
+const USAGE = `usage:
+  runs admin create-workspace --plan solo|business [--name NAME]
+
+The store is MONGODB_URI when set, otherwise the embedded default's store under
+RUNS_DATA_DIR (default .runs/), whether or not \`npm start\` is running.`;
+
+class UsageError extends Error {}
+
+function flag(args: string[], name: string): string | undefined {
+  const i = args.indexOf(`--${name}`);
+  if (i === -1) return undefined;
+  const value = args[i + 1];
+  if (value === undefined || value.startsWith("--")) throw new UsageError(`--${name} needs a value`);
+  return value;
+}
+
+/** Opens the store the service would use; starts a private FerretDB on the data dir when needed. */
+async function openStore(): Promise<{ store: MongoStore; close: () => Promise<void> }> {
+  const config = loadConfig();
+  let uri = config.mongoUri;
+  let ferret: ServerProcess | undefined;
+  if (!uri) {
+    const running = await runningEmbedded(config.dataDir);
+    if (running) uri = running.mongo_uri;
+    else {
+      const port = await freePort();
+      ferret = await startFerretDb({
+        port,
+        dataDir: path.join(config.dataDir, "ferretdb"),
+        logFile: path.join(config.dataDir, "logs", "ferretdb-admin.log"),
+      });
+      uri = `mongodb://127.0.0.1:${port}/`;
+    }
+  }
+  const store = await MongoStore.connect(uri, config.mongoDb);
+  await store.provision();
+  return {
+    store,
+    close: async () => {
+      await store.close();
+      await ferret?.stop();
+    },
+  };
+}
+
+async function main(args: string[]): Promise<void> {
+  if (args[0] === "admin" && args[1] === "create-workspace") {
+    const plan = flag(args, "plan");
+    if (plan !== Plan.solo && plan !== Plan.business) throw new UsageError("--plan must be solo or business");
+    const name = flag(args, "name");
+    const { store, close } = await openStore();
+    try {
+      const created = await createWorkspace(store, { plan, name, nowMs: Date.now() });
+      process.stdout.write(`${JSON.stringify(created, null, 2)}\n`);
+    } finally {
+      await close();
+    }
+    return;
+  }
+  throw new UsageError(args.length ? `unknown command: ${args.join(" ")}` : "no command given");
+}
+
+main(process.argv.slice(2)).catch((err) => {
+  if (err instanceof UsageError) {
+    process.stderr.write(`runs: ${err.message}\n\n${USAGE}\n`);
+    process.exit(2);
+  }
+  if (err instanceof MissingToolError) {
+    process.stderr.write(`runs: ${err.message}\n`);
+    process.exit(3);
+  }
+  process.stderr.write(`runs: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});

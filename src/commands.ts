@@ -1,0 +1,50 @@
+import type { Disposition, InputPart, Plan } from "./domain.js";
+import type { ErrorCode } from "./errors.js";
+
+/**
+ * Commands the gateway sends to a run's owning actor on `runs.cmd.<partition>`,
+ * and the actor's replies. Every command is idempotent on the ids it carries, so a
+ * gateway may resend one after a timeout.
+ */
+export type RunCommand =
+  | {
+      op: "start";
+      workspace_id: string;
+      run_id: string;
+      turn_id: string;
+      agent_id: string;
+      version: number;
+      input: InputPart[];
+      tags: string[];
+      plan: Plan;
+    }
+  | {
+      op: "continue";
+      workspace_id: string;
+      run_id: string;
+      /** Id of the new turn, or of the steer when the input goes to the active turn. */
+      turn_id: string;
+      input: InputPart[];
+      on_busy: OnBusy;
+    }
+  | { op: "cancel"; workspace_id: string; run_id: string; turn_id?: string }
+  | { op: "delete"; workspace_id: string; run_id: string }
+  | { op: "tags"; workspace_id: string; run_id: string; add: string[]; remove: string[] };
+
+export const OnBusy = { queue: "queue", steer: "steer", reject: "reject" } as const;
+export type OnBusy = (typeof OnBusy)[keyof typeof OnBusy];
+
+export type CommandReply =
+  | {
+      ok: true;
+      run_id: string;
+      /** The turn the answer is about. */
+      turn_id?: string;
+      disposition?: Disposition;
+      /** HTTP status the gateway answers with when it is not a plain 200. */
+      http_status?: number;
+      tags?: string[];
+    }
+  | { ok: false; code: ErrorCode; message?: string; param?: string | null }
+  /** This node does not own the run's partition (any more): route again. */
+  | { ok: false; not_owner: true };

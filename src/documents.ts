@@ -1,0 +1,129 @@
+import type { AgentConfig, InputPart, OutputPart, Plan, RunState, TurnError, TurnStatus } from "./domain.js";
+
+/**
+ * Shapes of the durable documents. Times are Unix milliseconds inside the store and
+ * become Unix seconds only when rendered.
+ */
+
+export interface WorkspaceDoc {
+  _id: string;
+  name: string;
+  plan: Plan;
+  created_at: number;
+}
+
+export interface ApiKeyDoc {
+  _id: string;
+  workspace_id: string;
+  /** sha256 hex of the secret; the secret itself is never stored. */
+  hash: string;
+  key_prefix: string;
+  label: string | null;
+  scopes: string[];
+  mode: "live" | "test";
+  created_at: number;
+  updated_at: number;
+  last_used_at: number | null;
+  revoked_at: number | null;
+  /** When a rotated key stops working (end of its grace period). */
+  revokes_at: number | null;
+}
+
+export interface AgentDoc {
+  _id: string;
+  workspace_id: string;
+  name: string;
+  description: string | null;
+  active_version: number | null;
+  created_at: number;
+}
+
+export const DeploymentStatus = { building: "building", ready: "ready", failed: "failed" } as const;
+export type DeploymentStatus = (typeof DeploymentStatus)[keyof typeof DeploymentStatus];
+
+export const UpgradePolicy = { automatic: "automatic", new_run_only: "new_run_only" } as const;
+export type UpgradePolicy = (typeof UpgradePolicy)[keyof typeof UpgradePolicy];
+
+export interface DeploymentDoc {
+  /** `<agent_id>:<version>`: a unique insert allocates the version. */
+  _id: string;
+  workspace_id: string;
+  agent_id: string;
+  version: number;
+  status: DeploymentStatus;
+  upgrade_policy: UpgradePolicy;
+  config: AgentConfig;
+  /** Activate when the build finishes. */
+  activate: boolean;
+  error: { code: string; message: string } | null;
+  created_at: number;
+  ready_at: number | null;
+}
+
+export interface RunDoc {
+  _id: string;
+  workspace_id: string;
+  agent_id: string;
+  /** The version the run's workspace is on (its latest admitted turn's version). */
+  agent_version: number;
+  /** Every version a turn of this run ran on. */
+  versions: number[];
+  partition: number;
+  state: RunState;
+  tags: string[];
+  plan: Plan;
+  retention_s: number;
+  event_retention_s: number;
+  created_at: number;
+  last_activity_at: number;
+  expires_at: number;
+  /** Fencing token: the partition epoch of the owner that last activated the run. */
+  epoch: number;
+  turn_count: number;
+  latest_turn_id: string;
+  active_turn_id: string | null;
+  queued_turn_id: string | null;
+  /** Next event sequence number of the run (events are numbered by the owner). */
+  event_seq: number;
+}
+
+export interface TurnDoc {
+  _id: string;
+  run_id: string;
+  workspace_id: string;
+  /** 0-based position in the run. */
+  index: number;
+  status: TurnStatus;
+  agent_version: number;
+  input: InputPart[];
+  output: OutputPart[];
+  error: TurnError | null;
+  created_at: number;
+  started_at: number | null;
+  completed_at: number | null;
+  duration_ms: number | null;
+  /** Messages this turn added to the agent session (the session is their concatenation). */
+  transcript: unknown[];
+  epoch: number;
+}
+
+export interface IdempotencyDoc {
+  /** sha256 of workspace, operation and key. */
+  _id: string;
+  workspace_id: string;
+  operation: string;
+  fingerprint: string;
+  state: "pending" | "done";
+  /** Identity of the answer: enough to render it again. */
+  result: Record<string, unknown>;
+  created_at: number;
+  expires_at: number;
+}
+
+export interface TombstoneDoc {
+  _id: string;
+  workspace_id: string;
+  reason: "expired" | "deleted";
+  at: number;
+  expires_at: number;
+}

@@ -1,0 +1,88 @@
+/**
+ * The domain vocabulary every role shares: statuses, parts, turn errors and the
+ * agent configuration. Pure types and constants, no I/O.
+ */
+
+export const TurnStatus = {
+  queued: "queued",
+  in_progress: "in_progress",
+  cancelling: "cancelling",
+  completed: "completed",
+  failed: "failed",
+  cancelled: "cancelled",
+  incomplete: "incomplete",
+} as const;
+export type TurnStatus = (typeof TurnStatus)[keyof typeof TurnStatus];
+
+export const FINAL_TURN_STATUSES: ReadonlySet<TurnStatus> = new Set([
+  TurnStatus.completed,
+  TurnStatus.failed,
+  TurnStatus.cancelled,
+  TurnStatus.incomplete,
+]);
+
+export function isFinalStatus(status: TurnStatus): boolean {
+  return FINAL_TURN_STATUSES.has(status);
+}
+
+export const RunState = { idle: "idle", busy: "busy" } as const;
+export type RunState = (typeof RunState)[keyof typeof RunState];
+
+export const Disposition = {
+  created: "created",
+  continued: "continued",
+  queued: "queued",
+  steered: "steered",
+} as const;
+export type Disposition = (typeof Disposition)[keyof typeof Disposition];
+
+export const Plan = { solo: "solo", business: "business" } as const;
+export type Plan = (typeof Plan)[keyof typeof Plan];
+
+/** A normalized input part as stored with a turn. */
+export type InputPart =
+  | { type: "input_text"; text: string }
+  /** A file part: by upload id, or inline with filename and base64 file_data. */
+  | { type: "input_file"; file_id?: string; filename?: string; file_data?: string; media_type?: string };
+
+export type OutputPart = { type: "output_text"; text: string };
+
+export type TurnErrorSource = "provider" | "extension" | "runtime" | "platform" | "configuration";
+
+/** The error stored with a failed or incomplete turn (spec "Turn error"). */
+export interface TurnError {
+  code: string;
+  source: TurnErrorSource;
+  message: string;
+  retryable: boolean;
+  reference: string;
+}
+
+export const BUILTIN_TOOLS = ["bash", "read", "write", "edit", "ls"] as const;
+export type BuiltinTool = (typeof BUILTIN_TOOLS)[number];
+
+/** One step of the `faux/scripted` model: the Nth model call of a turn answers with step N. */
+export type ScriptStep =
+  | { text: string }
+  | { tool_call: { name: string; arguments: Record<string, unknown> } }
+  | { error: { message: string; status?: number } };
+
+export type ModelRef = string | { provider: "openai-compatible"; base_url: string; model: string };
+
+/** A deployment's agent configuration (decisions §3), already validated. */
+export interface AgentConfig {
+  model: ModelRef;
+  instructions?: string;
+  tools?: BuiltinTool[];
+  limits?: { command_timeout_s?: number };
+  script?: ScriptStep[];
+  tokens_per_second?: number;
+}
+
+/** A runtime event as the agent runner reports it, before numbering and storage. */
+export interface RuntimeEvent {
+  type: string;
+  data: Record<string, unknown>;
+}
+
+export const SCRIPTED_MODEL = "faux/scripted";

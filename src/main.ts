@@ -1,0 +1,64 @@
+import pino from "pino";
+import { loadConfig } from "./config.js";
+import { startEmbedded, type Embedded } from "./embedded.js";
+import { MissingToolError } from "./servers.js";
+import { startService } from "./service.js";
+import { createWorkspace } from "./workspaces.js";
+import { systemClock } from "./clock.js";
+
+/** `npm start`: the service, with an embedded nats-server and FerretDB unless NATS_URL / MONGODB_URI are set. */
+async function main(): Promise<void> {
+  const config = loadConfig();
+  const log = pino({ level: config.logLevel });
+  let embedded: Embedded | undefined;
+  if (!config.natsUrl || !config.mongoUri) {
+    embedded = await startEmbedded(config.dataDir, log);
+    config.natsUrl ??= embedded.natsUrl;
+    config.natsUser ??= embedded.natsUser;
+    config.natsPassword ??= embedded.natsPassword;
+    config.mongoUri ??= embedded.mongoUri;
+    config.masterKey ??= embedded.masterKey;
+  }
+  let service: Awaited<ReturnType<typeof startService>>;
+  try {
+    service = await startService(config, { log });
+  } catch (err) {
+    await embedded?.stop();
+    throw err;
+  }
+
+  if (embedded && (await service.store.countWorkspaces()) === 0) {
+    const created = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
+    process.stdout.write(
+      `\nCreated a development workspace ${created.workspace.id}.\n` +
+        `Its API key (all scopes), shown only this once:\n\n  ${created.api_key.key as string}\n\n`,
+    );
+  }
+  process.stdout.write(`runs is serving on ${service.url}\n`);
+
+  let stopping = false;
+  const shutdown = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, "shutting down");
+    const force = setTimeout(() => process.exit(1), 30_000);
+    force.unref();
+    try {
+      await service.close();
+      await embedded?.stop();
+    } finally {
+      process.exit(0);
+    }
+  };
+  process.on("SIGINT", () => void shutdown("SIGINT"));
+  process.on("SIGTERM", () => void shutdown("SIGTERM"));
+}
+
+main().catch((err) => {
+  if (err instanceof MissingToolError || (err instanceof Error && err.message.startsWith("configuration:"))) {
+    process.stderr.write(`runs: ${err.message}\n`);
+    process.exit(3);
+  }
+  process.stderr.write(`runs: could not start: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,338 @@
+import { MongoClient, MongoError, type Collection, type Db, type Filter, type UpdateFilter } from "mongodb";
+import type {
+  AgentDoc,
+  ApiKeyDoc,
+  DeploymentDoc,
+  IdempotencyDoc,
+  RunDoc,
+  TombstoneDoc,
+  TurnDoc,
+  WorkspaceDoc,
+} from "./documents.js";
+
+/** The store could not be reached or answered with a transient failure. */
+export class StoreUnavailableError extends Error {
+  constructor(cause: unknown) {
+    super("store unavailable", { cause });
+    this.name = "StoreUnavailableError";
+  }
+}
+
+/** A fenced write matched nothing: another owner holds the run now. */
+export class FencedError extends Error {
+  constructor(readonly runId: string) {
+    super(`write to ${runId} was fenced off`);
+    this.name = "FencedError";
+  }
+}
+
+const DUPLICATE_KEY = 11000;
+
+function isDuplicateKey(err: unknown): boolean {
+  return err instanceof MongoError && (err.code === DUPLICATE_KEY || /duplicate key/i.test(err.message));
+}
+
+/** Driver errors that mean "try again later" rather than "your request is wrong". */
+function isTransient(err: unknown): boolean {
+  if (!(err instanceof MongoError)) return false;
+  const name = err.name;
+  return (
+    name === "MongoServerSelectionError" ||
+    name === "MongoNetworkError" ||
+    name === "MongoNetworkTimeoutError" ||
+    name === "MongoTopologyClosedError" ||
+    name === "MongoNotConnectedError" ||
+    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
+  );
+}
+
+/** Translates driver failures once, here: transient ones become StoreUnavailableError. */
+async function guard<T>(work: () => Promise<T>): Promise<T> {
+  try {
+    return await work();
+  } catch (err) {
+    if (isTransient(err)) throw new StoreUnavailableError(err);
+    throw err;
+  }
+}
+
+export interface RunListQuery {
+  workspaceId: string;
+  agentId?: string;
+  version?: number;
+  state?: string;
+  tags?: string[];
+  createdAfterMs?: number;
+  createdBeforeMs?: number;
+  /** Keyset position: runs strictly after this (last_activity_at desc, _id desc). */
+  after?: { lastActivityAt: number; id: string };
+  limit: number;
+  nowMs: number;
+}
+
+/**
+ * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
+ * no transactions, no TTL indexes, and only inserts rely on unique indexes.
+ */
+export class MongoStore {
+  readonly workspaces: Collection<WorkspaceDoc>;
+  readonly apiKeys: Collection<ApiKeyDoc>;
+  readonly agents: Collection<AgentDoc>;
+  readonly deployments: Collection<DeploymentDoc>;
+  readonly runs: Collection<RunDoc>;
+  readonly turns: Collection<TurnDoc>;
+  readonly idempotency: Collection<IdempotencyDoc>;
+  readonly tombstones: Collection<TombstoneDoc>;
+
+  private constructor(
+    private readonly client: MongoClient,
+    readonly db: Db,
+  ) {
+    this.workspaces = db.collection("workspaces");
+    this.apiKeys = db.collection("api_keys");
+    this.agents = db.collection("agents");
+    this.deployments = db.collection("deployments");
+    this.runs = db.collection("runs");
+    this.turns = db.collection("turns");
+    this.idempotency = db.collection("idempotency");
+    this.tombstones = db.collection("tombstones");
+  }
+
+  static async connect(uri: string, dbName: string): Promise<MongoStore> {
+    const client = new MongoClient(uri, {
+      serverSelectionTimeoutMS: 3_000,
+      connectTimeoutMS: 3_000,
+      maxPoolSize: 50,
+    });
+    await client.connect();
+    return new MongoStore(client, client.db(dbName));
+  }
+
+  async close(): Promise<void> {
+    await this.client.close();
+  }
+
+  async ping(): Promise<boolean> {
+    try {
+      await this.db.command({ ping: 1 });
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Creates collections and indexes; safe to run on every start and from several nodes. */
+  async provision(): Promise<void> {
+    await guard(async () => {
+      await this.apiKeys.createIndex({ hash: 1 }, { unique: true, name: "hash_unique" });
+      await this.apiKeys.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+      await this.agents.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+      await this.deployments.createIndex({ agent_id: 1, version: -1 }, { name: "agent_version" });
+      await this.deployments.createIndex({ status: 1 }, { name: "status" });
+      await this.runs.createIndex({ workspace_id: 1, last_activity_at: -1, _id: -1 }, { name: "ws_activity" });
+      await this.runs.createIndex({ partition: 1, state: 1 }, { name: "partition_state" });
+      await this.runs.createIndex({ expires_at: 1 }, { name: "expires" });
+      await this.turns.createIndex({ run_id: 1, index: 1 }, { unique: true, name: "run_index" });
+      await this.idempotency.createIndex({ expires_at: 1 }, { name: "expires" });
+      await this.tombstones.createIndex({ expires_at: 1 }, { name: "expires" });
+    });
+  }
+
+  // ---- workspaces -------------------------------------------------------------------
+
+  insertWorkspace(doc: WorkspaceDoc): Promise<unknown> {
+    return guard(() => this.workspaces.insertOne(doc));
+  }
+
+  getWorkspace(id: string): Promise<WorkspaceDoc | null> {
+    return guard(() => this.workspaces.findOne({ _id: id }));
+  }
+
+  countWorkspaces(): Promise<number> {
+    return guard(() => this.workspaces.countDocuments({}, { limit: 1 }));
+  }
+
+  // ---- api keys ---------------------------------------------------------------------
+
+  insertApiKey(doc: ApiKeyDoc): Promise<unknown> {
+    return guard(() => this.apiKeys.insertOne(doc));
+  }
+
+  findApiKeyByHash(hash: string): Promise<ApiKeyDoc | null> {
+    return guard(() => this.apiKeys.findOne({ hash }));
+  }
+
+  getApiKey(workspaceId: string, id: string): Promise<ApiKeyDoc | null> {
+    return guard(() => this.apiKeys.findOne({ _id: id, workspace_id: workspaceId }));
+  }
+
+  listApiKeys(workspaceId: string): Promise<ApiKeyDoc[]> {
+    return guard(() => this.apiKeys.find({ workspace_id: workspaceId }).sort({ created_at: -1, _id: -1 }).toArray());
+  }
+
+  updateApiKey(id: string, set: Partial<ApiKeyDoc>): Promise<unknown> {
+    return guard(() => this.apiKeys.updateOne({ _id: id }, { $set: set }));
+  }
+
+  // ---- agents and deployments -------------------------------------------------------
+
+  insertAgent(doc: AgentDoc): Promise<unknown> {
+    return guard(() => this.agents.insertOne(doc));
+  }
+
+  getAgent(workspaceId: string, id: string): Promise<AgentDoc | null> {
+    return guard(() => this.agents.findOne({ _id: id, workspace_id: workspaceId }));
+  }
+
+  listAgents(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<AgentDoc[]> {
+    const filter: Filter<AgentDoc> = { workspace_id: workspaceId };
+    if (after) {
+      filter.$or = [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }];
+    }
+    return guard(() => this.agents.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
+  }
+
+  setActiveVersion(agentId: string, version: number): Promise<unknown> {
+    return guard(() => this.agents.updateOne({ _id: agentId }, { $set: { active_version: version } }));
+  }
+
+  /**
+   * Inserts a deployment with the agent's next version. The unique `_id`
+   * (`<agent>:<version>`) makes concurrent creators take distinct versions.
+   */
+  async insertDeployment(doc: Omit<DeploymentDoc, "_id" | "version">): Promise<DeploymentDoc> {
+    for (let attempt = 0; attempt < 20; attempt++) {
+      const last = await guard(() =>
+        this.deployments.find({ agent_id: doc.agent_id }).sort({ version: -1 }).limit(1).toArray(),
+      );
+      const version = (last[0]?.version ?? 0) + 1;
+      const full: DeploymentDoc = { ...doc, _id: `${doc.agent_id}:${version}`, version };
+      try {
+        await guard(() => this.deployments.insertOne(full));
+        return full;
+      } catch (err) {
+        if (!isDuplicateKey(err)) throw err;
+      }
+    }
+    throw new StoreUnavailableError(new Error("could not allocate a deployment version"));
+  }
+
+  getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null> {
+    return guard(() => this.deployments.findOne({ _id: `${agentId}:${version}` }));
+  }
+
+  listDeployments(agentId: string): Promise<DeploymentDoc[]> {
+    return guard(() => this.deployments.find({ agent_id: agentId }).sort({ version: 1 }).toArray());
+  }
+
+  listBuildingDeployments(): Promise<DeploymentDoc[]> {
+    return guard(() => this.deployments.find({ status: "building" }).limit(1000).toArray());
+  }
+
+  /** Moves a deployment out of `building`; false when it already left that state. */
+  async finishDeployment(id: string, set: Partial<DeploymentDoc>): Promise<boolean> {
+    const r = await guard(() => this.deployments.updateOne({ _id: id, status: "building" }, { $set: set }));
+    return r.modifiedCount === 1;
+  }
+
+  // ---- runs and turns ---------------------------------------------------------------
+
+  insertRun(doc: RunDoc): Promise<unknown> {
+    return guard(() => this.runs.insertOne(doc));
+  }
+
+  getRun(id: string): Promise<RunDoc | null> {
+    return guard(() => this.runs.findOne({ _id: id }));
+  }
+
+  /**
+   * Raises the run's fencing epoch to `epoch` unless a newer owner already did.
+   * Returns the run as stored afterwards, or null when a newer epoch holds it.
+   */
+  async claimRun(id: string, epoch: number): Promise<RunDoc | null> {
+    await guard(() => this.runs.updateOne({ _id: id, epoch: { $lt: epoch } }, { $set: { epoch } }));
+    const run = await this.getRun(id);
+    if (!run || run.epoch !== epoch) return null;
+    return run;
+  }
+
+  /** A write conditional on the run's epoch; throws FencedError when another owner holds it. */
+  async updateRunFenced(id: string, epoch: number, update: UpdateFilter<RunDoc>): Promise<void> {
+    const r = await guard(() => this.runs.updateOne({ _id: id, epoch }, update));
+    if (r.matchedCount === 0) throw new FencedError(id);
+  }
+
+  busyRunsIn(partitions: number[]): Promise<RunDoc[]> {
+    return guard(() =>
+      this.runs
+        .find({ partition: { $in: partitions }, state: "busy" })
+        .limit(10_000)
+        .toArray(),
+    );
+  }
+
+  insertTurn(doc: TurnDoc): Promise<unknown> {
+    return guard(() => this.turns.insertOne(doc));
+  }
+
+  getTurn(id: string): Promise<TurnDoc | null> {
+    return guard(() => this.turns.findOne({ _id: id }));
+  }
+
+  /**
+   * A turn write conditional on no newer owner having written the turn; it stamps
+   * the writer's epoch so a stale owner's later write matches nothing.
+   */
+  async updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void> {
+    const r = await guard(() =>
+      this.turns.updateOne({ _id: id, epoch: { $lte: epoch } }, { $set: { ...set, epoch } }),
+    );
+    if (r.matchedCount === 0) throw new FencedError(id);
+  }
+
+  /** The run's turns in order, without transcripts unless asked. */
+  listTurns(runId: string, options: { afterIndex?: number; limit?: number; withTranscript?: boolean } = {}): Promise<TurnDoc[]> {
+    const filter: Filter<TurnDoc> = { run_id: runId };
+    if (options.afterIndex !== undefined) filter.index = { $gt: options.afterIndex };
+    const cursor = this.turns.find(filter, options.withTranscript ? {} : { projection: { transcript: 0 } }).sort({ index: 1 });
+    if (options.limit) cursor.limit(options.limit);
+    return guard(() => cursor.toArray());
+  }
+
+  // ---- idempotency ------------------------------------------------------------------
+
+  /** Inserts a pending record; returns null on success or the record that already holds the key. */
+  async claimIdempotencyKey(doc: IdempotencyDoc): Promise<IdempotencyDoc | null> {
+    try {
+      await guard(() => this.idempotency.insertOne(doc));
+      return null;
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+      const existing = await guard(() => this.idempotency.findOne({ _id: doc._id }));
+      if (existing && existing.expires_at <= doc.created_at) {
+        // An expired record no longer protects its key: replace it.
+        await guard(() => this.idempotency.deleteOne({ _id: doc._id, expires_at: existing.expires_at }));
+        return this.claimIdempotencyKey(doc);
+      }
+      return existing;
+    }
+  }
+
+  getIdempotency(id: string): Promise<IdempotencyDoc | null> {
+    return guard(() => this.idempotency.findOne({ _id: id }));
+  }
+
+  completeIdempotency(id: string, result: Record<string, unknown>): Promise<unknown> {
+    return guard(() => this.idempotency.updateOne({ _id: id }, { $set: { state: "done", result } }));
+  }
+
+  releaseIdempotency(id: string): Promise<unknown> {
+    return guard(() => this.idempotency.deleteOne({ _id: id, state: "pending" }));
+  }
+
+  // ---- tombstones -------------------------------------------------------------------
+
+  getTombstone(id: string): Promise<TombstoneDoc | null> {
+    return guard(() => this.tombstones.findOne({ _id: id }));
+  }
+}

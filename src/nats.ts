@@ -1,0 +1,87 @@
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager, RetentionPolicy, StorageType, DiscardPolicy, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
+import { Kvm, type KV } from "@nats-io/kv";
+import { Objm, type ObjectStore } from "@nats-io/obj";
+import type { Plan } from "./domain.js";
+import type { RetentionConfig } from "./config.js";
+
+/** JetStream resources the service uses, opened once at the composition root. */
+export interface NatsResources {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  jsm: JetStreamManager;
+  /** Partition ownership leases (value: owner and expiry; revision at claim = epoch). */
+  leases: KV;
+  /** Node heartbeats for placement. */
+  nodes: KV;
+  /** Run workspace checkpoints. */
+  checkpoints: ObjectStore;
+}
+
+export const LEASES_BUCKET = "runs_leases";
+export const NODES_BUCKET = "runs_nodes";
+export const CHECKPOINTS_BUCKET = "runs_checkpoints";
+
+/** The event stream of a retention class. */
+export function eventStreamName(plan: Plan): string {
+  return `RUNS_EVENTS_${plan.toUpperCase()}`;
+}
+
+export function eventSubject(plan: Plan, runId: string): string {
+  return `runs.ev.${plan}.${runId}`;
+}
+
+export const Subjects = {
+  command: (partition: number) => `runs.cmd.${partition}`,
+  turnFinal: (turnId: string) => `runs.turn.${turnId}.final`,
+  live: (workspaceId: string, runId: string) => `runs.live.${workspaceId}.${runId}`,
+  authInvalidate: "runs.auth.invalidate",
+} as const;
+
+export async function connectNats(options: { url: string; user?: string; password?: string; name: string }): Promise<NatsConnection> {
+  return connect({
+    servers: options.url.split(","),
+    user: options.user,
+    pass: options.password,
+    name: options.name,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 500,
+    timeout: 5_000,
+  });
+}
+
+/**
+ * Opens (creating when absent) every stream, bucket and object store. Idempotent:
+ * every node runs it at start. `replicas` is 3 on a NATS cluster.
+ */
+export async function provisionNats(nc: NatsConnection, retention: RetentionConfig, replicas = 1): Promise<NatsResources> {
+  const js = jetstream(nc);
+  const jsm = await jetstreamManager(nc);
+  for (const plan of ["solo", "business"] as const) {
+    const name = eventStreamName(plan);
+    const config = {
+      name,
+      subjects: [`runs.ev.${plan}.>`],
+      retention: RetentionPolicy.Limits,
+      storage: StorageType.File,
+      discard: DiscardPolicy.Old,
+      max_age: retention.eventS[plan] * 1_000_000_000,
+      num_replicas: replicas,
+      allow_rollup_hdrs: false,
+      duplicate_window: 120 * 1_000_000_000,
+    };
+    try {
+      const info = await jsm.streams.info(name);
+      if (info.config.max_age !== config.max_age) {
+        await jsm.streams.update(name, { ...info.config, max_age: config.max_age });
+      }
+    } catch {
+      await jsm.streams.add(config);
+    }
+  }
+  const kvm = new Kvm(js);
+  const leases = await kvm.create(LEASES_BUCKET, { history: 1, replicas });
+  const nodes = await kvm.create(NODES_BUCKET, { history: 1, replicas });
+  const checkpoints = await new Objm(js).create(CHECKPOINTS_BUCKET, { replicas });
+  return { nc, js, jsm, leases, nodes, checkpoints };
+}

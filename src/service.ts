@@ -1,0 +1,84 @@
+import type { FastifyInstance } from "fastify";
+import pino, { type Logger } from "pino";
+import type { Config } from "./config.js";
+import { systemClock, type Clock } from "./clock.js";
+import { MongoStore } from "./mongo-store.js";
+import { connectNats, provisionNats } from "./nats.js";
+import { ActorHost, DeploymentBuilder, DeploymentCache } from "../actors/index.js";
+import { buildApp } from "../gateway/index.js";
+
+export interface RunningService {
+  /** Base URL of the API when the gateway role is on. */
+  url: string | undefined;
+  app: FastifyInstance | undefined;
+  store: MongoStore;
+  /** Graceful stop: stop admitting, release partitions, close connections. */
+  close(): Promise<void>;
+}
+
+export interface ServiceOptions {
+  log?: Logger;
+  clock?: Clock;
+}
+
+/**
+ * The composition root of one node: connects NATS and the store, provisions them,
+ * and starts the roles the config asks for.
+ */
+export async function startService(config: Config, options: ServiceOptions = {}): Promise<RunningService> {
+  const log = options.log ?? pino({ level: config.logLevel });
+  const clock = options.clock ?? systemClock;
+  if (!config.natsUrl || !config.mongoUri) throw new Error("startService needs natsUrl and mongoUri");
+
+  const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
+  await store.provision();
+  const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
+  const nats = await provisionNats(nc, config.retention);
+
+  const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
+  let host: ActorHost | undefined;
+  if (config.roles.actors) {
+    host = new ActorHost(
+      { config, clock, store, nc, log: log.child({ component: "actors" }), deployments: new DeploymentCache(store) },
+      { leases: nats.leases, nodes: nats.nodes },
+    );
+    await host.start();
+    await builder.resumePending();
+  }
+
+  let app: FastifyInstance | undefined;
+  let url: string | undefined;
+  if (config.roles.gateway) {
+    const built = await buildApp({
+      config,
+      clock,
+      store,
+      nc,
+      log,
+      builder,
+      actorsReady: host ? () => host.heldCount > 0 : undefined,
+    });
+    app = built.app;
+    await app.listen({ port: config.port, host: config.host });
+    const address = app.server.address();
+    const port = typeof address === "object" && address ? address.port : config.port;
+    url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
+  }
+  log.info({ node: config.nodeId, url, roles: config.roles }, "runs node started");
+
+  let closing: Promise<void> | undefined;
+  return {
+    url,
+    app,
+    store,
+    close() {
+      closing ??= (async () => {
+        await app?.close();
+        await host?.stop();
+        await nc.drain().catch(() => undefined);
+        await store.close();
+      })();
+      return closing;
+    },
+  };
+}

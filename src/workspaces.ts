@@ -1,0 +1,25 @@
+import type { Plan } from "./domain.js";
+import type { WorkspaceDoc } from "./documents.js";
+import type { MongoStore } from "./mongo-store.js";
+import { Ids } from "./ids.js";
+import { SCOPES } from "./scopes.js";
+import { newApiKey, renderApiKey } from "./api-keys.js";
+import { unixSeconds } from "./clock.js";
+
+export function renderWorkspace(doc: WorkspaceDoc) {
+  return { id: doc._id, object: "workspace", name: doc.name, plan: doc.plan, created_at: unixSeconds(doc.created_at) };
+}
+
+/** Creates a workspace and an all-scopes key (decisions §1); the secret is only in the answer. */
+export async function createWorkspace(store: MongoStore, input: { plan: Plan; name?: string; nowMs: number }) {
+  const workspace: WorkspaceDoc = {
+    _id: Ids.workspace(),
+    name: input.name ?? "default",
+    plan: input.plan,
+    created_at: input.nowMs,
+  };
+  await store.insertWorkspace(workspace);
+  const { doc, secret } = newApiKey({ workspaceId: workspace._id, label: "admin", scopes: [...SCOPES], nowMs: input.nowMs });
+  await store.insertApiKey(doc);
+  return { workspace: renderWorkspace(workspace), api_key: renderApiKey(doc, input.nowMs, { secret }) };
+}
