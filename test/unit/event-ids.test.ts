@@ -1,0 +1,74 @@
+import test from "ava";
+import { ApiError } from "../../src/errors.js";
+import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
+
+const RUN = "run_0000000AAAAAAAAAAAAAAA";
+const OTHER = "run_0000000BBBBBBBBBBBBBBB";
+
+function invalidCursor(t: any, fn: () => unknown, param = "after") {
+  const err = t.throws(fn, { instanceOf: ApiError }) as ApiError;
+  t.is(err.code, "invalid_cursor");
+  t.is(err.status, 400);
+  t.is(err.param, param);
+}
+
+test("event-ids - round trip over small and large positions", (t) => {
+  for (const [streamSeq, runSeq] of [
+    [1, 1],
+    [127, 128],
+    [16_384, 1],
+    [2 ** 32 + 5, 999_999],
+    [Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
+  ]) {
+    const id = encodeEventId({ streamSeq, runSeq, runId: RUN });
+    t.regex(id, /^evt_[A-Za-z0-9_-]+$/);
+    t.deepEqual(decodeEventId(id, RUN), { streamSeq, runSeq });
+  }
+});
+
+test("event-ids - ids are short and differ per position and run", (t) => {
+  const a = encodeEventId({ streamSeq: 10, runSeq: 1, runId: RUN });
+  t.true(a.length < 40);
+  t.not(a, encodeEventId({ streamSeq: 11, runSeq: 1, runId: RUN }));
+  t.not(a, encodeEventId({ streamSeq: 10, runSeq: 2, runId: RUN }));
+  t.not(a, encodeEventId({ streamSeq: 10, runSeq: 1, runId: OTHER }));
+});
+
+test("event-ids - another run's id is 400 invalid_cursor", (t) => {
+  const id = encodeEventId({ streamSeq: 5, runSeq: 3, runId: OTHER });
+  invalidCursor(t, () => decodeEventId(id, RUN));
+});
+
+test("event-ids - malformed ids are 400 invalid_cursor naming the param", (t) => {
+  const good = encodeEventId({ streamSeq: 5, runSeq: 3, runId: RUN });
+  const body = good.slice(4);
+  for (const bad of [
+    "",
+    "evt_",
+    "evt",
+    body,
+    "run_" + body,
+    "evt_" + body + "=",
+    "evt_" + body.slice(0, -1),
+    "evt_" + body + "A",
+    "evt_!!!!",
+    "evt_" + Buffer.from([2, 5, 3, 0, 0, 0, 0, 0, 0]).toString("base64url"),
+    "evt_" + Buffer.from([1, 0, 3, 0, 0, 0, 0, 0, 0]).toString("base64url"),
+    "evt_" + Buffer.from([1, 0x80, 0x80]).toString("base64url"),
+  ]) {
+    invalidCursor(t, () => decodeEventId(bad, RUN));
+  }
+  invalidCursor(t, () => decodeEventId("evt_x", RUN, "Last-Event-ID"), "Last-Event-ID");
+});
+
+test("event-ids - a non-canonical varint is rejected so one event has one id", (t) => {
+  const good = Buffer.from(encodeEventId({ streamSeq: 5, runSeq: 3, runId: RUN }).slice(4), "base64url");
+  // 5 written as 0x85 0x00 instead of 0x05
+  const padded = Buffer.concat([good.subarray(0, 1), Buffer.from([0x85, 0x00]), good.subarray(2)]);
+  invalidCursor(t, () => decodeEventId("evt_" + padded.toString("base64url"), RUN));
+});
+
+test("event-ids - encoding refuses positions below 1", (t) => {
+  t.throws(() => encodeEventId({ streamSeq: 0, runSeq: 1, runId: RUN }), { instanceOf: RangeError });
+  t.throws(() => encodeEventId({ streamSeq: 1, runSeq: 1.5, runId: RUN }), { instanceOf: RangeError });
+});
