@@ -46,11 +46,14 @@ export class DeploymentBuilder {
       this.log.info({ deployment: deployment._id, error: resolved.error }, "deployment failed");
       return;
     }
-    const finished = await this.store.finishDeployment(deployment._id, { status: "ready", ready_at: now, error: null });
-    if (!finished) return;
-    // Read again: activation may have been requested while it was building.
+    // Activate first, then mark ready: a client that saw `ready` can start on the active
+    // version at once. (Between the two writes a start without a version is briefly
+    // 409 agent_version_not_ready, which is retryable.) Read again: activation may have
+    // been requested while it was building.
     const current = await this.store.getDeployment(deployment.agent_id, deployment.version);
-    if (current?.activate) await this.store.setActiveVersion(deployment.agent_id, deployment.version);
-    this.log.info({ deployment: deployment._id }, "deployment ready");
+    if (current?.status !== "building") return;
+    if (current.activate) await this.store.setActiveVersion(deployment.agent_id, deployment.version);
+    const finished = await this.store.finishDeployment(deployment._id, { status: "ready", ready_at: now, error: null });
+    if (finished) this.log.info({ deployment: deployment._id, activated: current.activate }, "deployment ready");
   }
 }

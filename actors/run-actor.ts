@@ -180,7 +180,9 @@ export class RunActor {
         duration_ms: turn.started_at ? now - turn.started_at : 0,
       });
       this.r.log.warn({ run_id: run._id, turn_id: turnId, status }, "turn interrupted by a lost owner");
+      await this.afterTurn(run, now);
       this.publishFinal(turnId);
+      return;
     }
     await this.afterTurn(run, now);
   }
@@ -426,9 +428,10 @@ export class RunActor {
     });
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
-    this.publishFinal(turn._id);
     const run = this.run;
     if (run) await this.afterTurn(run, now);
+    // Waiters read the run when notified: announce only once the run moved on too.
+    this.publishFinal(turn._id);
   }
 
   /** After the active turn ended: start the queued turn, or go idle. */

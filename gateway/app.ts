@@ -83,7 +83,6 @@ export async function buildApp(ctx: Omit<GatewayContext, "router" | "auth" | "id
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,
     bodyLimit: BODY_LIMIT_BYTES,
-    disableRequestLogging: false,
     genReqId: () => Ids.reference().replace("ref_", "req_"),
   });
   app.decorateRequest("auth", null);

@@ -1,5 +1,5 @@
 import { unixSeconds } from "../src/clock.js";
-import type { Disposition } from "../src/domain.js";
+import { isFinalStatus, type Disposition } from "../src/domain.js";
 import type { AgentDoc, DeploymentDoc, RunDoc, TurnDoc } from "../src/documents.js";
 
 const secondsOrNull = (ms: number | null) => (ms === null ? null : unixSeconds(ms));
@@ -21,13 +21,23 @@ export function renderTurn(turn: TurnDoc) {
 }
 
 /** The Run object with its selected turn; agent_version is the turn's version. */
+/**
+ * A turn becomes final in one write and the run moves on in a second (DESIGN §4); a
+ * reader between the two sees the turn final while the run still names it active.
+ * The run is idle then, unless a queued turn is about to start.
+ */
+export function runState(run: RunDoc, turn: TurnDoc): RunDoc["state"] {
+  if (run.state === "busy" && run.active_turn_id === turn._id && isFinalStatus(turn.status) && !run.queued_turn_id) return "idle";
+  return run.state;
+}
+
 export function renderRun(run: RunDoc, turn: TurnDoc, disposition?: Disposition) {
   const out: Record<string, unknown> = {
     id: run._id,
     object: "run",
     agent_id: run.agent_id,
     agent_version: turn.agent_version,
-    state: run.state,
+    state: runState(run, turn),
     tags: [...run.tags].sort(),
     created_at: unixSeconds(run.created_at),
     last_activity_at: unixSeconds(run.last_activity_at),

@@ -229,6 +229,11 @@ export class MongoStore {
     return guard(() => this.deployments.find({ status: "building" }).limit(1000).toArray());
   }
 
+  /** Asks a building deployment to become active when its build finishes. */
+  requestActivation(id: string): Promise<unknown> {
+    return guard(() => this.deployments.updateOne({ _id: id, status: "building" }, { $set: { activate: true } }));
+  }
+
   /** Moves a deployment out of `building`; false when it already left that state. */
   async finishDeployment(id: string, set: Partial<DeploymentDoc>): Promise<boolean> {
     const r = await guard(() => this.deployments.updateOne({ _id: id, status: "building" }, { $set: set }));

@@ -123,7 +123,7 @@ export function agentRoutes(ctx: GatewayContext) {
         }
         if (deployment.status === "building") {
           // Becomes active when the build finishes; if it finished meanwhile, activate now.
-          await ctx.store.deployments.updateOne({ _id: deployment._id, status: "building" }, { $set: { activate: true } });
+          await ctx.store.requestActivation(deployment._id);
           const now = await ctx.store.getDeployment(agent._id, deployment.version);
           if (now?.status === "ready") await ctx.store.setActiveVersion(agent._id, deployment.version);
         } else {

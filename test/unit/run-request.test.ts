@@ -1,0 +1,81 @@
+import test from "ava";
+import { parseRunRequest, parseTags, runRequestFingerprint, tagProblem } from "../../src/run-request.js";
+import { ApiError } from "../../src/errors.js";
+
+function paramOf(body: unknown): string | null | undefined {
+  try {
+    parseRunRequest(body);
+    return undefined;
+  } catch (err) {
+    if (err instanceof ApiError) return err.param;
+    throw err;
+  }
+}
+
+test("run-request - a string input becomes one input_text part", (t) => {
+  const r = parseRunRequest({ agent: "agt_1", input: "hi" });
+  t.is(r.kind, "start");
+  t.deepEqual(r.input, [{ type: "input_text", text: "hi" }]);
+});
+
+test("run-request - on_busy defaults to queue on a continuation", (t) => {
+  const r = parseRunRequest({ run_id: "run_1", input: "hi" });
+  t.is(r.kind, "continue");
+  if (r.kind === "continue") t.is(r.on_busy, "queue");
+});
+
+test("run-request - selector and flag rules name their parameter", (t) => {
+  t.is(paramOf({ input: "x" }), "agent");
+  t.is(paramOf({ agent: "a", run_id: "r", input: "x" }), "run_id");
+  t.is(paramOf({ agent: "a", input: "x", background: true, stream: true }), "stream");
+  t.is(paramOf({ agent: "a", input: "x", background: "yes" }), "background");
+  t.is(paramOf({ run_id: "r", version: 2, input: "x" }), "version");
+  t.is(paramOf({ run_id: "r", tags: ["a"], input: "x" }), "tags");
+  t.is(paramOf([1, 2]), null);
+  t.is(paramOf(null), null);
+  t.is(paramOf({ agent: "a", input: "x" }), undefined);
+  t.is(paramOf({ agent: "a", input: "x", background: true }), undefined);
+});
+
+test("run-request - version must be a positive whole number", (t) => {
+  for (const version of [0, -1, 1.5, "1", null, true, Number.MAX_SAFE_INTEGER + 2]) {
+    t.is(paramOf({ agent: "a", version, input: "x" }), "version", String(version));
+  }
+  for (const version of [1, 2, 1000]) t.is(paramOf({ agent: "a", version, input: "x" }), undefined);
+});
+
+test("run-request - tag rules: length, whitespace, control characters", (t) => {
+  t.is(tagProblem("a"), undefined);
+  t.is(tagProblem("x".repeat(64)), undefined);
+  t.is(tagProblem(" a "), undefined, "not trimmed, still valid");
+  t.is(tagProblem("日本"), undefined);
+  t.truthy(tagProblem(""));
+  t.truthy(tagProblem("x".repeat(65)));
+  t.truthy(tagProblem(" \t "));
+  for (const c of ["\t", "\n", "\r", "\u0000", "\u007f", "\u0085", "\u2028"]) t.truthy(tagProblem(`a${c}b`), JSON.stringify(c));
+  t.truthy(tagProblem(5));
+});
+
+test("run-request - at most 20 distinct tags; repeats count once; result sorted", (t) => {
+  const twenty = Array.from({ length: 20 }, (_, i) => `t${String(i).padStart(2, "0")}`);
+  t.deepEqual(parseTags([...twenty].reverse().concat(["t00", "t01"]), "tags"), twenty);
+  t.throws(() => parseTags([...twenty, "t20"], "tags"), { instanceOf: ApiError });
+  t.deepEqual(parseTags(["b", "B", "a"], "tags"), ["B", "a", "b"], "case-sensitive");
+});
+
+test("run-request - inline files: base64 checked, 4 MiB decoded limit is 413", (t) => {
+  const ok = parseRunRequest({ agent: "a", input: [{ type: "input_file", filename: "a.txt", file_data: "aGk=" }] });
+  t.is(ok.input[0]?.type, "input_file");
+  t.is(paramOf({ agent: "a", input: [{ type: "input_file", filename: "a.txt", file_data: "***" }] }), "input");
+  const big = Buffer.alloc(4 * 1024 * 1024 + 1).toString("base64");
+  const err = t.throws(() => parseRunRequest({ agent: "a", input: [{ type: "input_file", filename: "a", file_data: big }] }));
+  t.is((err as ApiError).status, 413);
+});
+
+test("run-request - the fingerprint ignores delivery flags and tag order", (t) => {
+  const a = runRequestFingerprint(parseRunRequest({ agent: "a", input: "x", tags: ["b", "a"] }));
+  const b = runRequestFingerprint(parseRunRequest({ agent: "a", input: "x", tags: ["a", "b", "a"], background: true }));
+  t.deepEqual(a, b);
+  const c = runRequestFingerprint(parseRunRequest({ agent: "a", version: 1, input: "x", tags: ["a", "b"] }));
+  t.notDeepEqual(a, c);
+});
