@@ -1,0 +1,22 @@
+// Pinned NATS server, built by scripts/ensure-tools.sh into .tools/bin/nats-server.
+// Bump with: go get -tool github.com/nats-io/nats-server/v2@vX.Y.Z && go mod tidy
+
+module runs/deploy/tools/nats-server
+
+go 1.26.0
+
+tool github.com/nats-io/nats-server/v2
+
+require (
+	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/minio/highwayhash v1.0.4 // indirect
+	github.com/nats-io/jwt/v2 v2.8.2 // indirect
+	github.com/nats-io/nats-server/v2 v2.14.9 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)
