@@ -132,7 +132,8 @@ export async function startFerretDb(options: FerretDbOptions): Promise<ServerPro
     `--listen-addr=127.0.0.1:${options.port}`,
     `--state-dir=${options.dataDir}`,
     "--telemetry=disable",
-    "--log-level=warn",
+    "--debug-addr=-",
+    "--log-level=error",
   ];
   return launch("ferretdb", toolPath("ferretdb"), args, { ...process.env }, options.port, options.logFile);
 }

@@ -1,5 +1,6 @@
 import anyTest, { type TestFn } from "ava";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { nanos, type NatsConnection } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
 import { connectNats, eventStreamName, provisionNats, type NatsResources } from "../../src/nats.js";
 import { EventKeyring } from "../../src/event-crypto.js";
@@ -21,10 +22,22 @@ const SOLO_MAX_AGE_S = 2;
 const MASTER = Buffer.alloc(32, 9).toString("base64");
 const SECRET = "PLAINTEXT-CANARY-7f3a";
 
+const RETENTION = { runS: { solo: 3600, business: 3600 }, eventS: { solo: SOLO_MAX_AGE_S, business: 3600 } };
+
 test.before(async (t) => {
   const servers = await startTestServers();
+  t.context = { servers } as Context;
   const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "event-log-test" });
-  const nats = await provisionNats(nc, { runS: { solo: 3600, business: 3600 }, eventS: { solo: SOLO_MAX_AGE_S, business: 3600 } });
+  // provisionNats sets a 120 s duplicate window, which JetStream refuses above a shorter
+  // max_age: create the short-lived solo stream first (provisionNats then keeps it).
+  const jsm = await jetstreamManager(nc);
+  await jsm.streams.add({
+    name: eventStreamName("solo"),
+    subjects: ["runs.ev.solo.>"],
+    max_age: nanos(SOLO_MAX_AGE_S * 1000),
+    duplicate_window: nanos(SOLO_MAX_AGE_S * 1000),
+  });
+  const nats = await provisionNats(nc, RETENTION);
   const log = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
   t.context = { servers, nats, log };
 });
@@ -350,7 +363,7 @@ test("event-log - purge deletes the run's events only", async (t) => {
 test("event-log - rule 9: an unreachable store is 503 event_history_unavailable; a failed write rejects flush", async (t) => {
   const { servers } = t.context;
   const nc: NatsConnection = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "doomed" });
-  const nats = await provisionNats(nc, { runS: { solo: 3600, business: 3600 }, eventS: { solo: SOLO_MAX_AGE_S, business: 3600 } });
+  const nats = await provisionNats(nc, RETENTION);
   const log = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
   const run = newRun();
   await nc.close();

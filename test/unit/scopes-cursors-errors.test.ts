@@ -72,7 +72,7 @@ test("errors - the spec's status for each named code", (t) => {
     internal_error: 500, unauthorized: 401, permission_denied: 403, not_found: 404, deployment_expired: 410,
     quota_exceeded: 429, upstream_unavailable: 502, stream_cursor_expired: 410, payload_too_large: 413,
   };
-  for (const [code, status] of Object.entries(spec)) t.is<number>(ERROR_CATALOGUE[code as ErrorCode].status, status, code);
+  for (const [code, status] of Object.entries(spec)) t.is(ERROR_CATALOGUE[code as ErrorCode].status as number, status, code);
   t.false(ERROR_CATALOGUE.steering_target_ended.retryable);
   t.true(ERROR_CATALOGUE.runtime_unavailable.retryable);
   t.false(ERROR_CATALOGUE.run_failed_internal.retryable);

@@ -1,0 +1,191 @@
+import anyTest, { type TestFn } from "ava";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../src/service.js";
+
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; other: Api }>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  const ws = await newWorkspace(service);
+  const other = await newWorkspace(service);
+  t.context = { servers, service, api: ws.api, other: other.api };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+test("agents - create, get and list with cursors; other workspaces see nothing", async (t) => {
+  const { api, other } = t.context;
+  const created = await api.post("/api/v1/agents", { name: "alpha", description: "first" });
+  t.is(created.status, 201);
+  t.regex(created.body.id, /^agt_/);
+  t.is(created.body.object, "agent");
+  t.is(created.body.active_version, null);
+  t.is(created.body.description, "first");
+  const got = await api.get(`/api/v1/agents/${created.body.id}`);
+  t.deepEqual(got.body, created.body);
+  for (let i = 0; i < 3; i++) await api.post("/api/v1/agents", { name: `more-${i}` });
+  const page1 = await api.get("/api/v1/agents?limit=2");
+  t.is(page1.body.data.length, 2);
+  t.true(page1.body.has_more);
+  const ids: string[] = page1.body.data.map((a: any) => a.id);
+  let cursor = page1.body.next_cursor;
+  for (let i = 0; i < 100 && cursor; i++) {
+    const page = await api.get(`/api/v1/agents?limit=2&after=${cursor}`);
+    ids.push(...page.body.data.map((a: any) => a.id));
+    cursor = page.body.has_more ? page.body.next_cursor : null;
+  }
+  t.is(new Set(ids).size, ids.length, "no duplicates across pages");
+  t.true(ids.includes(created.body.id));
+  t.is((await other.get(`/api/v1/agents/${created.body.id}`)).status, 404);
+  t.is((await other.get(`/api/v1/agents/${created.body.id}`)).body.error.code, "agent_not_found");
+  const otherCursor = await other.get(`/api/v1/agents?after=${page1.body.next_cursor}`);
+  t.is(otherCursor.status, 400);
+  t.is(otherCursor.body.error.code, "invalid_cursor");
+});
+
+test("agents - validation names the field", async (t) => {
+  const { api } = t.context;
+  t.is((await api.post("/api/v1/agents", {})).body.error.param, "name");
+  t.is((await api.post("/api/v1/agents", { name: "" })).body.error.param, "name");
+  t.is((await api.post("/api/v1/agents", { name: "x", colour: 1 })).body.error.param, "colour");
+});
+
+test("deployments - versions 1, 2, 3, building then ready, activation and upgrade_policy", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "deploys" })).body;
+  const d1 = await api.deploy(agent.id, { model: "faux/scripted" });
+  t.is(d1.version, 1);
+  t.is(d1.status, "building");
+  t.is((await api.waitDeployment(agent.id, 1)).status, "ready");
+  t.is((await api.get(`/api/v1/agents/${agent.id}`)).body.active_version, 1);
+
+  const d2 = await api.deploy(agent.id, { model: "faux/scripted", instructions: "be brief" }, { activate: false, upgrade_policy: "new_run_only" });
+  t.is(d2.version, 2);
+  const ready2 = await api.waitDeployment(agent.id, 2);
+  t.is(ready2.status, "ready");
+  t.is((ready2 as any).upgrade_policy, "new_run_only");
+  t.is((await api.get(`/api/v1/agents/${agent.id}`)).body.active_version, 1, "not activated");
+
+  const activated = await api.post(`/api/v1/agents/${agent.id}/deployments/2/activate`);
+  t.is(activated.status, 200);
+  t.is(activated.body.active_version, 2);
+
+  const d3 = await api.deploy(agent.id, { model: "faux/scripted" }, { activate: false });
+  t.is(d3.version, 3);
+  const list = await api.get(`/api/v1/agents/${agent.id}/deployments`);
+  t.deepEqual(
+    list.body.data.map((d: any) => d.version),
+    [1, 2, 3],
+  );
+  t.is((await api.get(`/api/v1/agents/${agent.id}/deployments/9`)).status, 404);
+  t.is((await api.get(`/api/v1/agents/${agent.id}/deployments/abc`)).body.error.param, "version");
+});
+
+test("deployments - concurrent creates get distinct versions", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "race" })).body;
+  const results = await Promise.all(Array.from({ length: 5 }, () => api.deploy(agent.id, { model: "faux/scripted" }, { activate: false })));
+  t.deepEqual(
+    results.map((r) => r.version).sort((a, b) => a - b),
+    [1, 2, 3, 4, 5],
+  );
+});
+
+test("deployments - a model no registry holds fails the build with an error naming it", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "bad-model" })).body;
+  const d = await api.deploy(agent.id, { model: "nosuch/imaginary-model" });
+  const built: any = await api.waitDeployment(agent.id, d.version);
+  t.is(built.status, "failed");
+  t.regex(built.error.message, /nosuch\/imaginary-model/);
+  t.is((await api.get(`/api/v1/agents/${agent.id}`)).body.active_version, null, "a failed build is never active");
+  const activate = await api.post(`/api/v1/agents/${agent.id}/deployments/${d.version}/activate`);
+  t.is(activate.status, 409);
+  t.is(activate.body.error.code, "agent_version_not_ready");
+});
+
+test("deployments - config validation: unknown fields, tools, script only for faux/scripted", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "validation" })).body;
+  const url = `/api/v1/agents/${agent.id}/deployments`;
+  const cases: Array<[unknown, string]> = [
+    [{ config: { model: "faux/scripted", temperature: 1 } }, "config.temperature"],
+    [{ config: { model: "faux/scripted", tools: ["rm"] } }, "config.tools.0"],
+    [{ config: { model: "faux/scripted", tools: ["bash", "bash"] } }, "config.tools"],
+    [{ config: { model: "openai/gpt-4.1-mini", script: [{ text: "x" }] } }, "config.script"],
+    [{ config: { model: "faux/scripted", script: [{ say: "x" }] } }, "config.script.0"],
+    [{ config: { model: "no-slash" } }, "config.model"],
+    [{ config: { model: "faux/scripted" }, upgrade_policy: "sometimes" }, "upgrade_policy"],
+    [{}, "config"],
+    [{ config: { model: "faux/scripted" }, extra: 1 }, "extra"],
+  ];
+  for (const [body, param] of cases) {
+    const res = await api.post(url, body);
+    t.is(res.status, 400, JSON.stringify(body));
+    t.is(res.body.error.param, param, JSON.stringify(body));
+  }
+  const noKey = await api.request("POST", url, { body: { config: { model: "faux/scripted" } } });
+  t.is(noKey.status, 400);
+  t.is(noKey.body.error.param, "Idempotency-Key");
+});
+
+test("deployments - the same Idempotency-Key returns the same deployment", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "idem" })).body;
+  const body = { config: { model: "faux/scripted" } };
+  const a = await api.post(`/api/v1/agents/${agent.id}/deployments`, body, "same-key");
+  const b = await api.post(`/api/v1/agents/${agent.id}/deployments`, body, "same-key");
+  t.is(a.body.version, b.body.version);
+  const c = await api.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted", instructions: "x" } }, "same-key");
+  t.is(c.status, 409);
+  t.is(c.body.error.code, "idempotency_conflict");
+});
+
+test("models - the registry's models plus faux/scripted", async (t) => {
+  const { api } = t.context;
+  const res = await api.get("/api/v1/models");
+  t.is(res.status, 200);
+  t.is(res.body.object, "list");
+  const ids = res.body.data.map((m: any) => m.id);
+  t.true(ids.includes("faux/scripted"));
+  t.true(ids.some((id: string) => id.startsWith("openai/")));
+});
+
+test("turns - scripted provider errors map to the provider_* turn error codes", async (t) => {
+  const { api } = t.context;
+  const cases: Array<[number | undefined, string, boolean]> = [
+    [401, "provider_authentication_failed", false],
+    [403, "provider_authentication_failed", false],
+    [402, "provider_quota_exhausted", false],
+    [429, "provider_rate_limited", true],
+    [503, "provider_service_unavailable", true],
+    [undefined, "provider_failure", true],
+  ];
+  for (const [status, code, retryable] of cases) {
+    const agent = await api.agentWith({ model: "faux/scripted", script: [{ error: { message: "upstream said no", ...(status ? { status } : {}) } }] });
+    const res = await api.post("/api/v1/runs", { agent, input: "x" });
+    t.is(res.status, 200);
+    t.is(res.body.turn.status, "failed", String(status));
+    t.is(res.body.turn.error.code, code, String(status));
+    t.is(res.body.turn.error.source, "provider");
+    t.is(res.body.turn.error.retryable, retryable);
+    t.regex(res.body.turn.error.reference, /^ref_/);
+    t.is(res.body.state, "idle");
+  }
+});
+
+test("turns - a text step after a failing tool still completes (tool errors go back to the model)", async (t) => {
+  const { api } = t.context;
+  const agent = await api.agentWith({
+    model: "faux/scripted",
+    tools: ["bash"],
+    script: [{ tool_call: { name: "bash", arguments: { command: "exit 3" } } }, { text: "recovered" }],
+  });
+  const res = await api.post("/api/v1/runs", { agent, input: "x" });
+  t.is(res.body.turn.status, "completed");
+  t.deepEqual(res.body.turn.output, [{ type: "output_text", text: "recovered" }]);
+});

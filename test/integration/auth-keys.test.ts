@@ -1,0 +1,220 @@
+import anyTest, { type TestFn } from "ava";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../src/service.js";
+import { SCOPES } from "../../src/scopes.js";
+
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; other: Api; anon: Api }>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  // A short auth cache, as a multi-node deployment would run with.
+  const service = await startTestService(servers, { RUNS_AUTH_CACHE_MS: "500" });
+  const ws = await newWorkspace(service);
+  const other = await newWorkspace(service);
+  t.context = { servers, service, api: ws.api, other: other.api, anon: new Api(service.url!) };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+async function createKey(api: Api, scopes: string[], label: string | null = "test") {
+  const res = await api.post("/api/v1/api-keys", { label, scopes });
+  if (res.status !== 201) throw new Error(`key create failed ${res.status} ${JSON.stringify(res.body)}`);
+  return res.body;
+}
+
+test("auth - missing, malformed and unknown keys are 401 unauthorized", async (t) => {
+  const { anon } = t.context;
+  for (const headers of [{}, { authorization: "Basic abc" }, { authorization: "Bearer rk_live_nope" }, { authorization: "Bearer" }]) {
+    const res = await anon.request("GET", "/api/v1/runs/run_x", { headers });
+    t.is(res.status, 401, JSON.stringify(headers));
+    t.is(res.body.error.code, "unauthorized");
+    t.is(res.body.error.type, "authentication_error");
+  }
+});
+
+test("auth - a key without the route's scope is 403 permission_denied naming the scope", async (t) => {
+  const { api } = t.context;
+  const readOnly = await createKey(api, ["run:read"]);
+  const limited = api.withKey(readOnly.key);
+  const write = await limited.post("/api/v1/runs", { agent: "agt_x", input: "x" });
+  t.is(write.status, 403);
+  t.is(write.body.error.code, "permission_denied");
+  t.is(write.body.error.type, "permission_error");
+  t.regex(write.body.error.message, /run:write/);
+  const agents = await limited.get("/api/v1/agents");
+  t.is(agents.status, 403);
+  t.regex(agents.body.error.message, /agents:read/);
+  const read = await limited.get("/api/v1/runs/run_unknown");
+  t.is(read.status, 404, "run:read is enough to read");
+});
+
+test("keys - create returns the secret once; list and get never do", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read", "run:write"], "ci");
+  t.regex(key.key, /^rk_live_[0-9A-Za-z]{32,}$/);
+  t.is(key.key_prefix, key.key.slice(0, 12));
+  t.is(key.object, "api_key");
+  t.is(key.mode, "live");
+  t.deepEqual(key.scopes, ["run:read", "run:write"]);
+  t.is(key.label, "ci");
+  t.is(key.revoked_at, null);
+  t.is(key.last_used_at, null);
+  t.regex(key.id, /^[0-9a-f-]{36}$/);
+  const got = await api.get(`/api/v1/api-keys/${key.id}`);
+  t.is(got.status, 200);
+  t.false("key" in got.body);
+  const listed = await api.get("/api/v1/api-keys");
+  t.true(listed.body.data.some((k: any) => k.id === key.id));
+  t.false(listed.body.data.some((k: any) => "key" in k));
+  // The new key works.
+  const use = await api.withKey(key.key).get("/api/v1/runs/run_none");
+  t.is(use.status, 404);
+});
+
+test("keys - last_used_at is set when the key is used", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  await api.withKey(key.key).get("/api/v1/runs/run_none");
+  let seen = null;
+  for (let i = 0; i < 40 && seen === null; i++) {
+    seen = (await api.get(`/api/v1/api-keys/${key.id}`)).body.last_used_at;
+    if (seen === null) await new Promise((r) => setTimeout(r, 50));
+  }
+  t.true(Number.isInteger(seen));
+});
+
+const badScopes: Array<[string, unknown]> = [
+  ["unknown scope", ["run:read", "run:admin"]],
+  ["duplicate", ["run:read", "run:read"]],
+  ["write without read", ["run:write"]],
+  ["reveal without read", ["env_vars:reveal"]],
+  ["empty", []],
+  ["twelve items", [...SCOPES, "run:read"]],
+  ["not an array", "run:read"],
+];
+for (const [name, scopes] of badScopes) {
+  test(`keys - scopes ${name} is 400 param scopes on create and rotate`, async (t) => {
+    const { api } = t.context;
+    const create = await api.post("/api/v1/api-keys", { scopes });
+    t.is(create.status, 400);
+    t.is(create.body.error.param, "scopes");
+    const key = await createKey(api, ["run:read"]);
+    const rotate = await api.post(`/api/v1/api-keys/${key.id}/rotate`, { scopes });
+    t.is(rotate.status, 400);
+    t.is(rotate.body.error.param, "scopes");
+  });
+}
+
+test("keys - rotation validation: label, mode, grace period, body, key id", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  const url = `/api/v1/api-keys/${key.id}/rotate`;
+  const cases: Array<[unknown, string | null]> = [
+    [{ label: "x".repeat(81) }, "label"],
+    [{ mode: "test" }, "mode"],
+    [{ gracePeriodSeconds: -1 }, "gracePeriodSeconds"],
+    [{ gracePeriodSeconds: 604801 }, "gracePeriodSeconds"],
+    [{ gracePeriodSeconds: 1.5 }, "gracePeriodSeconds"],
+    [{ gracePeriodSeconds: "10" }, "gracePeriodSeconds"],
+    [{ surprise: true }, "surprise"],
+    [[], null],
+  ];
+  for (const [body, param] of cases) {
+    const res = await api.post(url, body);
+    t.is(res.status, 400, JSON.stringify(body));
+    t.is(res.body.error.param, param, JSON.stringify(body));
+  }
+  const noBody = await api.request("POST", url, { idempotencyKey: "k" });
+  t.is(noBody.status, 400);
+  const badId = await api.post("/api/v1/api-keys/not-a-uuid/rotate", {});
+  t.is(badId.status, 400);
+  t.is(badId.body.error.param, "keyId");
+  const unknown = await api.post("/api/v1/api-keys/00000000-0000-4000-8000-000000000000/rotate", {});
+  t.is(unknown.status, 404);
+  t.is(unknown.body.error.code, "not_found");
+  const ok = await api.post(url, { label: "x".repeat(80), mode: "live", gracePeriodSeconds: 604800 });
+  t.is(ok.status, 201);
+});
+
+test("keys - rotation keeps scopes by default, returns the new secret and old_key_revokes_at", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read", "agents:read"], "svc");
+  const before = Date.now();
+  const rotated = await api.post(`/api/v1/api-keys/${key.id}/rotate`, {});
+  t.is(rotated.status, 201);
+  t.not(rotated.body.id, key.id);
+  t.regex(rotated.body.key, /^rk_live_/);
+  t.deepEqual(rotated.body.scopes, ["run:read", "agents:read"]);
+  t.is(rotated.body.label, "svc");
+  const revokesAt = Date.parse(rotated.body.old_key_revokes_at);
+  t.true(Math.abs(revokesAt - (before + 86_400_000)) < 10_000, "default grace period is 86400 s");
+  // Both keys work during the grace period.
+  t.is((await api.withKey(key.key).get("/api/v1/runs/run_none")).status, 404);
+  t.is((await api.withKey(rotated.body.key).get("/api/v1/runs/run_none")).status, 404);
+});
+
+test("keys - the old key answers 401 once its grace period ends", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  const rotated = await api.post(`/api/v1/api-keys/${key.id}/rotate`, { gracePeriodSeconds: 2, scopes: ["run:read", "run:write"] });
+  t.is(rotated.status, 201);
+  t.deepEqual(rotated.body.scopes, ["run:read", "run:write"]);
+  t.is((await api.withKey(key.key).get("/api/v1/runs/run_none")).status, 404, "still valid in grace");
+  await new Promise((r) => setTimeout(r, 2_600));
+  const old = await api.withKey(key.key).get("/api/v1/runs/run_none");
+  t.is(old.status, 401);
+  t.is((await api.withKey(rotated.body.key).get("/api/v1/runs/run_none")).status, 404);
+  const listed = await api.get(`/api/v1/api-keys/${key.id}`);
+  t.true(Number.isInteger(listed.body.revoked_at), "shown revoked once the grace period ended");
+});
+
+test("keys - grace period 0 revokes the old key at once; rotating a revoked key is 409", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  const rotated = await api.post(`/api/v1/api-keys/${key.id}/rotate`, { gracePeriodSeconds: 0 });
+  t.is(rotated.status, 201);
+  t.is((await api.withKey(key.key).get("/api/v1/runs/run_none")).status, 401);
+  const again = await api.post(`/api/v1/api-keys/${key.id}/rotate`, {});
+  t.is(again.status, 409);
+});
+
+test("keys - rotation is also served without the /api/v1 prefix", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  const res = await api.post(`/api-keys/${key.id}/rotate`, { gracePeriodSeconds: 10 });
+  t.is(res.status, 201);
+  t.truthy(res.body.old_key_revokes_at);
+  const unauth = await new Api(api.baseUrl).post(`/api-keys/${key.id}/rotate`, {});
+  t.is(unauth.status, 401);
+});
+
+test("keys - a revoked key is refused at once and shows revoked_at", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  t.is((await api.withKey(key.key).get("/api/v1/runs/run_none")).status, 404);
+  const revoked = await api.post(`/api/v1/api-keys/${key.id}/revoke`);
+  t.is(revoked.status, 200);
+  t.true(Number.isInteger(revoked.body.revoked_at));
+  const after = await api.withKey(key.key).get("/api/v1/runs/run_none");
+  t.is(after.status, 401);
+  t.is(after.body.error.code, "unauthorized");
+});
+
+test("keys - another workspace's key is 404", async (t) => {
+  const { api, other } = t.context;
+  const key = await createKey(api, ["run:read"]);
+  t.is((await other.get(`/api/v1/api-keys/${key.id}`)).status, 404);
+  t.is((await other.post(`/api/v1/api-keys/${key.id}/revoke`)).status, 404);
+  t.is((await other.post(`/api/v1/api-keys/${key.id}/rotate`, {})).status, 404);
+});
+
+test("keys - managing keys needs api_keys:manage", async (t) => {
+  const { api } = t.context;
+  const key = await createKey(api, ["run:read", "run:write"]);
+  const res = await api.withKey(key.key).post("/api/v1/api-keys", { scopes: ["run:read"] });
+  t.is(res.status, 403);
+  t.regex(res.body.error.message, /api_keys:manage/);
+});
