@@ -266,7 +266,13 @@ export class JetStreamEventLog implements EventLog {
     } catch (err) {
       throw unavailable(err);
     }
-    const messages = await consumer.consume({ max_messages: READ_BATCH });
+    let messages: Awaited<ReturnType<Consumer["consume"]>>;
+    try {
+      messages = await consumer.consume({ max_messages: READ_BATCH });
+    } catch (err) {
+      await consumer.delete().catch(() => undefined);
+      throw unavailable(err);
+    }
     const stop = () => void messages.close().catch(() => undefined);
     signal.addEventListener("abort", stop, { once: true });
     try {
@@ -276,8 +282,15 @@ export class JetStreamEventLog implements EventLog {
         const envelope = decodeEnvelopeOrUnavailable(key, msg.data);
         if (envelope.ms < this.clock.nowMs() - retentionMs) continue;
         if (options.turnId !== undefined && envelope.event.turn_id !== options.turnId) continue;
-        await onEvent(toRunEvent(envelope, msg.seq, run.id));
+        try {
+          await onEvent(toRunEvent(envelope, msg.seq, run.id));
+        } catch (err) {
+          throw new CallbackFailure(err);
+        }
       }
+    } catch (err) {
+      // A failure of onEvent is the caller's own error, passed through; any other is the store's: 503.
+      throw err instanceof CallbackFailure ? err.error : unavailable(err);
     } finally {
       signal.removeEventListener("abort", stop);
       await messages.close().catch(() => undefined);
@@ -318,15 +331,17 @@ export class JetStreamEventLog implements EventLog {
         // Ask for exactly what is pending, so a fetch never waits for messages to arrive.
         const batch = await consumer.fetch({ max_messages: Math.min(pending, READ_BATCH), expires: FETCH_EXPIRES_MS });
         let got = 0;
+        let done = false;
         for await (const msg of batch) {
           got++;
           pending = msg.info.pending;
           if (!visit(msg)) {
-            await batch.close().catch(() => undefined);
-            return;
+            done = true;
+            break; // closing inside the loop would wait for the loop itself
           }
         }
-        if (got === 0) return; // what was pending expired meanwhile
+        await batch.close().catch(() => undefined);
+        if (done || got === 0) return; // got === 0: what was pending expired meanwhile
       }
     } finally {
       await consumer.delete().catch(() => undefined);
@@ -437,6 +452,11 @@ class JetStreamAppender implements EventAppender {
     } while (seen !== this.tail);
     if (this.firstFailure) throw this.firstFailure;
   }
+}
+
+/** Marks an exception thrown by a subscriber's callback, so it is not reported as a store failure. */
+class CallbackFailure {
+  constructor(readonly error: unknown) {}
 }
 
 function headerSeq(value: string): number {

@@ -259,6 +259,8 @@ test("event-log - rules 6-7: events that JetStream really expired (max_age) read
   apiError(t, err, "event_cursor_expired", 410);
 
   await new Promise((r) => setTimeout(r, 1500));
+  const { nats } = t.context;
+  t.is(await nats.jsm.streams.getMessage(eventStreamName("solo"), { seq: decodeEventId(first[0].id, run.id).streamSeq }), null, "JetStream dropped it (max_age)");
   const expired = await log.read({ ...run, event_seq: 4 }, { limit: 10, nowMs: Date.now() });
   t.deepEqual(expired, { events: [], hasMore: false, history: { status: "expired", retention_days: SOLO_MAX_AGE_S / 86400 } });
   // Without what the run document knows, an old run still reads as expired: every run records run.created.
@@ -375,4 +377,17 @@ test("event-log - rule 9: an unreachable store is 503 event_history_unavailable;
   const err = await t.throwsAsync(appender.flush(), { instanceOf: EventWriteError });
   t.is((err as EventWriteError).sequence, 1);
   t.is(appender.nextSequence, 3);
+});
+
+test.serial("event-log - subscribe passes a callback's own error through and still removes its consumer", async (t) => {
+  const { log, nats } = t.context;
+  const run = newRun();
+  await appendAll(log, run, [{ turn: null }, { turn: null }]);
+  const before = await consumerCount(nats, "business");
+  const boom = new Error("client went away");
+  const err = await t.throwsAsync(log.subscribe(run, {}, () => {
+    throw boom;
+  }, new AbortController().signal));
+  t.is(err, boom);
+  t.is(await consumerCount(nats, "business"), before);
 });
