@@ -2,6 +2,8 @@ import { mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import type { EventLog } from "../src/event-log.js";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import type { Config } from "../src/config.js";
 import type { Clock } from "../src/clock.js";
@@ -21,6 +23,8 @@ export interface ActorResources {
   clock: Clock;
   store: MongoStore;
   nc: NatsConnection;
+  jsm: JetStreamManager;
+  events: EventLog;
   log: Logger;
   deployments: DeploymentCache;
 }

@@ -7,6 +7,7 @@ import { ApiError, invalid } from "../src/errors.js";
 import { Ids } from "../src/ids.js";
 import { StoreUnavailableError, type MongoStore } from "../src/mongo-store.js";
 import type { DeploymentBuilder } from "../actors/index.js";
+import type { EventLog } from "../src/event-log.js";
 import { Authenticator, requireScope, type AuthContext } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
@@ -27,6 +28,7 @@ export interface GatewayContext {
   auth: Authenticator;
   idempotency: IdempotencyRecords;
   builder: DeploymentBuilder;
+  events: EventLog;
   /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
   actorsReady?: () => boolean;
 }

@@ -68,7 +68,8 @@ export async function provisionNats(nc: NatsConnection, retention: RetentionConf
       max_age: retention.eventS[plan] * 1_000_000_000,
       num_replicas: replicas,
       allow_rollup_hdrs: false,
-      duplicate_window: 120 * 1_000_000_000,
+      // JetStream refuses a de-duplication window longer than max_age (short test retention).
+      duplicate_window: Math.min(120, retention.eventS[plan]) * 1_000_000_000,
     };
     try {
       const info = await jsm.streams.info(name);

@@ -4,6 +4,8 @@ import type { Config } from "./config.js";
 import { systemClock, type Clock } from "./clock.js";
 import { MongoStore } from "./mongo-store.js";
 import { connectNats, provisionNats } from "./nats.js";
+import { EventKeyring } from "./event-crypto.js";
+import { JetStreamEventLog } from "./event-log.js";
 import { ActorHost, DeploymentBuilder, DeploymentCache } from "../actors/index.js";
 import { buildApp } from "../gateway/index.js";
 
@@ -34,12 +36,14 @@ export async function startService(config: Config, options: ServiceOptions = {})
   await store.provision();
   const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
   const nats = await provisionNats(nc, config.retention);
+  if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
+  const events = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
 
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
   let host: ActorHost | undefined;
   if (config.roles.actors) {
     host = new ActorHost(
-      { config, clock, store, nc, log: log.child({ component: "actors" }), deployments: new DeploymentCache(store) },
+      { config, clock, store, nc, jsm: nats.jsm, events, log: log.child({ component: "actors" }), deployments: new DeploymentCache(store) },
       { leases: nats.leases, nodes: nats.nodes },
     );
     await host.start();
@@ -56,6 +60,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       nc,
       log,
       builder,
+      events,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
     });
     app = built.app;

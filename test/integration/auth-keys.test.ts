@@ -27,7 +27,7 @@ async function createKey(api: Api, scopes: string[], label: string | null = "tes
 
 test("auth - missing, malformed and unknown keys are 401 unauthorized", async (t) => {
   const { anon } = t.context;
-  for (const headers of [{}, { authorization: "Basic abc" }, { authorization: "Bearer rk_live_nope" }, { authorization: "Bearer" }]) {
+  for (const headers of [{} as Record<string, string>, { authorization: "Basic abc" }, { authorization: "Bearer rk_live_nope" }, { authorization: "Bearer" }]) {
     const res = await anon.request("GET", "/api/v1/runs/run_x", { headers });
     t.is(res.status, 401, JSON.stringify(headers));
     t.is(res.body.error.code, "unauthorized");
