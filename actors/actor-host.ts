@@ -17,6 +17,8 @@ export class ActorHost {
   private readonly subs = new Map<number, Subscription>();
   private readonly leases: PartitionLeases;
   private passivateTimer: NodeJS.Timeout | undefined;
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private sweeping = false;
   private admitting = true;
 
   constructor(
@@ -43,6 +45,34 @@ export class ActorHost {
     await this.leases.start();
     this.passivateTimer = setInterval(() => this.passivate(), 30_000);
     this.passivateTimer.unref();
+    this.sweepTimer = setInterval(() => void this.sweep(), this.r.config.sweepIntervalMs);
+    this.sweepTimer.unref();
+  }
+
+  /**
+   * Expiry is a sweeper (the store has no TTL indexes): each node expires the runs of
+   * the partitions it owns, through their actors, and forgets old records.
+   */
+  async sweep(): Promise<void> {
+    if (this.sweeping) return;
+    this.sweeping = true;
+    try {
+      const now = this.r.clock.nowMs();
+      const held = this.leases.heldPartitions();
+      if (held.length) {
+        for (const run of await this.r.store.expiredRunsIn(held, now)) {
+          const epoch = this.leases.epochOf(run.partition);
+          if (epoch === undefined) continue;
+          await this.actorFor(run._id, run.partition, epoch).expire();
+          this.actors.delete(run._id);
+        }
+      }
+      await this.r.store.sweepRecords(now);
+    } catch (err) {
+      this.r.log.warn({ err }, "sweep failed; retrying at the next interval");
+    } finally {
+      this.sweeping = false;
+    }
   }
 
   /** Number of partitions held (for readiness). */
@@ -53,6 +83,7 @@ export class ActorHost {
   async stop(): Promise<void> {
     this.admitting = false;
     if (this.passivateTimer) clearInterval(this.passivateTimer);
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
     await this.leases.stop();
     await this.leases.releaseAll();
   }

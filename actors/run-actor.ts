@@ -3,7 +3,6 @@ import path from "node:path";
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamManager } from "@nats-io/jetstream";
-import type { EventLog } from "../src/event-log.js";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import type { Config } from "../src/config.js";
 import type { Clock } from "../src/clock.js";
@@ -14,7 +13,11 @@ import { FencedError, type MongoStore } from "../src/mongo-store.js";
 import { Subjects } from "../src/nats.js";
 import { Ids } from "../src/ids.js";
 import { turnError } from "../src/turn-errors.js";
-import { SteeringTargetEndedError, startTurn, type RunningTurn } from "./agent-runner.js";
+import { JetStreamEventLog, type EventAppender, type EventLog } from "../src/event-log.js";
+import { renderRun } from "../src/render.js";
+import { MAX_TAGS } from "../src/run-request.js";
+import { admissionOutcome, cancelOutcome, cancelTarget, editTags, finalEventType, interruptedStatus } from "../src/turn-state.js";
+import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { nextVersionFor } from "./versions.js";
 
 /** What every actor of a node shares. */
@@ -45,14 +48,15 @@ export class DeploymentCache {
 }
 
 interface ActiveExecution {
-  turnId: string;
+  turn: TurnDoc;
   running: RunningTurn;
   /** Why the agent was aborted, when it was. */
   abortReason?: "cancel" | "duration_limit" | "shutdown";
   limitTimer: NodeJS.Timeout;
 }
 
-const ok = (reply: Omit<Extract<CommandReply, { ok: true }>, "ok">): CommandReply => ({ ok: true, ...reply });
+type OkReply = Omit<Extract<CommandReply, { ok: true }>, "ok">;
+const ok = (reply: OkReply): CommandReply => ({ ok: true, ...reply });
 const fail = (code: Extract<CommandReply, { code: string }>["code"], message?: string, param?: string): CommandReply => ({
   ok: false,
   code,
@@ -69,6 +73,7 @@ export class RunActor {
   private mailbox: Promise<unknown> = Promise.resolve();
   private run: RunDoc | null = null;
   private active: ActiveExecution | undefined;
+  private appender: EventAppender | undefined;
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   private session: AgentMessage[] | undefined;
   private stopped = false;
@@ -116,9 +121,30 @@ export class RunActor {
 
   /** Loads the run under this actor's epoch and finishes what a previous owner left. */
   recover(): Promise<void> {
+    return this.guarded(async () => {
+      await this.activate();
+    });
+  }
+
+  /** Deletes the run's data once its retention ran out (sweeper). */
+  expire(): Promise<void> {
+    return this.guarded(async () => {
+      const run = await this.activate();
+      if (!run || run.expires_at > this.r.clock.nowMs()) return;
+      if (this.active) {
+        this.active.abortReason = "shutdown";
+        this.active.running.abort();
+        this.active = undefined;
+      }
+      await this.removeRun(run, "expired");
+    });
+  }
+
+  private guarded(work: () => Promise<void>): Promise<void> {
     return this.enqueue(async () => {
+      if (this.stopped) return;
       try {
-        await this.activate();
+        await work();
       } catch (err) {
         if (err instanceof FencedError) this.stop("fenced");
         else throw err;
@@ -144,15 +170,17 @@ export class RunActor {
   private async handle(cmd: RunCommand): Promise<CommandReply> {
     if (cmd.op === "start") return this.start(cmd);
     const run = await this.activate();
-    if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found");
+    if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, "run_id");
+    if (run.expires_at <= this.r.clock.nowMs()) return fail("run_expired");
     switch (cmd.op) {
       case "continue":
         return this.continueRun(run, cmd);
       case "cancel":
         return this.cancel(run, cmd.turn_id);
       case "delete":
+        return this.deleteRun(run);
       case "tags":
-        return fail("conflict", `operation ${cmd.op} is not available yet`);
+        return this.editTags(run, cmd.add, cmd.remove);
     }
   }
 
@@ -166,29 +194,44 @@ export class RunActor {
       return null;
     }
     this.run = run;
+    await this.openEvents(run);
     if (run.active_turn_id && !this.active) await this.recoverActiveTurn(run, run.active_turn_id);
     return this.run;
+  }
+
+  /** Continues the run's event numbering after whatever is stored (also after a failover). */
+  private async openEvents(run: RunDoc): Promise<void> {
+    const stored = await JetStreamEventLog.lastSequence(this.r.jsm, run.plan, run._id);
+    const turnFirstSeqs: Record<string, number> = {};
+    for (const id of [run.active_turn_id, run.queued_turn_id]) {
+      if (!id) continue;
+      const turn = await this.r.store.getTurn(id);
+      if (turn?.first_event_seq) turnFirstSeqs[id] = turn.first_event_seq;
+    }
+    this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, Math.max(stored, run.event_seq) + 1, {
+      turnFirstSeqs,
+      onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
+    });
+  }
+
+  /** Appends an event; returns its run sequence. */
+  private emit(turnId: string | null, source: "runtime" | "platform", type: string, data: unknown): number {
+    return this.appender!.append(turnId, source, type, data, this.r.clock.nowMs());
   }
 
   private async recoverActiveTurn(run: RunDoc, turnId: string): Promise<void> {
     const turn = await this.r.store.getTurn(turnId);
     const now = this.r.clock.nowMs();
-    if (turn && !isFinalStatus(turn.status)) {
-      const wasCancelling = turn.status === TurnStatus.cancelling;
-      const status = wasCancelling ? TurnStatus.cancelled : TurnStatus.incomplete;
-      const error = wasCancelling ? null : turnError("worker_execution_interrupted", { reference: Ids.reference() });
-      await this.r.store.updateTurnFenced(turnId, this.epoch, {
-        status,
-        error,
-        completed_at: now,
-        duration_ms: turn.started_at ? now - turn.started_at : 0,
-      });
+    const status = turn ? interruptedStatus(turn.status) : undefined;
+    if (turn && status) {
+      const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: Ids.reference() }) : null;
+      const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
+      await this.r.store.updateTurnFenced(turnId, this.epoch, final);
       this.r.log.warn({ run_id: run._id, turn_id: turnId, status }, "turn interrupted by a lost owner");
-      await this.afterTurn(run, now);
-      this.publishFinal(turnId);
+      await this.afterTurn(run, { ...turn, ...final }, now);
       return;
     }
-    await this.afterTurn(run, now);
+    await this.afterTurn(run, null, now);
   }
 
   // ---- admission ----------------------------------------------------------------
@@ -201,23 +244,6 @@ export class RunActor {
     }
     const now = this.r.clock.nowMs();
     const retentionS = this.r.config.retention.runS[cmd.plan];
-    const turn: TurnDoc = {
-      _id: cmd.turn_id,
-      run_id: cmd.run_id,
-      workspace_id: cmd.workspace_id,
-      index: 0,
-      status: TurnStatus.in_progress,
-      agent_version: cmd.version,
-      input: cmd.input,
-      output: [],
-      error: null,
-      created_at: now,
-      started_at: now,
-      completed_at: null,
-      duration_ms: null,
-      transcript: [],
-      epoch: this.epoch,
-    };
     const run: RunDoc = {
       _id: cmd.run_id,
       workspace_id: cmd.workspace_id,
@@ -240,7 +266,17 @@ export class RunActor {
       queued_turn_id: null,
       event_seq: 0,
     };
-    // The turn first: a run never points at a turn that is not stored.
+    const stored = await JetStreamEventLog.lastSequence(this.r.jsm, run.plan, run._id);
+    this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, stored + 1, {
+      onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
+    });
+    this.emit(null, "platform", "run.created", { agent_id: run.agent_id, agent_version: run.agent_version, tags: run.tags });
+    const firstSeq = this.emit(cmd.turn_id, "platform", "turn.started", { agent_version: cmd.version });
+    const turn = this.newTurn(run, cmd.turn_id, 0, TurnStatus.in_progress, cmd.version, cmd.input, now, firstSeq, Disposition.created);
+    // Events first: a turn is announced only once its first event is recorded (rule 9).
+    await this.appender.flush();
+    run.event_seq = this.appender.nextSequence - 1;
+    // The turn next: a run never points at a turn that is not stored.
     if (!(await this.r.store.getTurn(turn._id))) await this.r.store.insertTurn(turn);
     await this.r.store.insertRun(run);
     this.run = run;
@@ -249,36 +285,79 @@ export class RunActor {
     return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created });
   }
 
-  private async continueRun(run: RunDoc, cmd: Extract<RunCommand, { op: "continue" }>): Promise<CommandReply> {
-    const known = await this.r.store.getTurn(cmd.turn_id);
-    if (known && known.run_id === run._id) {
-      const disposition = known.index === run.turn_count - 1 && known._id === run.queued_turn_id ? Disposition.queued : Disposition.continued;
-      return ok({ run_id: run._id, turn_id: known._id, disposition });
-    }
-    const busy = run.state === RunState.busy;
-    if (busy && cmd.on_busy === "reject") return fail("run_busy", "The run is busy and on_busy is reject.");
-    if (busy && cmd.on_busy === "steer") return this.steer(run, cmd.input);
-    if (busy && run.queued_turn_id) return fail("run_busy", "The run already has a queued turn.");
-
-    const now = this.r.clock.nowMs();
-    const version = await nextVersionFor(this.r.store, run);
-    const turn: TurnDoc = {
-      _id: cmd.turn_id,
+  private newTurn(
+    run: RunDoc,
+    id: string,
+    index: number,
+    status: TurnStatus,
+    version: number,
+    input: InputPart[],
+    now: number,
+    firstEventSeq: number,
+    disposition: Disposition,
+  ): TurnDoc {
+    const started = status === TurnStatus.in_progress;
+    return {
+      _id: id,
       run_id: run._id,
       workspace_id: run.workspace_id,
-      index: run.turn_count,
-      status: busy ? TurnStatus.queued : TurnStatus.in_progress,
+      index,
+      status,
       agent_version: version,
-      input: cmd.input,
+      input,
       output: [],
       error: null,
       created_at: now,
-      started_at: busy ? null : now,
+      started_at: started ? now : null,
       completed_at: null,
       duration_ms: null,
       transcript: [],
+      disposition,
+      steer_ids: [],
+      first_event_seq: firstEventSeq,
       epoch: this.epoch,
     };
+  }
+
+  private async continueRun(run: RunDoc, cmd: Extract<RunCommand, { op: "continue" }>): Promise<CommandReply> {
+    const replay = await this.replayContinue(run, cmd.turn_id);
+    if (replay) return replay;
+    const outcome = admissionOutcome({
+      state: run.state,
+      hasQueued: run.queued_turn_id !== null,
+      onBusy: cmd.on_busy,
+      activeStatus: this.active && !this.active.abortReason ? this.active.turn.status : undefined,
+    });
+    switch (outcome) {
+      case "busy":
+        return fail("run_busy", run.queued_turn_id && cmd.on_busy === "queue" ? "The run already has a queued turn." : "The run is busy.");
+      case "steer_target_ended":
+        return fail("steering_target_ended");
+      case "steer":
+        return this.steer(run, cmd.turn_id, cmd.input);
+      case "start":
+      case "queue":
+        return this.admitTurn(run, cmd.turn_id, cmd.input, outcome === "queue");
+    }
+  }
+
+  /** A resent continuation (same ids) answers as the first did. */
+  private async replayContinue(run: RunDoc, id: string): Promise<CommandReply | undefined> {
+    const known = await this.r.store.getTurn(id);
+    if (known && known.run_id === run._id) {
+      return ok({ run_id: run._id, turn_id: known._id, disposition: known.disposition });
+    }
+    if (this.active?.turn.steer_ids.includes(id)) return ok({ run_id: run._id, turn_id: this.active.turn._id, disposition: Disposition.steered });
+    return undefined;
+  }
+
+  private async admitTurn(run: RunDoc, turnId: string, input: InputPart[], queue: boolean): Promise<CommandReply> {
+    const now = this.r.clock.nowMs();
+    const version = await nextVersionFor(this.r.store, run);
+    const status = queue ? TurnStatus.queued : TurnStatus.in_progress;
+    const firstSeq = this.emit(turnId, "platform", queue ? "turn.queued" : "turn.started", { agent_version: version });
+    const turn = this.newTurn(run, turnId, run.turn_count, status, version, input, now, firstSeq, queue ? Disposition.queued : Disposition.continued);
+    await this.appender!.flush();
     await this.r.store.insertTurn(turn);
     const set: Partial<RunDoc> = {
       turn_count: run.turn_count + 1,
@@ -287,20 +366,18 @@ export class RunActor {
       expires_at: now + run.retention_s * 1000,
       agent_version: version,
       versions: run.versions.includes(version) ? run.versions : [...run.versions, version],
+      event_seq: this.appender!.nextSequence - 1,
     };
-    if (busy) set.queued_turn_id = turn._id;
+    if (queue) set.queued_turn_id = turn._id;
     else Object.assign(set, { state: RunState.busy, active_turn_id: turn._id });
     await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
     Object.assign(run, set);
-    if (!busy) await this.execute(run, turn);
-    return ok({ run_id: run._id, turn_id: turn._id, disposition: busy ? Disposition.queued : Disposition.continued });
+    if (!queue) await this.execute(run, turn);
+    return ok({ run_id: run._id, turn_id: turn._id, disposition: queue ? Disposition.queued : Disposition.continued });
   }
 
-  private async steer(run: RunDoc, input: InputPart[]): Promise<CommandReply> {
-    const active = this.active;
-    if (!active || active.abortReason) {
-      return fail("steering_target_ended", undefined);
-    }
+  private async steer(run: RunDoc, steerId: string, input: InputPart[]): Promise<CommandReply> {
+    const active = this.active!;
     try {
       active.running.steer(inputText(input));
     } catch (err) {
@@ -308,84 +385,120 @@ export class RunActor {
       throw err;
     }
     const now = this.r.clock.nowMs();
-    await this.r.store.updateRunFenced(run._id, this.epoch, {
-      $set: { last_activity_at: now, expires_at: now + run.retention_s * 1000 },
-    });
-    return ok({ run_id: run._id, turn_id: active.turnId, disposition: Disposition.steered });
+    active.turn.steer_ids.push(steerId);
+    this.emit(active.turn._id, "platform", "turn.steered", { input });
+    await this.r.store.updateTurnFenced(active.turn._id, this.epoch, { steer_ids: active.turn.steer_ids });
+    const set = { last_activity_at: now, expires_at: now + run.retention_s * 1000 };
+    await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
+    Object.assign(run, set);
+    return ok({ run_id: run._id, turn_id: active.turn._id, disposition: Disposition.steered });
   }
 
-  // ---- cancellation ---------------------------------------------------------------
+  // ---- cancellation, deletion, tags ------------------------------------------------
 
   private async cancel(run: RunDoc, turnId: string | undefined): Promise<CommandReply> {
-    const targetId = turnId ?? run.active_turn_id ?? run.queued_turn_id ?? run.latest_turn_id;
-    const turn = await this.r.store.getTurn(targetId);
+    const turn = await this.r.store.getTurn(cancelTarget(run, turnId));
     if (!turn || turn.run_id !== run._id) return fail("turn_not_found", undefined, "turn_id");
-    if (isFinalStatus(turn.status)) return ok({ run_id: run._id, turn_id: turn._id });
+    const outcome = cancelOutcome(turn.status);
     const now = this.r.clock.nowMs();
-    if (turn.status === TurnStatus.queued) {
+    if (outcome.to === TurnStatus.cancelled) {
+      // A queued turn: cancelled at once.
       await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 });
       await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { queued_turn_id: null } });
       run.queued_turn_id = null;
+      this.emit(turn._id, "platform", finalEventType(TurnStatus.cancelled), { run: renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 }) });
       this.publishFinal(turn._id);
-      return ok({ run_id: run._id, turn_id: turn._id });
-    }
-    if (turn.status === TurnStatus.in_progress) {
+    } else if (outcome.to === TurnStatus.cancelling) {
       await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelling });
-      if (this.active?.turnId === turn._id) {
+      this.emit(turn._id, "platform", "turn.cancelling", {});
+      if (this.active?.turn._id === turn._id) {
+        this.active.turn.status = TurnStatus.cancelling;
         this.active.abortReason = "cancel";
         this.active.running.abort();
       }
     }
-    return ok({ run_id: run._id, turn_id: turn._id, http_status: 202 });
+    return ok({ run_id: run._id, turn_id: turn._id, http_status: outcome.httpStatus });
+  }
+
+  private async deleteRun(run: RunDoc): Promise<CommandReply> {
+    if (run.state !== RunState.idle || this.active) return fail("run_busy", "A busy run must be cancelled and settle before it is deleted.");
+    await this.removeRun(run, "deleted");
+    return ok({ run_id: run._id });
+  }
+
+  /** Fences the run off, keeps a tombstone, then removes its documents, events and workspace. */
+  private async removeRun(run: RunDoc, reason: "deleted" | "expired"): Promise<void> {
+    const now = this.r.clock.nowMs();
+    await this.r.store.insertTombstone({ _id: run._id, workspace_id: run.workspace_id, reason, at: now, expires_at: now + 90 * 86_400_000 });
+    await this.r.store.deleteRunFenced(run._id, this.epoch);
+    this.run = null;
+    this.stopped = true;
+    await this.appender?.flush().catch(() => undefined);
+    await this.r.store.deleteTurnsOf(run._id);
+    await this.r.events.purge({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }).catch((err) =>
+      this.r.log.warn({ err, run_id: run._id }, "could not purge the run's events; their retention removes them"),
+    );
+    await rm(this.workspaceDir(run), { recursive: true, force: true });
+    this.r.log.info({ run_id: run._id, reason }, "run removed");
+  }
+
+  private async editTags(run: RunDoc, add: string[], remove: string[]): Promise<CommandReply> {
+    const next = editTags(run.tags, add, remove, MAX_TAGS);
+    if (!next) return fail("invalid_request", `A run holds at most ${MAX_TAGS} tags.`, "add");
+    if (next.join("\u0000") !== [...run.tags].sort().join("\u0000")) {
+      // Tags never touch retention or turns.
+      await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { tags: next } });
+      run.tags = next;
+    }
+    return ok({ run_id: run._id, tags: next });
   }
 
   // ---- execution ------------------------------------------------------------------
+
+  private workspaceDir(run: RunDoc): string {
+    return path.join(this.r.config.dataDir, "workspaces", run._id);
+  }
 
   /** Starts the agent for an in_progress turn; completion comes back through the mailbox. */
   private async execute(run: RunDoc, turn: TurnDoc): Promise<void> {
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
     if (!deployment || deployment.status !== "ready") {
-      const error = turnError("agent_version_unavailable", { reference: Ids.reference() });
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: Ids.reference() }));
+      return;
+    }
+    const limit = this.r.config.activeTurnLimit[run.plan];
+    if ((await this.r.store.countActiveTurns(run.workspace_id)) > limit) {
+      const error = turnError("concurrency_limit_reached", {
+        reference: Ids.reference(),
+        message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
+      });
       await this.finishTurn(turn, TurnStatus.failed, [], [], error);
       return;
     }
     const session = await this.loadSession(run);
-    const workspaceDir = path.join(this.r.config.dataDir, "workspaces", run._id);
+    const workspaceDir = this.workspaceDir(run);
     await mkdir(workspaceDir, { recursive: true });
     const running = startTurn({
       config: deployment.config,
       workspaceDir,
       history: session,
       input: turn.input,
-      onEvent: () => undefined,
+      onEvent: (event) => {
+        if (!this.stopped) this.emit(turn._id, "runtime", event.type, event.data);
+      },
     });
     const limitTimer = setTimeout(() => {
-      if (this.active?.turnId !== turn._id) return;
+      if (this.active?.turn._id !== turn._id) return;
       this.active.abortReason = "duration_limit";
       running.abort();
     }, this.r.config.turnLimitMs);
     limitTimer.unref();
-    const execution: ActiveExecution = { turnId: turn._id, running, limitTimer };
+    const execution: ActiveExecution = { turn, running, limitTimer };
     this.active = execution;
-    running.result.then(
-      (result) => this.enqueue(() => this.onFinished(turn, execution, result)),
-      (err) =>
-        this.enqueue(() =>
-          this.onFinished(turn, execution, {
-            outcome: "failed",
-            output: [],
-            transcript: [],
-            error: turnError("platform_failure", { reference: Ids.reference(), message: String(err) }),
-          }),
-        ),
-    );
+    void running.result.then((result) => this.enqueue(() => this.onFinished(execution, result)));
   }
 
-  private async onFinished(
-    turn: TurnDoc,
-    execution: ActiveExecution,
-    result: Awaited<RunningTurn["result"]>,
-  ): Promise<void> {
+  private async onFinished(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
     clearTimeout(execution.limitTimer);
     if (this.stopped || this.active !== execution) return;
     this.active = undefined;
@@ -406,10 +519,10 @@ export class RunActor {
       output = [];
     }
     try {
-      await this.finishTurn(turn, status, output, result.transcript as AgentMessage[], error);
+      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
     } catch (err) {
       if (err instanceof FencedError) this.stop("fenced");
-      else this.r.log.error({ err, run_id: this.runId, turn_id: turn._id }, "could not store a finished turn");
+      else this.r.log.error({ err, run_id: this.runId, turn_id: execution.turn._id }, "could not store a finished turn");
     }
   }
 
@@ -421,40 +534,52 @@ export class RunActor {
     transcript: AgentMessage[],
     error: TurnError | null,
   ): Promise<void> {
+    // The turn's runtime events are stored before it is final.
+    try {
+      await this.appender!.flush();
+    } catch (err) {
+      this.r.log.warn({ err, run_id: this.runId, turn_id: turn._id }, "event stream write failed");
+      if (status === TurnStatus.completed) {
+        status = TurnStatus.failed;
+        error = turnError("event_stream_write_failed", { reference: Ids.reference() });
+      }
+    }
     const now = this.r.clock.nowMs();
-    await this.r.store.updateTurnFenced(turn._id, this.epoch, {
-      status,
-      output,
-      error,
-      transcript,
-      completed_at: now,
-      duration_ms: now - (turn.started_at ?? now),
-    });
+    const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
+    await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
     const run = this.run;
-    if (run) await this.afterTurn(run, now);
-    // Waiters read the run when notified: announce only once the run moved on too.
-    this.publishFinal(turn._id);
+    if (run) await this.afterTurn(run, { ...turn, ...final }, now);
   }
 
-  /** After the active turn ended: start the queued turn, or go idle. */
-  private async afterTurn(run: RunDoc, now: number): Promise<void> {
-    const queuedId = run.queued_turn_id;
-    const queued = queuedId ? await this.r.store.getTurn(queuedId) : null;
-    if (queued && queued.status === TurnStatus.queued) {
-      const set = { active_turn_id: queued._id, queued_turn_id: null, state: RunState.busy, last_activity_at: now, expires_at: now + run.retention_s * 1000 };
-      await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
-      Object.assign(run, set);
-      await this.r.store.updateTurnFenced(queued._id, this.epoch, { status: TurnStatus.in_progress, started_at: now });
-      queued.status = TurnStatus.in_progress;
-      queued.started_at = now;
-      await this.execute(run, queued);
-      return;
-    }
-    const set = { active_turn_id: null, queued_turn_id: null, state: RunState.idle, last_activity_at: now, expires_at: now + run.retention_s * 1000 };
+  /**
+   * After the active turn ended: record its final event, start the queued turn or go
+   * idle, and only then tell waiters (they read the run when notified).
+   */
+  private async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
+    const queued = run.queued_turn_id ? await this.r.store.getTurn(run.queued_turn_id) : null;
+    const next = queued && queued.status === TurnStatus.queued ? queued : null;
+    const set: Partial<RunDoc> = {
+      active_turn_id: next?._id ?? null,
+      queued_turn_id: null,
+      state: next ? RunState.busy : RunState.idle,
+      last_activity_at: now,
+      expires_at: now + run.retention_s * 1000,
+    };
+    if (finished) this.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
+    if (next) this.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
+    await this.appender!.flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
+    set.event_seq = this.appender!.nextSequence - 1;
     await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
     Object.assign(run, set);
+    if (finished) this.publishFinal(finished._id);
+    if (next) {
+      await this.r.store.updateTurnFenced(next._id, this.epoch, { status: TurnStatus.in_progress, started_at: now });
+      next.status = TurnStatus.in_progress;
+      next.started_at = now;
+      await this.execute(run, next);
+    }
   }
 
   private async loadSession(run: RunDoc): Promise<AgentMessage[]> {

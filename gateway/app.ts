@@ -13,9 +13,12 @@ import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
 import { retryAfterSeconds } from "./unavailable.js";
 import { runRoutes } from "./routes/runs.js";
+import { turnRoutes } from "./routes/turns.js";
+import { tagRoutes } from "./routes/tags.js";
 import { agentRoutes } from "./routes/agents.js";
 import { apiKeyRoutes } from "./routes/api-keys.js";
 import { healthRoutes } from "./routes/health.js";
+import { eventRoutes } from "./routes/events.js";
 
 /** Everything the routes use, built once at the composition root. */
 export interface GatewayContext {
@@ -115,6 +118,9 @@ export async function buildApp(ctx: Omit<GatewayContext, "router" | "auth" | "id
 
   await app.register(healthRoutes(context));
   await app.register(runRoutes(context));
+  await app.register(turnRoutes(context));
+  await app.register(tagRoutes(context));
+  await app.register(eventRoutes(context));
   await app.register(agentRoutes(context));
   await app.register(apiKeyRoutes(context));
   return { app, context };

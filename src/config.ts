@@ -30,6 +30,9 @@ const EnvSchema = z.object({
   RUNS_EVENT_RETENTION_BUSINESS_S: intFromEnv(28 * DAY_S, 1),
   RUNS_SWEEP_INTERVAL_MS: intFromEnv(60_000, 100),
   RUNS_AUTH_CACHE_MS: intFromEnv(2_000, 0),
+  RUNS_ACTIVE_TURNS_SOLO: intFromEnv(10, 1),
+  RUNS_ACTIVE_TURNS_BUSINESS: intFromEnv(200, 1),
+  RUNS_TAG_SCAN_LIMIT: intFromEnv(50_000, 1),
   LOG_LEVEL: z.string().default("info"),
 });
 
@@ -60,6 +63,10 @@ export interface Config {
   retention: RetentionConfig;
   sweepIntervalMs: number;
   authCacheMs: number;
+  /** Active turns a workspace may run at once, per plan. */
+  activeTurnLimit: { solo: number; business: number };
+  /** Runs a list with only common tags may scan to fill a page. */
+  tagScanLimit: number;
   logLevel: string;
 }
 
@@ -95,6 +102,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     sweepIntervalMs: e.RUNS_SWEEP_INTERVAL_MS,
     authCacheMs: e.RUNS_AUTH_CACHE_MS,
+    activeTurnLimit: { solo: e.RUNS_ACTIVE_TURNS_SOLO, business: e.RUNS_ACTIVE_TURNS_BUSINESS },
+    tagScanLimit: e.RUNS_TAG_SCAN_LIMIT,
     logLevel: e.LOG_LEVEL,
   };
 }

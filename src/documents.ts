@@ -1,4 +1,4 @@
-import type { AgentConfig, InputPart, OutputPart, Plan, RunState, TurnError, TurnStatus } from "./domain.js";
+import type { AgentConfig, Disposition, InputPart, OutputPart, Plan, RunState, TurnError, TurnStatus } from "./domain.js";
 
 /**
  * Shapes of the durable documents. Times are Unix milliseconds inside the store and
@@ -104,6 +104,12 @@ export interface TurnDoc {
   duration_ms: number | null;
   /** Messages this turn added to the agent session (the session is their concatenation). */
   transcript: unknown[];
+  /** How the turn was admitted (replayed when a gateway resends the command). */
+  disposition: Disposition;
+  /** Ids of the steer requests that added input to this turn. */
+  steer_ids: string[];
+  /** Run sequence of the turn's first event. */
+  first_event_seq: number;
   epoch: number;
 }
 

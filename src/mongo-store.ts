@@ -133,6 +133,8 @@ export class MongoStore {
       await this.runs.createIndex({ partition: 1, state: 1 }, { name: "partition_state" });
       await this.runs.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.turns.createIndex({ run_id: 1, index: 1 }, { unique: true, name: "run_index" });
+      await this.turns.createIndex({ workspace_id: 1, status: 1 }, { name: "ws_status" });
+      await this.runs.createIndex({ workspace_id: 1, tags: 1, last_activity_at: -1, _id: -1 }, { name: "ws_tags_activity" });
       await this.idempotency.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.tombstones.createIndex({ expires_at: 1 }, { name: "expires" });
     });
@@ -267,6 +269,30 @@ export class MongoStore {
     if (r.matchedCount === 0) throw new FencedError(id);
   }
 
+  /** Runs matching `filter`, most recently active first; `batch` streams them for scans. */
+  findRuns(filter: Filter<RunDoc>, limit: number): Promise<RunDoc[]> {
+    return guard(() => this.runs.find(filter).sort({ last_activity_at: -1, _id: -1 }).limit(limit).toArray());
+  }
+
+  /** Iterates runs matching `filter` in list order, at most `max` of them. */
+  async *scanRuns(filter: Filter<RunDoc>, max: number): AsyncGenerator<RunDoc> {
+    const cursor = this.runs.find(filter).sort({ last_activity_at: -1, _id: -1 }).limit(max).batchSize(1000);
+    try {
+      while (true) {
+        const next = await guard(() => cursor.next());
+        if (!next) return;
+        yield next;
+      }
+    } finally {
+      await cursor.close().catch(() => undefined);
+    }
+  }
+
+  /** Runs of a workspace carrying `tag`, counted up to `cap` (a bounded count). */
+  countRunsWithTag(workspaceId: string, tag: string, cap: number): Promise<number> {
+    return guard(() => this.runs.countDocuments({ workspace_id: workspaceId, tags: tag }, { limit: cap }));
+  }
+
   busyRunsIn(partitions: number[]): Promise<RunDoc[]> {
     return guard(() =>
       this.runs
@@ -335,7 +361,45 @@ export class MongoStore {
     return guard(() => this.idempotency.deleteOne({ _id: id, state: "pending" }));
   }
 
+  /** Turns executing in a workspace (for the active-turn limit). */
+  countActiveTurns(workspaceId: string): Promise<number> {
+    return guard(() => this.turns.countDocuments({ workspace_id: workspaceId, status: { $in: ["in_progress", "cancelling"] } }));
+  }
+
+  async deleteRunFenced(id: string, epoch: number): Promise<void> {
+    const r = await guard(() => this.runs.deleteOne({ _id: id, epoch }));
+    if (r.deletedCount === 0) throw new FencedError(id);
+  }
+
+  deleteTurnsOf(runId: string): Promise<unknown> {
+    return guard(() => this.turns.deleteMany({ run_id: runId }));
+  }
+
+  /** Runs of these partitions whose retention ran out. */
+  expiredRunsIn(partitions: number[], nowMs: number, limit = 500): Promise<Array<Pick<RunDoc, "_id" | "partition">>> {
+    return guard(() =>
+      this.runs
+        .find({ partition: { $in: partitions }, expires_at: { $lte: nowMs } }, { projection: { _id: 1, partition: 1 } })
+        .limit(limit)
+        .toArray(),
+    );
+  }
+
+  /** Forgets idempotency records and tombstones past their keeping time. */
+  async sweepRecords(nowMs: number): Promise<void> {
+    await guard(() => this.idempotency.deleteMany({ expires_at: { $lte: nowMs } }));
+    await guard(() => this.tombstones.deleteMany({ expires_at: { $lte: nowMs } }));
+  }
+
   // ---- tombstones -------------------------------------------------------------------
+
+  async insertTombstone(doc: TombstoneDoc): Promise<void> {
+    try {
+      await guard(() => this.tombstones.insertOne(doc));
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+    }
+  }
 
   getTombstone(id: string): Promise<TombstoneDoc | null> {
     return guard(() => this.tombstones.findOne({ _id: id }));

@@ -48,14 +48,14 @@ export function tagProblem(tag: unknown): string | undefined {
 }
 
 /** Validates a tag list for `param`; returns the distinct tags, sorted. */
-export function parseTags(value: unknown, param: string): string[] {
+export function parseTags(value: unknown, param: string, max = MAX_TAGS): string[] {
   if (!Array.isArray(value)) throw invalid(param, `${param} must be an array of strings`);
   for (const tag of value) {
     const problem = tagProblem(tag);
     if (problem) throw invalid(param, `${problem}: ${JSON.stringify(tag)}`);
   }
   const distinct = [...new Set(value as string[])].sort();
-  if (distinct.length > MAX_TAGS) throw invalid(param, `at most ${MAX_TAGS} distinct tags are allowed`);
+  if (distinct.length > max) throw invalid(param, `at most ${max} distinct tags are allowed`);
   return distinct;
 }
 

@@ -6,7 +6,7 @@ import { Ids } from "../../src/ids.js";
 import { listModels } from "../../actors/index.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { idempotencyKeyOf } from "../idempotency.js";
-import { list, renderAgent, renderDeployment } from "../render.js";
+import { list, renderAgent, renderDeployment } from "../../src/render.js";
 import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
 
 type AgentParams = { Params: { agentId: string } };

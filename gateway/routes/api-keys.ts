@@ -6,7 +6,7 @@ import type { ApiKeyDoc } from "../../src/documents.js";
 import { ApiError, invalid } from "../../src/errors.js";
 import { scopeListProblem } from "../../src/scopes.js";
 import { authOf, type GatewayContext } from "../app.js";
-import { list } from "../render.js";
+import { list } from "../../src/render.js";
 
 export const DEFAULT_GRACE_PERIOD_S = 86_400;
 export const MAX_GRACE_PERIOD_S = 604_800;

@@ -9,7 +9,9 @@ import type { RunCommand } from "../../src/commands.js";
 import { parseRunRequest, runRequestFingerprint, type RunRequest } from "../../src/run-request.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { idempotencyKeyOf } from "../idempotency.js";
-import { renderRun } from "../render.js";
+import { list, renderRun, renderRunSummary } from "../../src/render.js";
+import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
+import { listRuns, parseRunListQuery } from "../../src/run-list.js";
 
 /** The identity of a POST /runs answer, kept in its idempotency record. */
 interface RunAnswer extends Record<string, unknown> {
@@ -24,7 +26,11 @@ interface RunAnswer extends Record<string, unknown> {
 /** Reads a run of the workspace, or answers 404/410 as the spec says. */
 export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: string): Promise<RunDoc> {
   const run = await ctx.store.getRun(runId);
-  if (run && run.workspace_id === workspaceId) return run;
+  if (run && run.workspace_id === workspaceId) {
+    // Past retention the run is gone even before the sweeper deleted it.
+    if (run.expires_at <= ctx.clock.nowMs()) throw new ApiError("run_expired");
+    return run;
+  }
   const tombstone = await ctx.store.getTombstone(runId);
   if (tombstone && tombstone.workspace_id === workspaceId && tombstone.reason === "expired") {
     throw new ApiError("run_expired");
@@ -99,6 +105,45 @@ export function runRoutes(ctx: GatewayContext) {
       }
     });
 
+    app.get<{ Querystring: Record<string, unknown> }>("/api/v1/runs", { config: { scope: "run:read" } }, async (request) => {
+      const auth = authOf(request);
+      const workspaceId = auth.workspace._id;
+      const query = request.query;
+      const limit = parseLimit(query.limit, 20, 100);
+      const filters = parseRunListQuery(query);
+      let after: { lastActivityAt: number; id: string } | undefined;
+      if (query.after !== undefined) {
+        const cursor = decodeCursor(String(query.after), "runs", workspaceId);
+        after = { lastActivityAt: Number(cursor.k), id: cursor.id };
+      }
+      const page = await listRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit });
+      const last = page.runs[page.runs.length - 1];
+      const next = last ? encodeCursor({ s: "runs", o: workspaceId, k: String(last.last_activity_at), id: last._id }) : null;
+      return list(page.runs.map(renderRunSummary), page.hasMore, next);
+    });
+
+    app.delete<{ Params: { runId: string } }>("/api/v1/runs/:runId", { config: { scope: "run:write" } }, async (request) => {
+      const auth = authOf(request);
+      const key = idempotencyKeyOf(request)!;
+      const workspaceId = auth.workspace._id;
+      const runId = request.params.runId;
+      const claim = await ctx.idempotency.claim<{ run_id: string; deleted?: boolean }>(workspaceId, "runs.delete", key, { run_id: runId }, () => ({
+        run_id: runId,
+      }));
+      if (claim.kind === "new" || !claim.done) {
+        try {
+          await loadRun(ctx, workspaceId, runId);
+          await ctx.router.send({ op: "delete", workspace_id: workspaceId, run_id: runId });
+        } catch (err) {
+          // A refused delete (busy, unknown) leaves the key free for a later retry.
+          if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
+          throw err;
+        }
+        await ctx.idempotency.complete(claim.id, { run_id: runId, deleted: true });
+      }
+      return { id: runId, object: "run.deleted", deleted: true };
+    });
+
     app.get<{ Params: { runId: string }; Querystring: { turn_id?: string } }>(
       "/api/v1/runs/:runId",
       { config: { scope: "run:read" } },
@@ -132,7 +177,10 @@ export function runRoutes(ctx: GatewayContext) {
         let selected = claim.result.turn_id;
         let status = claim.result.http_status ?? 200;
         if (claim.kind === "new" || !claim.done) {
-          const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: turnId });
+          const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: turnId }).catch(async (err) => {
+            if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
+            throw err;
+          });
           selected = result.turn_id;
           status = result.http_status ?? 200;
           await ctx.idempotency.complete(claim.id, { run_id: run._id, turn_id: selected, http_status: status });

@@ -1,6 +1,6 @@
-import { unixSeconds } from "../src/clock.js";
-import { isFinalStatus, type Disposition } from "../src/domain.js";
-import type { AgentDoc, DeploymentDoc, RunDoc, TurnDoc } from "../src/documents.js";
+import { unixSeconds } from "./clock.js";
+import { isFinalStatus, type Disposition } from "./domain.js";
+import type { AgentDoc, DeploymentDoc, RunDoc, TurnDoc } from "./documents.js";
 
 const secondsOrNull = (ms: number | null) => (ms === null ? null : unixSeconds(ms));
 
