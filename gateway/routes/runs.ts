@@ -3,7 +3,7 @@ import type { Subscription } from "@nats-io/transport-node";
 import { ApiError, invalid } from "../../src/errors.js";
 import { Ids } from "../../src/ids.js";
 import { Subjects } from "../../src/nats.js";
-import { isFinalStatus, type Disposition } from "../../src/domain.js";
+import { isFinalStatus, TurnStatus, type Disposition } from "../../src/domain.js";
 import type { RunDoc, TurnDoc } from "../../src/documents.js";
 import type { RunCommand } from "../../src/commands.js";
 import { parseRunRequest, runRequestFingerprint, type RunRequest } from "../../src/run-request.js";
@@ -187,6 +187,12 @@ export function runRoutes(ctx: GatewayContext) {
         }
         const fresh = await loadRun(ctx, workspaceId, run._id);
         const turn = await loadTurn(ctx, fresh, selected ?? fresh.latest_turn_id);
+        // A 202 shows the turn as the cancel left it (cancelling), even when the agent
+        // settled before this read: the final status is observed by reading the turn.
+        if (status === 202 && isFinalStatus(turn.status)) {
+          const cancelling = { ...turn, status: TurnStatus.cancelling, output: [], error: null, completed_at: null, duration_ms: null };
+          return reply.status(202).send(renderRun({ ...fresh, state: "busy", active_turn_id: turn._id }, cancelling));
+        }
         return reply.status(status).send(renderRun(fresh, turn));
       },
     );
