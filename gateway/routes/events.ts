@@ -1,0 +1,110 @@
+import type { FastifyInstance } from "fastify";
+import { ApiError, invalid } from "../../src/errors.js";
+import { parseLimit } from "../../src/cursors.js";
+import { isFinalStatus } from "../../src/domain.js";
+import type { RunDoc, TurnDoc } from "../../src/documents.js";
+import { authOf, type GatewayContext } from "../app.js";
+import { closeEventStreams, eventRunOf, streamEvents } from "../sse.js";
+import { loadRun } from "./runs.js";
+
+/** decisions §5: `limit` of the event list. */
+export const EVENTS_LIMIT_DEFAULT = 100;
+export const EVENTS_LIMIT_MAX = 1000;
+
+export interface EventRoutesOptions {
+  /** Interval of SSE `: ping` comments (default 15 s). */
+  pingIntervalMs?: number;
+}
+
+interface EventsQuery {
+  turn_id?: unknown;
+  after?: unknown;
+  limit?: unknown;
+  stream?: unknown;
+}
+
+/**
+ * GET /api/v1/runs/{runId}/events (scope run:read): the run's retained events as a list
+ * envelope with `history`, or with `stream=true` a Server-Sent Events stream (decisions §5).
+ *
+ * Streaming: the resume cursor is the `Last-Event-ID` header, else `after`; when both are
+ * sent the header wins, because a reconnecting EventSource repeats the original URL (and its
+ * stale `after`) but sends the last event it received in the header. Without `turn_id` the
+ * stream follows the run until the client leaves. With `turn_id` it carries that turn's
+ * events and ends after the platform event that makes the turn final — the same end as the
+ * POST /api/v1/runs stream it resumes (decisions §5: "a turn's stream ends after the platform
+ * event that makes the turn final"); resuming a turn that already ended after its last event
+ * gives an empty stream that ends at once.
+ */
+export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {}) {
+  return async function (app: FastifyInstance) {
+    app.addHook("preClose", async () => closeEventStreams(ctx));
+
+    app.get<{ Params: { runId: string }; Querystring: EventsQuery }>(
+      "/api/v1/runs/:runId/events",
+      { config: { scope: "run:read" } },
+      async (request, reply) => {
+        const auth = authOf(request);
+        const query = request.query;
+        const stream = parseStreamFlag(query.stream);
+        const turnId = optionalId(query.turn_id, "turn_id");
+        const after = optionalId(query.after, "after");
+        const limit = parseLimit(query.limit, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX);
+        const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
+        const turn = turnId === undefined ? undefined : await loadTurnOf(ctx, run, turnId);
+
+        if (stream) {
+          const lastEventId = lastEventIdOf(request.headers["last-event-id"]);
+          await streamEvents(ctx, request, reply, run, {
+            afterId: lastEventId ?? after,
+            cursorParam: lastEventId !== undefined ? "Last-Event-ID" : "after",
+            turnId,
+            endWithTurnId: turnId,
+            pingIntervalMs: options.pingIntervalMs,
+          });
+          return reply;
+        }
+
+        const page = await ctx.events.read(eventRunOf(run), { afterId: after, turnId, limit, nowMs: ctx.clock.nowMs() });
+        // Rule 9. The turn was loaded before the read: a turn that was not final then and has
+        // no event in the read has not recorded its first event yet (it would be recorded
+        // before the turn became final), which the spec never reports as empty or expired.
+        if (turn && after === undefined && page.events.length === 0 && !isFinalStatus(turn.status)) {
+          throw new ApiError("event_boundary_pending", { param: "turn_id", retryAfterS: 1 });
+        }
+        const last = page.events.at(-1);
+        return {
+          object: "list",
+          data: page.events,
+          has_more: page.hasMore,
+          next_cursor: page.hasMore && last ? last.id : null,
+          history: page.history,
+        };
+      },
+    );
+  };
+}
+
+async function loadTurnOf(ctx: GatewayContext, run: RunDoc, turnId: string): Promise<TurnDoc> {
+  const turn = await ctx.store.getTurn(turnId);
+  if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turn_id" });
+  return turn;
+}
+
+function parseStreamFlag(raw: unknown): boolean {
+  if (raw === undefined || raw === "false") return false;
+  if (raw === "true") return true;
+  throw invalid("stream", "stream must be true or false.");
+}
+
+function optionalId(raw: unknown, param: string): string | undefined {
+  if (raw === undefined) return undefined;
+  if (typeof raw !== "string" || raw === "") throw invalid(param, `${param} must be given once, not empty.`);
+  return raw;
+}
+
+/** An empty header counts as absent (EventSource sends none before its first event). */
+function lastEventIdOf(raw: string | string[] | undefined): string | undefined {
+  const value = Array.isArray(raw) ? raw[0] : raw;
+  return value === undefined || value === "" ? undefined : value;
+}

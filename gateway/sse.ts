@@ -1,0 +1,259 @@
+import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
+import type { FastifyReply, FastifyRequest } from "fastify";
+import { ApiError } from "../src/errors.js";
+import { Ids } from "../src/ids.js";
+import { Subjects } from "../src/nats.js";
+import { isFinalStatus } from "../src/domain.js";
+import { EventSource, type EventReadRun, type RunEvent } from "../src/event-log.js";
+import type { RunDoc } from "../src/documents.js";
+import type { GatewayContext } from "./app.js";
+
+/** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
+export const SSE_PING_INTERVAL_MS = 15_000;
+
+/**
+ * How long a stream that ends with a turn waits for that turn's final platform event after
+ * the turn is known to be final and nothing else arrived. Only a lost or expired final
+ * event makes it run out; the stream then ends with `event: error` event_history_unavailable.
+ */
+export const FINAL_EVENT_GRACE_MS = 10_000;
+
+/** The platform event types that make a turn final (decisions §5). */
+export const FINAL_TURN_EVENT_TYPES: ReadonlySet<string> = new Set(["turn.completed", "turn.failed", "turn.cancelled", "turn.incomplete"]);
+
+export interface StreamEventsOptions {
+  /** Resume after this event id (exclusive): the `Last-Event-ID` header or `after` query. */
+  afterId?: string;
+  /** Only this turn's events. */
+  turnId?: string;
+  /**
+   * End the stream after the platform event that makes this turn final. Without it the
+   * stream follows the run until the client leaves or the server shuts down.
+   */
+  endWithTurnId?: string;
+  /** Parameter named by a cursor error answered before the stream began (default `after`). */
+  cursorParam?: string;
+  /** Interval of `: ping` comments (default {@link SSE_PING_INTERVAL_MS}); tests use ~200 ms. */
+  pingIntervalMs?: number;
+  /** See {@link FINAL_EVENT_GRACE_MS}. */
+  finalEventGraceMs?: number;
+}
+
+/** What the event log needs of a run document. */
+export function eventRunOf(run: RunDoc): EventReadRun {
+  return {
+    id: run._id,
+    workspace_id: run.workspace_id,
+    plan: run.plan,
+    event_retention_s: run.event_retention_s,
+    created_at: run.created_at,
+    event_seq: run.event_seq,
+  };
+}
+
+/** Open streams per gateway, so a shutdown can end them instead of waiting for their clients. */
+const openStreams = new WeakMap<GatewayContext, Set<AbortController>>();
+
+/**
+ * Ends every open event stream of this gateway (without an error frame: clients reconnect with
+ * Last-Event-ID). Called from the event routes' `preClose` hook; Fastify's close would otherwise
+ * wait for live streams to end by themselves.
+ */
+export function closeEventStreams(ctx: GatewayContext): void {
+  for (const controller of openStreams.get(ctx) ?? []) controller.abort(new Error("server closing"));
+}
+
+/**
+ * Answers `request` with a Server-Sent Events stream of the run's events (decisions §5):
+ * each event is `id: <event id>`, `event: <type>`, `data: <event JSON>` and a blank line;
+ * a `: ping` comment is sent every {@link StreamEventsOptions.pingIntervalMs}.
+ *
+ * Before anything is written, the cursor and the event store are checked with a one-event
+ * `read` (without the turn filter, so it costs at most two messages): an error there —
+ * 400 invalid_cursor, 410 event_cursor_expired, 503 event_history_unavailable — is thrown,
+ * and the caller's error handler answers it as ordinary JSON. After that the reply is
+ * hijacked, and an error is sent as `event: error` with the error body, then the stream
+ * closes. (A cursor that expires in the instant between the check and the subscription is
+ * reported that way too.)
+ *
+ * Resolves when the stream is over: the client left (its JetStream consumer is deleted at
+ * once), the turn named by `endWithTurnId` became final, an error was sent, or the server
+ * is closing. Writes respect backpressure: a slow client pauses the subscription instead of
+ * buffering without bound.
+ *
+ * For POST /api/v1/runs with `stream: true`, call it after admission with
+ * `{ turnId, endWithTurnId: turnId }` and no cursor: the client receives the admitted turn's
+ * events from its first one (history included, so nothing recorded before the stream opened
+ * is missed) up to and including its final platform event, whose `data.run` is the final Run.
+ */
+export async function streamEvents(
+  ctx: GatewayContext,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  run: RunDoc,
+  options: StreamEventsOptions = {},
+): Promise<void> {
+  const eventRun = eventRunOf(run);
+  const endTurnId = options.endWithTurnId;
+  const finalGraceMs = options.finalEventGraceMs ?? FINAL_EVENT_GRACE_MS;
+
+  // Everything that can fail as JSON fails here, before the first byte.
+  let endTurnAlreadyFinal = false;
+  try {
+    await ctx.events.read(eventRun, { afterId: options.afterId, limit: 1, nowMs: ctx.clock.nowMs() });
+    if (endTurnId !== undefined) {
+      const turn = await ctx.store.getTurn(endTurnId);
+      endTurnAlreadyFinal = turn !== null && isFinalStatus(turn.status);
+    }
+  } catch (err) {
+    throw renameCursorParam(err, options.cursorParam);
+  }
+  // A final turn with nothing of it after the cursor: the client has it all, and the stream
+  // ends at once. The actor writes the turn final first, then stores its final event, then
+  // moves the run on (active_turn_id); only after that last write is "nothing after the
+  // cursor" really the end — before it, the final event is still to come and is waited for.
+  let nothingLeft = false;
+  if (endTurnId !== undefined && endTurnAlreadyFinal) {
+    try {
+      const rest = await ctx.events.read(eventRun, { afterId: options.afterId, turnId: endTurnId, limit: 1, nowMs: ctx.clock.nowMs() });
+      if (rest.events.length === 0) {
+        const fresh = await ctx.store.getRun(run._id);
+        nothingLeft = !fresh || (fresh.active_turn_id !== endTurnId && fresh.queued_turn_id !== endTurnId);
+      }
+    } catch (err) {
+      throw renameCursorParam(err, options.cursorParam);
+    }
+  }
+
+  reply.hijack();
+  const res = reply.raw;
+  const headers: OutgoingHttpHeaders = {};
+  // Headers hooks set on the reply (request id, rate limits) still go out.
+  for (const [name, value] of Object.entries(reply.getHeaders())) if (value !== undefined) headers[name] = value;
+  res.writeHead(200, {
+    ...headers,
+    "content-type": "text/event-stream; charset=utf-8",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",
+    connection: "keep-alive",
+  });
+  res.flushHeaders();
+  if (nothingLeft) {
+    res.end();
+    return;
+  }
+
+  const controller = new AbortController();
+  const { signal } = controller;
+  let streams = openStreams.get(ctx);
+  if (!streams) openStreams.set(ctx, (streams = new Set()));
+  streams.add(controller);
+  // The response's close covers a client that leaves at any time (IncomingMessage's own
+  // `close` fires once the request is read, which for a GET is right away).
+  const onClose = () => controller.abort(new Error("client disconnected"));
+  res.on("close", onClose);
+
+  const ping = setInterval(() => {
+    // A client that is not reading does not need pings piling up in its buffer.
+    if (!res.writableNeedDrain && !res.writableEnded) res.write(": ping\n\n");
+  }, options.pingIntervalMs ?? SSE_PING_INTERVAL_MS);
+
+  // When the stream ends with a turn: its final event normally ends it; the grace timer ends
+  // it if that event never comes (lost or expired) once the turn is known to be final.
+  let finalKnown = endTurnAlreadyFinal;
+  let graceTimer: NodeJS.Timeout | undefined;
+  let graceExpired = false;
+  const armGrace = () => {
+    if (!finalKnown || signal.aborted) return;
+    clearTimeout(graceTimer);
+    graceTimer = setTimeout(() => {
+      graceExpired = true;
+      controller.abort(new Error("final event missing"));
+    }, finalGraceMs);
+  };
+  const finalSub = endTurnId !== undefined && !finalKnown ? ctx.nc.subscribe(Subjects.turnFinal(endTurnId), { max: 1 }) : undefined;
+  if (finalSub) {
+    void (async () => {
+      for await (const _ of finalSub) {
+        finalKnown = true;
+        armGrace();
+      }
+    })().catch(() => undefined);
+  }
+  armGrace();
+
+  let ended = false;
+  try {
+    await ctx.events.subscribe(
+      eventRun,
+      { afterId: options.afterId, turnId: options.turnId },
+      async (event) => {
+        if (signal.aborted) return;
+        if (!res.write(frame(event))) await drained(res, signal);
+        armGrace();
+        if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) {
+          ended = true;
+          controller.abort(new Error("turn final"));
+        }
+      },
+      signal,
+    );
+    if (graceExpired && !ended) {
+      writeError(res, new ApiError("event_history_unavailable", { message: "The turn is final but its final event could not be read. Read the run for its result." }));
+    }
+  } catch (err) {
+    writeError(res, toStreamError(ctx, err, request));
+  } finally {
+    clearInterval(ping);
+    clearTimeout(graceTimer);
+    finalSub?.unsubscribe();
+    res.off("close", onClose);
+    streams.delete(controller);
+    if (!res.writableEnded) res.end();
+  }
+}
+
+/** True for the platform event that makes `turnId` final. */
+export function isFinalEventOf(event: RunEvent, turnId: string): boolean {
+  return event.source === EventSource.platform && event.turn_id === turnId && FINAL_TURN_EVENT_TYPES.has(event.type);
+}
+
+/** One SSE frame. JSON never contains a raw line break, so `data` is one line. */
+export function frame(event: RunEvent): string {
+  return `id: ${event.id}\nevent: ${event.type.replace(/[\r\n]/g, " ")}\ndata: ${JSON.stringify(event)}\n\n`;
+}
+
+function writeError(res: ServerResponse, error: ApiError): void {
+  if (res.destroyed || res.writableEnded) return;
+  // No `id:` line: Last-Event-ID stays on the last real event.
+  res.write(`event: error\ndata: ${JSON.stringify(error.toBody())}\n\n`);
+}
+
+function toStreamError(ctx: GatewayContext, err: unknown, request: FastifyRequest): ApiError {
+  if (err instanceof ApiError) return err;
+  const reference = Ids.reference();
+  ctx.log.error({ err, reference, reqId: request.id, url: request.url }, "event stream failed");
+  return new ApiError("internal_error", { reference });
+}
+
+/** Resolves when `res` can take more, or the stream is over. */
+function drained(res: ServerResponse, signal: AbortSignal): Promise<void> {
+  if (signal.aborted || res.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off("drain", done);
+      res.off("close", done);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    res.on("drain", done);
+    res.on("close", done);
+    signal.addEventListener("abort", done, { once: true });
+  });
+}
+
+/** The event log names its cursor `after`; a cursor sent as Last-Event-ID is named so. */
+function renameCursorParam(err: unknown, param: string | undefined): unknown {
+  if (!(err instanceof ApiError) || param === undefined || err.param !== "after") return err;
+  return new ApiError(err.code, { message: err.message, param, retryAfterS: err.retryAfterS, reference: err.reference });
+}
