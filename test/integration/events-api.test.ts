@@ -1,0 +1,815 @@
+import anyTest, { type ExecutionContext, type TestFn } from "ava";
+import http from "node:http";
+import Fastify, { type FastifyInstance } from "fastify";
+import pino from "pino";
+import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { EventSource as SseClient } from "eventsource";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../src/service.js";
+import { connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
+import { EventKeyring } from "../../src/event-crypto.js";
+import { JetStreamEventLog, type EventLog, type EventSource, type RunEvent } from "../../src/event-log.js";
+import { ApiError } from "../../src/errors.js";
+import { newId } from "../../src/ids.js";
+import { systemClock } from "../../src/clock.js";
+import type { Plan, TurnStatus } from "../../src/domain.js";
+import type { RunDoc, TurnDoc } from "../../src/documents.js";
+import type { GatewayContext } from "../../gateway/app.js";
+import { closeEventStreams, streamEvents } from "../../gateway/sse.js";
+
+/**
+ * GET /api/v1/runs/{runId}/events against the real service. The runs are written straight
+ * into the store and their events appended through a JetStreamEventLog of the same master
+ * key, so every test controls exactly which events exist (whatever the actors record for
+ * real runs). Solo event retention is 2 s here, for cursor expiry; business is the default.
+ */
+
+interface Context {
+  servers: TestServers;
+  service: RunningService;
+  nc: NatsConnection;
+  jsm: JetStreamManager;
+  log: JetStreamEventLog;
+  business: { id: string; key: string; api: Api };
+  solo: { id: string; key: string; api: Api };
+  other: { id: string; key: string; api: Api };
+}
+const test = anyTest as TestFn<Context>;
+
+const SOLO_EVENT_RETENTION_S = 2;
+const BUSINESS_EVENT_RETENTION_S = 28 * 86_400;
+const MASTER_KEY = Buffer.alloc(32, 7).toString("base64"); // testConfig's RUNS_MASTER_KEY
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const service = await startTestService(servers, { RUNS_EVENT_RETENTION_SOLO_S: String(SOLO_EVENT_RETENTION_S) });
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "events-api-test" });
+  const jsm = await jetstreamManager(nc);
+  const log = new JetStreamEventLog({ js: jetstream(nc), jsm, keyring: new EventKeyring(MASTER_KEY) });
+  const business = await newWorkspace(service, "business");
+  const solo = await newWorkspace(service, "solo");
+  const other = await newWorkspace(service, "business");
+  t.context = { servers, service, nc, jsm, log, business, solo, other };
+});
+
+test.after.always(async (t) => {
+  await t.context.nc?.close();
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+// ---------------------------------------------------------------------------------------
+// Fixtures
+
+interface Fixture {
+  run: RunDoc;
+  turns: TurnDoc[];
+  /** Appends events (sequence continues from the last append); returns them as stored. */
+  append(items: Array<{ turn: number | null; type?: string; source?: EventSource; data?: unknown; ms?: number }>): Promise<RunEvent[]>;
+}
+
+/** Inserts a run with turns of the given statuses into the service's store. */
+async function fixture(t: ExecutionContext<Context>, workspaceId: string, plan: Plan, statuses: TurnStatus[] = ["completed"]): Promise<Fixture> {
+  const now = Date.now();
+  const runId = newId("run");
+  // Cast: the documents gain fields as the service grows; these tests need only these.
+  const turns = statuses.map((status, index) => ({
+    _id: newId("turn"),
+    run_id: runId,
+    workspace_id: workspaceId,
+    index,
+    status,
+    agent_version: 1,
+    input: [{ type: "input_text", text: `turn ${index}` }],
+    output: [],
+    error: null,
+    created_at: now,
+    started_at: status === "queued" ? null : now,
+    completed_at: null,
+    duration_ms: null,
+    transcript: [],
+    disposition: index === 0 ? "created" : "continued",
+    steer_ids: [],
+    first_event_seq: 0,
+    epoch: 0,
+  })) as TurnDoc[];
+  const active = turns.find((turn) => turn.status === "in_progress" || turn.status === "cancelling");
+  const run = {
+    _id: runId,
+    workspace_id: workspaceId,
+    agent_id: newId("agt"),
+    agent_version: 1,
+    versions: [1],
+    partition: 0,
+    state: active ? "busy" : "idle",
+    tags: [],
+    plan,
+    retention_s: 30 * 86_400,
+    event_retention_s: plan === "solo" ? SOLO_EVENT_RETENTION_S : BUSINESS_EVENT_RETENTION_S,
+    created_at: now,
+    last_activity_at: now,
+    expires_at: now + 30 * 86_400_000,
+    epoch: 0,
+    turn_count: turns.length,
+    latest_turn_id: turns.at(-1)!._id,
+    active_turn_id: active?._id ?? null,
+    queued_turn_id: null,
+    event_seq: 0, // the last recorded sequence (the actor's meaning): none yet
+  } as RunDoc;
+  const { store } = t.context.service;
+  await store.runs.insertOne(run);
+  if (turns.length) await store.turns.insertMany(turns);
+  let next = 1;
+  return {
+    run,
+    turns,
+    async append(items) {
+      const stored: RunEvent[] = [];
+      const appender = t.context.log.appender({ id: run._id, workspace_id: workspaceId, plan }, next, { onStored: (e) => stored.push(e) });
+      for (const item of items) {
+        appender.append(
+          item.turn === null ? null : turns[item.turn]._id,
+          item.source ?? "runtime",
+          item.type ?? "text_delta",
+          item.data ?? { delta: `d${appender.nextSequence}` },
+          item.ms ?? Date.now(),
+        );
+      }
+      await appender.flush();
+      next = appender.nextSequence;
+      return stored;
+    },
+  };
+}
+
+/** run.created, then a turn's started / text / final events. */
+function turnEvents(turn: number, final = "turn.completed") {
+  return [
+    { turn, source: "platform" as const, type: "turn.started", data: {} },
+    { turn, type: "text_delta", data: { delta: "hel" } },
+    { turn, type: "text_delta", data: { delta: "lo" } },
+    { turn, source: "platform" as const, type: final, data: { run: { id: "see run" } } },
+  ];
+}
+
+const eventsUrl = (runId: string, query = "") => `/api/v1/runs/${runId}/events${query ? `?${query}` : ""}`;
+
+// ---------------------------------------------------------------------------------------
+// A raw SSE client (node:http), so framing, headers and disconnects are seen as sent.
+
+interface SseFrame {
+  id?: string;
+  event?: string;
+  data?: string;
+}
+
+interface RawStream {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  /** The body when the answer is not a stream. */
+  json?: any;
+  frames: SseFrame[];
+  pings: number;
+  ended: Promise<void>;
+  isEnded(): boolean;
+  waitFrames(n: number, timeoutMs?: number): Promise<SseFrame[]>;
+  pause(): void;
+  close(): void;
+}
+
+function openStream(baseUrl: string, path: string, key: string, headers: Record<string, string> = {}): Promise<RawStream> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${baseUrl}${path}`, { headers: { authorization: `Bearer ${key}`, accept: "text/event-stream", ...headers }, agent: false });
+    req.on("error", reject);
+    req.on("response", (res) => {
+      const frames: SseFrame[] = [];
+      let pings = 0;
+      let buffer = "";
+      let ended = false;
+      const waiters: Array<() => void> = [];
+      const notify = () => waiters.splice(0).forEach((w) => w());
+      const endedPromise = new Promise<void>((done) => {
+        res.on("end", () => ((ended = true), notify(), done()));
+        res.on("close", () => ((ended = true), notify(), done()));
+        res.on("error", () => undefined);
+      });
+      const stream: RawStream = {
+        status: res.statusCode ?? 0,
+        headers: res.headers,
+        frames,
+        get pings() {
+          return pings;
+        },
+        ended: endedPromise,
+        isEnded: () => ended,
+        async waitFrames(n, timeoutMs = 10_000) {
+          const deadline = Date.now() + timeoutMs;
+          while (frames.length < n) {
+            if (ended) throw new Error(`stream ended after ${frames.length} of ${n} frames`);
+            const left = deadline - Date.now();
+            if (left <= 0) throw new Error(`only ${frames.length} of ${n} frames within ${timeoutMs} ms`);
+            await new Promise<void>((wake) => {
+              const timer = setTimeout(wake, left);
+              waiters.push(() => (clearTimeout(timer), wake()));
+            });
+          }
+          return frames.slice(0, n);
+        },
+        pause: () => res.pause(),
+        close: () => req.destroy(),
+      };
+      if (!String(res.headers["content-type"]).startsWith("text/event-stream")) {
+        let text = "";
+        res.setEncoding("utf8");
+        res.on("data", (chunk: string) => (text += chunk));
+        res.on("end", () => {
+          stream.json = text ? JSON.parse(text) : undefined;
+          resolve(stream);
+        });
+        return;
+      }
+      res.setEncoding("utf8");
+      res.on("data", (chunk: string) => {
+        buffer += chunk;
+        let cut: number;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          const frame: SseFrame = {};
+          let comment = false;
+          for (const line of block.split("\n")) {
+            if (line.startsWith(":")) {
+              comment = true;
+              if (line === ": ping") pings++;
+              continue;
+            }
+            const colon = line.indexOf(": ");
+            const field = line.slice(0, colon) as keyof SseFrame;
+            frame[field] = line.slice(colon + 2);
+          }
+          if (!comment) frames.push(frame);
+        }
+        notify();
+      });
+      resolve(stream);
+    });
+    req.end();
+  });
+}
+
+const parsed = (frames: SseFrame[]) => frames.map((f) => JSON.parse(f.data!) as RunEvent);
+
+async function consumersOn(jsm: JetStreamManager, plan: Plan, runId: string): Promise<number> {
+  let count = 0;
+  for await (const info of jsm.consumers.list(eventStreamName(plan))) {
+    const subjects = [info.config.filter_subject, ...(info.config.filter_subjects ?? [])];
+    if (subjects.includes(eventSubject(plan, runId))) count++;
+  }
+  return count;
+}
+
+async function until(predicate: () => Promise<boolean>, timeoutMs = 10_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await predicate()) return true;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return false;
+}
+
+/**
+ * A bare Fastify app whose one route calls streamEvents with chosen options and event log,
+ * for what the service's route does not expose (ping interval, endWithTurnId, failures).
+ */
+async function sseApp(t: ExecutionContext<Context>, events: EventLog, options: Parameters<typeof streamEvents>[4] = {}): Promise<{ app: FastifyInstance; url: string }> {
+  const ctx = { events, clock: systemClock, store: t.context.service.store, nc: t.context.nc, log: pino({ level: "silent" }) } as unknown as GatewayContext;
+  const app = Fastify();
+  app.addHook("preClose", async () => closeEventStreams(ctx));
+  app.setErrorHandler((err, _request, reply) => {
+    if (err instanceof ApiError) return reply.status(err.status).send(err.toBody());
+    return reply.status(500).send({ error: String(err) });
+  });
+  app.get<{ Params: { runId: string } }>("/runs/:runId/events", async (request, reply) => {
+    const run = await t.context.service.store.getRun(request.params.runId);
+    await streamEvents(ctx, request, reply, run!, options);
+    return reply;
+  });
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  t.teardown(() => app.close());
+  const address = app.server.address() as { port: number };
+  return { app, url: `http://127.0.0.1:${address.port}` };
+}
+
+// ---------------------------------------------------------------------------------------
+// Lists
+
+test("events - list pages with limit and after, in sequence order, history complete then null", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business");
+  const stored = await f.append([{ turn: null, source: "platform", type: "run.created", data: {} }, ...turnEvents(0)]);
+  t.is(stored.length, 5);
+
+  const seen: RunEvent[] = [];
+  let after: string | undefined;
+  const pages: any[] = [];
+  for (;;) {
+    const res = await business.api.get(eventsUrl(f.run._id, `limit=2${after ? `&after=${after}` : ""}`));
+    t.is(res.status, 200, JSON.stringify(res.body));
+    pages.push(res.body);
+    seen.push(...res.body.data);
+    if (!res.body.has_more) break;
+    t.is(res.body.next_cursor, res.body.data.at(-1).id);
+    after = res.body.next_cursor;
+  }
+  t.deepEqual(pages.map((p) => p.data.length), [2, 2, 1]);
+  t.is(pages[0].object, "list");
+  t.deepEqual(pages[0].history, { status: "complete", retention_days: 28 });
+  t.deepEqual(pages[1].history, { status: null, retention_days: 28 });
+  t.is(pages[2].next_cursor, null);
+  t.deepEqual(seen, stored, "every event once, in order, as stored");
+  t.deepEqual(seen.map((e) => e.sequence), [1, 2, 3, 4, 5]);
+  const first = seen[1];
+  t.deepEqual(Object.keys(first).sort(), ["created_at", "data", "id", "run_id", "sequence", "source", "turn_id", "type"]);
+  t.is(first.turn_id, f.turns[0]._id);
+  t.true(first.created_at < 1e11, "Unix seconds");
+
+  const all = await business.api.get(eventsUrl(f.run._id));
+  t.is(all.body.data.length, 5, "default limit covers the run");
+  t.false(all.body.has_more);
+});
+
+test("events - limit is 1 to 1000, default 100; anything else is 400 param limit", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business");
+  const stored = await f.append(Array.from({ length: 101 }, () => ({ turn: 0 })));
+  const defaults = await business.api.get(eventsUrl(f.run._id));
+  t.is(defaults.body.data.length, 100);
+  t.true(defaults.body.has_more);
+  t.is(defaults.body.next_cursor, stored[99].id);
+  t.is((await business.api.get(eventsUrl(f.run._id, "limit=1000"))).body.data.length, 101);
+  t.is((await business.api.get(eventsUrl(f.run._id, "limit=1"))).body.data.length, 1);
+  for (const bad of ["0", "1001", "abc", "1.5", "-1", ""]) {
+    const res = await business.api.get(eventsUrl(f.run._id, `limit=${bad}`));
+    t.is(res.status, 400, bad);
+    t.is(res.body.error.code, "invalid_request", bad);
+    t.is(res.body.error.param, "limit", bad);
+  }
+  const badStream = await business.api.get(eventsUrl(f.run._id, "stream=yes"));
+  t.is(badStream.status, 400);
+  t.is(badStream.body.error.param, "stream");
+});
+
+test("events - turn_id selects one turn; unknown turn or another run's turn is 404 turn_not_found", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "completed"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0), ...turnEvents(1)]);
+  const second = await business.api.get(eventsUrl(f.run._id, `turn_id=${f.turns[1]._id}`));
+  t.is(second.status, 200);
+  t.deepEqual(second.body.data.map((e: RunEvent) => e.sequence), [6, 7, 8, 9]);
+  t.true(second.body.data.every((e: RunEvent) => e.turn_id === f.turns[1]._id));
+  t.deepEqual(second.body.history, { status: "complete", retention_days: 28 });
+
+  const unknown = await business.api.get(eventsUrl(f.run._id, "turn_id=turn_nope"));
+  t.is(unknown.status, 404);
+  t.is(unknown.body.error.code, "turn_not_found");
+  const elsewhere = await fixture(t, business.id, "business");
+  const foreign = await business.api.get(eventsUrl(f.run._id, `turn_id=${elsewhere.turns[0]._id}`));
+  t.is(foreign.status, 404);
+  t.is(foreign.body.error.code, "turn_not_found");
+});
+
+test("events - unknown run and another workspace's run are 404 run_not_found; an expired run is 410 run_expired", async (t) => {
+  const { business, other, service } = t.context;
+  const f = await fixture(t, business.id, "business");
+  for (const query of ["", "stream=true"]) {
+    const unknown = await business.api.get(eventsUrl("run_nope", query));
+    t.is(unknown.status, 404);
+    t.is(unknown.body.error.code, "run_not_found");
+    const foreign = await other.api.get(eventsUrl(f.run._id, query));
+    t.is(foreign.status, 404);
+    t.is(foreign.body.error.code, "run_not_found");
+  }
+  const expiredId = newId("run");
+  await service.store.tombstones.insertOne({ _id: expiredId, workspace_id: business.id, reason: "expired", at: Date.now(), expires_at: Date.now() + 86_400_000 });
+  const expired = await business.api.get(eventsUrl(expiredId));
+  t.is(expired.status, 410);
+  t.is(expired.body.error.code, "run_expired");
+});
+
+test("events - run:read is required", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business");
+  const created = await business.api.post("/api/v1/api-keys", { label: "no run read", scopes: ["models:read"] });
+  t.is(created.status, 201, JSON.stringify(created.body));
+  const res = await business.api.withKey(created.body.key).get(eventsUrl(f.run._id));
+  t.is(res.status, 403);
+  t.is(res.body.error.code, "permission_denied");
+  t.is((await business.api.withKey(undefined).get(eventsUrl(f.run._id))).status, 401);
+});
+
+test("events - another run's cursor is 400 invalid_cursor, for lists and streams", async (t) => {
+  const { business } = t.context;
+  const a = await fixture(t, business.id, "business");
+  const b = await fixture(t, business.id, "business");
+  const [evA] = await a.append([{ turn: 0 }]);
+  await b.append([{ turn: 0 }]);
+  const list = await business.api.get(eventsUrl(b.run._id, `after=${evA.id}`));
+  t.is(list.status, 400);
+  t.is(list.body.error.code, "invalid_cursor");
+  t.is(list.body.error.param, "after");
+  const viaQuery = await openStream(business.api.baseUrl, eventsUrl(b.run._id, `stream=true&after=${evA.id}`), business.key);
+  t.is(viaQuery.status, 400);
+  t.is(viaQuery.json.error.code, "invalid_cursor");
+  t.is(viaQuery.json.error.param, "after");
+  const viaHeader = await openStream(business.api.baseUrl, eventsUrl(b.run._id, "stream=true"), business.key, { "last-event-id": evA.id });
+  t.is(viaHeader.status, 400);
+  t.is(viaHeader.json.error.code, "invalid_cursor");
+  t.is(viaHeader.json.error.param, "Last-Event-ID");
+  const garbage = await business.api.get(eventsUrl(b.run._id, "after=evt_garbage"));
+  t.is(garbage.status, 400);
+  t.is(garbage.body.error.code, "invalid_cursor");
+});
+
+test("events - history: a run without events is empty with retention_days null", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business");
+  const res = await business.api.get(eventsUrl(f.run._id));
+  t.is(res.status, 200);
+  t.deepEqual(res.body, { object: "list", data: [], has_more: false, next_cursor: null, history: { status: "empty", retention_days: null } });
+});
+
+test("events - rule 9: an admitted turn whose first event is not recorded is 503 event_boundary_pending with Retry-After", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "in_progress", "queued"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  for (const turn of [f.turns[1], f.turns[2]]) {
+    const res = await business.api.get(eventsUrl(f.run._id, `turn_id=${turn._id}`));
+    t.is(res.status, 503, turn.status);
+    t.is(res.body.error.code, "event_boundary_pending");
+    t.is(res.body.error.retryable, true);
+    t.is(res.headers.get("retry-after"), "1");
+  }
+  // Once the first event is recorded the same read answers.
+  await f.append([{ turn: 1, source: "platform", type: "turn.started" }]);
+  const started = await business.api.get(eventsUrl(f.run._id, `turn_id=${f.turns[1]._id}`));
+  t.is(started.status, 200);
+  t.deepEqual(started.body.history, { status: "complete", retention_days: 28 });
+  // A final turn with nothing retained is reported by history, never as pending.
+  const g = await fixture(t, business.id, "business", ["completed", "completed"]);
+  await g.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  const none = await business.api.get(eventsUrl(g.run._id, `turn_id=${g.turns[1]._id}`));
+  t.is(none.status, 200);
+  t.is(none.body.history.status, "expired");
+});
+
+// ---------------------------------------------------------------------------------------
+// Streams
+
+test("events - stream: SSE framing and headers, history then live events, ids usable as cursors", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const early = await f.append([{ turn: null, source: "platform", type: "run.created", data: {} }, { turn: 0, source: "platform", type: "turn.started" }]);
+  const stream = await openStream(business.api.baseUrl, eventsUrl(f.run._id, "stream=true"), business.key);
+  t.teardown(() => stream.close());
+  t.is(stream.status, 200);
+  t.is(stream.headers["content-type"], "text/event-stream; charset=utf-8");
+  t.is(stream.headers["cache-control"], "no-cache");
+  t.is(stream.headers["x-accel-buffering"], "no");
+  await stream.waitFrames(2);
+  const late = await f.append([{ turn: 0, type: "text_delta", data: { delta: "line\nbreak: and \"quotes\"" } }, { turn: 0, source: "platform", type: "turn.completed", data: { run: {} } }]);
+  const frames = await stream.waitFrames(4);
+  const all = [...early, ...late];
+  t.deepEqual(frames.map((fr) => fr.id), all.map((e) => e.id));
+  t.deepEqual(frames.map((fr) => fr.event), ["run.created", "turn.started", "text_delta", "turn.completed"]);
+  t.deepEqual(parsed(frames), all, "data is the event JSON as retained");
+  t.false(stream.isEnded(), "without turn_id the stream follows the run past a final turn");
+  const listed = await business.api.get(eventsUrl(f.run._id, `after=${frames[1].id}`));
+  t.deepEqual(listed.body.data, late);
+});
+
+test("events - stream resume: Last-Event-ID (or after) gives exactly the rest; the header wins over after", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const stored = await f.append(Array.from({ length: 6 }, () => ({ turn: 0 })));
+
+  const byHeader = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&after=${stored[4].id}`), business.key, { "last-event-id": stored[1].id });
+  t.teardown(() => byHeader.close());
+  const byQuery = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&after=${stored[3].id}`), business.key);
+  t.teardown(() => byQuery.close());
+  t.deepEqual(parsed(await byHeader.waitFrames(4)), stored.slice(2));
+  t.deepEqual(parsed(await byQuery.waitFrames(2)), stored.slice(4));
+  // A live event reaches both exactly once.
+  const [live] = await f.append([{ turn: 0 }]);
+  t.deepEqual(parsed(await byHeader.waitFrames(5)).at(-1), live);
+  t.deepEqual(parsed(await byQuery.waitFrames(3)).at(-1), live);
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.is(byHeader.frames.length, 5, "no duplicate");
+  t.is(byQuery.frames.length, 3, "no duplicate");
+
+  // Cut a stream mid-way and reconnect from the last frame it received: no gap, no duplicate.
+  const first = await openStream(business.api.baseUrl, eventsUrl(f.run._id, "stream=true"), business.key);
+  const got = await first.waitFrames(3);
+  first.close();
+  const resumed = await openStream(business.api.baseUrl, eventsUrl(f.run._id, "stream=true"), business.key, { "last-event-id": got.at(-1)!.id! });
+  t.teardown(() => resumed.close());
+  const rest = await resumed.waitFrames(4);
+  t.deepEqual([...parsed(got), ...parsed(rest)], [...stored, live]);
+});
+
+test("events - stream with turn_id carries that turn and ends after its final platform event", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "in_progress"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  const stream = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${f.turns[1]._id}`), business.key);
+  t.teardown(() => stream.close());
+  t.is(stream.status, 200);
+  const mine = await f.append([
+    { turn: 1, source: "platform", type: "turn.started" },
+    { turn: 1, type: "text_delta" },
+    // A platform event of the turn that does not make it final, and another turn's final event.
+    { turn: 1, source: "platform", type: "turn.steered" },
+    { turn: 0, source: "platform", type: "turn.completed" },
+    { turn: 1, source: "runtime", type: "turn.failed" },
+    { turn: 1, source: "platform", type: "turn.incomplete", data: { run: { id: f.run._id } } },
+    { turn: 1, type: "text_delta" },
+  ]);
+  await stream.ended;
+  t.deepEqual(parsed(stream.frames), [mine[0], mine[1], mine[2], mine[4], mine[5]]);
+
+  // Resuming a final turn after its last event: nothing left, the stream ends at once.
+  await t.context.service.store.turns.updateOne({ _id: f.turns[1]._id }, { $set: { status: "incomplete" } });
+  await t.context.service.store.runs.updateOne({ _id: f.run._id }, { $set: { state: "idle", active_turn_id: null } });
+  const after = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${f.turns[1]._id}`), business.key, { "last-event-id": mine[6].id });
+  t.is(after.status, 200);
+  await after.ended;
+  t.is(after.frames.length, 0);
+});
+
+test("events - reconnecting with an expired cursor is 410 event_cursor_expired as JSON, never a skip ahead", async (t) => {
+  const { solo } = t.context;
+  const f = await fixture(t, solo.id, "solo", ["in_progress"]);
+  const old = await f.append([{ turn: 0 }, { turn: 0 }]);
+  await new Promise((resolve) => setTimeout(resolve, SOLO_EVENT_RETENTION_S * 1000 + 700));
+  await f.append([{ turn: 0 }]); // a surviving later event must not be skipped to
+  const stream = await openStream(solo.api.baseUrl, eventsUrl(f.run._id, "stream=true"), solo.key, { "last-event-id": old[0].id });
+  t.is(stream.status, 410);
+  t.true(String(stream.headers["content-type"]).startsWith("application/json"));
+  t.is(stream.json.error.code, "event_cursor_expired");
+  t.is(stream.json.error.param, "Last-Event-ID");
+  const list = await solo.api.get(eventsUrl(f.run._id, `after=${old[1].id}`));
+  t.is(list.status, 410);
+  t.is(list.body.error.code, "event_cursor_expired");
+  const fresh = await solo.api.get(eventsUrl(f.run._id));
+  t.is(fresh.status, 200);
+  t.is(fresh.body.history.status, "partial");
+  t.is(fresh.body.data.length, 1);
+});
+
+test.serial("events - a client that disconnects leaves no JetStream consumer behind", async (t) => {
+  const { business, jsm } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  await f.append([{ turn: 0 }, { turn: 0 }]);
+  t.is(await consumersOn(jsm, "business", f.run._id), 0);
+  const streams = await Promise.all(Array.from({ length: 3 }, () => openStream(business.api.baseUrl, eventsUrl(f.run._id, "stream=true"), business.key)));
+  await Promise.all(streams.map((s) => s.waitFrames(2)));
+  t.is(await consumersOn(jsm, "business", f.run._id), 3, "one consumer per open stream");
+  for (const s of streams) s.close();
+  t.true(await until(async () => (await consumersOn(jsm, "business", f.run._id)) === 0, 5_000), "consumers deleted on disconnect");
+});
+
+test("events - a real EventSource client (eventsource package) receives the events with their ids and types", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const stored = await f.append([{ turn: null, source: "platform", type: "run.created" }, { turn: 0, source: "platform", type: "turn.started" }]);
+  const received: Array<{ type: string; id: string; data: RunEvent }> = [];
+  let opened = false;
+  const es = new SseClient(`${business.api.baseUrl}${eventsUrl(f.run._id, "stream=true")}`, {
+    fetch: (input, init) => {
+      const headers = new Headers(init?.headers);
+      headers.set("authorization", `Bearer ${business.key}`);
+      return fetch(input, { ...init, headers });
+    },
+  });
+  t.teardown(() => es.close());
+  es.onopen = () => (opened = true);
+  for (const type of ["run.created", "turn.started", "text_delta", "turn.completed"]) {
+    es.addEventListener(type, (message) => received.push({ type: message.type, id: message.lastEventId, data: JSON.parse(message.data) }));
+  }
+  t.true(await until(async () => received.length === 2), "history arrives");
+  const live = await f.append([{ turn: 0, type: "text_delta" }, { turn: 0, source: "platform", type: "turn.completed", data: { run: {} } }]);
+  t.true(await until(async () => received.length === 4), "live events arrive");
+  t.true(opened);
+  const all = [...stored, ...live];
+  t.deepEqual(received.map((r) => r.type), all.map((e) => e.type));
+  t.deepEqual(received.map((r) => r.id), all.map((e) => e.id));
+  t.deepEqual(received.map((r) => r.data), all);
+});
+
+test("events - EventSource reconnects with Last-Event-ID after the server cuts the stream, without gap or duplicate", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const stored = await f.append([{ turn: 0 }, { turn: 0 }]);
+  const lastEventIds: Array<string | null> = [];
+  let connections = 0;
+  const es = new SseClient(`${business.api.baseUrl}${eventsUrl(f.run._id, "stream=true")}`, {
+    fetch: async (input, init) => {
+      connections++;
+      const headers = new Headers(init?.headers);
+      lastEventIds.push(headers.get("last-event-id"));
+      headers.set("authorization", `Bearer ${business.key}`);
+      const res = await fetch(input, { ...init, headers });
+      // Cut the first connection after its first two events have been read.
+      if (connections > 1 || !res.body) return res;
+      const reader = res.body.getReader();
+      let seen = "";
+      const cut = new ReadableStream<Uint8Array>({
+        async pull(controller) {
+          const completeFrames = seen.split("\n\n").slice(0, -1).filter((block) => /(^|\n)id: /.test(block));
+          if (completeFrames.length >= 2) {
+            await reader.cancel();
+            controller.close();
+            return;
+          }
+          const { value, done } = await reader.read();
+          if (done) return controller.close();
+          seen += new TextDecoder().decode(value);
+          controller.enqueue(value);
+        },
+      });
+      return new Response(cut, { status: res.status, headers: res.headers });
+    },
+  });
+  t.teardown(() => es.close());
+  const received: RunEvent[] = [];
+  es.addEventListener("text_delta", (message) => received.push(JSON.parse(message.data)));
+  t.true(await until(async () => received.length === 2));
+  t.true(await until(async () => connections === 2, 8_000), "reconnected");
+  const live = await f.append([{ turn: 0 }]);
+  t.true(await until(async () => received.length === 3));
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  t.deepEqual(received, [...stored, ...live]);
+  t.deepEqual(lastEventIds, [null, stored[1].id]);
+});
+
+test("events - a real run: the actor's platform and runtime events, listed and streamed per turn", async (t) => {
+  const { business } = t.context;
+  const agent = await business.api.agentWith({ model: "faux/scripted" });
+  const started = await business.api.post("/api/v1/runs", { agent, input: "hello events" });
+  t.is(started.status, 200, JSON.stringify(started.body));
+  const runId = started.body.id;
+  const turnId = started.body.turn.id;
+
+  const list = await business.api.get(eventsUrl(runId));
+  t.is(list.status, 200);
+  t.deepEqual(list.body.history, { status: "complete", retention_days: 28 });
+  const events: RunEvent[] = list.body.data;
+  t.deepEqual(events.map((e) => e.sequence), events.map((_, i) => i + 1));
+  t.is(events[0].type, "run.created");
+  t.is(events[0].source, "platform");
+  t.true(events.some((e) => e.source === "runtime" && e.type === "text_delta"));
+  const final = events.at(-1)!;
+  t.is(final.source, "platform");
+  t.is(final.type, "turn.completed");
+  t.is((final.data as any).run.turn.status, "completed");
+
+  // The turn's stream replays it and ends with its final event; resuming after that ends at once.
+  const stream = await openStream(business.api.baseUrl, eventsUrl(runId, `stream=true&turn_id=${turnId}`), business.key);
+  await stream.ended;
+  t.deepEqual(parsed(stream.frames), events.filter((e) => e.turn_id === turnId));
+  const resumed = await openStream(business.api.baseUrl, eventsUrl(runId, `stream=true&turn_id=${turnId}`), business.key, { "last-event-id": final.id });
+  await resumed.ended;
+  t.is(resumed.frames.length, 0);
+});
+
+// ---------------------------------------------------------------------------------------
+// streamEvents directly (options the route does not expose)
+
+test("sse - pings arrive at the configured interval while no event flows", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const { url } = await sseApp(t, t.context.log, { pingIntervalMs: 150 });
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  t.teardown(() => stream.close());
+  t.is(stream.status, 200);
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  t.true(stream.pings >= 3, `pings: ${stream.pings}`);
+  t.is(stream.frames.length, 0, "pings are comments, not events");
+});
+
+test("sse - endWithTurnId (the POST stream): from the turn's first event to its final platform event, then the end", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "queued"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  const turnId = f.turns[1]._id;
+  const { url } = await sseApp(t, t.context.log, { turnId, endWithTurnId: turnId });
+  // Recorded before the stream opens: still delivered (the stream starts at the turn's first event).
+  const before = await f.append([{ turn: 1, source: "platform", type: "turn.queued" }]);
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  const after = await f.append([...turnEvents(1, "turn.cancelled"), { turn: 1 }]);
+  await stream.ended;
+  t.deepEqual(parsed(stream.frames), [...before, ...after.slice(0, 4)]);
+});
+
+test("sse - a turn known final whose final event never comes ends with event: error after the grace period", async (t) => {
+  const { business, service } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const turnId = f.turns[0]._id;
+  await f.append([{ turn: 0, source: "platform", type: "turn.started" }]);
+  const { url } = await sseApp(t, t.context.log, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 });
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  await stream.waitFrames(1);
+  await service.store.turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
+  t.context.nc.publish(`runs.turn.${turnId}.final`, "");
+  await stream.ended;
+  t.is(stream.frames.length, 2);
+  t.is(stream.frames[1].event, "error");
+  t.is(stream.frames[1].id, undefined, "an error frame moves no cursor");
+  t.is(JSON.parse(stream.frames[1].data!).error.code, "event_history_unavailable");
+});
+
+test("sse - an error after the stream began is sent as event: error with the error body, then the stream closes", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const [event] = await f.append([{ turn: 0 }]);
+  const failing: EventLog = {
+    appender: () => {
+      throw new Error("unused");
+    },
+    read: (run, options) => t.context.log.read(run, options),
+    async subscribe(_run, _options, onEvent) {
+      await onEvent(event);
+      throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
+    },
+    purge: async () => undefined,
+  };
+  const { url } = await sseApp(t, failing);
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  await stream.ended;
+  t.is(stream.status, 200);
+  t.deepEqual(stream.frames.map((fr) => fr.event), ["text_delta", "error"]);
+  t.deepEqual(JSON.parse(stream.frames[1].data!), new ApiError("event_history_unavailable").toBody());
+});
+
+test("sse - closing the server ends open streams instead of waiting for their clients", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  await f.append([{ turn: 0 }]);
+  const { app, url } = await sseApp(t, t.context.log);
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  await stream.waitFrames(1);
+  const began = Date.now();
+  await app.close();
+  await stream.ended;
+  t.true(Date.now() - began < 3_000, `closed in ${Date.now() - began} ms`);
+  t.true(await until(async () => (await consumersOn(t.context.jsm, "business", f.run._id)) === 0, 3_000));
+});
+
+test("sse - an event store failure before the first byte is answered as JSON 503", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const down: EventLog = {
+    appender: () => {
+      throw new Error("unused");
+    },
+    read: async () => {
+      throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
+    },
+    subscribe: async () => t.fail("must not subscribe"),
+    purge: async () => undefined,
+  };
+  const { url } = await sseApp(t, down);
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  t.is(stream.status, 503);
+  t.is(stream.json.error.code, "event_history_unavailable");
+});
+
+test("sse - a client that stops reading pauses the subscription instead of buffering", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const big = "x".repeat(64 * 1024);
+  let delivered = 0;
+  let finished = false;
+  const firehose: EventLog = {
+    appender: () => {
+      throw new Error("unused");
+    },
+    read: async () => ({ events: [], hasMore: false, history: { status: "empty", retention_days: null } }),
+    async subscribe(run, _options, onEvent, signal) {
+      for (let i = 1; i <= 2_000 && !signal.aborted; i++) {
+        await onEvent({ id: `evt_${i}`, sequence: i, source: "runtime", type: "text_delta", run_id: run.id, turn_id: null, created_at: 0, data: { delta: big } });
+        delivered++;
+      }
+      finished = true;
+    },
+    purge: async () => undefined,
+  };
+  const { url } = await sseApp(t, firehose);
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  stream.pause();
+  await new Promise((resolve) => setTimeout(resolve, 1_000));
+  t.false(finished);
+  t.true(delivered < 400, `delivered ${delivered} of 2000 (${(delivered * 64) / 1024} MiB) to a client that reads nothing`);
+  stream.close();
+  t.true(await until(async () => finished, 2_000), "the subscription ends with the client");
+});
