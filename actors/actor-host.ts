@@ -80,12 +80,32 @@ export class ActorHost {
     return this.leases.heldPartitions().length;
   }
 
+  /**
+   * Graceful shutdown: stop admitting (gateways route elsewhere), let active turns
+   * finish for up to `drainMs`, interrupt what remains (incomplete,
+   * worker_execution_interrupted), then give every partition back at once.
+   */
   async stop(): Promise<void> {
     this.admitting = false;
+    this.r.node.draining = true;
+    this.leases.stopClaiming();
     if (this.passivateTimer) clearInterval(this.passivateTimer);
     if (this.sweepTimer) clearInterval(this.sweepTimer);
+    const deadline = this.r.clock.nowMs() + this.r.config.drainMs;
+    while (this.busyActors().length > 0 && this.r.clock.nowMs() < deadline) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    const remaining = this.busyActors();
+    if (remaining.length) this.r.log.warn({ turns: remaining.length }, "drain time over: interrupting active turns");
+    await Promise.all(remaining.map((actor) => actor.interrupt().catch((err) => this.r.log.error({ err, run_id: actor.runId }, "interrupt failed"))));
     await this.leases.stop();
     await this.leases.releaseAll();
+    for (const actor of this.actors.values()) actor.stop("node stopped");
+    this.actors.clear();
+  }
+
+  private busyActors(): RunActor[] {
+    return [...this.actors.values()].filter((actor) => actor.hasActiveTurn);
   }
 
   private async gained(partition: number, epoch: number): Promise<void> {

@@ -3,3 +3,4 @@ export { RunActor, DeploymentCache, type ActorResources } from "./run-actor.js";
 export { DeploymentBuilder } from "./deployment-builder.js";
 export { partitionOf, rendezvousOwner, PartitionLeases } from "./partition-leases.js";
 export { listModels, resolveModel } from "./agent-runner.js";
+export { WorkspaceCheckpoints, CheckpointError } from "./checkpoints.js";

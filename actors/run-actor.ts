@@ -19,6 +19,8 @@ import { MAX_TAGS } from "../src/run-request.js";
 import { admissionOutcome, cancelOutcome, cancelTarget, editTags, finalEventType, interruptedStatus } from "../src/turn-state.js";
 import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { nextVersionFor } from "./versions.js";
+import { existsSync } from "node:fs";
+import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
 
 /** What every actor of a node shares. */
 export interface ActorResources {
@@ -30,6 +32,9 @@ export interface ActorResources {
   events: EventLog;
   log: Logger;
   deployments: DeploymentCache;
+  checkpoints: WorkspaceCheckpoints;
+  /** Node-wide state: while draining, queued turns are left for the next owner. */
+  node: { draining: boolean };
 }
 
 /** Deployments are immutable once ready, so a node caches them by id. */
@@ -90,6 +95,11 @@ export class RunActor {
 
   get isIdle(): boolean {
     return this.active === undefined && (this.run === null || this.run.state === RunState.idle);
+  }
+
+  /** Whether an agent is executing a turn of this run on this node now. */
+  get hasActiveTurn(): boolean {
+    return this.active !== undefined && !this.stopped;
   }
 
   get isStopped(): boolean {
@@ -167,6 +177,19 @@ export class RunActor {
     this.r.log.info({ run_id: this.runId, reason }, "run actor stopped");
   }
 
+  /**
+   * Graceful shutdown: ends the active turn as interrupted (incomplete,
+   * worker_execution_interrupted) with its partial output, and resolves once stored.
+   */
+  async interrupt(): Promise<void> {
+    const execution = this.active;
+    if (!execution || this.stopped) return;
+    if (!execution.abortReason) execution.abortReason = "shutdown";
+    execution.running.abort();
+    await execution.running.result;
+    await this.enqueue(async () => undefined);
+  }
+
   private async handle(cmd: RunCommand): Promise<CommandReply> {
     if (cmd.op === "start") return this.start(cmd);
     const run = await this.activate();
@@ -195,7 +218,7 @@ export class RunActor {
     }
     this.run = run;
     await this.openEvents(run);
-    if (run.active_turn_id && !this.active) await this.recoverActiveTurn(run, run.active_turn_id);
+    if (run.state === RunState.busy && !this.active) await this.recoverActiveTurn(run, run.active_turn_id);
     return this.run;
   }
 
@@ -219,15 +242,15 @@ export class RunActor {
     return this.appender!.append(turnId, source, type, data, this.r.clock.nowMs());
   }
 
-  private async recoverActiveTurn(run: RunDoc, turnId: string): Promise<void> {
-    const turn = await this.r.store.getTurn(turnId);
+  private async recoverActiveTurn(run: RunDoc, turnId: string | null): Promise<void> {
+    const turn = turnId ? await this.r.store.getTurn(turnId) : null;
     const now = this.r.clock.nowMs();
     const status = turn ? interruptedStatus(turn.status) : undefined;
     if (turn && status) {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: Ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
-      await this.r.store.updateTurnFenced(turnId, this.epoch, final);
-      this.r.log.warn({ run_id: run._id, turn_id: turnId, status }, "turn interrupted by a lost owner");
+      await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
+      this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
       await this.afterTurn(run, { ...turn, ...final }, now);
       return;
     }
@@ -439,6 +462,7 @@ export class RunActor {
       this.r.log.warn({ err, run_id: run._id }, "could not purge the run's events; their retention removes them"),
     );
     await rm(this.workspaceDir(run), { recursive: true, force: true });
+    await this.r.checkpoints.remove(run._id);
     this.r.log.info({ run_id: run._id, reason }, "run removed");
   }
 
@@ -477,6 +501,16 @@ export class RunActor {
     }
     const session = await this.loadSession(run);
     const workspaceDir = this.workspaceDir(run);
+    if (!existsSync(workspaceDir)) {
+      // The run moved here from another node: bring its workspace along.
+      try {
+        await this.r.checkpoints.restore(run._id, workspaceDir);
+      } catch (err) {
+        this.r.log.error({ err, run_id: run._id }, "could not restore the run's workspace");
+        await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("sandbox_operation_failed", { reference: Ids.reference() }));
+        return;
+      }
+    }
     await mkdir(workspaceDir, { recursive: true });
     const running = startTurn({
       config: deployment.config,
@@ -513,6 +547,9 @@ export class RunActor {
     } else if (execution.abortReason === "duration_limit") {
       status = TurnStatus.incomplete;
       error = turnError("turn_duration_limit", { reference: Ids.reference() });
+    } else if (execution.abortReason === "shutdown") {
+      status = TurnStatus.incomplete;
+      error = turnError("worker_execution_interrupted", { reference: Ids.reference() });
     } else {
       status = TurnStatus.cancelled;
       error = null;
@@ -544,6 +581,18 @@ export class RunActor {
         error = turnError("event_stream_write_failed", { reference: Ids.reference() });
       }
     }
+    if (turn.started_at !== null) {
+      try {
+        await this.r.checkpoints.save(this.runId, path.join(this.r.config.dataDir, "workspaces", this.runId));
+      } catch (err) {
+        if (!(err instanceof CheckpointError)) throw err;
+        this.r.log.error({ err, run_id: this.runId, turn_id: turn._id }, "workspace checkpoint failed");
+        if (status === TurnStatus.completed) {
+          status = TurnStatus.failed;
+          error = turnError("workspace_checkpoint_failed", { reference: Ids.reference() });
+        }
+      }
+    }
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
     await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
@@ -559,11 +608,13 @@ export class RunActor {
    */
   private async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
     const queued = run.queued_turn_id ? await this.r.store.getTurn(run.queued_turn_id) : null;
-    const next = queued && queued.status === TurnStatus.queued ? queued : null;
+    const waiting = queued && queued.status === TurnStatus.queued ? queued : null;
+    // While the node drains, a queued turn stays queued for the next owner to start.
+    const next = this.r.node.draining ? null : waiting;
     const set: Partial<RunDoc> = {
       active_turn_id: next?._id ?? null,
-      queued_turn_id: null,
-      state: next ? RunState.busy : RunState.idle,
+      queued_turn_id: next ? null : (waiting?._id ?? null),
+      state: next || waiting ? RunState.busy : RunState.idle,
       last_activity_at: now,
       expires_at: now + run.retention_s * 1000,
     };

@@ -33,6 +33,7 @@ const EnvSchema = z.object({
   RUNS_ACTIVE_TURNS_SOLO: intFromEnv(10, 1),
   RUNS_ACTIVE_TURNS_BUSINESS: intFromEnv(200, 1),
   RUNS_TAG_SCAN_LIMIT: intFromEnv(50_000, 1),
+  RUNS_DRAIN_MS: intFromEnv(30_000, 0),
   LOG_LEVEL: z.string().default("info"),
 });
 
@@ -67,6 +68,8 @@ export interface Config {
   activeTurnLimit: { solo: number; business: number };
   /** Runs a list with only common tags may scan to fill a page. */
   tagScanLimit: number;
+  /** How long a stopping node lets active turns finish before interrupting them. */
+  drainMs: number;
   logLevel: string;
 }
 
@@ -104,6 +107,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     authCacheMs: e.RUNS_AUTH_CACHE_MS,
     activeTurnLimit: { solo: e.RUNS_ACTIVE_TURNS_SOLO, business: e.RUNS_ACTIVE_TURNS_BUSINESS },
     tagScanLimit: e.RUNS_TAG_SCAN_LIMIT,
+    drainMs: e.RUNS_DRAIN_MS,
     logLevel: e.LOG_LEVEL,
   };
 }

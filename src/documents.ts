@@ -83,7 +83,7 @@ export interface RunDoc {
   latest_turn_id: string;
   active_turn_id: string | null;
   queued_turn_id: string | null;
-  /** Next event sequence number of the run (events are numbered by the owner). */
+  /** Sequence of the run's last recorded event, 0 when none (events are numbered by the owner). */
   event_seq: number;
 }
 

@@ -16,11 +16,14 @@ export interface NatsResources {
   nodes: KV;
   /** Run workspace checkpoints. */
   checkpoints: ObjectStore;
+  /** Uploaded files (POST /api/v1/files), named by file id. */
+  files: ObjectStore;
 }
 
 export const LEASES_BUCKET = "runs_leases";
 export const NODES_BUCKET = "runs_nodes";
 export const CHECKPOINTS_BUCKET = "runs_checkpoints";
+export const FILES_BUCKET = "runs_files";
 
 /** The event stream of a retention class. */
 export function eventStreamName(plan: Plan): string {
@@ -84,5 +87,6 @@ export async function provisionNats(nc: NatsConnection, retention: RetentionConf
   const leases = await kvm.create(LEASES_BUCKET, { history: 1, replicas });
   const nodes = await kvm.create(NODES_BUCKET, { history: 1, replicas });
   const checkpoints = await new Objm(js).create(CHECKPOINTS_BUCKET, { replicas });
-  return { nc, js, jsm, leases, nodes, checkpoints };
+  const files = await new Objm(js).create(FILES_BUCKET, { replicas });
+  return { nc, js, jsm, leases, nodes, checkpoints, files };
 }

@@ -6,7 +6,7 @@ import { MongoStore } from "./mongo-store.js";
 import { connectNats, provisionNats } from "./nats.js";
 import { EventKeyring } from "./event-crypto.js";
 import { JetStreamEventLog } from "./event-log.js";
-import { ActorHost, DeploymentBuilder, DeploymentCache } from "../actors/index.js";
+import { ActorHost, DeploymentBuilder, DeploymentCache, WorkspaceCheckpoints } from "../actors/index.js";
 import { buildApp } from "../gateway/index.js";
 
 export interface RunningService {
@@ -43,7 +43,18 @@ export async function startService(config: Config, options: ServiceOptions = {})
   let host: ActorHost | undefined;
   if (config.roles.actors) {
     host = new ActorHost(
-      { config, clock, store, nc, jsm: nats.jsm, events, log: log.child({ component: "actors" }), deployments: new DeploymentCache(store) },
+      {
+        config,
+        clock,
+        store,
+        nc,
+        jsm: nats.jsm,
+        events,
+        log: log.child({ component: "actors" }),
+        deployments: new DeploymentCache(store),
+        checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
+        node: { draining: false },
+      },
       { leases: nats.leases, nodes: nats.nodes },
     );
     await host.start();

@@ -9,6 +9,7 @@ import type { RunCommand } from "../../src/commands.js";
 import { parseRunRequest, runRequestFingerprint, type RunRequest } from "../../src/run-request.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { idempotencyKeyOf } from "../idempotency.js";
+import { streamEvents } from "../sse.js";
 import { list, renderRun, renderRunSummary } from "../../src/render.js";
 import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
 import { listRuns, parseRunListQuery } from "../../src/run-list.js";
@@ -74,7 +75,6 @@ export function runRoutes(ctx: GatewayContext) {
       const auth = authOf(request);
       const body = parseRunRequest(request.body);
       const key = idempotencyKeyOf(request)!;
-      if (body.stream) throw invalid("stream", "Streaming is not available on this server yet; use background or the default wait.");
       const workspaceId = auth.workspace._id;
 
       let startVersion: number | undefined;
@@ -90,7 +90,7 @@ export function runRoutes(ctx: GatewayContext) {
       }));
       let answer = claim.result;
       // Subscribe before admission so a fast turn's final notice is not missed.
-      const waitFor = !body.background ? finalNotice(ctx, answer.turn_id) : undefined;
+      const waitFor = !body.background && !body.stream ? finalNotice(ctx, answer.turn_id) : undefined;
       try {
         if (claim.kind === "new" || !claim.done) {
           answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan);
@@ -98,6 +98,12 @@ export function runRoutes(ctx: GatewayContext) {
         }
         if (answer.error) {
           throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
+        }
+        if (body.stream) {
+          // The turn's events from its first one, ending after the event that makes it final.
+          const run = await loadRun(ctx, workspaceId, answer.run_id);
+          await streamEvents(ctx, request, reply, run, { turnId: answer.turn_id, endWithTurnId: answer.turn_id });
+          return reply;
         }
         return await deliver(ctx, reply, workspaceId, answer, body, waitFor);
       } finally {

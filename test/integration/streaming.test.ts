@@ -1,0 +1,179 @@
+import anyTest, { type TestFn } from "ava";
+import http from "node:http";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect } from "@nats-io/transport-node";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../src/service.js";
+import { eventStreamName } from "../../src/nats.js";
+
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; key: string; wsId: string }>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  const ws = await newWorkspace(service);
+  t.context = { servers, service, api: ws.api, key: ws.key, wsId: ws.id };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+interface Frame {
+  id?: string;
+  event?: string;
+  data?: string;
+}
+
+/** POSTs a start with stream: true over a raw socket and parses the SSE frames until the server ends. */
+function postStream(baseUrl: string, key: string, body: unknown): Promise<{ status: number; headers: http.IncomingHttpHeaders; frames: Frame[] }> {
+  return new Promise((resolve, reject) => {
+    const url = new URL("/api/v1/runs", baseUrl);
+    const req = http.request(url, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json", "idempotency-key": `s-${Math.random()}` },
+    });
+    req.setTimeout(60_000, () => req.destroy(new Error("stream timed out")));
+    req.on("response", (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (d) => (text += d));
+      res.on("end", () => {
+        const frames: Frame[] = [];
+        for (const block of text.split("\n\n")) {
+          const frame: Frame = {};
+          for (const line of block.split("\n")) {
+            if (line.startsWith("id: ")) frame.id = line.slice(4);
+            else if (line.startsWith("event: ")) frame.event = line.slice(7);
+            else if (line.startsWith("data: ")) frame.data = (frame.data ?? "") + line.slice(6);
+          }
+          if (frame.event) frames.push(frame);
+        }
+        resolve({ status: res.statusCode!, headers: res.headers, frames });
+      });
+    });
+    req.on("error", reject);
+    req.end(JSON.stringify(body));
+  });
+}
+
+test("stream - a streamed turn's SSE events equal the stored events (ids, order, data) and end with the final event", async (t) => {
+  const { api, key } = t.context;
+  const agent = await api.agentWith({
+    model: "faux/scripted",
+    tools: ["bash"],
+    script: [{ tool_call: { name: "bash", arguments: { command: "echo tool-output" } } }, { text: "streamed answer" }],
+  });
+  const res = await postStream(api.baseUrl, key, { agent, input: "stream me", stream: true });
+  t.is(res.status, 200);
+  t.regex(String(res.headers["content-type"]), /^text\/event-stream/);
+  const events = res.frames.map((f) => ({ ...JSON.parse(f.data!), frameId: f.id, frameEvent: f.event }));
+  t.true(events.length > 5);
+  for (const e of events) {
+    t.is(e.frameId, e.id);
+    t.is(e.frameEvent, e.type);
+  }
+  const types = events.map((e) => e.type);
+  t.is(types[0], "turn.started");
+  t.true(types.includes("text_delta"));
+  t.true(types.includes("tool_execution_end"));
+  t.false(types.includes("message_update"), "message updates are flattened");
+  const last = events[events.length - 1];
+  t.is(last.type, "turn.completed");
+  t.is(last.source, "platform");
+  t.is(last.data.run.turn.status, "completed");
+  t.deepEqual(last.data.run.turn.output, [{ type: "output_text", text: "streamed answer" }]);
+  const runId = last.run_id;
+  const turnId = last.turn_id;
+  // The stored copy: same ids, order and data.
+  const stored = await api.get(`/api/v1/runs/${runId}/events?turn_id=${turnId}&limit=1000`);
+  t.is(stored.status, 200);
+  t.is(stored.body.history.status, "complete");
+  const storedEvents = stored.body.data.filter((e: any) => e.turn_id === turnId);
+  t.deepEqual(
+    storedEvents.map((e: any) => ({ id: e.id, sequence: e.sequence, type: e.type, data: e.data })),
+    events.map((e) => ({ id: e.id, sequence: e.sequence, type: e.type, data: e.data })),
+  );
+  // Sequences are gap-free across the run.
+  const all = await api.get(`/api/v1/runs/${runId}/events?limit=1000`);
+  t.deepEqual(
+    all.body.data.map((e: any) => e.sequence),
+    all.body.data.map((_: unknown, i: number) => i + 1),
+  );
+  t.is(all.body.data[0].type, "run.created");
+});
+
+test("stream - stored event bytes in JetStream contain no plaintext of the input or output", async (t) => {
+  const { api, servers } = t.context;
+  const secretIn = "input-secret-zebra-41";
+  const secretOut = "output-secret-walrus-97";
+  const agent = await api.agentWith({ model: "faux/scripted", script: [{ text: secretOut }] });
+  const run = (await api.post("/api/v1/runs", { agent, input: secretIn })).body;
+  t.is(run.turn.status, "completed");
+  const nc = await connect({ servers: servers.natsUrl, user: "runs", pass: servers.servicePassword });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const info = await jsm.streams.info(eventStreamName("solo"));
+    let checked = 0;
+    for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
+      const msg = await jsm.streams.getMessage(eventStreamName("solo"), { seq }).catch(() => null);
+      if (!msg || !msg.subject.endsWith(run.id)) continue;
+      const raw = Buffer.from(msg.data).toString("latin1");
+      t.false(raw.includes(secretIn));
+      t.false(raw.includes(secretOut));
+      t.false(raw.includes("text_delta"), "not even event types are readable");
+      checked++;
+    }
+    t.true(checked > 3, `checked ${checked} stored events`);
+  } finally {
+    await nc.close();
+  }
+});
+
+test("live tap - the tap user receives plain events on runs.live.<ws>.<run> and can neither publish nor read streams", async (t) => {
+  const { api, servers, wsId } = t.context;
+  const agent = await api.agentWith({ model: "faux/scripted", script: [{ text: "tapped" }] });
+  const tap = await connect({ servers: servers.natsUrl, user: "tap", pass: servers.tapPassword });
+  try {
+    const received: any[] = [];
+    const sub = tap.subscribe(`runs.live.${wsId}.>`, { callback: (_err, msg) => received.push(msg.json()) });
+    await tap.flush();
+    const run = (await api.post("/api/v1/runs", { agent, input: "watch" })).body;
+    for (let i = 0; i < 50 && !received.some((e) => e.type === "turn.completed"); i++) await new Promise((r) => setTimeout(r, 50));
+    const types = received.filter((e) => e.run_id === run.id).map((e) => e.type);
+    t.true(types.includes("text_delta"));
+    t.true(types.includes("turn.completed"));
+    const stored = await api.get(`/api/v1/runs/${run.id}/events?limit=1000`);
+    const live = received.filter((e) => e.run_id === run.id);
+    t.deepEqual(
+      live.map((e) => e.id),
+      stored.body.data.map((e: any) => e.id).slice(-live.length),
+      "live events share ids with the stored ones",
+    );
+    sub.unsubscribe();
+
+    // Not allowed: publishing anywhere, subscribing outside runs.live.>, JetStream API.
+    const errors: string[] = [];
+    const watcher = (async () => {
+      for await (const s of tap.status()) if (s.type === "error") errors.push(String((s as { error?: unknown }).error));
+    })();
+    tap.publish(`runs.live.${wsId}.${run.id}`, "forged");
+    tap.subscribe("runs.cmd.>");
+    await tap.flush().catch(() => undefined);
+    await t.throwsAsync(jetstreamManager(tap, { timeout: 1000 }).then((jsm) => jsm.streams.info(eventStreamName("solo"))));
+    for (let i = 0; i < 20 && errors.length < 2; i++) await new Promise((r) => setTimeout(r, 50));
+    t.true(errors.some((e) => /publish/i.test(e)), errors.join("; "));
+    t.true(errors.some((e) => /subscri/i.test(e)), errors.join("; "));
+    void watcher;
+  } finally {
+    await tap.close();
+  }
+});
+
+test("stream - background and stream together is 400 param stream", async (t) => {
+  const { api } = t.context;
+  const res = await api.post("/api/v1/runs", { agent: "agt_x", input: "x", stream: true, background: true });
+  t.is(res.status, 400);
+  t.is(res.body.error.param, "stream");
+});
