@@ -31,18 +31,22 @@ function tar(args: string[], input?: Uint8Array): Promise<Buffer> {
 export class WorkspaceCheckpoints {
   constructor(private readonly store: ObjectStore) {}
 
-  /** Saves the directory; an empty workspace that was never saved is skipped. */
-  async save(runId: string, dir: string): Promise<void> {
+  /**
+   * Saves the directory. An empty workspace of a run never saved before is skipped;
+   * returns whether a checkpoint exists afterwards.
+   */
+  async save(runId: string, dir: string, savedBefore: boolean): Promise<boolean> {
     let entries: string[];
     try {
       entries = await readdir(dir);
     } catch {
       entries = [];
     }
+    if (entries.length === 0 && !savedBefore) return false;
     try {
-      if (entries.length === 0 && !(await this.store.info(runId))) return;
       const archive = await tar(["-czf", "-", "-C", dir, "."]);
       await this.store.putBlob({ name: runId }, archive);
+      return true;
     } catch (err) {
       if (err instanceof CheckpointError) throw err;
       throw new CheckpointError(`could not save the workspace of ${runId}`, { cause: err });

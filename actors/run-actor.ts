@@ -501,7 +501,7 @@ export class RunActor {
     }
     const session = await this.loadSession(run);
     const workspaceDir = this.workspaceDir(run);
-    if (!existsSync(workspaceDir)) {
+    if (run.checkpointed && !existsSync(workspaceDir)) {
       // The run moved here from another node: bring its workspace along.
       try {
         await this.r.checkpoints.restore(run._id, workspaceDir);
@@ -583,7 +583,11 @@ export class RunActor {
     }
     if (turn.started_at !== null) {
       try {
-        await this.r.checkpoints.save(this.runId, path.join(this.r.config.dataDir, "workspaces", this.runId));
+        const run = this.run;
+        if (run && (await this.r.checkpoints.save(run._id, this.workspaceDir(run), run.checkpointed === true)) && !run.checkpointed) {
+          await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { checkpointed: true } });
+          run.checkpointed = true;
+        }
       } catch (err) {
         if (!(err instanceof CheckpointError)) throw err;
         this.r.log.error({ err, run_id: this.runId, turn_id: turn._id }, "workspace checkpoint failed");

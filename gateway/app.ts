@@ -12,6 +12,8 @@ import { Authenticator, requireScope, type AuthContext } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
 import { retryAfterSeconds } from "./unavailable.js";
+import { RateClass, RateLimiter, type RateDecision } from "./rate-limits.js";
+import type { KV } from "@nats-io/kv";
 import { runRoutes } from "./routes/runs.js";
 import { turnRoutes } from "./routes/turns.js";
 import { tagRoutes } from "./routes/tags.js";
@@ -19,6 +21,8 @@ import { agentRoutes } from "./routes/agents.js";
 import { apiKeyRoutes } from "./routes/api-keys.js";
 import { healthRoutes } from "./routes/health.js";
 import { eventRoutes } from "./routes/events.js";
+import { envValueRoutes } from "./routes/env-values.js";
+import { fileRoutes } from "./routes/files.js";
 
 /** Everything the routes use, built once at the composition root. */
 export interface GatewayContext {
@@ -30,6 +34,7 @@ export interface GatewayContext {
   router: CommandRouter;
   auth: Authenticator;
   idempotency: IdempotencyRecords;
+  rateLimiter: RateLimiter;
   builder: DeploymentBuilder;
   events: EventLog;
   /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
@@ -44,6 +49,8 @@ declare module "fastify" {
     /** Scope the route requires; `public` routes need no key. */
     scope?: string;
     public?: boolean;
+    /** `exempt`: never rate limited (cancel, key revocation); `expensive`: the lower limit too. */
+    rate?: "exempt" | "expensive";
   }
 }
 
@@ -73,14 +80,41 @@ function toApiError(err: unknown, log: Logger, request: FastifyRequest): ApiErro
   return new ApiError("internal_error", { reference });
 }
 
+function setRateHeaders(reply: FastifyReply, decision: RateDecision): void {
+  reply.header("x-ratelimit-limit", String(decision.limit));
+  reply.header("x-ratelimit-remaining", String(decision.remaining));
+  reply.header("x-ratelimit-reset", String(decision.resetS));
+}
+
+/** Per-workspace limits (decisions §7); every authenticated /api answer carries the headers. */
+export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rate: "exempt" | "expensive" | undefined, reply: FastifyReply): Promise<void> {
+  const ws = auth.workspace;
+  if (rate === "exempt") {
+    setRateHeaders(reply, ctx.rateLimiter.peek(ws._id, ws.plan, RateClass.standard));
+    return;
+  }
+  let governing = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.standard);
+  if (governing.allowed && rate === "expensive") governing = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.expensive);
+  setRateHeaders(reply, governing);
+  if (!governing.allowed) {
+    throw new ApiError("rate_limited", {
+      retryAfterS: governing.retryAfterS,
+      message: `The workspace's rate limit of ${governing.limit} requests per window is used up. Retry after ${governing.retryAfterS} s.`,
+    });
+  }
+}
+
 export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
   if (error.retryAfterS !== undefined) reply.header("retry-after", String(error.retryAfterS));
   return reply.status(error.status).send(error.toBody());
 }
 
-export async function buildApp(ctx: Omit<GatewayContext, "router" | "auth" | "idempotency">): Promise<{ app: FastifyInstance; context: GatewayContext }> {
+export async function buildApp(
+  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter"> & { rateLimits: KV },
+): Promise<{ app: FastifyInstance; context: GatewayContext }> {
   const context: GatewayContext = {
     ...ctx,
+    rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock),
     router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" })),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
@@ -93,12 +127,13 @@ export async function buildApp(ctx: Omit<GatewayContext, "router" | "auth" | "id
   app.decorateRequest("auth", null);
 
   // Every /api route authenticates unless marked public, then checks its scope.
-  app.addHook("onRequest", async (request) => {
+  app.addHook("onRequest", async (request, reply) => {
     const config = request.routeOptions.config;
     if (config?.public || !request.url.startsWith("/api")) return;
     if (!request.routeOptions.url) return; // unknown path: answered 404 below, after auth
     request.auth = await context.auth.authenticate(request);
     if (config?.scope) requireScope(request.auth, config.scope);
+    await applyRateLimit(context, request.auth, config?.rate, reply);
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request)));
@@ -123,5 +158,7 @@ export async function buildApp(ctx: Omit<GatewayContext, "router" | "auth" | "id
   await app.register(eventRoutes(context));
   await app.register(agentRoutes(context));
   await app.register(apiKeyRoutes(context));
+  await app.register(envValueRoutes(context));
+  await app.register(fileRoutes(context));
   return { app, context };
 }

@@ -34,6 +34,12 @@ const EnvSchema = z.object({
   RUNS_ACTIVE_TURNS_BUSINESS: intFromEnv(200, 1),
   RUNS_TAG_SCAN_LIMIT: intFromEnv(50_000, 1),
   RUNS_DRAIN_MS: intFromEnv(30_000, 0),
+  RUNS_NATS_REPLICAS: intFromEnv(1, 1),
+  RUNS_RATE_WINDOW_MS: intFromEnv(60_000, 100),
+  RUNS_RATE_SOLO: intFromEnv(300, 1),
+  RUNS_RATE_BUSINESS: intFromEnv(3_000, 1),
+  RUNS_RATE_EXPENSIVE_SOLO: intFromEnv(20, 1),
+  RUNS_RATE_EXPENSIVE_BUSINESS: intFromEnv(100, 1),
   LOG_LEVEL: z.string().default("info"),
 });
 
@@ -70,6 +76,10 @@ export interface Config {
   tagScanLimit: number;
   /** How long a stopping node lets active turns finish before interrupting them. */
   drainMs: number;
+  /** Replicas of streams and buckets (3 on a NATS cluster). */
+  natsReplicas: number;
+  /** Per-workspace request limits per window, across keys and nodes (decisions §7). */
+  rateLimits: { windowMs: number; perWindow: { solo: { standard: number; expensive: number }; business: { standard: number; expensive: number } } };
   logLevel: string;
 }
 
@@ -108,6 +118,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     activeTurnLimit: { solo: e.RUNS_ACTIVE_TURNS_SOLO, business: e.RUNS_ACTIVE_TURNS_BUSINESS },
     tagScanLimit: e.RUNS_TAG_SCAN_LIMIT,
     drainMs: e.RUNS_DRAIN_MS,
+    natsReplicas: e.RUNS_NATS_REPLICAS,
+    rateLimits: {
+      windowMs: e.RUNS_RATE_WINDOW_MS,
+      perWindow: {
+        solo: { standard: e.RUNS_RATE_SOLO, expensive: e.RUNS_RATE_EXPENSIVE_SOLO },
+        business: { standard: e.RUNS_RATE_BUSINESS, expensive: e.RUNS_RATE_EXPENSIVE_BUSINESS },
+      },
+    },
     logLevel: e.LOG_LEVEL,
   };
 }

@@ -83,6 +83,8 @@ export interface RunDoc {
   latest_turn_id: string;
   active_turn_id: string | null;
   queued_turn_id: string | null;
+  /** Whether the run's workspace has a checkpoint in the object store. */
+  checkpointed?: boolean;
   /** Sequence of the run's last recorded event, 0 when none (events are numbered by the owner). */
   event_seq: number;
 }

@@ -35,7 +35,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
   await store.provision();
   const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
-  const nats = await provisionNats(nc, config.retention);
+  const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs);
   if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
   const events = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
 
@@ -72,6 +72,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       log,
       builder,
       events,
+      rateLimits: nats.rateLimits,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
     });
     app = built.app;

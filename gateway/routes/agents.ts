@@ -72,7 +72,7 @@ export function agentRoutes(ctx: GatewayContext) {
       return renderAgent(await loadAgent(ctx, auth.workspace._id, request.params.agentId));
     });
 
-    app.post<AgentParams>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:write" } }, async (request, reply) => {
+    app.post<AgentParams>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:write", rate: "expensive" } }, async (request, reply) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       const body = parseDeploymentRequest(request.body);

@@ -46,8 +46,11 @@ async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>):
 export function apiKeyRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     const scope = { config: { scope: "api_keys:manage" } };
+    const expensive = { config: { scope: "api_keys:manage", rate: "expensive" as const } };
+    // Revoking a key stays available under rate limiting.
+    const exempt = { config: { scope: "api_keys:manage", rate: "exempt" as const } };
 
-    app.post("/api/v1/api-keys", scope, async (request, reply) => {
+    app.post("/api/v1/api-keys", expensive, async (request, reply) => {
       const auth = authOf(request);
       const body = parseWith(CreateSchema, request.body);
       const { doc, secret } = newApiKey({
@@ -69,7 +72,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
 
     app.get<KeyParams>("/api/v1/api-keys/:keyId", scope, async (request) => renderApiKey(await loadKey(ctx, request), ctx.clock.nowMs()));
 
-    app.post<KeyParams>("/api/v1/api-keys/:keyId/revoke", scope, async (request) => {
+    app.post<KeyParams>("/api/v1/api-keys/:keyId/revoke", exempt, async (request) => {
       const key = await loadKey(ctx, request);
       const now = ctx.clock.nowMs();
       if (key.revoked_at === null) {
@@ -105,7 +108,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       ctx.auth.invalidate();
       return reply.status(201).send(renderApiKey(doc, now, { secret, oldKeyRevokesAtMs: oldRevokesAt }));
     };
-    app.post<KeyParams>("/api/v1/api-keys/:keyId/rotate", scope, rotate);
-    app.post<KeyParams>("/api-keys/:keyId/rotate", scope, rotate);
+    app.post<KeyParams>("/api/v1/api-keys/:keyId/rotate", expensive, rotate);
+    app.post<KeyParams>("/api-keys/:keyId/rotate", expensive, rotate);
   };
 }

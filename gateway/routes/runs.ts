@@ -165,7 +165,8 @@ export function runRoutes(ctx: GatewayContext) {
 
     app.post<{ Params: { runId: string }; Body: { turn_id?: unknown } | undefined }>(
       "/api/v1/runs/:runId/cancel",
-      { config: { scope: "run:write" } },
+      // Cancelling stays available under rate limiting.
+      { config: { scope: "run:write", rate: "exempt" } },
       async (request, reply) => {
         const auth = authOf(request);
         const key = idempotencyKeyOf(request)!;

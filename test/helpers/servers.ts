@@ -71,6 +71,11 @@ export function testConfig(servers: TestServers, env: Record<string, string> = {
     RUNS_PARTITIONS: "8",
     RUNS_LEASE_TTL_MS: "3000",
     LOG_LEVEL: process.env.RUNS_TEST_LOG_LEVEL ?? "silent",
+    // Tests poll freely; the rate-limit tests lower these.
+    RUNS_RATE_SOLO: "1000000",
+    RUNS_RATE_BUSINESS: "1000000",
+    RUNS_RATE_EXPENSIVE_SOLO: "1000000",
+    RUNS_RATE_EXPENSIVE_BUSINESS: "1000000",
     ...env,
   });
 }

@@ -149,7 +149,7 @@ test("cancel - every row of the transitions table", async (t) => {
 
   // in_progress → cancelling, 202, then cancelled when the agent settles
   const ca = await api.post(`/api/v1/runs/${run.id}/cancel`, {});
-  t.is(ca.status, 202);
+  t.is(ca.status, 202, JSON.stringify(ca.body.turn));
   t.is(ca.body.turn.id, run.turn.id);
   t.is(ca.body.turn.status, "cancelling");
   const settled = await api.waitTurn(run.id, run.turn.id, 10_000);
@@ -415,7 +415,10 @@ test("list - validation: six tags, bad tag, limit, state, version, another works
   t.is((await api.get(`/api/v1/runs?state=sleepy`)).body.error.param, "state");
   t.is((await api.get(`/api/v1/runs?version=0`)).body.error.param, "version");
   t.is((await api.get(`/api/v1/runs?created_after=yesterday`)).body.error.param, "created_after");
+  await api.post("/api/v1/runs", { agent: t.context.echo, input: "one" });
+  await api.post("/api/v1/runs", { agent: t.context.echo, input: "two" });
   const page = await api.get(`/api/v1/runs?limit=1`);
+  t.truthy(page.body.next_cursor);
   const foreign = await other.get(`/api/v1/runs?after=${page.body.next_cursor}`);
   t.is(foreign.status, 400);
   t.is(foreign.body.error.code, "invalid_cursor");

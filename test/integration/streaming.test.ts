@@ -137,7 +137,7 @@ test("live tap - the tap user receives plain events on runs.live.<ws>.<run> and 
   const tap = await connect({ servers: servers.natsUrl, user: "tap", pass: servers.tapPassword });
   try {
     const received: any[] = [];
-    const sub = tap.subscribe(`runs.live.${wsId}.>`, { callback: (_err, msg) => received.push(msg.json()) });
+    const sub = tap.subscribe(`runs.live.${wsId}.>`, { callback: (_err, msg) => void received.push(msg.json()) });
     await tap.flush();
     const run = (await api.post("/api/v1/runs", { agent, input: "watch" })).body;
     for (let i = 0; i < 50 && !received.some((e) => e.type === "turn.completed"); i++) await new Promise((r) => setTimeout(r, 50));

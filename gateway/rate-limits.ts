@@ -1,0 +1,128 @@
+import type { KV } from "@nats-io/kv";
+import type { Clock } from "../src/clock.js";
+import type { Plan } from "../src/domain.js";
+
+/** Request classes with their own limits (decisions §7). */
+export const RateClass = { standard: "standard", expensive: "expensive" } as const;
+export type RateClass = (typeof RateClass)[keyof typeof RateClass];
+
+export interface RateLimitConfig {
+  windowMs: number;
+  perWindow: Record<Plan, Record<RateClass, number>>;
+}
+
+export interface RateDecision {
+  allowed: boolean;
+  limit: number;
+  remaining: number;
+  /** Unix seconds when the window resets. */
+  resetS: number;
+  /** Seconds to wait before retrying, when refused. */
+  retryAfterS: number;
+}
+
+interface LocalWindow {
+  window: number;
+  /** Tokens this node was granted and has not used yet. */
+  tokens: number;
+  /** The shared count after this node's last grant. */
+  sharedCount: number;
+  /** The shared counter is exhausted for this window. */
+  exhausted: boolean;
+  /** A grant in flight, so concurrent requests share one KV round trip. */
+  pending?: Promise<void>;
+}
+
+/** Tokens a node takes from the shared counter at once: small limits are exact. */
+export function grantSize(limit: number): number {
+  return Math.max(1, Math.floor(limit / 50));
+}
+
+/**
+ * Per-workspace rate limits shared by every key and every node: a counter per
+ * (workspace, class, window) in a JetStream KV bucket, advanced by compare-and-set.
+ * A node takes tokens from it in small grants and spends them locally, so the total
+ * served in a window never exceeds the limit, however many nodes or keys there are.
+ */
+export class RateLimiter {
+  private readonly local = new Map<string, LocalWindow>();
+
+  constructor(
+    private readonly kv: KV,
+    private readonly config: RateLimitConfig,
+    private readonly clock: Clock,
+  ) {}
+
+  async take(workspaceId: string, plan: Plan, rateClass: RateClass): Promise<RateDecision> {
+    const limit = this.config.perWindow[plan][rateClass];
+    const now = this.clock.nowMs();
+    const window = Math.floor(now / this.config.windowMs);
+    const resetMs = (window + 1) * this.config.windowMs;
+    const key = `${workspaceId}.${rateClass}`;
+    let state = this.local.get(key);
+    if (!state || state.window !== window) {
+      state = { window, tokens: 0, sharedCount: 0, exhausted: false };
+      this.local.set(key, state);
+      if (this.local.size > 50_000) this.evictOld(window);
+    }
+    for (let attempt = 0; attempt < 3 && state.tokens === 0 && !state.exhausted; attempt++) {
+      state.pending ??= this.grant(state, `${key}.${window}`, limit).finally(() => {
+        state!.pending = undefined;
+      });
+      await state.pending;
+    }
+    const decision = (allowed: boolean): RateDecision => ({
+      allowed,
+      limit,
+      remaining: Math.max(0, limit - state!.sharedCount + state!.tokens),
+      resetS: Math.ceil(resetMs / 1000),
+      retryAfterS: Math.max(1, Math.ceil((resetMs - now) / 1000)),
+    });
+    if (state.tokens === 0) return decision(false);
+    state.tokens--;
+    return decision(true);
+  }
+
+  /** The current view without taking a token (for routes that are never limited). */
+  peek(workspaceId: string, plan: Plan, rateClass: RateClass): RateDecision {
+    const limit = this.config.perWindow[plan][rateClass];
+    const now = this.clock.nowMs();
+    const window = Math.floor(now / this.config.windowMs);
+    const resetMs = (window + 1) * this.config.windowMs;
+    const state = this.local.get(`${workspaceId}.${rateClass}`);
+    const current = state && state.window === window ? state : undefined;
+    return {
+      allowed: true,
+      limit,
+      remaining: current ? Math.max(0, limit - current.sharedCount + current.tokens) : limit,
+      resetS: Math.ceil(resetMs / 1000),
+      retryAfterS: Math.max(1, Math.ceil((resetMs - now) / 1000)),
+    };
+  }
+
+  private async grant(state: LocalWindow, kvKey: string, limit: number): Promise<void> {
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const entry = await this.kv.get(kvKey);
+      const count = entry && entry.operation === "PUT" ? Number(entry.string()) : 0;
+      if (count >= limit) {
+        state.exhausted = true;
+        state.sharedCount = count;
+        return;
+      }
+      const size = Math.min(grantSize(limit), limit - count);
+      try {
+        if (entry) await this.kv.update(kvKey, String(count + size), entry.revision);
+        else await this.kv.create(kvKey, String(count + size));
+        state.tokens += size;
+        state.sharedCount = count + size;
+        return;
+      } catch {
+        // Another node advanced the counter first: read again.
+      }
+    }
+  }
+
+  private evictOld(window: number): void {
+    for (const [key, state] of this.local) if (state.window < window) this.local.delete(key);
+  }
+}

@@ -1,0 +1,90 @@
+import anyTest, { type TestFn } from "ava";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../src/service.js";
+import { grantSize } from "../../gateway/rate-limits.js";
+
+const test = anyTest as TestFn<{ servers: TestServers; nodes: RunningService[] }>;
+
+const LIMITS = {
+  RUNS_RATE_WINDOW_MS: "4000",
+  RUNS_RATE_SOLO: "12",
+  RUNS_RATE_EXPENSIVE_SOLO: "2",
+  RUNS_RATE_BUSINESS: "1000",
+  RUNS_RATE_EXPENSIVE_BUSINESS: "1000",
+};
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const env = { ...LIMITS, MONGODB_DB: "rate_limits" };
+  // Two nodes on one NATS and one store: they must share every workspace's limit.
+  const nodes = [await startTestService(servers, { ...env, RUNS_NODE_ID: "n1" }), await startTestService(servers, { ...env, RUNS_NODE_ID: "n2" })];
+  t.context = { servers, nodes };
+});
+
+test.after.always(async (t) => {
+  for (const node of t.context.nodes ?? []) await node.close();
+  await t.context.servers?.stop();
+});
+
+/** Waits for the start of a fresh window so a test has the whole window to itself. */
+async function freshWindow(ms = 4000): Promise<void> {
+  const wait = ms - (Date.now() % ms) + 50;
+  await new Promise((r) => setTimeout(r, wait));
+}
+
+test.serial("rate limits - small limits take exactly one token per grant", (t) => {
+  t.is(grantSize(12), 1);
+  t.is(grantSize(3000), 60);
+});
+
+test.serial("rate limits - one limit per workspace across two nodes and two keys; 429 with Retry-After and headers", async (t) => {
+  const [a, b] = t.context.nodes;
+  const ws = await newWorkspace(a!);
+  const keyB = (await ws.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).body.key as string;
+  await freshWindow();
+  const viaA = ws.api;
+  const viaB = new Api(b!.url!, keyB);
+  const statuses: number[] = [];
+  let last: Awaited<ReturnType<Api["get"]>> | undefined;
+  for (let i = 0; i < 20; i++) {
+    last = await (i % 2 ? viaB : viaA).get("/api/v1/runs/run_none");
+    statuses.push(last.status);
+    t.truthy(last.headers.get("x-ratelimit-limit"));
+    t.truthy(last.headers.get("x-ratelimit-remaining"));
+    t.truthy(last.headers.get("x-ratelimit-reset"));
+  }
+  const served = statuses.filter((s) => s === 404).length;
+  // The key creation above may share the window: at most 12 in all, never more.
+  t.true(served <= 12 && served >= 10, `served ${served}: ${statuses}`);
+  t.is(last!.status, 429);
+  t.is(last!.body.error.code, "rate_limited");
+  t.is(last!.body.error.type, "rate_limit_error");
+  t.true(last!.body.error.retryable);
+  const retryAfter = Number(last!.headers.get("retry-after"));
+  t.true(retryAfter >= 1 && retryAfter <= 5, String(retryAfter));
+  t.is(last!.headers.get("x-ratelimit-limit"), "12");
+  t.is(last!.headers.get("x-ratelimit-remaining"), "0");
+
+  // Cancelling a run and revoking a key stay available.
+  const cancel = await viaA.post("/api/v1/runs/run_none/cancel", {});
+  t.is(cancel.status, 404, "not 429");
+  const keys = await a!.store.listApiKeys(ws.id);
+  const revoke = await viaA.post(`/api/v1/api-keys/${keys.find((k) => k.scopes.length === 1)!._id}/revoke`);
+  t.is(revoke.status, 200);
+
+  // The next window serves again.
+  await freshWindow();
+  t.is((await viaB.withKey(ws.key).get("/api/v1/runs/run_none")).status, 404);
+});
+
+test.serial("rate limits - expensive operations have their own lower limit; another workspace is unaffected", async (t) => {
+  const [a, b] = t.context.nodes;
+  const ws = await newWorkspace(a!);
+  const other = await newWorkspace(b!);
+  await freshWindow();
+  const results = [];
+  for (let i = 0; i < 3; i++) results.push((await (i % 2 ? new Api(b!.url!, ws.key) : ws.api).post("/api/v1/api-keys", { scopes: ["run:read"] })).status);
+  t.deepEqual(results, [201, 201, 429]);
+  t.is((await ws.api.get("/api/v1/agents")).status, 200, "ordinary requests still have room");
+  t.is((await other.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).status, 201);
+});
