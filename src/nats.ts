@@ -18,11 +18,14 @@ export interface NatsResources {
   checkpoints: ObjectStore;
   /** Uploaded files (POST /api/v1/files), named by file id. */
   files: ObjectStore;
+  /** Rate-limit counters per workspace and window. */
+  rateLimits: KV;
 }
 
 export const LEASES_BUCKET = "runs_leases";
 export const NODES_BUCKET = "runs_nodes";
 export const CHECKPOINTS_BUCKET = "runs_checkpoints";
+export const RATE_LIMITS_BUCKET = "runs_ratelimits";
 export const FILES_BUCKET = "runs_files";
 
 /** The event stream of a retention class. */
@@ -57,7 +60,12 @@ export async function connectNats(options: { url: string; user?: string; passwor
  * Opens (creating when absent) every stream, bucket and object store. Idempotent:
  * every node runs it at start. `replicas` is 3 on a NATS cluster.
  */
-export async function provisionNats(nc: NatsConnection, retention: RetentionConfig, replicas = 1): Promise<NatsResources> {
+export async function provisionNats(
+  nc: NatsConnection,
+  retention: RetentionConfig,
+  replicas = 1,
+  rateWindowMs = 60_000,
+): Promise<NatsResources> {
   const js = jetstream(nc);
   const jsm = await jetstreamManager(nc);
   for (const plan of ["solo", "business"] as const) {
@@ -88,5 +96,7 @@ export async function provisionNats(nc: NatsConnection, retention: RetentionConf
   const nodes = await kvm.create(NODES_BUCKET, { history: 1, replicas });
   const checkpoints = await new Objm(js).create(CHECKPOINTS_BUCKET, { replicas });
   const files = await new Objm(js).create(FILES_BUCKET, { replicas });
-  return { nc, js, jsm, leases, nodes, checkpoints, files };
+  // Counters outlive their window briefly, then expire on their own.
+  const rateLimits = await kvm.create(RATE_LIMITS_BUCKET, { history: 1, replicas, ttl: Math.max(2 * rateWindowMs, 60_000) });
+  return { nc, js, jsm, leases, nodes, checkpoints, files, rateLimits };
 }
