@@ -1,0 +1,212 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import multipart from "@fastify/multipart";
+import { jetstream } from "@nats-io/jetstream";
+import { Objm } from "@nats-io/obj";
+import { unixSeconds } from "../../src/clock.js";
+import type { Config } from "../../src/config.js";
+import { ApiError, invalid } from "../../src/errors.js";
+import {
+  decideUpload,
+  decisionError,
+  FileStore,
+  UploadSourceError,
+  UploadState,
+  uploadFingerprint,
+  type FileDoc,
+  type ReceivedObject,
+  type UploadLimits,
+  type UploadSession,
+} from "../../src/file-store.js";
+import { StoreUnavailableError } from "../../src/mongo-store.js";
+import { FILES_BUCKET } from "../../src/nats.js";
+import { authOf, sendError, type GatewayContext } from "../app.js";
+import { idempotencyKeyOf } from "../idempotency.js";
+import { retryAfterSeconds } from "../unavailable.js";
+
+/**
+ * POST /api/v1/files and GET /api/v1/files/{fileId} (decisions §6).
+ *
+ * The body is multipart/form-data: optional `filename` and `media_type` fields, then
+ * one part named `file` (it is a file part whether or not it carries a filename). The
+ * fields must come before the file part, because the key's fingerprint (filename and
+ * media type) is settled when the file part begins; a part after it is 400 naming it.
+ * Without the fields, the file part's own filename and Content-Type are used.
+ *
+ * Idempotency (spec POST /api/v1/files): see `decideUpload` in src/file-store.ts.
+ */
+
+export const DEFAULT_UPLOAD_LIMITS: UploadLimits = {
+  maxFileBytes: 512 * 1024 * 1024,
+  takeoverMs: 30_000,
+  timeLimitMs: 20 * 60_000,
+};
+
+const MAX_FILENAME_CHARS = 255;
+const MEDIA_TYPE = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=("[^"]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
+
+function positiveInt(raw: string | undefined, fallback: number, name: string): number {
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) throw new Error(`configuration: ${name}: must be a positive whole number`);
+  return value;
+}
+
+/**
+ * Upload limits from the environment: `RUNS_MAX_FILE_BYTES` (default 512 MiB),
+ * `RUNS_UPLOAD_TAKEOVER_MS` (30000), `RUNS_UPLOAD_TIME_LIMIT_MS` (1200000).
+ */
+export function uploadLimitsFrom(env: NodeJS.ProcessEnv): UploadLimits {
+  return {
+    maxFileBytes: positiveInt(env.RUNS_MAX_FILE_BYTES, DEFAULT_UPLOAD_LIMITS.maxFileBytes, "RUNS_MAX_FILE_BYTES"),
+    takeoverMs: positiveInt(env.RUNS_UPLOAD_TAKEOVER_MS, DEFAULT_UPLOAD_LIMITS.takeoverMs, "RUNS_UPLOAD_TAKEOVER_MS"),
+    timeLimitMs: positiveInt(env.RUNS_UPLOAD_TIME_LIMIT_MS, DEFAULT_UPLOAD_LIMITS.timeLimitMs, "RUNS_UPLOAD_TIME_LIMIT_MS"),
+  };
+}
+
+export function renderFile(file: FileDoc) {
+  return {
+    id: file._id,
+    object: "file",
+    filename: file.filename,
+    media_type: file.media_type,
+    bytes: file.bytes,
+    sha256: file.sha256,
+    created_at: unixSeconds(file.created_at),
+  };
+}
+
+function checkFilename(value: string, param: string): string {
+  // eslint-disable-next-line no-control-regex
+  if (value.length === 0 || value.length > MAX_FILENAME_CHARS || /[\u0000-\u001f\u007f]/.test(value)) {
+    throw invalid(param, `${param} must be 1 to ${MAX_FILENAME_CHARS} characters without control characters.`);
+  }
+  return value;
+}
+
+function checkMediaType(value: string, param: string): string {
+  const trimmed = value.trim();
+  if (trimmed.length > 255 || !MEDIA_TYPE.test(trimmed)) throw invalid(param, `${param} must be a media type such as text/plain.`);
+  return trimmed;
+}
+
+/** Translates what can go wrong while reading the form into the API's answer. */
+function uploadError(err: unknown, request: FastifyRequest): unknown {
+  if (err instanceof ApiError) return err;
+  if (err instanceof StoreUnavailableError) {
+    request.log.warn({ err: err.cause }, "store unavailable during upload");
+    return new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
+  }
+  const source = err instanceof UploadSourceError ? err.cause : err;
+  const e = source as { code?: string; statusCode?: number; message?: string };
+  if (e?.code === "FST_MP_PREMATURE_CLOSE" || request.raw.destroyed) {
+    return invalid("file", "The upload was interrupted before the file ended.");
+  }
+  if (e?.code === "FST_PARTS_LIMIT" || e?.code === "FST_FILES_LIMIT" || e?.code === "FST_FIELDS_LIMIT") {
+    return invalid("file", "Send one file part named file and at most the fields filename and media_type.");
+  }
+  if (err instanceof UploadSourceError || (typeof e?.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500)) {
+    return invalid("file", "The multipart body is malformed.");
+  }
+  return err;
+}
+
+/**
+ * Answers an upload without reading the rest of its body: the connection closes after
+ * the answer, so a large body left unread costs nothing.
+ */
+function refuse(reply: FastifyReply, err: ApiError): FastifyReply {
+  reply.header("connection", "close");
+  return sendError(reply, err);
+}
+
+/** Limits from `ctx.config.files` when the config carries them, else from the environment. */
+function configuredLimits(config: Config): Partial<UploadLimits> {
+  return (config as Config & { files?: Partial<UploadLimits> }).files ?? uploadLimitsFrom(process.env);
+}
+
+/**
+ * The files routes. `options` overrides the limits (else `config.files`, else the
+ * environment); `files` is the composition root's FileStore when it has one, otherwise
+ * one is opened on the `runs_files` bucket that `provisionNats` created.
+ */
+export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> & { files?: FileStore } = {}) {
+  return async function (app: FastifyInstance) {
+    const { files: given, ...overrides } = options;
+    const limits: UploadLimits = { ...DEFAULT_UPLOAD_LIMITS, ...configuredLimits(ctx.config), ...overrides };
+    const files = given ?? new FileStore(ctx.store.db, await new Objm(jetstream(ctx.nc)).open(FILES_BUCKET), ctx.clock);
+    await files.provision();
+
+    // Scoped to this plugin. The multipart parser does not read the body itself, so the
+    // app's 16 MiB bodyLimit does not apply; the file's size is capped by `receive`
+    // (busboy is told one byte more, so an over-size file is seen, not silently cut).
+    await app.register(multipart, {
+      limits: { fileSize: limits.maxFileBytes + 1, files: 1, fields: 4, parts: 5, fieldSize: 4096, headerPairs: 50 },
+      throwFileSizeLimit: false,
+      isPartAFile: (fieldName) => fieldName === "file",
+    });
+
+    app.post("/api/v1/files", { config: { scope: "files:write" } }, async (request, reply) => {
+      const auth = authOf(request);
+      const key = idempotencyKeyOf(request)!;
+      if (!request.isMultipart()) throw invalid("file", "Send the file as multipart/form-data with a part named file.");
+      const workspaceId = auth.workspace._id;
+
+      // Refusals that need no fingerprint are answered before reading the body.
+      const early = decideUpload(await files.getUpload(files.uploadId(workspaceId, key)), undefined, ctx.clock.nowMs(), limits.takeoverMs);
+      if (early.kind === "in_progress" || early.kind === "conflict") return refuse(reply, decisionError(early)!);
+
+      const fields: { filename?: string; media_type?: string } = {};
+      let meta: { filename: string; media_type: string } | undefined;
+      let session: UploadSession | undefined;
+      let received: ReceivedObject | undefined;
+      let replayed: FileDoc | undefined;
+      try {
+        for await (const part of request.parts()) {
+          if (part.type === "field") {
+            if (replayed) continue;
+            if (meta) throw invalid(part.fieldname, "Send filename and media_type before the file part.");
+            if (part.fieldname !== "filename" && part.fieldname !== "media_type") {
+              throw invalid(part.fieldname, `Unknown form field ${part.fieldname}; expected file, filename and media_type.`);
+            }
+            if (part.valueTruncated || typeof part.value !== "string") throw invalid(part.fieldname, `${part.fieldname} is too long.`);
+            fields[part.fieldname] = part.fieldname === "filename" ? checkFilename(part.value, "filename") : checkMediaType(part.value, "media_type");
+            continue;
+          }
+          const filename = fields.filename ?? part.filename;
+          if (filename === undefined || filename === "") throw invalid("filename", "Give a filename field or a filename on the file part.");
+          meta = {
+            filename: checkFilename(filename, "filename"),
+            media_type: fields.media_type ?? checkMediaType(part.mimetype || "application/octet-stream", "media_type"),
+          };
+          const claim = await files.claim(workspaceId, key, uploadFingerprint(meta), limits.takeoverMs);
+          if (claim.kind === "replay") {
+            // The first upload finished: the new body is read and dropped, never stored.
+            replayed = claim.file;
+            part.file.resume();
+            continue;
+          }
+          session = claim.session;
+          received = await files.receive(session, part.file, limits);
+        }
+        if (replayed) return reply.status(201).send(renderFile(replayed));
+        if (!session || !received || !meta) throw invalid("file", "The form has no part named file.");
+        return reply.status(201).send(renderFile(await files.finish(session, meta, received)));
+      } catch (err) {
+        if (session && !replayed) {
+          const timedOut = err instanceof ApiError && err.code === "request_timeout";
+          await files.abandon(session, timedOut ? UploadState.expired : UploadState.failed);
+        }
+        const answer = uploadError(err, request);
+        if (answer instanceof ApiError) return refuse(reply, answer);
+        throw answer;
+      }
+    });
+
+    app.get<{ Params: { fileId: string } }>("/api/v1/files/:fileId", { config: { scope: "files:read" } }, async (request) => {
+      const auth = authOf(request);
+      const file = await files.get(auth.workspace._id, request.params.fileId);
+      if (!file) throw new ApiError("not_found", { param: "fileId", message: `No file ${request.params.fileId}.` });
+      return renderFile(file);
+    });
+  };
+}

@@ -1,0 +1,449 @@
+import { createHash } from "node:crypto";
+import type { Readable } from "node:stream";
+import { MongoError, type Collection, type Db } from "mongodb";
+import type { ObjectStore } from "@nats-io/obj";
+import type { Clock } from "./clock.js";
+import { ApiError } from "./errors.js";
+import { Ids } from "./ids.js";
+import { StoreUnavailableError } from "./mongo-store.js";
+
+/**
+ * Uploaded files (decisions §6): bytes in the JetStream object store `runs_files` under
+ * the file id (never the filename), metadata in the Mongo collection `files`, and one
+ * upload record per (workspace, Idempotency-Key) in `file_uploads` that carries the
+ * spec's idempotency rules for POST /api/v1/files.
+ */
+
+export const FILES_COLLECTION = "files";
+export const FILE_UPLOADS_COLLECTION = "file_uploads";
+/** Upload records are kept at least this long (decisions §4: at least 24 hours). */
+export const UPLOAD_RECORD_KEEP_MS = 48 * 3600_000;
+/** Store failures tolerated by a running upload before it stops (spec Limits: about a minute). */
+export const UPLOAD_STORE_OUTAGE_MS = 60_000;
+const CHUNK_BYTES = 512 * 1024;
+
+export interface FileDoc {
+  /** `file_…` */
+  _id: string;
+  workspace_id: string;
+  filename: string;
+  media_type: string;
+  bytes: number;
+  /** Lowercase hex. */
+  sha256: string;
+  /** Unix milliseconds. */
+  created_at: number;
+  /** Name of the object in `runs_files` (the file id; never the filename). */
+  object_name: string;
+}
+
+export const UploadState = {
+  uploading: "uploading",
+  done: "done",
+  /** Failed or interrupted: a repeat with the same key starts again. */
+  failed: "failed",
+  /** Ran past the time limit (408): the key is spent, a repeat is 409 conflict. */
+  expired: "expired",
+} as const;
+export type UploadState = (typeof UploadState)[keyof typeof UploadState];
+
+export interface FileUploadDoc {
+  /** sha256 hex of workspace, operation and Idempotency-Key. */
+  _id: string;
+  workspace_id: string;
+  /**
+   * sha256 hex of the file's identity as known when its part begins: filename and
+   * media_type. A repeat naming another file under the same key is 409 conflict.
+   */
+  fingerprint: string;
+  state: UploadState;
+  /**
+   * The file id of the current attempt; a new attempt (restart or takeover) gets a new
+   * one, so it is also the fencing token: an older attempt's writes match nothing.
+   */
+  file_id: string;
+  /** Refreshed while bytes arrive; silence past the takeover window lets a repeat take over. */
+  heartbeat_at: number;
+  started_at: number;
+  created_at: number;
+  expires_at: number;
+}
+
+/** What a request under a key is told to do. Pure; see {@link decideUpload}. */
+export type UploadDecision =
+  | { kind: "start" }
+  | { kind: "restart"; previous: FileUploadDoc }
+  | { kind: "takeover"; previous: FileUploadDoc }
+  | { kind: "replay"; fileId: string }
+  | { kind: "in_progress"; retryAfterS: number }
+  | { kind: "conflict"; reason: "other_file" | "expired" };
+
+/**
+ * The spec's idempotency rule for POST /api/v1/files, given the key's record and the
+ * repeat's fingerprint (undefined when the body has not been read that far yet, which
+ * decides only what needs no fingerprint):
+ * none → start; another file → conflict; done → replay; expired → conflict;
+ * failed → restart; uploading and heard from within `takeoverMs` → in_progress
+ * (Retry-After: the seconds until it could be taken over, 1 to 30); silent longer → takeover.
+ */
+export function decideUpload(
+  record: FileUploadDoc | null,
+  fingerprint: string | undefined,
+  nowMs: number,
+  takeoverMs: number,
+): UploadDecision | { kind: "need_fingerprint" } {
+  if (!record) return { kind: "start" };
+  if (record.state === UploadState.uploading && nowMs - record.heartbeat_at < takeoverMs) {
+    const retryAfterS = Math.min(30, Math.max(1, Math.ceil((record.heartbeat_at + takeoverMs - nowMs) / 1000)));
+    return { kind: "in_progress", retryAfterS };
+  }
+  if (record.state === UploadState.expired) return { kind: "conflict", reason: "expired" };
+  if (fingerprint === undefined) return { kind: "need_fingerprint" };
+  if (record.fingerprint !== fingerprint) return { kind: "conflict", reason: "other_file" };
+  switch (record.state) {
+    case UploadState.done:
+      return { kind: "replay", fileId: record.file_id };
+    case UploadState.failed:
+      return { kind: "restart", previous: record };
+    case UploadState.uploading:
+      return { kind: "takeover", previous: record };
+  }
+}
+
+/** The fingerprint of a file's identity for the idempotency check: filename and media type. */
+export function uploadFingerprint(meta: { filename: string; media_type: string }): string {
+  return createHash("sha256").update(`${meta.filename}\u0000${meta.media_type}`).digest("hex");
+}
+
+/** The error a decision answers with, for the kinds that refuse. */
+export function decisionError(decision: UploadDecision): ApiError | undefined {
+  if (decision.kind === "in_progress") return new ApiError("upload_in_progress", { param: "Idempotency-Key", retryAfterS: decision.retryAfterS });
+  if (decision.kind === "conflict") {
+    return new ApiError("conflict", {
+      param: "Idempotency-Key",
+      message:
+        decision.reason === "expired"
+          ? "The upload under this Idempotency-Key expired; upload again with a new key."
+          : "This Idempotency-Key was used for a different file; upload again with a new key.",
+    });
+  }
+  return undefined;
+}
+
+/** Limits of one upload. */
+export interface UploadLimits {
+  maxFileBytes: number;
+  /** Silence after which a repeat takes a running upload over. */
+  takeoverMs: number;
+  /** Longest an upload attempt may run (then 408 request_timeout). */
+  timeLimitMs: number;
+}
+
+/** An upload attempt this request owns. */
+export interface UploadSession {
+  uploadId: string;
+  workspaceId: string;
+  fileId: string;
+  startedAt: number;
+}
+
+export type UploadClaim = { kind: "owned"; session: UploadSession } | { kind: "replay"; file: FileDoc };
+
+/** What `receive` stored. */
+export interface ReceivedObject {
+  bytes: number;
+  sha256: string;
+}
+
+/** A file's bytes and description, as the agent runner reads them. */
+export interface FileContent {
+  filename: string;
+  media_type: string;
+  bytes: number;
+  data: Buffer;
+}
+
+/** The source stream of an upload failed (client went away, malformed multipart). */
+export class UploadSourceError extends Error {
+  constructor(cause: unknown) {
+    super("the upload's body could not be read", { cause });
+    this.name = "UploadSourceError";
+  }
+}
+
+/** A file document exists but its bytes are gone from the object store. */
+export class FileDataMissingError extends Error {
+  constructor(readonly fileId: string) {
+    super(`The data of ${fileId} is missing.`);
+    this.name = "FileDataMissingError";
+  }
+}
+
+const DUPLICATE_KEY = 11000;
+
+function isDuplicateKey(err: unknown): boolean {
+  return err instanceof MongoError && (err.code === DUPLICATE_KEY || /duplicate key/i.test(err.message));
+}
+
+function isTransient(err: unknown): boolean {
+  if (!(err instanceof MongoError)) return false;
+  return (
+    ["MongoServerSelectionError", "MongoNetworkError", "MongoNetworkTimeoutError", "MongoTopologyClosedError", "MongoNotConnectedError"].includes(err.name) ||
+    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
+  );
+}
+
+// Same translation as mongo-store's private `guard` (not exported there).
+async function guard<T>(work: () => Promise<T>): Promise<T> {
+  try {
+    return await work();
+  } catch (err) {
+    if (isTransient(err)) throw new StoreUnavailableError(err);
+    throw err;
+  }
+}
+
+export class FileStore {
+  readonly files: Collection<FileDoc>;
+  readonly uploads: Collection<FileUploadDoc>;
+
+  constructor(
+    db: Db,
+    private readonly objects: ObjectStore,
+    private readonly clock: Clock,
+  ) {
+    this.files = db.collection<FileDoc>(FILES_COLLECTION);
+    this.uploads = db.collection<FileUploadDoc>(FILE_UPLOADS_COLLECTION);
+  }
+
+  /** Creates indexes; safe on every start. */
+  async provision(): Promise<void> {
+    await guard(async () => {
+      await this.files.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+      await this.uploads.createIndex({ expires_at: 1 }, { name: "expires" });
+    });
+  }
+
+  /** The record id of a key: scoped to workspace and operation like other idempotency records. */
+  uploadId(workspaceId: string, key: string): string {
+    return createHash("sha256").update(`${workspaceId}\u0000files.create\u0000${key}`).digest("hex");
+  }
+
+  getUpload(uploadId: string): Promise<FileUploadDoc | null> {
+    return guard(() => this.uploads.findOne({ _id: uploadId }));
+  }
+
+  /** A file of the workspace; null when absent or another workspace's. */
+  get(workspaceId: string, fileId: string): Promise<FileDoc | null> {
+    return guard(() => this.files.findOne({ _id: fileId, workspace_id: workspaceId }));
+  }
+
+  /**
+   * A file's bytes for the agent runner, read whole into memory; null when the file is
+   * unknown in the workspace. Throws {@link FileDataMissingError} if its object is gone.
+   */
+  async read(workspaceId: string, fileId: string): Promise<FileContent | null> {
+    const doc = await this.get(workspaceId, fileId);
+    if (!doc) return null;
+    const data = await this.objects.getBlob(doc.object_name);
+    if (!data) throw new FileDataMissingError(fileId);
+    return { filename: doc.filename, media_type: doc.media_type, bytes: doc.bytes, data: Buffer.from(data.buffer, data.byteOffset, data.byteLength) };
+  }
+
+  /**
+   * Takes the key for this request or answers from its record, by {@link decideUpload}:
+   * returns an owned attempt (start, restart, takeover) or the finished file; throws
+   * upload_in_progress (503) or conflict (409). Races between repeats are settled by
+   * conditional writes; a loser decides again on the winner's record.
+   */
+  async claim(workspaceId: string, key: string, fingerprint: string, takeoverMs: number): Promise<UploadClaim> {
+    const uploadId = this.uploadId(workspaceId, key);
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const record = await this.getUpload(uploadId);
+      const now = this.clock.nowMs();
+      const decision = decideUpload(record, fingerprint, now, takeoverMs);
+      if (decision.kind === "need_fingerprint") throw new Error("unreachable: fingerprint given");
+      if (decision.kind === "in_progress" || decision.kind === "conflict") throw decisionError(decision)!;
+      const fileId = Ids.file();
+      const fresh = { state: UploadState.uploading, file_id: fileId, fingerprint, heartbeat_at: now, started_at: now };
+      if (decision.kind === "replay") {
+        const file = await this.get(workspaceId, decision.fileId);
+        if (file) return { kind: "replay", file };
+        // Done but its document is gone (deleted): nothing to return, the key is spent.
+        throw decisionError({ kind: "conflict", reason: "expired" })!;
+      }
+      if (decision.kind === "start") {
+        try {
+          await guard(() =>
+            this.uploads.insertOne({ _id: uploadId, workspace_id: workspaceId, ...fresh, created_at: now, expires_at: now + UPLOAD_RECORD_KEEP_MS }),
+          );
+          return { kind: "owned", session: { uploadId, workspaceId, fileId, startedAt: now } };
+        } catch (err) {
+          if (isDuplicateKey(err)) continue;
+          throw err;
+        }
+      }
+      const previous = decision.previous;
+      const result = await guard(() =>
+        this.uploads.updateOne(
+          { _id: uploadId, state: previous.state, file_id: previous.file_id, heartbeat_at: previous.heartbeat_at },
+          { $set: { ...fresh, expires_at: now + UPLOAD_RECORD_KEEP_MS } },
+        ),
+      );
+      if (result.matchedCount === 1) return { kind: "owned", session: { uploadId, workspaceId, fileId, startedAt: now } };
+    }
+    throw new ApiError("upload_in_progress", { param: "Idempotency-Key", retryAfterS: 1 });
+  }
+
+  /**
+   * Streams `source` into the object store under the session's file id, hashing and
+   * counting as it goes, without holding the file in memory. While bytes arrive it
+   * refreshes the record's heartbeat; it stops the upload (destroying `source`) with
+   * 413 payload_too_large past `maxFileBytes`, 408 request_timeout past `timeLimitMs`,
+   * 409 conflict when a repeat took the key over, and StoreUnavailableError (503
+   * runtime_unavailable) when the record cannot be written for about a minute or the
+   * object store fails. Errors of `source` itself come back as {@link UploadSourceError}. On any
+   * failure the stored chunks are removed; the caller then calls {@link abandon}.
+   */
+  async receive(session: UploadSession, source: Readable, limits: UploadLimits): Promise<ReceivedObject> {
+    const hash = createHash("sha256");
+    let bytes = 0;
+    let beatBytes = 0;
+    let lastStoreOk = this.clock.nowMs();
+    let stopped: Error | undefined;
+    const stop = (error: Error) => {
+      if (stopped) return;
+      stopped = error;
+      source.destroy(error);
+    };
+
+    let ticking = false;
+    const heartbeatMs = Math.min(5_000, Math.max(100, Math.floor(limits.takeoverMs / 5)));
+    const heartbeat = setInterval(() => {
+      if (ticking || stopped) return;
+      ticking = true;
+      void this.beat(session, bytes !== beatBytes)
+        .then((owned) => {
+          lastStoreOk = this.clock.nowMs();
+          beatBytes = bytes;
+          if (!owned) {
+            stop(new ApiError("conflict", { param: "Idempotency-Key", message: "A later request with this Idempotency-Key took the upload over." }));
+          }
+        })
+        .catch((err: unknown) => {
+          if (this.clock.nowMs() - lastStoreOk > UPLOAD_STORE_OUTAGE_MS) stop(new StoreUnavailableError(err));
+        })
+        .finally(() => {
+          ticking = false;
+        });
+    }, heartbeatMs);
+    const remainingMs = Math.max(0, session.startedAt + limits.timeLimitMs - this.clock.nowMs());
+    const deadline = setTimeout(() => {
+      stop(new ApiError("request_timeout", { message: `A file upload may run at most ${Math.round(limits.timeLimitMs / 1000)} seconds.` }));
+    }, remainingMs);
+
+    const chunks = source[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+    const body = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        let next: IteratorResult<Buffer>;
+        try {
+          next = await chunks.next();
+        } catch (err) {
+          throw stopped ?? new UploadSourceError(err);
+        }
+        if (stopped) throw stopped;
+        if (next.done) {
+          controller.close();
+          return;
+        }
+        bytes += next.value.length;
+        if (bytes > limits.maxFileBytes) {
+          const tooLarge = new ApiError("payload_too_large", { param: "file", message: `A file may be at most ${limits.maxFileBytes} bytes.` });
+          stop(tooLarge);
+          throw tooLarge;
+        }
+        hash.update(next.value);
+        controller.enqueue(next.value);
+      },
+      cancel(reason) {
+        source.destroy(reason instanceof Error ? reason : undefined);
+      },
+    });
+
+    try {
+      await this.objects.put({ name: session.fileId, options: { max_chunk_size: CHUNK_BYTES } }, body);
+    } catch (err) {
+      if (stopped) throw stopped;
+      if (err instanceof ApiError || err instanceof UploadSourceError) throw err;
+      // The object store (JetStream) failed: the gateway answers 503 runtime_unavailable.
+      throw new StoreUnavailableError(err);
+    } finally {
+      clearInterval(heartbeat);
+      clearTimeout(deadline);
+    }
+    if (stopped) {
+      await this.objects.delete(session.fileId).catch(() => undefined);
+      throw stopped;
+    }
+    return { bytes, sha256: hash.digest("hex") };
+  }
+
+  /**
+   * Records the received object as the file and marks the key done, fenced on the
+   * attempt's file id. If a repeat took the key over meanwhile, removes this attempt's
+   * file and object and throws 409 conflict.
+   */
+  async finish(session: UploadSession, meta: { filename: string; media_type: string }, received: ReceivedObject): Promise<FileDoc> {
+    const doc: FileDoc = {
+      _id: session.fileId,
+      workspace_id: session.workspaceId,
+      filename: meta.filename,
+      media_type: meta.media_type,
+      bytes: received.bytes,
+      sha256: received.sha256,
+      created_at: this.clock.nowMs(),
+      object_name: session.fileId,
+    };
+    // The file document first: a crash before the record says done leaves an orphan
+    // document, never a done record pointing at nothing.
+    await guard(() => this.files.insertOne(doc));
+    const marked = await guard(() =>
+      this.uploads.updateOne(
+        { _id: session.uploadId, file_id: session.fileId, state: UploadState.uploading },
+        { $set: { state: UploadState.done } },
+      ),
+    );
+    if (marked.matchedCount === 1) return doc;
+    await guard(() => this.files.deleteOne({ _id: doc._id }));
+    await this.objects.delete(session.fileId).catch(() => undefined);
+    throw new ApiError("conflict", { param: "Idempotency-Key", message: "A later request with this Idempotency-Key took the upload over." });
+  }
+
+  /**
+   * Gives up an attempt: its object is removed and, if the key is still this attempt's,
+   * the record becomes `failed` (a repeat restarts) or `expired` (a repeat is 409).
+   * Best effort: a record left `uploading` is taken over after the silence window.
+   */
+  async abandon(session: UploadSession, state: typeof UploadState.failed | typeof UploadState.expired): Promise<void> {
+    await this.objects.delete(session.fileId).catch(() => undefined);
+    await guard(() =>
+      this.uploads.updateOne(
+        { _id: session.uploadId, file_id: session.fileId, state: UploadState.uploading },
+        { $set: { state, heartbeat_at: this.clock.nowMs() } },
+      ),
+    ).catch(() => undefined);
+  }
+
+  /**
+   * Refreshes the heartbeat when bytes arrived since the last beat, or else only checks
+   * that the key is still this attempt's. Returns false once another attempt holds it.
+   */
+  private async beat(session: UploadSession, progressed: boolean): Promise<boolean> {
+    const mine = { _id: session.uploadId, file_id: session.fileId, state: UploadState.uploading };
+    if (progressed) {
+      const result = await guard(() => this.uploads.updateOne(mine, { $set: { heartbeat_at: this.clock.nowMs() } }));
+      return result.matchedCount === 1;
+    }
+    return (await guard(() => this.uploads.countDocuments(mine, { limit: 1 }))) === 1;
+  }
+}
