@@ -89,8 +89,11 @@ export interface Cluster {
   killNode(i: number): Promise<void>;
   /** SIGTERM the node (graceful drain), await its exit (SIGKILL after `timeoutMs`). */
   stopNode(i: number, timeoutMs?: number): Promise<void>;
-  /** SIGSTOP the node's process group. */
-  pauseNode(i: number): void;
+  /**
+   * SIGSTOP the node's process group, or only the node process with `processOnly`
+   * (its tool processes go on, as during a long event-loop stall).
+   */
+  pauseNode(i: number, options?: { processOnly?: boolean }): void;
   /** SIGCONT the node's process group. */
   resumeNode(i: number): void;
   /** Starts a stopped node again (same id, port and data dir) and waits until /readyz answers 200. */
@@ -351,10 +354,11 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
       nc,
       killNode,
       stopNode,
-      pauseNode(i) {
+      pauseNode(i, pauseOptions = {}) {
         const child = nodes[i].child;
         if (!child || exited(child)) throw new Error(`${nodes[i].id} is not running`);
-        signalGroup(child.pid!, "SIGSTOP");
+        if (pauseOptions.processOnly) child.kill("SIGSTOP");
+        else signalGroup(child.pid!, "SIGSTOP");
         nodes[i].paused = true;
       },
       resumeNode(i) {
