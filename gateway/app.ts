@@ -23,6 +23,7 @@ import { healthRoutes } from "./routes/health.js";
 import { eventRoutes } from "./routes/events.js";
 import { envValueRoutes } from "./routes/env-values.js";
 import { fileRoutes } from "./routes/files.js";
+import { openapiRoutes } from "./routes/openapi.js";
 
 /** Everything the routes use, built once at the composition root. */
 export interface GatewayContext {
@@ -160,5 +161,6 @@ export async function buildApp(
   await app.register(apiKeyRoutes(context));
   await app.register(envValueRoutes(context));
   await app.register(fileRoutes(context));
+  await app.register(openapiRoutes(context));
   return { app, context };
 }
