@@ -25,6 +25,7 @@ interface Ctx {
   wsId: string;
   other: Api;
   tightApi: Api;
+  tightWsId: string;
   nc: NatsConnection;
 }
 
@@ -55,7 +56,7 @@ test.before(async (t) => {
   const other = await newWorkspace(service, "business");
   const tightWs = await newWorkspace(tight, "business");
   const nc = await connect({ servers: servers.natsUrl, user: "runs", pass: servers.servicePassword });
-  t.context = { servers, service, tight, api: ws.api, wsId: ws.id, other: other.api, tightApi: tightWs.api, nc };
+  t.context = { servers, service, tight, api: ws.api, wsId: ws.id, other: other.api, tightApi: tightWs.api, tightWsId: tightWs.id, nc };
 });
 
 test.after.always(async (t) => {
@@ -152,6 +153,13 @@ function trickle(upload: ReturnType<typeof rawUpload>, everyMs: number) {
     if (!upload.req.destroyed) upload.write(Buffer.from("0123456789"));
   }, everyMs);
   return () => clearInterval(timer);
+}
+
+/** Waits until the upload under `key` has claimed its record (the request reached its file part). */
+async function waitUploading(service: RunningService, workspaceId: string, key: string): Promise<void> {
+  const uploads = service.store.db.collection("file_uploads");
+  const record = await waitFor(() => uploads.findOne({ _id: uploadIdOf(workspaceId, key) as any }), (r) => r?.state === "uploading");
+  if (record?.state !== "uploading") throw new Error(`upload ${key} never started`);
 }
 
 async function waitFor<T>(what: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
@@ -381,7 +389,7 @@ test("files - a repeat while the first upload still sends is 503 upload_in_progr
   const head = randomBytes(64 * 1024);
   first.write(head);
   const stop = trickle(first, 200);
-  await sleep(500);
+  await waitUploading(t.context.service, t.context.wsId, key);
   const repeat = await upload(api, key, fileParts(Buffer.from("same key"), "slow.bin", "application/octet-stream"));
   t.is(repeat.status, 503);
   t.is(repeat.body.error.code, "upload_in_progress");
@@ -401,7 +409,7 @@ test("files - after the silence window a repeat takes a stalled upload over", as
   const key = newKey();
   const first = rawUpload(tightApi, key, "stalled.bin");
   first.write(randomBytes(10 * 1024));
-  await sleep(200);
+  await waitUploading(t.context.tight, t.context.tightWsId, key);
   const early = await upload(tightApi, key, fileParts(Buffer.from("x"), "stalled.bin", "application/octet-stream"));
   t.is(early.status, 503, "still within the 1.5 s window");
   t.is(early.body.error.code, "upload_in_progress");
