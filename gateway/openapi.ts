@@ -515,7 +515,7 @@ export const OPERATIONS: Operation[] = [
     summary: "Prometheus metrics",
     tag: "operations",
     scope: "public",
-    success: { 200: { description: "Prometheus text exposition format.", text: "text/plain; version=0.0.4" } },
+    success: { 200: { description: "Prometheus text exposition format (Content-Type: text/plain; version=0.0.4).", text: "text/plain" } },
   },
 ];
 
