@@ -5,20 +5,22 @@ import { MongoStore } from "./mongo-store.js";
 import { MissingToolError, freePort, startFerretDb, type ServerProcess } from "./servers.js";
 import { createWorkspace } from "./workspaces.js";
 import { Plan } from "./domain.js";
+import { CLIENT_USAGE, UsageError, describeClientError, runClientCommand } from "./client-cli.js";
 
-const USAGE = `usage:
+const ADMIN_USAGE = `usage:
   runs admin create-workspace --plan solo|business [--name NAME]
 
 The store is MONGODB_URI when set, otherwise the embedded default's store under
 RUNS_DATA_DIR (default .runs/), whether or not \`npm start\` is running.`;
 
-class UsageError extends Error {}
+/** Bad usage of an admin command: answered with the admin usage text. */
+class AdminUsageError extends UsageError {}
 
 function flag(args: string[], name: string): string | undefined {
   const i = args.indexOf(`--${name}`);
   if (i === -1) return undefined;
   const value = args[i + 1];
-  if (value === undefined || value.startsWith("--")) throw new UsageError(`--${name} needs a value`);
+  if (value === undefined || value.startsWith("--")) throw new AdminUsageError(`--${name} needs a value`);
   return value;
 }
 
@@ -54,7 +56,7 @@ async function openStore(): Promise<{ store: MongoStore; close: () => Promise<vo
 async function main(args: string[]): Promise<void> {
   if (args[0] === "admin" && args[1] === "create-workspace") {
     const plan = flag(args, "plan");
-    if (plan !== Plan.solo && plan !== Plan.business) throw new UsageError("--plan must be solo or business");
+    if (plan !== Plan.solo && plan !== Plan.business) throw new AdminUsageError("--plan must be solo or business");
     const name = flag(args, "name");
     const { store, close } = await openStore();
     try {
@@ -65,13 +67,24 @@ async function main(args: string[]): Promise<void> {
     }
     return;
   }
-  throw new UsageError(args.length ? `unknown command: ${args.join(" ")}` : "no command given");
+  if (args[0] === "admin") throw new AdminUsageError(`unknown command: ${args.join(" ")}`);
+  if (args.length === 0) throw new UsageError("no command given");
+  if (args[0] === "help" || args[0] === "--help" || args[0] === "-h") {
+    process.stdout.write(`${CLIENT_USAGE}\n`);
+    return;
+  }
+  process.exitCode = await runClientCommand(args, { stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, env: process.env });
 }
 
 main(process.argv.slice(2)).catch((err) => {
   if (err instanceof UsageError) {
-    process.stderr.write(`runs: ${err.message}\n\n${USAGE}\n`);
+    process.stderr.write(`runs: ${err.message}\n\n${err instanceof AdminUsageError ? ADMIN_USAGE : CLIENT_USAGE}\n`);
     process.exit(2);
+  }
+  const apiError = describeClientError(err);
+  if (apiError) {
+    process.stderr.write(`runs: ${apiError}\n`);
+    process.exit(1);
   }
   if (err instanceof MissingToolError) {
     process.stderr.write(`runs: ${err.message}\n`);

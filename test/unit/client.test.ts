@@ -389,7 +389,7 @@ test("client - streamEvents: follows a turn, reconnects on a clean close, ends o
   const events = await collect(h.client.streamEvents("run_1", { turnId: "turn_1", after: "evt_2" }));
   t.deepEqual(events.map((e) => e.id), ["evt_3", "evt_4"]);
   t.is(h.requests[0].url, "http://runs.test/api/v1/runs/run_1/events?stream=true&turn_id=turn_1&after=evt_2");
-  t.is(h.requests[0].headers["last-event-id"], undefined);
+  t.false("last-event-id" in h.requests[0].headers);
   t.is(h.requests[1].url, "http://runs.test/api/v1/runs/run_1/events?stream=true&turn_id=turn_1");
   t.is(h.requests[1].headers["last-event-id"], "evt_4");
 });

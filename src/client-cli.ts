@@ -1,0 +1,499 @@
+/**
+ * The API commands of the `runs` command line (everything but `admin`), on {@link RunsClient}.
+ * Configuration: `RUNS_URL` (default http://127.0.0.1:8080) and `RUNS_API_KEY`.
+ *
+ * Output: people get short lines by default; `--json` prints one JSON document (the
+ * resource the call returned; `events --follow --json` prints one event per line). While a
+ * turn is awaited, progress goes to stderr only when stderr is a terminal. Exit codes: 0
+ * success; 1 an API error (`runs: <code>: <message>`), or a waited turn that did not
+ * complete; 2 bad usage (with the usage text).
+ */
+import { readFile } from "node:fs/promises";
+import { DEFAULT_BASE_URL, RunsApiError, RunsClient, isFinalEventOf } from "./client.js";
+import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./client-types.js";
+
+export const CLIENT_USAGE = `usage: runs <command> [options]
+
+runs:
+  runs start --agent ID [--version N] [--tag T]... [--wait|--background|--stream] INPUT...
+  runs continue RUN_ID [--on-busy queue|steer|reject] [--wait|--background|--stream] INPUT...
+  runs get RUN_ID [--turn TURN_ID]
+  runs list [--agent ID] [--version N] [--state idle|busy] [--tag T]... [--limit N] [--after CURSOR]
+  runs turns RUN_ID
+  runs events RUN_ID [--turn TURN_ID] [--after EVENT_ID] [--follow]
+  runs cancel RUN_ID [--turn TURN_ID]
+  runs delete RUN_ID
+  runs tag RUN_ID [--add T]... [--remove T]...
+agents:
+  runs agents [list]
+  runs agents create NAME [--description TEXT]
+  runs agents get AGENT_ID
+  runs deploy AGENT_ID (--model MODEL | --config JSON | --config-file PATH) [--no-activate]
+              [--upgrade-policy automatic|new_run_only] [--no-wait]
+  runs models
+admin:
+  runs admin create-workspace --plan solo|business [--name NAME]
+
+Every command takes --json (one JSON document on stdout). start, continue, cancel and
+delete take --idempotency-key KEY (default: a new one per command) to repeat a command
+safely. INPUT "-" reads the input from stdin. --wait (the default) waits for the turn:
+the server's wait, then polling; Ctrl-C stops waiting and leaves the turn running.
+
+Environment: RUNS_URL (default http://127.0.0.1:8080), RUNS_API_KEY.`;
+
+/** Bad usage: exit 2 with the usage text, never a stack trace. */
+export class UsageError extends Error {}
+
+export interface CliIo {
+  stdout: NodeJS.WritableStream;
+  stderr: NodeJS.WritableStream & { isTTY?: boolean };
+  stdin: NodeJS.ReadableStream;
+  env: NodeJS.ProcessEnv;
+}
+
+type FlagKind = "string" | "boolean" | "multi";
+type FlagSpec = Record<string, FlagKind>;
+interface Parsed {
+  flags: Record<string, string | boolean | string[] | undefined>;
+  positionals: string[];
+}
+
+/** `--name value`, `--name=value`, repeatable flags, `--` ends the flags. */
+export function parseArgs(args: string[], spec: FlagSpec): Parsed {
+  const all: FlagSpec = { json: "boolean", ...spec };
+  const flags: Parsed["flags"] = {};
+  const positionals: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i];
+    if (arg === "--") {
+      positionals.push(...args.slice(i + 1));
+      break;
+    }
+    if (!arg.startsWith("--") || arg === "-") {
+      positionals.push(arg);
+      continue;
+    }
+    const eq = arg.indexOf("=");
+    const name = arg.slice(2, eq === -1 ? undefined : eq);
+    const kind = all[name];
+    if (!kind) throw new UsageError(`unknown option --${name}`);
+    if (kind === "boolean") {
+      if (eq !== -1) throw new UsageError(`--${name} takes no value`);
+      flags[name] = true;
+      continue;
+    }
+    let value: string | undefined;
+    if (eq !== -1) value = arg.slice(eq + 1);
+    else {
+      value = args[++i];
+      if (value === undefined || (value.startsWith("--") && value.length > 2)) throw new UsageError(`--${name} needs a value`);
+    }
+    if (kind === "multi") flags[name] = [...((flags[name] as string[] | undefined) ?? []), value];
+    else if (flags[name] !== undefined) throw new UsageError(`--${name} given twice`);
+    else flags[name] = value;
+  }
+  return { flags, positionals };
+}
+
+function str(p: Parsed, name: string): string | undefined {
+  return p.flags[name] as string | undefined;
+}
+function multi(p: Parsed, name: string): string[] | undefined {
+  return p.flags[name] as string[] | undefined;
+}
+function positiveInt(p: Parsed, name: string): number | undefined {
+  const raw = str(p, name);
+  if (raw === undefined) return undefined;
+  if (!/^[1-9][0-9]*$/.test(raw) || !Number.isSafeInteger(Number(raw))) throw new UsageError(`--${name} must be a positive whole number`);
+  return Number(raw);
+}
+function exactly(p: Parsed, count: number, what: string): string[] {
+  if (p.positionals.length !== count) throw new UsageError(p.positionals.length < count ? `${what} is required` : `unexpected argument: ${p.positionals[count]}`);
+  return p.positionals;
+}
+function oneOf<T extends string>(value: string | undefined, allowed: readonly T[], name: string): T | undefined {
+  if (value === undefined) return undefined;
+  if (!(allowed as readonly string[]).includes(value)) throw new UsageError(`--${name} must be ${allowed.join(", ")}`);
+  return value as T;
+}
+
+type Delivery = "wait" | "background" | "stream";
+function delivery(p: Parsed): Delivery {
+  const chosen = (["wait", "background", "stream"] as const).filter((d) => p.flags[d]);
+  if (chosen.length > 1) throw new UsageError(`choose one of --${chosen.join(", --")}`);
+  return chosen[0] ?? "wait";
+}
+
+const DELIVERY_FLAGS: FlagSpec = { wait: "boolean", background: "boolean", stream: "boolean", "idempotency-key": "string" };
+
+/** Runs one API command; resolves with the exit code. */
+export async function runClientCommand(args: string[], io: CliIo): Promise<number> {
+  const [command, ...rest] = args;
+  const out = new Output(io);
+  const client = () => clientFrom(io.env);
+  switch (command) {
+    case "start": {
+      const p = parseArgs(rest, { agent: "string", version: "string", tag: "multi", ...DELIVERY_FLAGS });
+      const agent = str(p, "agent");
+      if (!agent) throw new UsageError("start needs --agent ID");
+      const mode = delivery(p);
+      const input = await inputOf(p.positionals, io);
+      const request: CreateRunRequest = { agent, input, version: positiveInt(p, "version"), tags: multi(p, "tag") };
+      return deliver(client(), request, mode, p, out);
+    }
+    case "continue": {
+      const p = parseArgs(rest, { "on-busy": "string", ...DELIVERY_FLAGS });
+      const [runId, ...words] = p.positionals;
+      if (!runId) throw new UsageError("continue needs RUN_ID");
+      const mode = delivery(p);
+      const input = await inputOf(words, io);
+      const onBusy = oneOf(str(p, "on-busy"), ["queue", "steer", "reject"] as const, "on-busy");
+      return deliver(client(), { run_id: runId, input, on_busy: onBusy }, mode, p, out);
+    }
+    case "get": {
+      const p = parseArgs(rest, { turn: "string" });
+      const [runId] = exactly(p, 1, "RUN_ID");
+      const run = await client().getRun(runId, { turnId: str(p, "turn") });
+      out.json(p) ? out.document(run) : out.run(run);
+      return 0;
+    }
+    case "list": {
+      const p = parseArgs(rest, { agent: "string", version: "string", state: "string", tag: "multi", limit: "string", after: "string" });
+      exactly(p, 0, "");
+      const page = await client().listRuns({
+        agent_id: str(p, "agent"),
+        version: positiveInt(p, "version"),
+        state: oneOf(str(p, "state"), ["idle", "busy"] as const, "state"),
+        tag: multi(p, "tag"),
+        limit: positiveInt(p, "limit"),
+        after: str(p, "after"),
+      });
+      if (out.json(p)) out.document(page);
+      else {
+        for (const run of page.data) out.line(summaryLine(run));
+        if (page.has_more && page.next_cursor) out.note(`more: --after ${page.next_cursor}`);
+      }
+      return 0;
+    }
+    case "turns": {
+      const p = parseArgs(rest, {});
+      const [runId] = exactly(p, 1, "RUN_ID");
+      const c = client();
+      const turns: Turn[] = [];
+      for await (const turn of c.paginate((after) => c.listTurns(runId, { limit: 100, after }))) turns.push(turn);
+      if (out.json(p)) out.document({ object: "list", data: turns, has_more: false, next_cursor: null });
+      else for (const turn of turns) out.line(turnLine(turn));
+      return 0;
+    }
+    case "events": {
+      const p = parseArgs(rest, { turn: "string", after: "string", follow: "boolean" });
+      const [runId] = exactly(p, 1, "RUN_ID");
+      return events(client(), runId, p, out);
+    }
+    case "cancel": {
+      const p = parseArgs(rest, { turn: "string", "idempotency-key": "string" });
+      const [runId] = exactly(p, 1, "RUN_ID");
+      const run = await client().cancelRun(runId, { turnId: str(p, "turn"), idempotencyKey: str(p, "idempotency-key") });
+      out.json(p) ? out.document(run) : out.run(run);
+      return 0;
+    }
+    case "delete": {
+      const p = parseArgs(rest, { "idempotency-key": "string" });
+      const [runId] = exactly(p, 1, "RUN_ID");
+      const deleted = await client().deleteRun(runId, { idempotencyKey: str(p, "idempotency-key") });
+      out.json(p) ? out.document(deleted) : out.line(`${deleted.id} deleted`);
+      return 0;
+    }
+    case "tag": {
+      const p = parseArgs(rest, { add: "multi", remove: "multi" });
+      const [runId] = exactly(p, 1, "RUN_ID");
+      const add = multi(p, "add");
+      const remove = multi(p, "remove");
+      if (!add && !remove) throw new UsageError("tag needs --add or --remove");
+      const tags = await client().updateTags(runId, { add, remove });
+      out.json(p) ? out.document(tags) : out.line(`${tags.run_id} tags: ${tags.tags.join(", ") || "(none)"}`);
+      return 0;
+    }
+    case "agents":
+      return agents(client, rest, out);
+    case "deploy":
+      return deploy(client(), rest, out);
+    case "models": {
+      const p = parseArgs(rest, {});
+      exactly(p, 0, "");
+      const models = await client().listModels();
+      if (out.json(p)) out.document(models);
+      else for (const m of models.data) out.line(String(m.id ?? JSON.stringify(m)));
+      return 0;
+    }
+    default:
+      throw new UsageError(command === undefined ? "no command given" : `unknown command: ${args.join(" ")}`);
+  }
+}
+
+function clientFrom(env: NodeJS.ProcessEnv): RunsClient {
+  const apiKey = env.RUNS_API_KEY;
+  if (!apiKey) throw new UsageError("RUNS_API_KEY is not set");
+  return new RunsClient({ baseUrl: env.RUNS_URL || undefined, apiKey });
+}
+
+async function inputOf(words: string[], io: CliIo): Promise<string> {
+  if (words.length === 1 && words[0] === "-") {
+    const chunks: Buffer[] = [];
+    for await (const chunk of io.stdin) chunks.push(Buffer.from(chunk as Buffer));
+    return Buffer.concat(chunks).toString("utf8");
+  }
+  if (words.length === 0) throw new UsageError("INPUT is required");
+  return words.join(" ");
+}
+
+/** start and continue: wait (the server's wait, then polling), background, or stream. */
+async function deliver(client: RunsClient, request: CreateRunRequest, mode: Delivery, p: Parsed, out: Output): Promise<number> {
+  const idempotencyKey = str(p, "idempotency-key");
+  if (mode === "background") {
+    const run = await client.createRun({ ...request, background: true }, { idempotencyKey });
+    out.json(p) ? out.document(run) : out.run(run);
+    return 0;
+  }
+  if (mode === "stream") return stream(client, request, idempotencyKey, p, out);
+
+  const progress = out.progress("waiting");
+  let waitingFor: Run | undefined;
+  const onSigint = () => {
+    progress.stop();
+    out.note(waitingFor ? `stopped waiting; ${waitingFor.turn.id} keeps running (runs get ${waitingFor.id} --turn ${waitingFor.turn.id})` : "stopped waiting");
+    process.exit(130);
+  };
+  process.once("SIGINT", onSigint);
+  try {
+    let run = await client.createRun(request, { idempotencyKey });
+    if (!isFinalTurnStatus(run.turn.status)) {
+      waitingFor = run;
+      progress.label(`${run.turn.id} ${run.turn.status}`);
+      run = await client.waitForTurn(run.id, run.turn.id, { onPoll: (r) => progress.label(`${r.turn.id} ${r.turn.status}`) });
+    }
+    progress.stop();
+    out.json(p) ? out.document(run) : out.run(run);
+    return run.turn.status === "completed" ? 0 : 1;
+  } finally {
+    progress.stop();
+    process.off("SIGINT", onSigint);
+  }
+}
+
+async function stream(client: RunsClient, request: CreateRunRequest, idempotencyKey: string | undefined, p: Parsed, out: Output): Promise<number> {
+  const json = out.json(p);
+  let final: Run | undefined;
+  let last: RunEvent | undefined;
+  let printed = false;
+  let endsWithNewline = true;
+  for await (const event of client.streamRun(request, { idempotencyKey })) {
+    last = event;
+    if (event.type === "text_delta" && typeof event.data?.delta === "string" && !json) {
+      out.write(event.data.delta);
+      printed = true;
+      endsWithNewline = event.data.delta.endsWith("\n");
+    }
+    if (isFinalEventOf(event, event.turn_id ?? undefined) && event.data?.run) final = event.data.run as Run;
+  }
+  if (printed && !endsWithNewline) out.write("\n");
+  // A stream that ended without its final event (for example resumed after it): read the turn.
+  if (!final && last?.turn_id) final = await client.getRun(last.run_id, { turnId: last.turn_id });
+  if (!final) throw new Error("the stream ended without a result");
+  if (json) out.document(final);
+  else out.run(final, { output: !printed });
+  return final.turn.status === "completed" ? 0 : 1;
+}
+
+async function events(client: RunsClient, runId: string, p: Parsed, out: Output): Promise<number> {
+  const turnId = str(p, "turn");
+  const json = out.json(p);
+  if (p.flags.follow) {
+    for await (const event of client.streamEvents(runId, { turnId, after: str(p, "after") })) {
+      // --follow --json: one event per line, as they arrive.
+      json ? out.line(JSON.stringify(event)) : out.line(eventLine(event));
+    }
+    return 0;
+  }
+  const first = await client.listEvents(runId, { turn_id: turnId, after: str(p, "after"), limit: 1000 });
+  const all = [...first.data];
+  let page = first;
+  while (page.has_more && page.next_cursor) {
+    page = await client.listEvents(runId, { turn_id: turnId, after: page.next_cursor, limit: 1000 });
+    all.push(...page.data);
+  }
+  if (json) out.document({ ...first, data: all, has_more: false, next_cursor: null });
+  else {
+    for (const event of all) out.line(eventLine(event));
+    if (first.history.status && first.history.status !== "complete") out.note(`history: ${first.history.status}`);
+  }
+  return 0;
+}
+
+async function agents(client: () => RunsClient, args: string[], out: Output): Promise<number> {
+  const [sub = "list", ...rest] = args[0]?.startsWith("--") ? ["list", ...args] : args;
+  if (sub === "list") {
+    const p = parseArgs(rest, {});
+    exactly(p, 0, "");
+    const c = client();
+    const all = [];
+    for await (const agent of c.paginate((after) => c.listAgents({ limit: 100, after }))) all.push(agent);
+    if (out.json(p)) out.document({ object: "list", data: all, has_more: false, next_cursor: null });
+    else for (const a of all) out.line(`${a.id}  ${a.name}  ${a.active_version === null ? "no active version" : `v${a.active_version}`}`);
+    return 0;
+  }
+  if (sub === "create") {
+    const p = parseArgs(rest, { description: "string" });
+    const [name] = exactly(p, 1, "NAME");
+    const agent = await client().createAgent({ name, description: str(p, "description") });
+    out.json(p) ? out.document(agent) : out.line(`${agent.id}  ${agent.name}`);
+    return 0;
+  }
+  if (sub === "get") {
+    const p = parseArgs(rest, {});
+    const [agentId] = exactly(p, 1, "AGENT_ID");
+    const agent = await client().getAgent(agentId);
+    out.json(p) ? out.document(agent) : out.line(`${agent.id}  ${agent.name}  ${agent.active_version === null ? "no active version" : `v${agent.active_version}`}`);
+    return 0;
+  }
+  throw new UsageError(`unknown command: agents ${sub}`);
+}
+
+async function deploy(client: RunsClient, args: string[], out: Output): Promise<number> {
+  const p = parseArgs(args, { model: "string", config: "string", "config-file": "string", "no-activate": "boolean", "upgrade-policy": "string", "no-wait": "boolean", "idempotency-key": "string" });
+  const [agentId] = exactly(p, 1, "AGENT_ID");
+  const sources = ["model", "config", "config-file"].filter((f) => p.flags[f] !== undefined);
+  if (sources.length !== 1) throw new UsageError("deploy needs exactly one of --model, --config, --config-file");
+  let config: unknown;
+  try {
+    if (str(p, "model")) config = { model: str(p, "model") };
+    else config = JSON.parse(str(p, "config") ?? (await readFile(str(p, "config-file")!, "utf8")));
+  } catch (err) {
+    throw new UsageError(`the config is not valid JSON: ${err instanceof Error ? err.message : String(err)}`);
+  }
+  let deployment = await client.createDeployment(
+    agentId,
+    {
+      config: config as never,
+      activate: p.flags["no-activate"] ? false : undefined,
+      upgrade_policy: oneOf(str(p, "upgrade-policy"), ["automatic", "new_run_only"] as const, "upgrade-policy"),
+    },
+    { idempotencyKey: str(p, "idempotency-key") },
+  );
+  if (!p.flags["no-wait"]) {
+    const progress = out.progress(`building v${deployment.version}`);
+    try {
+      deployment = await client.waitForDeployment(agentId, deployment.version);
+    } finally {
+      progress.stop();
+    }
+  }
+  if (out.json(p)) out.document(deployment);
+  else out.line(`${deployment.agent_id} v${deployment.version} ${deployment.status}${deployment.error ? `  ${JSON.stringify(deployment.error)}` : ""}`);
+  return deployment.status === "failed" ? 1 : 0;
+}
+
+// ---- output ------------------------------------------------------------------------------
+
+function outputText(turn: Turn): string {
+  return turn.output
+    .filter((part): part is { type: "output_text"; text: string } => part.type === "output_text" && typeof part.text === "string")
+    .map((part) => part.text)
+    .join("\n");
+}
+
+function summaryLine(run: RunSummary): string {
+  return `${run.id}  ${run.state.padEnd(4)}  ${run.agent_id} v${run.agent_version}${run.tags.length ? `  [${run.tags.join(", ")}]` : ""}`;
+}
+
+function turnLine(turn: Turn): string {
+  const text = outputText(turn).split("\n")[0] ?? "";
+  const duration = turn.duration_ms === null ? "" : `  ${turn.duration_ms} ms`;
+  const error = turn.error ? `  ${turn.error.code}: ${turn.error.message}` : "";
+  return `${turn.id}  ${turn.status}  v${turn.agent_version}${duration}${error}${text ? `  ${truncate(text, 60)}` : ""}`;
+}
+
+function eventLine(event: RunEvent): string {
+  const detail = event.type === "text_delta" && typeof event.data?.delta === "string" ? JSON.stringify(event.data.delta) : truncate(JSON.stringify(event.data ?? null), 100);
+  return `${String(event.sequence).padStart(4)}  ${event.id}  ${event.source}/${event.type}  ${detail}`;
+}
+
+function truncate(text: string, max: number): string {
+  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+}
+
+const SPINNER = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
+
+class Output {
+  constructor(private readonly io: CliIo) {}
+
+  json(p: Parsed): boolean {
+    return p.flags.json === true;
+  }
+
+  write(text: string): void {
+    this.io.stdout.write(text);
+  }
+
+  line(text: string): void {
+    this.io.stdout.write(`${text}\n`);
+  }
+
+  /** Remarks for people: stderr, so stdout stays the result. */
+  note(text: string): void {
+    this.io.stderr.write(`${text}\n`);
+  }
+
+  document(value: unknown): void {
+    this.line(JSON.stringify(value, null, 2));
+  }
+
+  /** `run_… idle  turn turn_… completed`, then the output text, or the turn's error. */
+  run(run: Run, options: { output?: boolean } = {}): void {
+    const turn = run.turn;
+    this.line(`${run.id} ${run.state}  turn ${turn.id} ${turn.status}`);
+    const text = outputText(turn);
+    if (options.output !== false && text) this.line(text);
+    if (turn.error) this.note(`error: ${turn.error.code}: ${turn.error.message}${turn.error.retryable ? " (retryable)" : ""}`);
+  }
+
+  /** A spinner with elapsed seconds on stderr, only when stderr is a terminal. */
+  progress(initial: string): { label(text: string): void; stop(): void } {
+    if (!this.io.stderr.isTTY) return { label: () => undefined, stop: () => undefined };
+    const started = Date.now();
+    let text = initial;
+    let frame = 0;
+    let stopped = false;
+    const draw = () => {
+      const seconds = Math.floor((Date.now() - started) / 1000);
+      this.io.stderr.write(`\r\x1b[2K${SPINNER[frame++ % SPINNER.length]} ${text}  ${seconds}s`);
+    };
+    const timer = setInterval(draw, 100);
+    timer.unref();
+    draw();
+    return {
+      label: (next) => {
+        text = next;
+      },
+      stop: () => {
+        if (stopped) return;
+        stopped = true;
+        clearInterval(timer);
+        this.io.stderr.write("\r\x1b[2K");
+      },
+    };
+  }
+}
+
+/**
+ * The line after `runs: ` for an error of an API command: `<code>: <message>` for an API
+ * error, a plain sentence when the service could not be reached; undefined otherwise.
+ */
+export function describeClientError(err: unknown, env: NodeJS.ProcessEnv = process.env): string | undefined {
+  if (err instanceof RunsApiError) return `${err.code}: ${err.message}`;
+  if (err instanceof TypeError && err.message === "fetch failed") {
+    const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+    return `cannot reach ${env.RUNS_URL || DEFAULT_BASE_URL}: ${cause?.code ?? cause?.message ?? err.message}`;
+  }
+  return undefined;
+}
