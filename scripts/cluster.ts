@@ -236,12 +236,14 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
     const mongoUri = `mongodb://127.0.0.1:${ferretPort}/`;
     const natsUrl = nats.map((n) => n.url).join(",");
 
-    // JetStream resources at R3 before any node starts: a node's provisionNats opens
-    // existing streams and buckets as they are (it would create them at R1).
+    // JetStream resources at R3 before any node starts (the nodes also get
+    // RUNS_NATS_REPLICAS=3; a node's provisionNats opens existing resources as they are).
     nc = await connectNats({ url: natsUrl, user: natsUser, password: natsPassword, name: "runs-cluster-launcher" });
     await waitJetStream(nc, 60_000);
+    const replicas = Math.min(3, natsCount);
+    env.RUNS_NATS_REPLICAS ??= String(replicas);
     const config = loadConfig({ ...env, NATS_URL: natsUrl });
-    await provisionNats(nc, config.retention, Math.min(3, natsCount));
+    await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs);
     leases = await new Kvm(nc).open(LEASES_BUCKET);
 
     store = await MongoStore.connect(mongoUri, mongoDb);

@@ -21,6 +21,9 @@ export function startTestCluster(options: ClusterOptions = {}): Promise<Cluster>
       RUNS_PARTITIONS: "32",
       RUNS_WAIT_TIMEOUT_MS: "20000",
       RUNS_ACTIVE_TURNS_BUSINESS: "10000",
+      // The load tests are about faults, not the per-workspace rate limit.
+      RUNS_RATE_BUSINESS: "1000000",
+      RUNS_RATE_EXPENSIVE_BUSINESS: "1000000",
       LOG_LEVEL: process.env.RUNS_TEST_LOG_LEVEL ?? "info",
       ...options.env,
     },
