@@ -12,6 +12,7 @@ import { Authenticator, requireScope, type AuthContext } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
 import { retryAfterSeconds } from "./unavailable.js";
+import { trackConnection } from "../src/nats.js";
 import { RateClass, RateLimiter, type RateDecision } from "./rate-limits.js";
 import type { KV } from "@nats-io/kv";
 import { runRoutes } from "./routes/runs.js";
@@ -116,7 +117,7 @@ export async function buildApp(
   const context: GatewayContext = {
     ...ctx,
     rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock),
-    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" })),
+    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), 15_000, trackConnection(ctx.nc)),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
   };

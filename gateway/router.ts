@@ -2,7 +2,7 @@ import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-no
 import type { Logger } from "pino";
 import type { CommandReply, RunCommand } from "../src/commands.js";
 import { ApiError } from "../src/errors.js";
-import { Subjects } from "../src/nats.js";
+import { Subjects, type ConnectionState } from "../src/nats.js";
 import { partitionOf } from "../actors/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
@@ -21,6 +21,7 @@ export class CommandRouter {
     private readonly retryMs: number,
     private readonly log: Logger,
     private readonly requestTimeoutMs = 15_000,
+    private readonly connection: ConnectionState = { connected: true },
   ) {}
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
@@ -29,6 +30,13 @@ export class CommandRouter {
     const deadline = Date.now() + this.retryMs;
     let delayMs = 25;
     for (let attempt = 0; attempt < 200; attempt++) {
+      if (!this.connection.connected) {
+        // NATS is down: wait for the reconnect within the retry budget, never for a request timeout.
+        if (Date.now() + delayMs > deadline) break;
+        await new Promise((resolve) => setTimeout(resolve, delayMs));
+        delayMs = Math.min(500, delayMs * 2);
+        continue;
+      }
       let reply: CommandReply | undefined;
       try {
         const msg = await this.nc.request(subject, payload, { timeout: this.requestTimeoutMs });

@@ -44,6 +44,23 @@ export const Subjects = {
   authInvalidate: "runs.auth.invalidate",
 } as const;
 
+/** Whether the connection is up, kept current from the client's status events. */
+export interface ConnectionState {
+  readonly connected: boolean;
+}
+
+export function trackConnection(nc: NatsConnection): ConnectionState {
+  const state = { connected: !nc.isClosed() };
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type === "disconnect") state.connected = false;
+      else if (status.type === "reconnect") state.connected = true;
+      else if (status.type === "close") state.connected = false;
+    }
+  })();
+  return state;
+}
+
 export async function connectNats(options: { url: string; user?: string; password?: string; name: string }): Promise<NatsConnection> {
   return connect({
     servers: options.url.split(","),

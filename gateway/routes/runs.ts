@@ -45,25 +45,24 @@ async function loadTurn(ctx: GatewayContext, run: RunDoc, turnId: string): Promi
   return turn;
 }
 
-/** Subscribes to a turn's final notice; resolves true when it arrives, false on timeout. */
-function finalNotice(ctx: GatewayContext, turnId: string): { sub: Subscription; arrived: (timeoutMs: number) => Promise<boolean> } {
+/** Subscribes to a turn's final notice; `arrivedWithin` resolves true once it has arrived. */
+function finalNotice(ctx: GatewayContext, turnId: string): { sub: Subscription; arrivedWithin: (timeoutMs: number) => Promise<boolean> } {
   const sub = ctx.nc.subscribe(Subjects.turnFinal(turnId), { max: 1 });
+  const arrived = (async () => {
+    for await (const _ of sub) return true;
+    return false;
+  })();
   return {
     sub,
-    arrived: async (timeoutMs) => {
+    arrivedWithin: async (timeoutMs) => {
       let timer: NodeJS.Timeout | undefined;
       const timeout = new Promise<boolean>((resolve) => {
         timer = setTimeout(() => resolve(false), timeoutMs);
       });
-      const message = (async () => {
-        for await (const _ of sub) return true;
-        return false;
-      })();
       try {
-        return await Promise.race([message, timeout]);
+        return await Promise.race([arrived, timeout]);
       } finally {
         clearTimeout(timer);
-        sub.unsubscribe();
       }
     },
   };
@@ -259,6 +258,26 @@ async function admit(
   }
 }
 
+/**
+ * Waits for the turn's final notice, up to the wait limit. The store is checked again
+ * every few seconds, so a notice lost while NATS reconnected costs seconds, not the
+ * whole wait.
+ */
+async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notice: ReturnType<typeof finalNotice>): Promise<void> {
+  const deadline = Date.now() + ctx.config.waitTimeoutMs;
+  try {
+    for (let i = 0; i < 10_000; i++) {
+      const turn = await loadTurn(ctx, run, turnId);
+      if (isFinalStatus(turn.status)) return;
+      const left = deadline - Date.now();
+      if (left <= 0) return;
+      if (await notice.arrivedWithin(Math.min(left, 3_000))) return;
+    }
+  } finally {
+    notice.sub.unsubscribe();
+  }
+}
+
 /** Answers a start or continue: background at once, otherwise after the turn is final or the wait ends. */
 async function deliver(
   ctx: GatewayContext,
@@ -273,9 +292,7 @@ async function deliver(
   if (!body.background && !isFinalStatus(turn.status)) {
     // A steered answer names the active turn, whose notice we were not subscribed to.
     const notice = waitFor && turn._id === answer.turn_id ? waitFor : finalNotice(ctx, turn._id);
-    const again = await loadTurn(ctx, run, turn._id);
-    if (!isFinalStatus(again.status)) await notice.arrived(ctx.config.waitTimeoutMs);
-    else notice.sub.unsubscribe();
+    await waitUntilFinal(ctx, run, turn._id, notice);
     run = await loadRun(ctx, workspaceId, answer.run_id);
     turn = await loadTurn(ctx, run, turn._id);
   }

@@ -41,7 +41,7 @@ export async function startTestServers(): Promise<TestServers> {
     ferret = await startFerretDb({ port: mongoPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") });
     mongoUri = `mongodb://127.0.0.1:${mongoPort}/`;
   }
-  return {
+  const servers: TestServers = {
     dir,
     nats,
     ferret,
@@ -50,10 +50,12 @@ export async function startTestServers(): Promise<TestServers> {
     servicePassword,
     tapPassword,
     async stop() {
-      await Promise.all([nats.stop(), ferret.stop()]);
+      // Fault tests replace `nats`/`ferret` with restarted servers: stop the current ones.
+      await Promise.all([servers.nats.stop(), servers.ferret.stop()]);
       await rm(dir, { recursive: true, force: true });
     },
   };
+  return servers;
 }
 
 /** A config for a node against the test servers; `env` overrides settings as the environment would. */

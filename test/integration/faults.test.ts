@@ -1,0 +1,86 @@
+import anyTest, { type TestFn } from "ava";
+import path from "node:path";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import { startFerretDb, startNatsServer } from "../../src/servers.js";
+import type { RunningService } from "../../src/service.js";
+
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; agent: string }>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const service = await startTestService(servers, { RUNS_ROUTE_RETRY_MS: "1500", RUNS_AUTH_CACHE_MS: "0" });
+  const ws = await newWorkspace(service);
+  const agent = await ws.api.agentWith({ model: "faux/scripted" });
+  t.context = { servers, service, api: ws.api, agent };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+function assertUnavailable(t: any, res: { status: number; body: any; headers: Headers }) {
+  t.is(res.status, 503, JSON.stringify(res.body));
+  t.is(res.body.error.code, "runtime_unavailable");
+  t.is(res.body.error.type, "unavailable_error");
+  t.true(res.body.error.retryable);
+  t.notRegex(res.body.error.message, /mongo|database|ferret|sql|nats|jetstream|ECONN/i);
+  const retryAfter = Number(res.headers.get("retry-after"));
+  t.true(retryAfter >= 1 && retryAfter <= 3, `Retry-After ${retryAfter}`);
+}
+
+test.serial("faults - the store going away answers 503 runtime_unavailable with Retry-After 1-3 s; the service recovers by itself", async (t) => {
+  t.timeout(90_000);
+  const { servers, api, agent } = t.context;
+  const run = (await api.post("/api/v1/runs", { agent, input: "before" })).body;
+  const port = servers.ferret.port;
+  await servers.ferret.stop();
+  const started = Date.now();
+  const read = await api.get(`/api/v1/runs/${run.id}`);
+  assertUnavailable(t, read);
+  t.true(Date.now() - started < 15_000, "answers in bounded time, never hangs");
+  const retryAfters = new Set<string>();
+  for (let i = 0; i < 6; i++) retryAfters.add((await api.get(`/api/v1/runs/${run.id}`)).headers.get("retry-after") ?? "");
+  t.true(retryAfters.size > 1, `Retry-After varies: ${[...retryAfters]}`);
+
+  servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+  let recovered: Awaited<ReturnType<Api["get"]>> | undefined;
+  for (let i = 0; i < 60; i++) {
+    recovered = await api.get(`/api/v1/runs/${run.id}`);
+    if (recovered.status === 200) break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  t.is(recovered!.status, 200);
+  const after = await api.post("/api/v1/runs", { run_id: run.id, input: "after" });
+  t.is(after.status, 200);
+  t.is(after.body.turn.status, "completed");
+});
+
+test.serial("faults - NATS going away: commands answer 503 quickly, reads from the store still work, and it recovers", async (t) => {
+  t.timeout(90_000);
+  const { servers, api, agent } = t.context;
+  const run = (await api.post("/api/v1/runs", { agent, input: "before" })).body;
+  const port = servers.nats.port;
+  await servers.nats.stop();
+  const started = Date.now();
+  const cont = await api.post("/api/v1/runs", { run_id: run.id, input: "during" });
+  assertUnavailable(t, cont);
+  t.true(Date.now() - started < 10_000, `answered in ${Date.now() - started} ms`);
+  t.is((await api.get(`/api/v1/runs/${run.id}`)).status, 200, "reads come from the store");
+
+  servers.nats = await startNatsServer({
+    port,
+    storeDir: path.join(servers.dir, "nats"),
+    logFile: path.join(servers.dir, "nats.log"),
+    servicePassword: servers.servicePassword,
+    tapPassword: servers.tapPassword,
+  });
+  let res: Awaited<ReturnType<Api["post"]>> | undefined;
+  for (let i = 0; i < 60; i++) {
+    res = await api.post("/api/v1/runs", { run_id: run.id, input: "after" }, `after-${run.id}`);
+    if (res.status === 200) break;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  t.is(res!.status, 200, JSON.stringify(res!.body));
+  t.is(res!.body.turn.status, "completed");
+});
