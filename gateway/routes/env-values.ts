@@ -4,10 +4,11 @@ import { parseWith } from "../../src/agent-config.js";
 import { unixSeconds } from "../../src/clock.js";
 import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
 import { EnvValues, envValueNotFound, type EnvValueEntry } from "../../src/env-values.js";
-import { invalid } from "../../src/errors.js";
+import { ApiError, invalid } from "../../src/errors.js";
 import { list } from "../../src/render.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { requireScope } from "../auth.js";
+import { RateClass } from "../rate-limits.js";
 
 // The name is taken with a wildcard, not a `:name` parameter: Fastify answers 414 for a
 // parameter longer than its maxParamLength (100), and names may be 128 characters. A
@@ -70,10 +71,21 @@ export function envValueRoutes(ctx: GatewayContext, values?: EnvValues) {
     app.get<NameParams & { Querystring: { reveal?: string } }>(
       ONE,
       { config: { scope: "env_vars:read" } },
-      async (request) => {
+      async (request, reply) => {
         const auth = authOf(request);
         const reveal = parseReveal(request.query.reveal);
-        if (reveal) requireScope(auth, "env_vars:reveal");
+        if (reveal) {
+          requireScope(auth, "env_vars:reveal");
+          // Revealing is an expensive operation (decisions §7), on top of the standard
+          // limit the request already passed; only known when the query is read.
+          const decision = await ctx.rateLimiter.take(auth.workspace._id, auth.workspace.plan, RateClass.expensive);
+          if (!decision.allowed) {
+            reply.header("x-ratelimit-limit", String(decision.limit));
+            reply.header("x-ratelimit-remaining", String(decision.remaining));
+            reply.header("x-ratelimit-reset", String(decision.resetS));
+            throw new ApiError("rate_limited", { retryAfterS: decision.retryAfterS, message: `Revealing values is limited to ${decision.limit} per window. Retry after ${decision.retryAfterS} s.` });
+          }
+        }
         const entry = await store.get(auth.workspace._id, request.params["*"], reveal);
         if (!entry) throw envValueNotFound(request.params["*"]);
         return renderEnvValue(entry);

@@ -145,7 +145,7 @@ export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> &
       isPartAFile: (fieldName) => fieldName === "file",
     });
 
-    app.post("/api/v1/files", { config: { scope: "files:write" } }, async (request, reply) => {
+    app.post("/api/v1/files", { config: { scope: "files:write", rate: "expensive" } }, async (request, reply) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       if (!request.isMultipart()) throw invalid("file", "Send the file as multipart/form-data with a part named file.");
