@@ -1,0 +1,205 @@
+import anyTest, { type TestFn } from "ava";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../src/service.js";
+import { PROJECT_ROOT } from "../../src/servers.js";
+
+/** The `runs` command (bin/runs.js) against the real service, configured by RUNS_URL and RUNS_API_KEY. */
+
+interface Context {
+  servers: TestServers;
+  service: RunningService;
+  key: string;
+  api: Api;
+  echoAgent: string;
+  /** A turn that runs `sleep 30` through the bash tool. */
+  sleepyAgent: string;
+}
+const test = anyTest as TestFn<Context>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  const { key, api } = await newWorkspace(service, "business");
+  const echoAgent = await api.agentWith({ model: "faux/scripted", tools: [] }, "echo");
+  const sleepyAgent = await api.agentWith(
+    { model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 30" } } }, { text: "woke" }] },
+    "sleepy",
+  );
+  t.context = { servers, service, key, api, echoAgent, sleepyAgent };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+interface Result {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+async function runs(t: { context: Context }, args: string[], env: Record<string, string | undefined> = {}): Promise<Result> {
+  const fullEnv: NodeJS.ProcessEnv = { ...process.env, RUNS_URL: t.context.service.url, RUNS_API_KEY: t.context.key, ...env };
+  for (const [name, value] of Object.entries(env)) if (value === undefined) delete fullEnv[name];
+  try {
+    const { stdout, stderr } = await promisify(execFile)(process.execPath, ["bin/runs.js", ...args], { cwd: PROJECT_ROOT, env: fullEnv, timeout: 50_000 });
+    return { code: 0, stdout, stderr };
+  } catch (err) {
+    const e = err as { code?: number; stdout?: string; stderr?: string };
+    if (typeof e.code !== "number") throw err;
+    return { code: e.code, stdout: e.stdout ?? "", stderr: e.stderr ?? "" };
+  }
+}
+
+const NO_STACK = /at .*\.(ts|js):\d+/;
+
+test("cli - start --wait prints the run line and the output text", async (t) => {
+  const res = await runs(t, ["start", "--agent", t.context.echoAgent, "--wait", "hello", "from", "the", "cli"]);
+  t.is(res.code, 0, res.stderr);
+  const [line, text] = res.stdout.trimEnd().split("\n");
+  t.regex(line, /^run_\S+ idle {2}turn turn_\S+ completed$/);
+  t.is(text, "hello from the cli");
+  t.is(res.stderr, "", "no progress on a stderr that is not a terminal");
+});
+
+test("cli - start --json prints one JSON document; get, turns, tag, events and continue read it back", async (t) => {
+  const started = await runs(t, ["start", "--agent", t.context.echoAgent, "--tag", "cli", "--tag", "json", "--json", "first"]);
+  t.is(started.code, 0, started.stderr);
+  const run = JSON.parse(started.stdout);
+  t.is(run.object, "run");
+  t.is(run.turn.status, "completed");
+  t.deepEqual(run.turn.output, [{ type: "output_text", text: "first" }]);
+  t.deepEqual(run.tags, ["cli", "json"]);
+
+  const cont = await runs(t, ["continue", run.id, "--on-busy", "queue", "--json", "second"]);
+  t.is(cont.code, 0, cont.stderr);
+  const second = JSON.parse(cont.stdout);
+  t.is(second.disposition, "continued");
+  t.is(second.turn.output[0].text, "second");
+
+  const got = await runs(t, ["get", run.id, "--turn", run.turn.id]);
+  t.is(got.code, 0);
+  t.is(got.stdout, `${run.id} idle  turn ${run.turn.id} completed\nfirst\n`);
+
+  const turns = await runs(t, ["turns", run.id, "--json"]);
+  t.deepEqual(JSON.parse(turns.stdout).data.map((turn: { id: string }) => turn.id), [run.turn.id, second.turn.id]);
+  const turnLines = await runs(t, ["turns", run.id]);
+  t.is(turnLines.stdout.trimEnd().split("\n").length, 2);
+
+  const tagged = await runs(t, ["tag", run.id, "--add", "x", "--remove", "json"]);
+  t.is(tagged.stdout, `${run.id} tags: cli, x\n`);
+
+  const events = await runs(t, ["events", run.id, "--turn", run.turn.id, "--json"]);
+  const list = JSON.parse(events.stdout);
+  t.is(list.history.status, "complete");
+  t.is(list.data.at(-1).type, "turn.completed");
+  const followed = await runs(t, ["events", run.id, "--turn", second.turn.id, "--follow"]);
+  t.is(followed.code, 0);
+  t.regex(followed.stdout.trimEnd().split("\n").at(-1)!, /platform\/turn\.completed/);
+});
+
+test("cli - --background answers at once; --stream prints the text as it arrives", async (t) => {
+  const bg = await runs(t, ["start", "--agent", t.context.echoAgent, "--background", "--json", "later"]);
+  t.is(bg.code, 0, bg.stderr);
+  const run = JSON.parse(bg.stdout);
+  const done = await t.context.api.waitTurn(run.id, run.turn.id);
+  t.is(done.turn.output[0].text, "later");
+
+  const streamed = await runs(t, ["start", "--agent", t.context.echoAgent, "--stream", "streamed words arrive"]);
+  t.is(streamed.code, 0, streamed.stderr);
+  const lines = streamed.stdout.split("\n");
+  t.is(lines[0], "streamed words arrive");
+  t.regex(lines[1], /^run_\S+ idle {2}turn turn_\S+ completed$/);
+});
+
+test("cli - list filters by agent and tag; --json is the list envelope", async (t) => {
+  const tag = `list-${Math.random().toString(36).slice(2)}`;
+  const a = JSON.parse((await runs(t, ["start", "--agent", t.context.echoAgent, "--tag", tag, "--json", "a"])).stdout);
+  const b = JSON.parse((await runs(t, ["start", "--agent", t.context.echoAgent, "--tag", tag, "--json", "b"])).stdout);
+  const listed = await runs(t, ["list", "--agent", t.context.echoAgent, "--tag", tag, "--json"]);
+  t.is(listed.code, 0, listed.stderr);
+  const page = JSON.parse(listed.stdout);
+  t.is(page.object, "list");
+  t.deepEqual(page.data.map((r: { id: string }) => r.id).sort(), [a.id, b.id].sort());
+  const human = await runs(t, ["list", "--tag", tag, "--state", "idle", "--limit", "1"]);
+  t.is(human.code, 0, human.stderr);
+  t.regex(human.stdout, new RegExp(`^run_\\S+ {2}idle {2}${t.context.echoAgent} v1 {2}\\[${tag}\\]\\n$`));
+  t.regex(human.stderr, /^more: --after \S+\n$/);
+});
+
+test("cli - cancel a busy run, then delete it", async (t) => {
+  const bg = await runs(t, ["start", "--agent", t.context.sleepyAgent, "--background", "--json", "nap"]);
+  const run = JSON.parse(bg.stdout);
+  await t.context.api.waitRun(run.id, (r) => r.turn?.status === "in_progress");
+  const cancelled = await runs(t, ["cancel", run.id]);
+  t.is(cancelled.code, 0, cancelled.stderr);
+  t.regex(cancelled.stdout, new RegExp(`^${run.id} busy {2}turn ${run.turn.id} cancelling\\n$`));
+  const settled = await t.context.api.waitTurn(run.id, run.turn.id);
+  t.is(settled.turn.status, "cancelled");
+  await t.context.api.waitRun(run.id, (r) => r.state === "idle");
+  const deleted = await runs(t, ["delete", run.id]);
+  t.is(deleted.code, 0, deleted.stderr);
+  t.is(deleted.stdout, `${run.id} deleted\n`);
+});
+
+test("cli - a waited turn that does not complete exits 1 with its error", async (t) => {
+  const agent = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ error: { message: "no credit", status: 402 } }] }, "broke");
+  const res = await runs(t, ["start", "--agent", agent, "hi"]);
+  t.is(res.code, 1);
+  t.regex(res.stdout, /^run_\S+ idle {2}turn turn_\S+ failed\n$/);
+  t.regex(res.stderr, /^error: provider_quota_exhausted: /);
+});
+
+test("cli - API errors print runs: <code>: <message> and exit 1", async (t) => {
+  const res = await runs(t, ["get", "run_doesnotexist"]);
+  t.is(res.code, 1);
+  t.regex(res.stderr, /^runs: run_not_found: .+\n$/);
+  t.notRegex(res.stderr, NO_STACK);
+  const unauthorized = await runs(t, ["list"], { RUNS_API_KEY: "rk_live_wrong" });
+  t.is(unauthorized.code, 1);
+  t.regex(unauthorized.stderr, /^runs: unauthorized: /);
+});
+
+test("cli - bad usage exits 2 with the usage text and no stack trace", async (t) => {
+  const cases: Array<[string[], RegExp, Record<string, string | undefined>?]> = [
+    [["start", "hello"], /start needs --agent ID/],
+    [["start", "--agent", "agt_x"], /INPUT is required/],
+    [["start", "--agent", "agt_x", "--wait", "--background", "x"], /choose one of --wait, --background/],
+    [["start", "--agent", "agt_x", "--version", "0", "x"], /--version must be a positive whole number/],
+    [["continue", "run_x", "--on-busy", "later", "x"], /--on-busy must be queue, steer, reject/],
+    [["list", "--state", "asleep"], /--state must be idle, busy/],
+    [["get"], /RUN_ID is required/],
+    [["get", "run_x", "--bogus"], /unknown option --bogus/],
+    [["tag", "run_x"], /tag needs --add or --remove/],
+    [["frobnicate"], /unknown command: frobnicate/],
+    [[], /no command given/],
+    [["list"], /RUNS_API_KEY is not set/, { RUNS_API_KEY: undefined }],
+  ];
+  for (const [args, message, env] of cases) {
+    const res = await runs(t, args, env);
+    t.is(res.code, 2, `runs ${args.join(" ")}`);
+    t.regex(res.stderr, message);
+    t.regex(res.stderr, /usage: runs <command>/);
+    t.notRegex(res.stderr, NO_STACK);
+    t.is(res.stdout, "");
+  }
+  const help = await runs(t, ["--help"]);
+  t.is(help.code, 0);
+  t.regex(help.stdout, /usage: runs <command>/);
+});
+
+test("cli - agents and deploy helpers", async (t) => {
+  const created = await runs(t, ["agents", "create", "cli-agent", "--json"]);
+  t.is(created.code, 0, created.stderr);
+  const agent = JSON.parse(created.stdout);
+  const deployed = await runs(t, ["deploy", agent.id, "--model", "faux/scripted"]);
+  t.is(deployed.code, 0, deployed.stderr);
+  t.is(deployed.stdout, `${agent.id} v1 ready\n`);
+  const listed = await runs(t, ["agents"]);
+  t.regex(listed.stdout, new RegExp(`${agent.id} {2}cli-agent {2}v1`));
+  const started = await runs(t, ["start", "--agent", agent.id, "deployed"]);
+  t.regex(started.stdout, /\ndeployed\n$/);
+});
