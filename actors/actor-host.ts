@@ -1,4 +1,6 @@
-import type { Subscription } from "@nats-io/transport-node";
+import { errors as natsErrors, type Subscription } from "@nats-io/transport-node";
+import { ApiError } from "../src/errors.js";
+import { StoreUnavailableError } from "../src/mongo-store.js";
 import type { CommandReply, RunCommand } from "../src/commands.js";
 import { Subjects } from "../src/nats.js";
 import { PartitionLeases, partitionOf } from "./partition-leases.js";
@@ -115,8 +117,13 @@ export class ActorHost {
         void this.serve(partition, msg.data).then(
           (reply) => msg.respond(encoder.encode(JSON.stringify(reply))),
           (error) => {
-            this.r.log.error({ err: error, partition }, "command failed");
-            msg.respond(encoder.encode(JSON.stringify({ ok: false, code: "internal_error" } satisfies CommandReply)));
+            // A temporary failure (JetStream or the store unavailable for a moment) is a
+            // 503 the client retries with its Idempotency-Key, not a 500.
+            const temporary =
+              error instanceof ApiError ? error.retryable : error instanceof natsErrors.TimeoutError || error instanceof StoreUnavailableError;
+            this.r.log[temporary ? "warn" : "error"]({ err: error, partition }, "command failed");
+            const code = temporary ? "runtime_unavailable" : "internal_error";
+            msg.respond(encoder.encode(JSON.stringify({ ok: false, code } satisfies CommandReply)));
           },
         );
       },

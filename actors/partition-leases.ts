@@ -117,11 +117,11 @@ export class PartitionLeases {
 
   private async runTick(): Promise<void> {
     const now = this.clock.nowMs();
-    if (!this.draining) {
-      await this.nodes.put(this.nodeId, JSON.stringify({ expires_at: now + this.ttlMs }));
-    }
+    // Renewals first, each bounded: a failing heartbeat (the nodes bucket electing a
+    // leader) or a request stalled on a dead server must not let the leases lapse.
     await this.renewAll(now);
     if (this.draining) return;
+    await withTimeout(this.nodes.put(this.nodeId, JSON.stringify({ expires_at: now + this.ttlMs })), this.ttlMs / 3);
     const live = await this.liveNodes(now);
     for (let p = 0; p < this.partitions; p++) {
       const desired = rendezvousOwner(p, live) === this.nodeId;
@@ -151,8 +151,14 @@ export class PartitionLeases {
   private async renewAll(now: number): Promise<void> {
     for (const [partition, held] of [...this.held]) {
       try {
-        held.revision = await this.leases.update(key(partition), this.leaseValue(now), held.revision);
+        held.revision = await withTimeout(this.leases.update(key(partition), this.leaseValue(now), held.revision), this.ttlMs / 3);
       } catch (err) {
+        // A timed-out update may have landed; if the lease still names this node, it is ours.
+        const entry = await withTimeout(this.leases.get(key(partition)), this.ttlMs / 3).catch(() => null);
+        if (entry?.operation === "PUT" && entry.json<LeaseValue>().node === this.nodeId && entry.revision >= held.revision) {
+          held.revision = entry.revision;
+          continue;
+        }
         this.log.warn({ partition, err: String(err) }, "lease lost");
         this.held.delete(partition);
         await this.events.lost(partition);
@@ -193,6 +199,15 @@ export class PartitionLeases {
       this.log.warn({ partition, err: String(err) }, "lease release failed");
     }
   }
+}
+
+/** Rejects when `work` takes longer than `ms` (the request itself is not cancelled). */
+function withTimeout<T>(work: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`lease request timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
 }
 
 function key(partition: number): string {

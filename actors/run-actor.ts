@@ -82,6 +82,8 @@ export class RunActor {
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   private session: AgentMessage[] | undefined;
   private stopped = false;
+  /** Commands in the mailbox: a run being admitted is not idle even before its turn starts. */
+  private pendingCommands = 0;
   lastUsedMs: number;
 
   constructor(
@@ -94,7 +96,7 @@ export class RunActor {
   }
 
   get isIdle(): boolean {
-    return this.active === undefined && (this.run === null || this.run.state === RunState.idle);
+    return this.pendingCommands === 0 && this.active === undefined && (this.run === null || this.run.state === RunState.idle);
   }
 
   /** Whether an agent is executing a turn of this run on this node now. */
@@ -115,6 +117,7 @@ export class RunActor {
 
   command(cmd: RunCommand): Promise<CommandReply> {
     this.lastUsedMs = this.r.clock.nowMs();
+    this.pendingCommands++;
     return this.enqueue(async () => {
       if (this.stopped) return { ok: false, not_owner: true } as const;
       try {
@@ -125,6 +128,8 @@ export class RunActor {
           return { ok: false, not_owner: true } as const;
         }
         throw err;
+      } finally {
+        this.pendingCommands--;
       }
     });
   }
@@ -485,6 +490,8 @@ export class RunActor {
 
   /** Starts the agent for an in_progress turn; completion comes back through the mailbox. */
   private async execute(run: RunDoc, turn: TurnDoc): Promise<void> {
+    // A stopped actor starts nothing: the partition's next owner recovers the turn.
+    if (this.stopped) return;
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
     if (!deployment || deployment.status !== "ready") {
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: Ids.reference() }));
@@ -581,7 +588,7 @@ export class RunActor {
         error = turnError("event_stream_write_failed", { reference: Ids.reference() });
       }
     }
-    if (turn.started_at !== null) {
+    if (turn.started_at !== null && !this.stopped) {
       try {
         const run = this.run;
         if (run && (await this.r.checkpoints.save(run._id, this.workspaceDir(run), run.checkpointed === true)) && !run.checkpointed) {

@@ -49,6 +49,9 @@ export class CommandRouter {
         }
       }
       if (reply && reply.ok) return reply;
+      if (reply && "code" in reply && reply.code === "runtime_unavailable") {
+        throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
+      }
       if (reply && "code" in reply) {
         throw new ApiError(reply.code, { message: reply.message, param: reply.param ?? null });
       }

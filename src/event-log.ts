@@ -412,7 +412,7 @@ class JetStreamAppender implements EventAppender {
     const outcome = new Promise<PubAck | Error>((resolve) => (settle = resolve));
     const send = () => {
       this.inFlight++;
-      this.js.publish(this.subject, payload, { msgID: `${this.run.id}:${sequence}`, headers: hdrs }).then(
+      this.js.publish(this.subject, payload, { msgID: `${this.run.id}:${sequence}`, headers: hdrs, retries: 5 }).then(
         (ack) => settle(ack),
         (err: unknown) => settle(err instanceof Error ? err : new Error(String(err))),
       ).finally(() => {
