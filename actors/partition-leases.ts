@@ -92,15 +92,19 @@ export class PartitionLeases {
     await this.ticking;
   }
 
-  /** Gives every held partition back at once so another node can take over. */
+  /**
+   * Gives every held partition back at once so another node can take over. Bounded:
+   * when NATS is already gone the leases simply lapse after their TTL.
+   */
   async releaseAll(): Promise<void> {
     this.draining = true;
     await this.ticking;
-    for (const partition of [...this.held.keys()]) await this.release(partition);
+    const boundMs = Math.min(2_000, this.ttlMs);
+    await Promise.all([...this.held.keys()].map((partition) => this.release(partition, boundMs)));
     try {
-      await this.nodes.delete(this.nodeId);
+      await withTimeout(this.nodes.delete(this.nodeId), boundMs);
     } catch (err) {
-      this.log.warn({ err }, "could not remove node heartbeat");
+      this.log.warn({ err: String(err) }, "could not remove node heartbeat");
     }
   }
 
@@ -188,13 +192,13 @@ export class PartitionLeases {
     await this.events.gained(partition, revision);
   }
 
-  private async release(partition: number): Promise<void> {
+  private async release(partition: number, boundMs = this.ttlMs): Promise<void> {
     const held = this.held.get(partition);
     if (!held) return;
     this.held.delete(partition);
     await this.events.lost(partition);
     try {
-      await this.leases.delete(key(partition), { previousSeq: held.revision });
+      await withTimeout(this.leases.delete(key(partition), { previousSeq: held.revision }), boundMs);
     } catch (err) {
       this.log.warn({ partition, err: String(err) }, "lease release failed");
     }

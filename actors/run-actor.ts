@@ -21,6 +21,9 @@ import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResu
 import { nextVersionFor } from "./versions.js";
 import { existsSync } from "node:fs";
 import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
+import type { FileStore } from "../src/file-store.js";
+import type { EnvValues } from "../src/env-values.js";
+import { apiKeyResolver } from "./credentials.js";
 
 /** What every actor of a node shares. */
 export interface ActorResources {
@@ -33,6 +36,8 @@ export interface ActorResources {
   log: Logger;
   deployments: DeploymentCache;
   checkpoints: WorkspaceCheckpoints;
+  files: FileStore;
+  envValues: EnvValues;
   /** Node-wide state: while draining, queued turns are left for the next owner. */
   node: { draining: boolean };
 }
@@ -59,6 +64,9 @@ interface ActiveExecution {
   abortReason?: "cancel" | "duration_limit" | "shutdown";
   limitTimer: NodeJS.Timeout;
 }
+
+/** Files larger than this are described to the model instead of included. */
+const MAX_FILE_FOR_MODEL_BYTES = 20 * 1024 * 1024;
 
 type OkReply = Omit<Extract<CommandReply, { ok: true }>, "ok">;
 const ok = (reply: OkReply): CommandReply => ({ ok: true, ...reply });
@@ -519,11 +527,22 @@ export class RunActor {
       }
     }
     await mkdir(workspaceDir, { recursive: true });
+    let input: InputPart[];
+    let credentials: Record<string, string>;
+    try {
+      input = await this.resolveFiles(run, turn.input);
+      credentials = await this.r.envValues.resolveAll(run.workspace_id);
+    } catch (err) {
+      this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: Ids.reference() }));
+      return;
+    }
     const running = startTurn({
       config: deployment.config,
       workspaceDir,
       history: session,
-      input: turn.input,
+      input,
+      getApiKey: apiKeyResolver(credentials),
       onEvent: (event) => {
         if (!this.stopped) this.emit(turn._id, "runtime", event.type, event.data);
       },
@@ -642,6 +661,29 @@ export class RunActor {
       next.started_at = now;
       await this.execute(run, next);
     }
+  }
+
+  /**
+   * Uploaded files named by `file_id` become inline parts for the agent (the stored
+   * input keeps the id). A file too large to hand to a model becomes a short note.
+   */
+  private async resolveFiles(run: RunDoc, input: InputPart[]): Promise<InputPart[]> {
+    const out: InputPart[] = [];
+    for (const part of input) {
+      if (part.type !== "input_file" || !part.file_id) {
+        out.push(part);
+        continue;
+      }
+      const file = await this.r.files.read(run.workspace_id, part.file_id);
+      if (!file) {
+        out.push({ type: "input_text", text: `[file ${part.file_id} is not available]` });
+      } else if (file.bytes > MAX_FILE_FOR_MODEL_BYTES) {
+        out.push({ type: "input_text", text: `[file ${file.filename} (${file.media_type}, ${file.bytes} bytes) is too large to include]` });
+      } else {
+        out.push({ type: "input_file", filename: file.filename, media_type: file.media_type, file_data: file.data.toString("base64") });
+      }
+    }
+    return out;
   }
 
   private async loadSession(run: RunDoc): Promise<AgentMessage[]> {

@@ -8,6 +8,8 @@ import { Ids } from "../src/ids.js";
 import { StoreUnavailableError, type MongoStore } from "../src/mongo-store.js";
 import type { DeploymentBuilder } from "../actors/index.js";
 import type { EventLog } from "../src/event-log.js";
+import type { FileStore } from "../src/file-store.js";
+import type { EnvValues } from "../src/env-values.js";
 import { Authenticator, requireScope, type AuthContext } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
@@ -39,6 +41,8 @@ export interface GatewayContext {
   rateLimiter: RateLimiter;
   builder: DeploymentBuilder;
   events: EventLog;
+  files: FileStore;
+  envValues: EnvValues;
   /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
   actorsReady?: () => boolean;
 }
@@ -160,8 +164,8 @@ export async function buildApp(
   await app.register(eventRoutes(context));
   await app.register(agentRoutes(context));
   await app.register(apiKeyRoutes(context));
-  await app.register(envValueRoutes(context));
-  await app.register(fileRoutes(context));
+  await app.register(envValueRoutes(context, context.envValues));
+  await app.register(fileRoutes(context, { ...context.config.files, files: context.files }));
   await app.register(openapiRoutes(context));
   return { app, context };
 }

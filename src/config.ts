@@ -35,6 +35,11 @@ const EnvSchema = z.object({
   RUNS_TAG_SCAN_LIMIT: intFromEnv(50_000, 1),
   RUNS_DRAIN_MS: intFromEnv(30_000, 0),
   RUNS_NATS_REPLICAS: intFromEnv(1, 1),
+  RUNS_MAX_FILE_BYTES: intFromEnv(512 * 1024 * 1024, 1),
+  RUNS_UPLOAD_TAKEOVER_MS: intFromEnv(30_000, 1),
+  RUNS_UPLOAD_TIME_LIMIT_MS: intFromEnv(20 * 60_000, 1),
+  RUNS_UPLOADS_SOLO: intFromEnv(2, 1),
+  RUNS_UPLOADS_BUSINESS: intFromEnv(10, 1),
   RUNS_RATE_WINDOW_MS: intFromEnv(60_000, 100),
   RUNS_RATE_SOLO: intFromEnv(300, 1),
   RUNS_RATE_BUSINESS: intFromEnv(3_000, 1),
@@ -78,6 +83,10 @@ export interface Config {
   drainMs: number;
   /** Replicas of streams and buckets (3 on a NATS cluster). */
   natsReplicas: number;
+  /** File upload limits (POST /api/v1/files). */
+  files: { maxFileBytes: number; takeoverMs: number; timeLimitMs: number };
+  /** Concurrent uploads a workspace may run, per plan. */
+  uploadConcurrency: { solo: number; business: number };
   /** Per-workspace request limits per window, across keys and nodes (decisions §7). */
   rateLimits: { windowMs: number; perWindow: { solo: { standard: number; expensive: number }; business: { standard: number; expensive: number } } };
   logLevel: string;
@@ -119,6 +128,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     tagScanLimit: e.RUNS_TAG_SCAN_LIMIT,
     drainMs: e.RUNS_DRAIN_MS,
     natsReplicas: e.RUNS_NATS_REPLICAS,
+    files: { maxFileBytes: e.RUNS_MAX_FILE_BYTES, takeoverMs: e.RUNS_UPLOAD_TAKEOVER_MS, timeLimitMs: e.RUNS_UPLOAD_TIME_LIMIT_MS },
+    uploadConcurrency: { solo: e.RUNS_UPLOADS_SOLO, business: e.RUNS_UPLOADS_BUSINESS },
     rateLimits: {
       windowMs: e.RUNS_RATE_WINDOW_MS,
       perWindow: {

@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
-import { freePort, portIsFree, startFerretDb, startNatsServer, type ServerProcess } from "./servers.js";
+import { TOOLS_BIN, freePort, portIsFree, startFerretDb, startNatsServer, type ServerProcess } from "./servers.js";
 
 /** Secrets the embedded default keeps in its data dir (created once, mode 0600). */
 interface EmbeddedSecrets {
@@ -15,6 +15,8 @@ interface EmbeddedSecrets {
 /** Where a running embedded default can be reached (for `runs admin` while `npm start` runs). */
 export interface EmbeddedInfo {
   pid: number;
+  /** The server processes, so a start after a crash can end servers left behind. */
+  server_pids?: number[];
   nats_url: string;
   nats_tap_url: string;
   mongo_uri: string;
@@ -50,6 +52,41 @@ async function pickPort(preferred: number): Promise<number> {
   return (await portIsFree(preferred)) ? preferred : freePort();
 }
 
+/** Ends servers a crashed earlier start left running on this data dir. */
+async function endLeftovers(dataDir: string, log: Logger): Promise<void> {
+  const file = embeddedInfoFile(dataDir);
+  if (!existsSync(file)) return;
+  const info = JSON.parse(await readFile(file, "utf8")) as EmbeddedInfo;
+  if (alive(info.pid) && info.pid !== process.pid) {
+    throw new Error(`another runs process (pid ${info.pid}) is using ${dataDir}; stop it or choose another RUNS_DATA_DIR`);
+  }
+  for (const pid of info.server_pids ?? []) {
+    // Only our own server binaries: the pid may since belong to something else.
+    if (!alive(pid) || !(await commandLine(pid)).includes(TOOLS_BIN)) continue;
+    log.warn({ pid }, "ending a server left behind by an earlier start");
+    process.kill(pid, "SIGTERM");
+    for (let i = 0; i < 50 && alive(pid); i++) await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  await rm(file, { force: true });
+}
+
+async function commandLine(pid: number): Promise<string> {
+  try {
+    return (await readFile(`/proc/${pid}/cmdline`, "utf8")).replace(/\0/g, " ");
+  } catch {
+    return "";
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 export function embeddedInfoFile(dataDir: string): string {
   return path.join(dataDir, "embedded.json");
 }
@@ -73,6 +110,7 @@ export async function runningEmbedded(dataDir: string): Promise<EmbeddedInfo | u
  */
 export async function startEmbedded(dataDir: string, log: Logger): Promise<Embedded> {
   const secrets = await loadOrCreateSecrets(dataDir);
+  await endLeftovers(dataDir, log);
   const natsPort = await pickPort(Number(process.env.RUNS_EMBEDDED_NATS_PORT ?? DEFAULT_EMBEDDED_NATS_PORT));
   const mongoPort = await pickPort(Number(process.env.RUNS_EMBEDDED_MONGO_PORT ?? DEFAULT_EMBEDDED_MONGO_PORT));
   const started: ServerProcess[] = [];
@@ -89,10 +127,16 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
         servicePassword: secrets.nats_password,
         tapPassword: secrets.nats_tap_password,
         serverName: "runs-embedded",
+        detached: true,
       }),
     );
     started.push(
-      await startFerretDb({ port: mongoPort, dataDir: path.join(dataDir, "ferretdb"), logFile: path.join(dataDir, "logs", "ferretdb.log") }),
+      await startFerretDb({
+        port: mongoPort,
+        dataDir: path.join(dataDir, "ferretdb"),
+        logFile: path.join(dataDir, "logs", "ferretdb.log"),
+        detached: true,
+      }),
     );
   } catch (err) {
     await stop();
@@ -100,7 +144,17 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
   }
   const natsUrl = `nats://127.0.0.1:${natsPort}`;
   const mongoUri = `mongodb://127.0.0.1:${mongoPort}/`;
-  const info: EmbeddedInfo = { pid: process.pid, nats_url: natsUrl, nats_tap_url: natsUrl, mongo_uri: mongoUri };
+  const info: EmbeddedInfo = {
+    pid: process.pid,
+    server_pids: started.map((s) => s.child.pid!).filter(Boolean),
+    nats_url: natsUrl,
+    nats_tap_url: natsUrl,
+    mongo_uri: mongoUri,
+  };
+  // If this process dies without stopping them, the servers go too.
+  process.once("exit", () => {
+    for (const s of started) if (s.child.exitCode === null) s.child.kill("SIGTERM");
+  });
   await writeFile(embeddedInfoFile(dataDir), JSON.stringify(info, null, 2));
   log.info({ nats: natsUrl, mongo: mongoUri, dataDir }, "embedded nats-server and FerretDB started");
   return {

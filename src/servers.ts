@@ -77,10 +77,20 @@ export interface ServerProcess {
   kill(): void;
 }
 
-async function launch(name: string, bin: string, args: string[], env: NodeJS.ProcessEnv, port: number, logFile: string): Promise<ServerProcess> {
+async function launch(
+  name: string,
+  bin: string,
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  port: number,
+  logFile: string,
+  detached = false,
+): Promise<ServerProcess> {
   await mkdir(path.dirname(logFile), { recursive: true });
   const log = await open(logFile, "a");
-  const child = spawn(bin, args, { env, stdio: ["ignore", log.fd, log.fd] });
+  // Detached: its own process group, so a terminal's Ctrl-C reaches only us and we stop
+  // the servers after the service has let go of them.
+  const child = spawn(bin, args, { env, stdio: ["ignore", log.fd, log.fd], detached });
   child.once("exit", () => void log.close().catch(() => undefined));
   const stop = async () => {
     if (child.exitCode !== null || child.signalCode !== null) return;
@@ -108,19 +118,22 @@ export interface NatsServerOptions {
   serverName?: string;
   /** Extra command-line arguments (cluster routes and the like). */
   args?: string[];
+  /** Run in its own process group (the embedded default). */
+  detached?: boolean;
 }
 
 /** Starts nats-server with the project's nats.conf on loopback. */
 export function startNatsServer(options: NatsServerOptions): Promise<ServerProcess> {
   const args = ["-c", NATS_CONF, "-a", "127.0.0.1", "-p", String(options.port), "-sd", options.storeDir, "-n", options.serverName ?? `runs-${options.port}`, ...(options.args ?? [])];
   const env = { ...process.env, RUNS_NATS_PASSWORD: options.servicePassword, RUNS_NATS_TAP_PASSWORD: options.tapPassword };
-  return launch("nats-server", toolPath("nats-server"), args, env, options.port, options.logFile);
+  return launch("nats-server", toolPath("nats-server"), args, env, options.port, options.logFile, options.detached);
 }
 
 export interface FerretDbOptions {
   port: number;
   dataDir: string;
   logFile: string;
+  detached?: boolean;
 }
 
 /** Starts FerretDB with its SQLite backend on loopback. */
@@ -135,5 +148,5 @@ export async function startFerretDb(options: FerretDbOptions): Promise<ServerPro
     "--debug-addr=-",
     "--log-level=error",
   ];
-  return launch("ferretdb", toolPath("ferretdb"), args, { ...process.env }, options.port, options.logFile);
+  return launch("ferretdb", toolPath("ferretdb"), args, { ...process.env }, options.port, options.logFile, options.detached);
 }

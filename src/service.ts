@@ -6,6 +6,8 @@ import { MongoStore } from "./mongo-store.js";
 import { connectNats, provisionNats } from "./nats.js";
 import { EventKeyring } from "./event-crypto.js";
 import { JetStreamEventLog } from "./event-log.js";
+import { FileStore } from "./file-store.js";
+import { EnvValues } from "./env-values.js";
 import { ActorHost, DeploymentBuilder, DeploymentCache, WorkspaceCheckpoints } from "../actors/index.js";
 import { buildApp } from "../gateway/index.js";
 
@@ -38,6 +40,10 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs);
   if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
   const events = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
+  const files = new FileStore(store.db, nats.files, clock);
+  await files.provision();
+  const envValues = new EnvValues(store.db, config.masterKey, clock);
+  await envValues.provision();
 
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
   let host: ActorHost | undefined;
@@ -53,6 +59,8 @@ export async function startService(config: Config, options: ServiceOptions = {})
         log: log.child({ component: "actors" }),
         deployments: new DeploymentCache(store),
         checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
+        files,
+        envValues,
         node: { draining: false },
       },
       { leases: nats.leases, nodes: nats.nodes },
@@ -73,6 +81,8 @@ export async function startService(config: Config, options: ServiceOptions = {})
       builder,
       events,
       rateLimits: nats.rateLimits,
+      files,
+      envValues,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
     });
     app = built.app;

@@ -11,7 +11,8 @@ const exec = promisify(execFile);
 
 /** Starts `src/main.ts` as `npm start` does (bootstrap already done by the test command). */
 function startMain(env: NodeJS.ProcessEnv): { child: ChildProcess; output: () => string; serving: Promise<string> } {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { cwd: PROJECT_ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+  // Its own process group, like a program started from a terminal.
+  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { cwd: PROJECT_ROOT, env, stdio: ["ignore", "pipe", "pipe"], detached: true });
   let out = "";
   child.stdout!.on("data", (d) => (out += d));
   child.stderr!.on("data", (d) => (out += d));
@@ -32,14 +33,16 @@ function startMain(env: NodeJS.ProcessEnv): { child: ChildProcess; output: () =>
   return { child, output: () => out, serving };
 }
 
-async function stopMain(child: ChildProcess): Promise<number | null> {
-  if (child.exitCode !== null) return child.exitCode;
+/** Ctrl-C as a terminal sends it: SIGINT to the whole foreground process group. */
+async function stopMain(child: ChildProcess): Promise<{ code: number | null; ms: number }> {
+  if (child.exitCode !== null) return { code: child.exitCode, ms: 0 };
+  const started = Date.now();
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
-  child.kill("SIGINT");
+  process.kill(-child.pid!, "SIGINT");
   const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
   const code = await exited;
   clearTimeout(timer);
-  return code;
+  return { code, ms: Date.now() - started };
 }
 
 test("embedded - npm start runs local servers, prints a development key once, serves the API and stops everything on Ctrl-C", async (t) => {
@@ -85,7 +88,9 @@ test("embedded - npm start runs local servers, prints a development key once, se
     const second = new Api(url, created.api_key.key);
     t.is((await second.get("/api/v1/agents")).status, 200, "the new key works against the running service");
   } finally {
-    t.is(await stopMain(first.child), 0);
+    const stopped = await stopMain(first.child);
+    t.is(stopped.code, 0);
+    t.true(stopped.ms < 10_000, `stopped in ${stopped.ms} ms`);
   }
   t.true(await portIsFree(natsPort), "nats-server stopped");
   t.true(await portIsFree(mongoPort), "FerretDB stopped");
@@ -96,7 +101,7 @@ test("embedded - npm start runs local servers, prints a development key once, se
     await again.serving;
     t.notRegex(again.output(), /rk_live_/);
   } finally {
-    t.is(await stopMain(again.child), 0);
+    t.is((await stopMain(again.child)).code, 0);
   }
   await rm(dataDir, { recursive: true, force: true });
 });
