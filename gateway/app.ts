@@ -138,8 +138,9 @@ export async function buildApp(
     if (config?.public || !request.url.startsWith("/api")) return;
     if (!request.routeOptions.url) return; // unknown path: answered 404 below, after auth
     request.auth = await context.auth.authenticate(request);
-    if (config?.scope) requireScope(request.auth, config.scope);
+    // Limited before the scope check, so a 403 carries the rate-limit headers too.
     await applyRateLimit(context, request.auth, config?.rate, reply);
+    if (config?.scope) requireScope(request.auth, config.scope);
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request)));

@@ -564,8 +564,8 @@ const RATE_HEADERS = {
 
 function headersFor(op: Operation, status: number, success?: Success): Record<string, unknown> | undefined {
   const headers: Record<string, unknown> = {};
-  // Authentication and the scope check come before the rate limiter, so 401 and 403 carry no rate headers.
-  if (op.scope !== "public" && status !== 401 && status !== 403) Object.assign(headers, RATE_HEADERS);
+  // Authentication comes before the rate limiter (no workspace is known yet), so 401 carries no rate headers.
+  if (op.scope !== "public" && status !== 401) Object.assign(headers, RATE_HEADERS);
   if (!success && (status === 429 || status === 503)) headers["Retry-After"] = { $ref: "#/components/headers/Retry-After" };
   if (success?.location) headers.Location = { $ref: "#/components/headers/Location" };
   return Object.keys(headers).length ? headers : undefined;
@@ -664,7 +664,7 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       title: "Runs API",
       version: packageVersion(),
       description:
-        "Durable AI agent runs behind a REST API. Authenticate with Authorization: Bearer <API_KEY>; every resource is scoped to the key's workspace. Rate limits are per workspace across keys: authenticated answers carry X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (not 401 and 403, which are answered before the limiter); 429 and 503 carry Retry-After. Response objects list every field the service sends; new event types, event data fields and turn error codes may appear.",
+        "Durable AI agent runs behind a REST API. Authenticate with Authorization: Bearer <API_KEY>; every resource is scoped to the key's workspace. Rate limits are per workspace across keys: authenticated answers carry X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (not 401, which is answered before the workspace is known); 429 and 503 carry Retry-After. Response objects list every field the service sends; new event types, event data fields and turn error codes may appear.",
     },
     servers: [{ url: "/" }],
     security: [{ bearer: [] }],

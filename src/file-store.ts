@@ -221,6 +221,7 @@ export class FileStore {
     await guard(async () => {
       await this.files.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
       await this.uploads.createIndex({ expires_at: 1 }, { name: "expires" });
+      await this.uploads.createIndex({ workspace_id: 1, state: 1 }, { name: "ws_state" });
     });
   }
 
@@ -256,6 +257,13 @@ export class FileStore {
    * upload_in_progress (503) or conflict (409). Races between repeats are settled by
    * conditional writes; a loser decides again on the winner's record.
    */
+  /** Uploads of a workspace still receiving bytes (heard from within `takeoverMs`). */
+  countRunning(workspaceId: string, nowMs: number, takeoverMs: number): Promise<number> {
+    return guard(() =>
+      this.uploads.countDocuments({ workspace_id: workspaceId, state: UploadState.uploading, heartbeat_at: { $gt: nowMs - takeoverMs } }),
+    );
+  }
+
   async claim(workspaceId: string, key: string, fingerprint: string, takeoverMs: number): Promise<UploadClaim> {
     const uploadId = this.uploadId(workspaceId, key);
     for (let attempt = 0; attempt < 10; attempt++) {

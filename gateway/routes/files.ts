@@ -178,6 +178,15 @@ export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> &
             filename: checkFilename(filename, "filename"),
             media_type: fields.media_type ?? checkMediaType(part.mimetype || "application/octet-stream", "media_type"),
           };
+          // Concurrent uploads per workspace are capped (decisions §7); a finished key's replay is not an upload.
+          const existing = await files.getUpload(files.uploadId(workspaceId, key));
+          const cap = ctx.config.uploadConcurrency[auth.workspace.plan];
+          if (existing?.state !== "done" && (await files.countRunning(workspaceId, ctx.clock.nowMs(), limits.takeoverMs)) >= cap) {
+            throw new ApiError("rate_limited", {
+              retryAfterS: 1,
+              message: `The workspace already runs ${cap} uploads at once; retry when one finishes.`,
+            });
+          }
           const claim = await files.claim(workspaceId, key, uploadFingerprint(meta), limits.takeoverMs);
           if (claim.kind === "replay") {
             // The first upload finished: the new body is read and dropped, never stored.

@@ -458,3 +458,27 @@ test("files - a file over the size limit is 413 payload_too_large; the limit its
   t.is(ok.status, 201, JSON.stringify(ok.body));
   t.is(ok.body.bytes, exact.length);
 });
+
+// ---- upload concurrency --------------------------------------------------------------
+
+test("files - concurrent uploads per workspace are capped: the next one is 429 until the running one ends", async (t) => {
+  const capped = await startWith(t.context.servers, { ...RATE_ENV, RUNS_UPLOADS_BUSINESS: "1" });
+  try {
+    const ws = await newWorkspace(capped, "business");
+    const first = rawUpload(ws.api, newKey());
+    const stop = trickle(first, 200);
+    await waitUploading(capped, ws.id, (first.req.getHeader("idempotency-key") as string) ?? "");
+    const second = await upload(ws.api, newKey(), fileParts(Buffer.from("second")));
+    t.is(second.status, 429);
+    t.is(second.body.error.code, "rate_limited");
+    t.truthy(second.headers.get("retry-after"));
+    stop();
+    first.finish();
+    const done = await first.response;
+    t.is("status" in done ? done.status : 0, 201);
+    const third = await upload(ws.api, newKey(), fileParts(Buffer.from("third")));
+    t.is(third.status, 201);
+  } finally {
+    await capped.close();
+  }
+});
