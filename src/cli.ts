@@ -19,6 +19,7 @@ const adminModules = async () => {
 
 const ADMIN_USAGE = `usage:
   runs admin create-workspace --plan solo|business [--name NAME]
+  runs admin set-plan WORKSPACE_ID --plan solo|business   (applies to runs created afterwards)
 
 The store is MONGODB_URI when set, otherwise the embedded default's store under
 RUNS_DATA_DIR (default .runs/), whether or not \`npm start\` is running.`;
@@ -74,6 +75,23 @@ async function main(args: string[]): Promise<void> {
     try {
       const created = await createWorkspace(store, { plan, name, nowMs: Date.now() });
       process.stdout.write(`${JSON.stringify(created, null, 2)}\n`);
+    } finally {
+      await close();
+    }
+    return;
+  }
+  if (args[0] === "admin" && args[1] === "set-plan") {
+    const workspaceId = args[2];
+    if (!workspaceId || workspaceId.startsWith("--")) throw new AdminUsageError("set-plan needs a workspace id");
+    const plan = flag(args, "plan");
+    if (plan !== Plan.solo && plan !== Plan.business) throw new AdminUsageError("--plan must be solo or business");
+    const { store, close } = await openStore();
+    const { setWorkspacePlan } = await adminModules();
+    try {
+      const workspace = await setWorkspacePlan(store, workspaceId, plan);
+      if (!workspace) throw new AdminUsageError(`no workspace ${workspaceId}`);
+      process.stdout.write(`${JSON.stringify({ workspace }, null, 2)}
+`);
     } finally {
       await close();
     }

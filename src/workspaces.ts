@@ -10,6 +10,16 @@ export function renderWorkspace(doc: WorkspaceDoc) {
   return { id: doc._id, object: "workspace", name: doc.name, plan: doc.plan, created_at: unixSeconds(doc.created_at) };
 }
 
+/**
+ * Changes a workspace's plan. Runs keep the retention they were created with, so the
+ * change applies to runs created afterwards only (decisions §1).
+ */
+export async function setWorkspacePlan(store: MongoStore, workspaceId: string, plan: Plan) {
+  await store.workspaces.updateOne({ _id: workspaceId }, { $set: { plan } });
+  const workspace = await store.getWorkspace(workspaceId);
+  return workspace ? renderWorkspace(workspace) : null;
+}
+
 /** Creates a workspace and an all-scopes key (decisions §1); the secret is only in the answer. */
 export async function createWorkspace(store: MongoStore, input: { plan: Plan; name?: string; nowMs: number }) {
   const workspace: WorkspaceDoc = {

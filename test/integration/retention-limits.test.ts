@@ -2,6 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../src/service.js";
 import { TURN_ERROR_CATALOGUE } from "../../src/turn-errors.js";
+import { setWorkspacePlan } from "../../src/workspaces.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; solo: Api; business: Api; soloWs: string }>;
 
@@ -60,6 +61,22 @@ test.serial("retention - a run expires after its plan's retention from last acti
   t.is((await solo.get(`/api/v1/runs/${run.id}`)).status, 410, "still 410 from the tombstone");
   // The business run (30-day class here: an hour) is untouched.
   t.is((await business.get(`/api/v1/runs/${kept.id}`)).status, 200);
+});
+
+test.serial("retention - a plan change applies only to runs created afterwards", async (t) => {
+  const { solo, service, soloWs } = t.context;
+  const agent = await solo.agentWith({ model: "faux/scripted" });
+  const before = (await solo.post("/api/v1/runs", { agent, input: "solo-era" })).body;
+  await setWorkspacePlan(service.store, soloWs, "business");
+  await sleep(2_100); // past the auth cache, which holds the workspace
+  const after = (await solo.post("/api/v1/runs", { agent, input: "business-era" })).body;
+  t.is((await service.store.getRun(after.id))?.retention_s, 3600);
+  t.is((await service.store.getRun(before.id))?.retention_s, RETENTION_S);
+  await sleep(RETENTION_S * 1000);
+  t.is((await solo.get(`/api/v1/runs/${before.id}`)).status, 410, "the older run keeps its solo retention");
+  t.is((await solo.get(`/api/v1/runs/${after.id}`)).status, 200);
+  await setWorkspacePlan(service.store, soloWs, "solo");
+  await sleep(2_100);
 });
 
 test.serial("retention - accepting input restarts the clock", async (t) => {
