@@ -4,16 +4,9 @@
  * tolerated (runs-api.md, Versioning 3).
  */
 
-export const TurnStatus = {
-  queued: "queued",
-  in_progress: "in_progress",
-  cancelling: "cancelling",
-  completed: "completed",
-  failed: "failed",
-  cancelled: "cancelled",
-  incomplete: "incomplete",
-} as const;
-export type TurnStatus = (typeof TurnStatus)[keyof typeof TurnStatus];
+import { TurnStatus } from "./domain.js";
+
+export { TurnStatus };
 
 /** Final statuses never change (runs-api.md, Turn status). */
 export function isFinalTurnStatus(status: string): boolean {

@@ -1,9 +1,9 @@
 import { createHmac } from "node:crypto";
-import { MongoError, type Collection, type Db } from "mongodb";
+import type { Collection, Db } from "mongodb";
 import type { Clock } from "./clock.js";
 import { ApiError, invalid } from "./errors.js";
 import { KEY_BYTES, open, seal } from "./event-crypto.js";
-import { StoreUnavailableError } from "./mongo-store.js";
+import { guard } from "./mongo-store.js";
 
 /**
  * Environment values (decisions §3): named secrets of a workspace, encrypted at rest with
@@ -68,23 +68,6 @@ export function checkEnvValue(value: unknown): string {
   return value;
 }
 
-function isTransient(err: unknown): boolean {
-  if (!(err instanceof MongoError)) return false;
-  return (
-    ["MongoServerSelectionError", "MongoNetworkError", "MongoNetworkTimeoutError", "MongoTopologyClosedError", "MongoNotConnectedError"].includes(err.name) ||
-    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
-  );
-}
-
-// Same translation as mongo-store's private `guard` (not exported there).
-async function guard<T>(work: () => Promise<T>): Promise<T> {
-  try {
-    return await work();
-  } catch (err) {
-    if (isTransient(err)) throw new StoreUnavailableError(err);
-    throw err;
-  }
-}
 
 /** Environment values of every workspace, over the `env_values` collection. */
 export class EnvValues {

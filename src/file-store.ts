@@ -1,11 +1,11 @@
 import { createHash } from "node:crypto";
 import type { Readable } from "node:stream";
-import { MongoError, type Collection, type Db } from "mongodb";
+import type { Collection, Db } from "mongodb";
 import type { ObjectStore } from "@nats-io/obj";
 import type { Clock } from "./clock.js";
 import { ApiError } from "./errors.js";
 import { Ids } from "./ids.js";
-import { StoreUnavailableError } from "./mongo-store.js";
+import { StoreUnavailableError, guard, isDuplicateKey } from "./mongo-store.js";
 
 /**
  * Uploaded files (decisions §6): bytes in the JetStream object store `runs_files` under
@@ -179,29 +179,6 @@ export class FileDataMissingError extends Error {
   }
 }
 
-const DUPLICATE_KEY = 11000;
-
-function isDuplicateKey(err: unknown): boolean {
-  return err instanceof MongoError && (err.code === DUPLICATE_KEY || /duplicate key/i.test(err.message));
-}
-
-function isTransient(err: unknown): boolean {
-  if (!(err instanceof MongoError)) return false;
-  return (
-    ["MongoServerSelectionError", "MongoNetworkError", "MongoNetworkTimeoutError", "MongoTopologyClosedError", "MongoNotConnectedError"].includes(err.name) ||
-    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
-  );
-}
-
-// Same translation as mongo-store's private `guard` (not exported there).
-async function guard<T>(work: () => Promise<T>): Promise<T> {
-  try {
-    return await work();
-  } catch (err) {
-    if (isTransient(err)) throw new StoreUnavailableError(err);
-    throw err;
-  }
-}
 
 export class FileStore {
   readonly files: Collection<FileDoc>;

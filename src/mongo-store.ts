@@ -28,7 +28,8 @@ export class FencedError extends Error {
 
 const DUPLICATE_KEY = 11000;
 
-function isDuplicateKey(err: unknown): boolean {
+/** A unique index refused an insert. */
+export function isDuplicateKey(err: unknown): boolean {
   return err instanceof MongoError && (err.code === DUPLICATE_KEY || /duplicate key/i.test(err.message));
 }
 
@@ -46,8 +47,11 @@ function isTransient(err: unknown): boolean {
   );
 }
 
-/** Translates driver failures once, here: transient ones become StoreUnavailableError. */
-async function guard<T>(work: () => Promise<T>): Promise<T> {
+/**
+ * Translates driver failures once: transient ones become StoreUnavailableError. Every
+ * adapter over the store (documents, files, environment values) goes through it.
+ */
+export async function guard<T>(work: () => Promise<T>): Promise<T> {
   try {
     return await work();
   } catch (err) {
