@@ -92,7 +92,13 @@ export function runRoutes(ctx: GatewayContext) {
       const waitFor = !body.background && !body.stream ? finalNotice(ctx, answer.turn_id) : undefined;
       try {
         if (claim.kind === "new" || !claim.done) {
-          answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan);
+          try {
+            answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan);
+          } catch (err) {
+            // Refused without effect (busy, unknown run): the key stays free for a retry.
+            if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
+            throw err;
+          }
           await ctx.idempotency.complete(claim.id, answer);
         }
         if (answer.error) {
@@ -250,8 +256,9 @@ async function admit(
     const result = await ctx.router.send(cmd);
     return { run_id: result.run_id, turn_id: result.turn_id ?? ids.turn_id, disposition: result.disposition };
   } catch (err) {
-    // Lifecycle answers are part of the key's result; transient ones are not recorded.
-    if (err instanceof ApiError && err.status === 409) {
+    // A final lifecycle answer (steering_target_ended) is the key's answer from now on;
+    // a retryable one (run_busy) or a transient failure is not recorded.
+    if (err instanceof ApiError && err.status === 409 && !err.retryable) {
       return { ...ids, error: { code: err.code, message: err.message, param: err.param } };
     }
     throw err;

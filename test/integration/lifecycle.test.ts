@@ -50,7 +50,8 @@ test("continue - queue admits one follow-up; a second is 409 run_busy; the queue
   t.is(queued.status, 202);
   t.is(queued.body.disposition, "queued");
   t.is(queued.body.turn.status, "queued");
-  const second = await api.post("/api/v1/runs", { run_id: run.id, input: "too many", background: true, on_busy: "queue" });
+  const busyKey = `busy-${Date.now()}`;
+  const second = await api.post("/api/v1/runs", { run_id: run.id, input: "too many", background: true, on_busy: "queue" }, busyKey);
   t.is(second.status, 409);
   t.is(second.body.error.code, "run_busy");
   t.true(second.body.error.retryable);
@@ -59,6 +60,11 @@ test("continue - queue admits one follow-up; a second is 409 run_busy; the queue
   const next = await api.waitTurn(run.id, queued.body.turn.id, 20_000);
   t.is(next.turn.status, "completed");
   t.true(next.turn.started_at >= first.turn.completed_at);
+  // run_busy is retryable: the same key is accepted once the run has room.
+  await api.waitRun(run.id, (r) => r.state === "idle", 20_000);
+  const retried = await api.post("/api/v1/runs", { run_id: run.id, input: "too many", background: true, on_busy: "queue" }, busyKey);
+  t.is(retried.status, 202);
+  t.is(retried.body.disposition, "continued");
 });
 
 test("continue - two queue requests racing: exactly one is queued, the other is run_busy", async (t) => {
