@@ -88,3 +88,22 @@ test.serial("rate limits - expensive operations have their own lower limit; anot
   t.is((await ws.api.get("/api/v1/agents")).status, 200, "ordinary requests still have room");
   t.is((await other.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).status, 201);
 });
+
+test.serial("keys - a key revoked through one node is refused by the other within 5 seconds", async (t) => {
+  const [a, b] = t.context.nodes;
+  await freshWindow();
+  const ws = await newWorkspace(a!, "business");
+  const created = (await ws.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).body;
+  const viaB = new Api(b!.url!, created.key);
+  t.is((await viaB.get("/api/v1/runs/run_none")).status, 404, "node b knows the key (and caches it)");
+  t.is((await ws.api.post(`/api/v1/api-keys/${created.id}/revoke`)).status, 200);
+  const revokedAt = Date.now();
+  let status = 0;
+  while (Date.now() - revokedAt < 5_000) {
+    status = (await viaB.get("/api/v1/runs/run_none")).status;
+    if (status === 401) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  t.is(status, 401);
+  t.log(`refused by the other node ${Date.now() - revokedAt} ms after the revocation`);
+});
