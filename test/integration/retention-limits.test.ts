@@ -107,6 +107,23 @@ test.serial("limits - the turn duration limit ends the turn incomplete with turn
   t.is(res.body.state, "idle");
 });
 
+test.serial("limits - a turn stopped by the limit keeps its partial output and its error, readable without events", async (t) => {
+  const { business } = t.context;
+  const words = "steady words ".repeat(100);
+  // About 325 tokens at 20 tokens per second: far longer than the 1.5 s limit.
+  const agent = await business.agentWith({ model: "faux/scripted", script: [{ text: words }], tokens_per_second: 20 });
+  const res = await business.post("/api/v1/runs", { agent, input: "talk" });
+  t.is(res.body.turn.status, "incomplete");
+  t.is(res.body.turn.error.code, "turn_duration_limit");
+  const partial = res.body.turn.output.map((p: any) => p.text).join("");
+  t.true(partial.length > 0, "something was produced");
+  t.true(partial.length < words.length, "but not everything");
+  t.true(words.startsWith(partial));
+  const history = await business.get(`/api/v1/runs/${res.body.id}/turns/${res.body.turn.id}`);
+  t.deepEqual(history.body.error, res.body.turn.error);
+  t.deepEqual(history.body.output, res.body.turn.output);
+});
+
 test.serial("limits - over the workspace's active-turn limit a turn fails fast with concurrency_limit_reached", async (t) => {
   const { solo } = t.context;
   const agent = await solo.agentWith({
