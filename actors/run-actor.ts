@@ -273,8 +273,10 @@ export class RunActor {
   // ---- admission ----------------------------------------------------------------
 
   private async start(cmd: Extract<RunCommand, { op: "start" }>): Promise<CommandReply> {
-    const existing = await this.activate();
+    // A resent start (same ids) finds its run: in memory, or in the store.
+    const existing = this.run ?? (await this.r.store.getRun(this.runId));
     if (existing) {
+      await this.activate();
       if (existing.workspace_id !== cmd.workspace_id) return fail("run_not_found");
       return ok({ run_id: existing._id, turn_id: cmd.turn_id, disposition: Disposition.created });
     }
@@ -313,12 +315,12 @@ export class RunActor {
     await this.appender.flush();
     run.event_seq = this.appender.nextSequence - 1;
     // The turn next: a run never points at a turn that is not stored.
-    if (!(await this.r.store.getTurn(turn._id))) await this.r.store.insertTurn(turn);
+    await this.r.store.insertTurnOnce(turn);
     await this.r.store.insertRun(run);
     this.run = run;
     this.session = [];
     await this.execute(run, turn);
-    return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created });
+    return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created, run: renderRun(run, turn, Disposition.created) });
   }
 
   private newTurn(
@@ -356,8 +358,14 @@ export class RunActor {
   }
 
   private async continueRun(run: RunDoc, cmd: Extract<RunCommand, { op: "continue" }>): Promise<CommandReply> {
-    const replay = await this.replayContinue(run, cmd.turn_id);
-    if (replay) return replay;
+    if (this.active?.turn.steer_ids.includes(cmd.turn_id)) {
+      return ok({ run_id: run._id, turn_id: this.active.turn._id, disposition: Disposition.steered });
+    }
+    // A resent continuation names a turn this actor admitted already: answer as before.
+    if (cmd.turn_id === run.latest_turn_id || cmd.turn_id === run.queued_turn_id) {
+      const replay = await this.replayContinue(run, cmd.turn_id);
+      if (replay) return replay;
+    }
     const outcome = admissionOutcome({
       state: run.state,
       hasQueued: run.queued_turn_id !== null,
@@ -389,12 +397,15 @@ export class RunActor {
 
   private async admitTurn(run: RunDoc, turnId: string, input: InputPart[], queue: boolean): Promise<CommandReply> {
     const now = this.r.clock.nowMs();
-    const version = await nextVersionFor(this.r.store, run);
+    const version = await nextVersionFor(this.r.store, this.r.deployments, run);
     const status = queue ? TurnStatus.queued : TurnStatus.in_progress;
     const firstSeq = this.emit(turnId, "platform", queue ? "turn.queued" : "turn.started", { agent_version: version });
     const turn = this.newTurn(run, turnId, run.turn_count, status, version, input, now, firstSeq, queue ? Disposition.queued : Disposition.continued);
     await this.appender!.flush();
-    await this.r.store.insertTurn(turn);
+    if (!(await this.r.store.insertTurnOnce(turn))) {
+      // Admitted before (a resent command after a lost reply): answer as then.
+      return (await this.replayContinue(run, turnId)) ?? fail("conflict", "The turn id is taken.");
+    }
     const set: Partial<RunDoc> = {
       turn_count: run.turn_count + 1,
       latest_turn_id: turn._id,
@@ -409,7 +420,8 @@ export class RunActor {
     await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
     Object.assign(run, set);
     if (!queue) await this.execute(run, turn);
-    return ok({ run_id: run._id, turn_id: turn._id, disposition: queue ? Disposition.queued : Disposition.continued });
+    const disposition = queue ? Disposition.queued : Disposition.continued;
+    return ok({ run_id: run._id, turn_id: turn._id, disposition, run: renderRun(run, turn, disposition) });
   }
 
   private async steer(run: RunDoc, steerId: string, input: InputPart[]): Promise<CommandReply> {
@@ -427,7 +439,7 @@ export class RunActor {
     const set = { last_activity_at: now, expires_at: now + run.retention_s * 1000 };
     await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
     Object.assign(run, set);
-    return ok({ run_id: run._id, turn_id: active.turn._id, disposition: Disposition.steered });
+    return ok({ run_id: run._id, turn_id: active.turn._id, disposition: Disposition.steered, run: renderRun(run, active.turn, Disposition.steered) });
   }
 
   // ---- cancellation, deletion, tags ------------------------------------------------

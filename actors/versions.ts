@@ -1,4 +1,4 @@
-import type { RunDoc } from "../src/documents.js";
+import type { DeploymentDoc, RunDoc } from "../src/documents.js";
 import type { MongoStore } from "../src/mongo-store.js";
 
 /**
@@ -6,11 +6,15 @@ import type { MongoStore } from "../src/mongo-store.js";
  * `upgrade_policy` decides; `automatic` moves to the active version, `new_run_only`
  * keeps the run's version.
  */
-export async function nextVersionFor(store: MongoStore, run: RunDoc): Promise<number> {
-  const agent = await store.agents.findOne({ _id: run.agent_id });
+export async function nextVersionFor(
+  store: MongoStore,
+  deployments: { get(agentId: string, version: number): Promise<DeploymentDoc | null> },
+  run: RunDoc,
+): Promise<number> {
+  const agent = await store.agents.findOne({ _id: run.agent_id }, { projection: { active_version: 1 } });
   const active = agent?.active_version;
   if (!active || active === run.agent_version) return run.agent_version;
-  const deployment = await store.getDeployment(run.agent_id, active);
+  const deployment = await deployments.get(run.agent_id, active);
   if (!deployment || deployment.status !== "ready") return run.agent_version;
   return deployment.upgrade_policy === "automatic" ? active : run.agent_version;
 }

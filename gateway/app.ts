@@ -6,7 +6,7 @@ import type { Clock } from "../src/clock.js";
 import { ApiError, invalid } from "../src/errors.js";
 import { Ids } from "../src/ids.js";
 import { StoreUnavailableError, type MongoStore } from "../src/mongo-store.js";
-import type { DeploymentBuilder } from "../actors/index.js";
+import type { DeploymentBuilder, DeploymentCache } from "../actors/index.js";
 import type { EventLog } from "../src/event-log.js";
 import type { FileStore } from "../src/file-store.js";
 import type { EnvValues } from "../src/env-values.js";
@@ -40,6 +40,8 @@ export interface GatewayContext {
   idempotency: IdempotencyRecords;
   rateLimiter: RateLimiter;
   builder: DeploymentBuilder;
+  /** Ready deployments by id (immutable once ready). */
+  deployments: DeploymentCache;
   events: EventLog;
   files: FileStore;
   envValues: EnvValues;

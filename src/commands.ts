@@ -44,6 +44,8 @@ export type CommandReply =
       /** HTTP status the gateway answers with when it is not a plain 200. */
       http_status?: number;
       tags?: string[];
+      /** The Run object as the admission left it (saves the gateway two reads). */
+      run?: Record<string, unknown>;
     }
   | { ok: false; code: ErrorCode; message?: string; param?: string | null }
   /** This node does not own the run's partition (any more): route again. */

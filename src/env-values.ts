@@ -68,12 +68,15 @@ export function checkEnvValue(value: unknown): string {
   return value;
 }
 
+/** How long a node reuses a workspace's decrypted values for new turns. */
+export const RESOLVE_CACHE_MS = 2_000;
 
 /** Environment values of every workspace, over the `env_values` collection. */
 export class EnvValues {
   private readonly collection: Collection<EnvValueDoc>;
   private readonly master: Buffer;
   private readonly keys = new Map<string, Uint8Array>();
+  private readonly resolved = new Map<string, { values: Record<string, string>; atMs: number }>();
 
   /** `masterKeyBase64` is `RUNS_MASTER_KEY`: 32 bytes of base64. */
   constructor(
@@ -97,6 +100,7 @@ export class EnvValues {
     checkEnvName(name);
     const plain = checkEnvValue(value);
     const now = this.clock.nowMs();
+    this.resolved.delete(workspaceId);
     const sealed = Buffer.from(seal(this.keyFor(workspaceId), Buffer.from(JSON.stringify({ n: name, v: plain }), "utf8"))).toString("base64");
     const doc = await guard(() =>
       this.collection.findOneAndUpdate(
@@ -134,6 +138,7 @@ export class EnvValues {
   /** Deletes a value; false when there was none. */
   async delete(workspaceId: string, name: string): Promise<boolean> {
     if (!ENV_NAME_PATTERN.test(name)) return false;
+    this.resolved.delete(workspaceId);
     const result = await guard(() => this.collection.deleteOne({ _id: `${workspaceId}:${name}`, workspace_id: workspaceId }));
     return result.deletedCount > 0;
   }
@@ -142,10 +147,20 @@ export class EnvValues {
    * Every value of the workspace, decrypted: name → value. For the agent runner (provider
    * credentials). Throws {@link EnvValueDecryptError} if a stored value cannot be opened.
    */
+  /**
+   * Every value of a workspace, decrypted, for the agent runner. Cached for
+   * `RESOLVE_CACHE_MS` per workspace on this node, so a changed credential reaches
+   * turns that start at most that much later.
+   */
   async resolveAll(workspaceId: string): Promise<Record<string, string>> {
+    const now = this.clock.nowMs();
+    const hit = this.resolved.get(workspaceId);
+    if (hit && now - hit.atMs < RESOLVE_CACHE_MS) return hit.values;
     const docs = await guard(() => this.collection.find({ workspace_id: workspaceId }).toArray());
     const out: Record<string, string> = {};
     for (const doc of docs) out[doc.name] = this.openDoc(doc);
+    if (this.resolved.size > 10_000) this.resolved.clear();
+    this.resolved.set(workspaceId, { values: out, atMs: now });
     return out;
   }
 

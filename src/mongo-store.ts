@@ -310,6 +310,17 @@ export class MongoStore {
     return guard(() => this.turns.insertOne(doc));
   }
 
+  /** Inserts a turn unless one with its id exists; false when it did (a resent command). */
+  async insertTurnOnce(doc: TurnDoc): Promise<boolean> {
+    try {
+      await guard(() => this.turns.insertOne(doc));
+      return true;
+    } catch (err) {
+      if (isDuplicateKey(err)) return false;
+      throw err;
+    }
+  }
+
   getTurn(id: string): Promise<TurnDoc | null> {
     return guard(() => this.turns.findOne({ _id: id }));
   }

@@ -46,6 +46,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   await envValues.provision();
 
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
+  const deployments = new DeploymentCache(store);
   let host: ActorHost | undefined;
   if (config.roles.actors) {
     host = new ActorHost(
@@ -57,7 +58,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         jsm: nats.jsm,
         events,
         log: log.child({ component: "actors" }),
-        deployments: new DeploymentCache(store),
+        deployments,
         checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
         files,
         envValues,
@@ -79,6 +80,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       nc,
       log,
       builder,
+      deployments,
       events,
       rateLimits: nats.rateLimits,
       files,

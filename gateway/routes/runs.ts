@@ -20,6 +20,8 @@ interface RunAnswer extends Record<string, unknown> {
   turn_id: string;
   disposition?: Disposition;
   http_status?: number;
+  /** The run as the admission left it; never stored with the key. */
+  view?: Record<string, unknown>;
   /** A recorded error answer (the same key returns the same answer). */
   error?: { code: string; message: string; param: string | null };
 }
@@ -99,7 +101,8 @@ export function runRoutes(ctx: GatewayContext) {
             if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
             throw err;
           }
-          await ctx.idempotency.complete(claim.id, answer);
+          const { view: _view, ...identity } = answer;
+          await ctx.idempotency.complete(claim.id, identity);
         }
         if (answer.error) {
           throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
@@ -219,7 +222,7 @@ async function resolveStartVersion(ctx: GatewayContext, workspaceId: string, age
   if (target === null) {
     throw new ApiError("agent_version_not_ready", { param: "agent", message: "The agent has no active deployment yet." });
   }
-  const deployment = await ctx.store.getDeployment(agentId, target);
+  const deployment = await ctx.deployments.get(agentId, target);
   if (!deployment) throw new ApiError("agent_version_not_found", { param: "version" });
   if (deployment.status !== "ready") {
     throw new ApiError("agent_version_not_ready", {
@@ -254,7 +257,7 @@ async function admit(
       : { op: "continue", workspace_id: workspaceId, run_id: body.run_id, turn_id: ids.turn_id, input: body.input, on_busy: body.on_busy };
   try {
     const result = await ctx.router.send(cmd);
-    return { run_id: result.run_id, turn_id: result.turn_id ?? ids.turn_id, disposition: result.disposition };
+    return { run_id: result.run_id, turn_id: result.turn_id ?? ids.turn_id, disposition: result.disposition, view: result.run };
   } catch (err) {
     // A final lifecycle answer (steering_target_ended) is the key's answer from now on;
     // a retryable one (run_busy) or a transient failure is not recorded.
@@ -275,7 +278,8 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
   try {
     for (let i = 0; i < 10_000; i++) {
       const turn = await loadTurn(ctx, run, turnId);
-      if (isFinalStatus(turn.status)) return;
+      // Settled once the run moved on too (the notice follows both writes, DESIGN §4).
+      if (isFinalStatus(turn.status) && (await ctx.store.getRun(run._id))?.active_turn_id !== turnId) return;
       const left = deadline - Date.now();
       if (left <= 0) return;
       if (await notice.arrivedWithin(Math.min(left, 3_000))) return;
@@ -294,6 +298,12 @@ async function deliver(
   body: RunRequest,
   waitFor: ReturnType<typeof finalNotice> | undefined,
 ) {
+  if (body.background && answer.view) {
+    // Background: the run as the admission left it, straight from the owner's reply.
+    const turnView = answer.view.turn as { id: string };
+    reply.header("location", `/api/v1/runs/${answer.run_id}?turn_id=${turnView.id}`);
+    return reply.status(202).send(answer.view);
+  }
   let run = await loadRun(ctx, workspaceId, answer.run_id);
   let turn = await loadTurn(ctx, run, answer.turn_id);
   if (!body.background && !isFinalStatus(turn.status)) {

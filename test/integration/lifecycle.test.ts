@@ -17,7 +17,8 @@ test.before(async (t) => {
   const ws = await newWorkspace(service);
   const other = await newWorkspace(service);
   const echo = await ws.api.agentWith({ model: "faux/scripted" });
-  const sleeper = await ws.api.agentWith(sleepConfig(3, [{ text: "slept" }]));
+  // Long enough to still be running on a loaded machine when a test acts on it.
+  const sleeper = await ws.api.agentWith(sleepConfig(5, [{ text: "slept" }]));
   t.context = { servers, service, api: ws.api, other: other.api, echo, sleeper };
 });
 
@@ -92,7 +93,7 @@ test("continue - reject on a busy run is 409 run_busy", async (t) => {
 test("steer - input reaches the active turn's agent at its next step boundary", async (t) => {
   const { api } = t.context;
   // After the bash step the script is over, so the model echoes the latest user message: the steer.
-  const agent = await api.agentWith(sleepConfig(2));
+  const agent = await api.agentWith(sleepConfig(4));
   const run = await busyRun(api, agent);
   const steered = await api.post("/api/v1/runs", { run_id: run.id, input: "change of plan", on_busy: "steer", background: true });
   t.is(steered.status, 202);
