@@ -21,6 +21,8 @@ export class ActorHost {
   private passivateTimer: NodeJS.Timeout | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
   private sweeping = false;
+  private orphanTimer: NodeJS.Timeout | undefined;
+  private adopting = false;
   private admitting = true;
 
   constructor(
@@ -49,6 +51,32 @@ export class ActorHost {
     this.passivateTimer.unref();
     this.sweepTimer = setInterval(() => void this.sweep(), this.r.config.sweepIntervalMs);
     this.sweepTimer.unref();
+    this.orphanTimer = setInterval(() => void this.adoptOrphans(), Math.max(1_000, this.r.config.leaseTtlMs));
+    this.orphanTimer.unref();
+  }
+
+  /**
+   * A stale owner can still insert a run (inserts are not fenced) after this node
+   * claimed the partition and scanned it, or stop before starting an admitted turn.
+   * Busy runs of held partitions with an older epoch and no actor here are recovered.
+   */
+  async adoptOrphans(): Promise<void> {
+    if (!this.admitting || this.adopting) return;
+    this.adopting = true;
+    try {
+      const held = this.leases.heldPartitions();
+      if (!held.length) return;
+      for (const run of await this.r.store.busyRunsIn(held)) {
+        const epoch = this.leases.epochOf(run.partition);
+        if (epoch === undefined || run.epoch >= epoch || this.actors.has(run._id)) continue;
+        this.r.log.warn({ run_id: run._id, run_epoch: run.epoch, epoch }, "recovering a run a stale owner left busy");
+        await this.actorFor(run._id, run.partition, epoch).recover();
+      }
+    } catch (err) {
+      this.r.log.warn({ err }, "orphan check failed; retrying at the next interval");
+    } finally {
+      this.adopting = false;
+    }
   }
 
   /**
@@ -93,6 +121,7 @@ export class ActorHost {
     this.leases.stopClaiming();
     if (this.passivateTimer) clearInterval(this.passivateTimer);
     if (this.sweepTimer) clearInterval(this.sweepTimer);
+    if (this.orphanTimer) clearInterval(this.orphanTimer);
     const deadline = this.r.clock.nowMs() + this.r.config.drainMs;
     while (this.busyActors().length > 0 && this.r.clock.nowMs() < deadline) {
       await new Promise((resolve) => setTimeout(resolve, 100));

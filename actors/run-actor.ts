@@ -543,7 +543,7 @@ export class RunActor {
     let credentials: Record<string, string>;
     try {
       input = await this.resolveFiles(run, turn.input);
-      credentials = await this.r.envValues.resolveAll(run.workspace_id);
+      credentials = await this.r.envValues.resolveForTurn(run.workspace_id);
     } catch (err) {
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: Ids.reference() }));

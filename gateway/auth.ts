@@ -79,7 +79,7 @@ export class Authenticator {
     const last = this.lastUsedWrites.get(key._id) ?? key.last_used_at ?? 0;
     if (now - last < LAST_USED_EVERY_MS) return;
     this.lastUsedWrites.set(key._id, now);
-    void this.store.updateApiKey(key._id, { last_used_at: now }).catch(() => undefined);
+    void this.store.recordKeyUse(key._id, now).catch(() => undefined);
   }
 }
 

@@ -147,21 +147,27 @@ export class EnvValues {
    * Every value of the workspace, decrypted: name → value. For the agent runner (provider
    * credentials). Throws {@link EnvValueDecryptError} if a stored value cannot be opened.
    */
-  /**
-   * Every value of a workspace, decrypted, for the agent runner. Cached for
-   * `RESOLVE_CACHE_MS` per workspace on this node, so a changed credential reaches
-   * turns that start at most that much later.
-   */
+  /** Every value of a workspace, decrypted, read from the store now. */
   async resolveAll(workspaceId: string): Promise<Record<string, string>> {
-    const now = this.clock.nowMs();
-    const hit = this.resolved.get(workspaceId);
-    if (hit && now - hit.atMs < RESOLVE_CACHE_MS) return hit.values;
     const docs = await guard(() => this.collection.find({ workspace_id: workspaceId }).toArray());
     const out: Record<string, string> = {};
     for (const doc of docs) out[doc.name] = this.openDoc(doc);
-    if (this.resolved.size > 10_000) this.resolved.clear();
-    this.resolved.set(workspaceId, { values: out, atMs: now });
     return out;
+  }
+
+  /**
+   * `resolveAll` for starting turns, cached for `RESOLVE_CACHE_MS` per workspace on
+   * this node: a changed credential reaches turns that start at most that much later
+   * (at once on the node that changed it).
+   */
+  async resolveForTurn(workspaceId: string): Promise<Record<string, string>> {
+    const now = this.clock.nowMs();
+    const hit = this.resolved.get(workspaceId);
+    if (hit && now - hit.atMs < RESOLVE_CACHE_MS) return hit.values;
+    const values = await this.resolveAll(workspaceId);
+    if (this.resolved.size > 10_000) this.resolved.clear();
+    this.resolved.set(workspaceId, { values, atMs: now });
+    return values;
   }
 
   private keyFor(workspaceId: string): Uint8Array {

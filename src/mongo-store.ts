@@ -87,6 +87,11 @@ export class MongoStore {
   readonly turns: Collection<TurnDoc>;
   readonly idempotency: Collection<IdempotencyDoc>;
   readonly tombstones: Collection<TombstoneDoc>;
+  /**
+   * `last_used_at` of keys, apart from the key documents: FerretDB updates are
+   * read-modify-write, so a usage write must never race a revocation on one document.
+   */
+  readonly apiKeyUsage: Collection<{ _id: string; last_used_at: number }>;
 
   private constructor(
     private readonly client: MongoClient,
@@ -100,6 +105,7 @@ export class MongoStore {
     this.turns = db.collection("turns");
     this.idempotency = db.collection("idempotency");
     this.tombstones = db.collection("tombstones");
+    this.apiKeyUsage = db.collection("api_key_usage");
   }
 
   static async connect(uri: string, dbName: string): Promise<MongoStore> {
@@ -174,6 +180,16 @@ export class MongoStore {
 
   listApiKeys(workspaceId: string): Promise<ApiKeyDoc[]> {
     return guard(() => this.apiKeys.find({ workspace_id: workspaceId }).sort({ created_at: -1, _id: -1 }).toArray());
+  }
+
+  recordKeyUse(id: string, atMs: number): Promise<unknown> {
+    return guard(() => this.apiKeyUsage.updateOne({ _id: id }, { $set: { last_used_at: atMs } }, { upsert: true }));
+  }
+
+  /** `last_used_at` by key id, for rendering keys. */
+  async keyUsage(ids: string[]): Promise<Map<string, number>> {
+    const docs = await guard(() => this.apiKeyUsage.find({ _id: { $in: ids } }).toArray());
+    return new Map(docs.map((d) => [d._id, d.last_used_at]));
   }
 
   updateApiKey(id: string, set: Partial<ApiKeyDoc>): Promise<unknown> {
@@ -297,10 +313,10 @@ export class MongoStore {
     return guard(() => this.runs.countDocuments({ workspace_id: workspaceId, tags: tag }, { limit: cap }));
   }
 
-  busyRunsIn(partitions: number[]): Promise<RunDoc[]> {
+  busyRunsIn(partitions: number[]): Promise<Array<Pick<RunDoc, "_id" | "partition" | "epoch">>> {
     return guard(() =>
       this.runs
-        .find({ partition: { $in: partitions }, state: "busy" })
+        .find({ partition: { $in: partitions }, state: "busy" }, { projection: { _id: 1, partition: 1, epoch: 1 } })
         .limit(10_000)
         .toArray(),
     );

@@ -34,13 +34,19 @@ function checkScopes(scopes: string[]): string[] {
 
 type KeyParams = { Params: { keyId: string } };
 
+/** Keys with their `last_used_at`, which is kept apart from the key documents. */
+async function withUsage(ctx: GatewayContext, keys: ApiKeyDoc[]): Promise<ApiKeyDoc[]> {
+  const usage = await ctx.store.keyUsage(keys.map((k) => k._id));
+  return keys.map((k) => ({ ...k, last_used_at: usage.get(k._id) ?? k.last_used_at }));
+}
+
 async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>): Promise<ApiKeyDoc> {
   const auth = authOf(request);
   const id = request.params.keyId;
   if (!UUID.test(id)) throw invalid("keyId", "keyId must be a UUID.");
   const key = await ctx.store.getApiKey(auth.workspace._id, id);
   if (!key) throw new ApiError("not_found", { param: "keyId", message: "No such API key." });
-  return key;
+  return (await withUsage(ctx, [key]))[0]!;
 }
 
 export function apiKeyRoutes(ctx: GatewayContext) {
@@ -66,7 +72,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
     app.get("/api/v1/api-keys", scope, async (request) => {
       const auth = authOf(request);
       const now = ctx.clock.nowMs();
-      const keys = await ctx.store.listApiKeys(auth.workspace._id);
+      const keys = await withUsage(ctx, await ctx.store.listApiKeys(auth.workspace._id));
       return list(keys.map((k) => renderApiKey(k, now)), false, null);
     });
 

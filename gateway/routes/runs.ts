@@ -78,6 +78,11 @@ export function runRoutes(ctx: GatewayContext) {
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
 
+      for (const part of body.input) {
+        if (part.type === "input_file" && part.file_id && !(await ctx.files.get(workspaceId, part.file_id))) {
+          throw invalid("input", `No file ${part.file_id} in this workspace; upload it with POST /api/v1/files first.`);
+        }
+      }
       let startVersion: number | undefined;
       if (body.kind === "start") {
         startVersion = await resolveStartVersion(ctx, workspaceId, body.agent, body.version);

@@ -482,3 +482,36 @@ test("files - concurrent uploads per workspace are capped: the next one is 429 u
     await capped.close();
   }
 });
+
+test("files - an uploaded text file given by file_id reaches the agent as text", async (t) => {
+  const { api } = t.context;
+  const content = "the quarterly numbers are up 7 percent";
+  const uploaded = await upload(api, newKey(), fileParts(Buffer.from(content), "report.txt", "text/plain"));
+  t.is(uploaded.status, 201);
+  const agent = await api.agentWith({ model: "faux/scripted" });
+  const run = await api.post("/api/v1/runs", {
+    agent,
+    input: [
+      { type: "input_text", text: "summarise" },
+      { type: "input_file", file_id: uploaded.body.id },
+    ],
+  });
+  t.is(run.status, 200);
+  t.is(run.body.turn.status, "completed");
+  t.deepEqual(run.body.turn.input[1], { type: "input_file", file_id: uploaded.body.id }, "the stored input keeps the id");
+  // The scripted model echoes the text the agent was given: the file's content is in it.
+  const echoed = run.body.turn.output.map((p: any) => p.text).join("");
+  t.true(echoed.includes(content), echoed);
+  t.true(echoed.includes("report.txt"));
+});
+
+test("files - an unknown or another workspace's file_id is 400 param input", async (t) => {
+  const { api, other } = t.context;
+  const agent = await api.agentWith({ model: "faux/scripted" });
+  const unknown = await api.post("/api/v1/runs", { agent, input: [{ type: "input_file", file_id: "file_doesnotexist" }] });
+  t.is(unknown.status, 400);
+  t.is(unknown.body.error.param, "input");
+  const theirs = await upload(other, newKey(), fileParts(Buffer.from("private")));
+  const foreign = await api.post("/api/v1/runs", { agent, input: [{ type: "input_file", file_id: theirs.body.id }] });
+  t.is(foreign.status, 400);
+});
