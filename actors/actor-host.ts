@@ -1,6 +1,9 @@
 import { errors as natsErrors, type Subscription } from "@nats-io/transport-node";
 import { ApiError } from "../src/errors.js";
 import { StoreUnavailableError } from "../src/mongo-store.js";
+import { EventWriteError } from "../src/event-log.js";
+import { JetStreamApiError, JetStreamError } from "@nats-io/jetstream";
+import { CheckpointError } from "./checkpoints.js";
 import type { CommandReply, RunCommand } from "../src/commands.js";
 import { Subjects } from "../src/nats.js";
 import { PartitionLeases, partitionOf } from "./partition-leases.js";
@@ -8,6 +11,26 @@ import { RunActor, type ActorResources } from "./run-actor.js";
 import type { KV } from "@nats-io/kv";
 
 const encoder = new TextEncoder();
+
+/**
+ * Failures that pass when NATS, JetStream or the store are back: answered as 503
+ * runtime_unavailable (the client retries with its Idempotency-Key), never 500.
+ */
+function isTemporary(error: unknown): boolean {
+  if (error instanceof ApiError) return error.retryable;
+  return (
+    error instanceof StoreUnavailableError ||
+    error instanceof EventWriteError ||
+    error instanceof CheckpointError ||
+    error instanceof natsErrors.TimeoutError ||
+    error instanceof natsErrors.NoRespondersError ||
+    error instanceof natsErrors.RequestError ||
+    error instanceof natsErrors.ConnectionError ||
+    error instanceof natsErrors.ClosedConnectionError ||
+    error instanceof JetStreamError ||
+    (error instanceof JetStreamApiError && error.status >= 500)
+  );
+}
 
 /**
  * Hosts the run actors of the partitions this node owns: serves `runs.cmd.<p>` for
@@ -148,8 +171,7 @@ export class ActorHost {
           (error) => {
             // A temporary failure (JetStream or the store unavailable for a moment) is a
             // 503 the client retries with its Idempotency-Key, not a 500.
-            const temporary =
-              error instanceof ApiError ? error.retryable : error instanceof natsErrors.TimeoutError || error instanceof StoreUnavailableError;
+            const temporary = isTemporary(error);
             this.r.log[temporary ? "warn" : "error"]({ err: error, partition }, "command failed");
             const code = temporary ? "runtime_unavailable" : "internal_error";
             msg.respond(encoder.encode(JSON.stringify({ ok: false, code } satisfies CommandReply)));
