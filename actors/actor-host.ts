@@ -1,8 +1,5 @@
-import { errors as natsErrors, type Subscription } from "@nats-io/transport-node";
-import { ApiError } from "../src/errors.js";
-import { StoreUnavailableError } from "../src/mongo-store.js";
-import { EventWriteError } from "../src/event-log.js";
-import { JetStreamApiError, JetStreamError } from "@nats-io/jetstream";
+import type { Subscription } from "@nats-io/transport-node";
+import { isTransientFailure } from "../src/transient.js";
 import { CheckpointError } from "./checkpoints.js";
 import type { CommandReply, RunCommand } from "../src/commands.js";
 import { Subjects } from "../src/nats.js";
@@ -12,24 +9,9 @@ import type { KV } from "@nats-io/kv";
 
 const encoder = new TextEncoder();
 
-/**
- * Failures that pass when NATS, JetStream or the store are back: answered as 503
- * runtime_unavailable (the client retries with its Idempotency-Key), never 500.
- */
+/** Temporary failures inside a command (checkpoints too) answer 503, never 500. */
 function isTemporary(error: unknown): boolean {
-  if (error instanceof ApiError) return error.retryable;
-  return (
-    error instanceof StoreUnavailableError ||
-    error instanceof EventWriteError ||
-    error instanceof CheckpointError ||
-    error instanceof natsErrors.TimeoutError ||
-    error instanceof natsErrors.NoRespondersError ||
-    error instanceof natsErrors.RequestError ||
-    error instanceof natsErrors.ConnectionError ||
-    error instanceof natsErrors.ClosedConnectionError ||
-    error instanceof JetStreamError ||
-    (error instanceof JetStreamApiError && error.status >= 500)
-  );
+  return isTransientFailure(error) || error instanceof CheckpointError;
 }
 
 /**

@@ -15,6 +15,7 @@ import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
 import { retryAfterSeconds } from "./unavailable.js";
 import { trackConnection } from "../src/nats.js";
+import { isTransientFailure } from "../src/transient.js";
 import { RateClass, RateLimiter, type RateDecision } from "./rate-limits.js";
 import type { KV } from "@nats-io/kv";
 import { runRoutes } from "./routes/runs.js";
@@ -72,8 +73,8 @@ export function authOf(request: FastifyRequest): AuthContext {
 
 function toApiError(err: unknown, log: Logger, request: FastifyRequest): ApiError {
   if (err instanceof ApiError) return err;
-  if (err instanceof StoreUnavailableError) {
-    log.warn({ err: err.cause, reqId: request.id }, "store unavailable");
+  if (isTransientFailure(err)) {
+    log.warn({ err: err instanceof StoreUnavailableError ? err.cause : err, reqId: request.id }, "temporarily unavailable");
     return new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
   }
   const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
