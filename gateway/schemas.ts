@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { AgentCreateSchema } from "../src/agent-config.js";
+import { AgentCreateSchema, AgentConfigSchema as SourceAgentConfigSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema } from "../src/agent-config.js";
 import { BUILTIN_TOOLS, Disposition, RunState, TurnStatus } from "../src/domain.js";
 import { ERROR_CATALOGUE, ErrorType, errorTypeForStatus } from "../src/errors.js";
 import { TURN_ERROR_CATALOGUE } from "../src/turn-errors.js";
@@ -16,9 +16,10 @@ import { MAX_INLINE_FILE_BYTES, MAX_TAG_LENGTH, MAX_TAGS } from "../src/run-requ
  * them, which catches a renderer and this file drifting apart.
  *
  * Request schemas describe what the parsers accept. Where a parser's own zod schema is
- * exported it is reused (AgentCreateSchema); the agent config, deployment, API key and
- * environment value request schemas are private to their modules, so they are mirrored
- * here (test/unit/openapi-schemas.test.ts checks the mirrors against the parsers).
+ * exported it is reused (AgentCreateSchema, AgentConfigSchema, DeploymentRequestSchema); the
+ * API key and environment value request schemas are private to their modules, so they
+ * are mirrored here (test/unit/openapi-schemas.test.ts checks the mirrors against the
+ * parsers).
  */
 export const schemas = z.registry<{ id: string; description?: string }>();
 
@@ -212,41 +213,8 @@ export const EventHistorySchema = named(
 // ---------------------------------------------------------------------------------
 // Agents, deployments, models
 
-const ScriptStepSchema = z.union([
-  z.object({ text: z.string() }).strict(),
-  z.object({ tool_call: z.object({ name: z.string().min(1), arguments: z.record(z.string(), z.unknown()) }).strict() }).strict(),
-  z.object({ error: z.object({ message: z.string(), status: z.int().min(100).max(599).optional() }).strict() }).strict(),
-]);
-
-/** Mirror of src/agent-config.ts's private AgentConfigSchema (decisions §3). */
-export const AgentConfigSchema = named(
-  "AgentConfig",
-  z
-    .object({
-      model: z.union([
-        z.string().regex(/^[^/\s]+\/\S+$/).describe("<provider>/<model-id> from GET /api/v1/models, or faux/scripted."),
-        z.object({ provider: z.literal("openai-compatible"), base_url: z.url(), model: z.string().min(1) }).strict(),
-      ]),
-      instructions: z.string().max(200_000).optional(),
-      tools: z.array(z.enum(BUILTIN_TOOLS)).max(BUILTIN_TOOLS.length).optional().describe("Each at most once; all five when omitted."),
-      limits: z.object({ command_timeout_s: z.int().min(1).max(12 * 3600).optional() }).strict().optional(),
-      script: z.array(ScriptStepSchema).max(10_000).optional().describe("Only with model faux/scripted."),
-      tokens_per_second: z.number().positive().max(1_000_000).optional(),
-    })
-    .strict(),
-);
-
-/** Mirror of src/agent-config.ts's private DeploymentRequestSchema. */
-export const DeploymentRequestSchema = named(
-  "DeploymentRequest",
-  z
-    .object({
-      config: AgentConfigSchema,
-      upgrade_policy: z.enum(["automatic", "new_run_only"]).optional().describe("Default automatic."),
-      activate: z.boolean().optional().describe("Default true: becomes active when ready."),
-    })
-    .strict(),
-);
+export const AgentConfigSchema = named("AgentConfig", SourceAgentConfigSchema);
+export const DeploymentRequestSchema = named("DeploymentRequest", SourceDeploymentRequestSchema);
 
 export const AgentCreateRequestSchema = named("AgentCreateRequest", AgentCreateSchema);
 

@@ -5,28 +5,33 @@ import { ApiError, invalid } from "./errors.js";
 const ScriptStepSchema = z.union([
   z.object({ text: z.string() }).strict(),
   z.object({ tool_call: z.object({ name: z.string().min(1), arguments: z.record(z.string(), z.unknown()) }).strict() }).strict(),
-  z.object({ error: z.object({ message: z.string(), status: z.number().int().min(100).max(599).optional() }).strict() }).strict(),
+  z.object({ error: z.object({ message: z.string(), status: z.int().min(100).max(599).optional() }).strict() }).strict(),
 ]);
 
-const AgentConfigSchema = z
+/** A deployment's agent configuration (decisions §3); also the OpenAPI schema. */
+export const AgentConfigSchema = z
   .object({
     model: z.union([
-      z.string().regex(/^[^/\s]+\/\S+$/, "model must be <provider>/<model-id>"),
+      z
+        .string()
+        .regex(/^[^/\s]+\/\S+$/, "model must be <provider>/<model-id>")
+        .describe("<provider>/<model-id> from GET /api/v1/models, or faux/scripted."),
       z.object({ provider: z.literal("openai-compatible"), base_url: z.url(), model: z.string().min(1) }).strict(),
     ]),
     instructions: z.string().max(200_000).optional(),
-    tools: z.array(z.enum(BUILTIN_TOOLS)).max(BUILTIN_TOOLS.length).optional(),
-    limits: z.object({ command_timeout_s: z.number().int().min(1).max(12 * 3600).optional() }).strict().optional(),
-    script: z.array(ScriptStepSchema).max(10_000).optional(),
+    tools: z.array(z.enum(BUILTIN_TOOLS)).max(BUILTIN_TOOLS.length).optional().describe("Each at most once; all five when omitted."),
+    limits: z.object({ command_timeout_s: z.int().min(1).max(12 * 3600).optional() }).strict().optional(),
+    script: z.array(ScriptStepSchema).max(10_000).optional().describe("Only with model faux/scripted."),
     tokens_per_second: z.number().positive().max(1_000_000).optional(),
   })
   .strict();
 
-const DeploymentRequestSchema = z
+/** `POST /api/v1/agents/{agentId}/deployments` body; also the OpenAPI schema. */
+export const DeploymentRequestSchema = z
   .object({
     config: AgentConfigSchema,
-    upgrade_policy: z.enum(["automatic", "new_run_only"]).optional(),
-    activate: z.boolean().optional(),
+    upgrade_policy: z.enum(["automatic", "new_run_only"]).optional().describe("Default automatic."),
+    activate: z.boolean().optional().describe("Default true: becomes active when ready."),
   })
   .strict();
 
