@@ -17,6 +17,11 @@ export interface TestServers {
   mongoUri: string;
   servicePassword: string;
   tapPassword: string;
+  /**
+   * The database of this cluster: every service started on these servers shares it,
+   * as nodes sharing one NATS must (they share partition ownership).
+   */
+  dbName: string;
   stop(): Promise<void>;
 }
 
@@ -49,6 +54,7 @@ export async function startTestServers(): Promise<TestServers> {
     mongoUri,
     servicePassword,
     tapPassword,
+    dbName: `runs_${Math.random().toString(36).slice(2, 10)}`,
     async stop() {
       // Fault tests replace `nats`/`ferret` with restarted servers: stop the current ones.
       await Promise.all([servers.nats.stop(), servers.ferret.stop()]);
@@ -68,7 +74,9 @@ export function testConfig(servers: TestServers, env: Record<string, string> = {
     NATS_USER: "runs",
     NATS_PASSWORD: servers.servicePassword,
     MONGODB_URI: servers.mongoUri,
-    MONGODB_DB: `runs_${Math.random().toString(36).slice(2, 10)}`,
+    MONGODB_DB: servers.dbName,
+    // Distinct per service: several services in one test process are several nodes.
+    RUNS_NODE_ID: `test-node-${Math.random().toString(36).slice(2, 8)}`,
     RUNS_MASTER_KEY: Buffer.alloc(32, 7).toString("base64"),
     RUNS_PARTITIONS: "8",
     RUNS_LEASE_TTL_MS: "3000",

@@ -489,6 +489,7 @@ test("files - an uploaded text file given by file_id reaches the agent as text",
   const uploaded = await upload(api, newKey(), fileParts(Buffer.from(content), "report.txt", "text/plain"));
   t.is(uploaded.status, 201);
   const agent = await api.agentWith({ model: "faux/scripted" });
+  const startedAt = Date.now();
   const run = await api.post("/api/v1/runs", {
     agent,
     input: [
@@ -496,7 +497,7 @@ test("files - an uploaded text file given by file_id reaches the agent as text",
       { type: "input_file", file_id: uploaded.body.id },
     ],
   });
-  t.is(run.status, 200);
+  t.is(run.status, 200, `${Date.now() - startedAt} ms ${JSON.stringify(run.body)}`);
   t.is(run.body.turn.status, "completed");
   t.deepEqual(run.body.turn.input[1], { type: "input_file", file_id: uploaded.body.id }, "the stored input keeps the id");
   // The scripted model echoes the text the agent was given: the file's content is in it.
