@@ -110,7 +110,9 @@ async function fixture(t: ExecutionContext<Context>, workspaceId: string, plan: 
     created_at: now,
     last_activity_at: now,
     expires_at: now + 30 * 86_400_000,
-    epoch: 0,
+    // Fenced off from every node: the service's orphan check must not adopt (and so
+    // finish) these hand-made busy runs, whose events the test writes itself.
+    epoch: Number.MAX_SAFE_INTEGER,
     turn_count: turns.length,
     latest_turn_id: turns.at(-1)!._id,
     active_turn_id: active?._id ?? null,
