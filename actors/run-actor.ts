@@ -24,6 +24,7 @@ import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
 import type { FileStore } from "../src/file-store.js";
 import type { EnvValues } from "../src/env-values.js";
 import { apiKeyResolver } from "./credentials.js";
+import { isTransientFailure } from "../src/transient.js";
 
 /** What every actor of a node shares. */
 export interface ActorResources {
@@ -63,6 +64,18 @@ interface ActiveExecution {
   /** Why the agent was aborted, when it was. */
   abortReason?: "cancel" | "duration_limit" | "shutdown";
   limitTimer: NodeJS.Timeout;
+}
+
+/** Runs `work`, retrying transient failures up to three times with a short backoff. */
+async function withRetries<T>(work: () => Promise<T>): Promise<T> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await work();
+    } catch (err) {
+      if (attempt >= 3 || !isTransientFailure(err)) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 200 * 2 ** attempt));
+    }
+  }
 }
 
 /** Files larger than this are described to the model instead of included. */
@@ -542,8 +555,10 @@ export class RunActor {
     let input: InputPart[];
     let credentials: Record<string, string>;
     try {
-      input = await this.resolveFiles(run, turn.input);
-      credentials = await this.r.envValues.resolveForTurn(run.workspace_id);
+      // A store or object-store hiccup is retried briefly before the turn fails.
+      [input, credentials] = await withRetries(() =>
+        Promise.all([this.resolveFiles(run, turn.input), this.r.envValues.resolveForTurn(run.workspace_id)]),
+      );
     } catch (err) {
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: Ids.reference() }));

@@ -202,7 +202,8 @@ test.serial("cluster - a node paused past its lease: its partitions move, its la
   const victim = 1;
   const api = nodeApi(cluster, 0);
   // The bash step outlives the pause, so the paused node still has a turn to finish when it wakes up.
-  const agent = await api.agentWith(sleepConfig(4, [{ text: "late" }]), "sleeper-4");
+  // Long enough to outlast the set-up below on a loaded machine.
+  const agent = await api.agentWith(sleepConfig(6, [{ text: "late" }]), "sleeper-6");
   const run = await runOwnedBy(cluster, victim, agent, 0);
   const others = await cluster.store.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
   await Promise.all(others.map((r) => cancelQuietly(cluster, r._id)));

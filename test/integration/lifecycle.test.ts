@@ -18,7 +18,7 @@ test.before(async (t) => {
   const other = await newWorkspace(service);
   const echo = await ws.api.agentWith({ model: "faux/scripted" });
   // Long enough to still be running on a loaded machine when a test acts on it.
-  const sleeper = await ws.api.agentWith(sleepConfig(5, [{ text: "slept" }]));
+  const sleeper = await ws.api.agentWith(sleepConfig(8, [{ text: "slept" }]));
   t.context = { servers, service, api: ws.api, other: other.api, echo, sleeper };
 });
 
