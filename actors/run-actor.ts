@@ -329,7 +329,12 @@ export class RunActor {
     run.event_seq = this.appender.nextSequence - 1;
     // The turn next: a run never points at a turn that is not stored.
     await this.r.store.insertTurnOnce(turn);
-    await this.r.store.insertRun(run);
+    if (!(await this.r.store.insertRunOnce(run))) {
+      // An earlier attempt of this start (its reply lost, the partition moved since)
+      // admitted the run meanwhile: it is admitted, and its owner runs it.
+      this.r.log.info({ run_id: run._id }, "start already admitted by an earlier attempt");
+      return ok({ run_id: run._id, turn_id: cmd.turn_id, disposition: Disposition.created });
+    }
     this.run = run;
     this.session = [];
     await this.execute(run, turn);

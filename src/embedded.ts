@@ -114,6 +114,10 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
   const natsPort = await pickPort(Number(process.env.RUNS_EMBEDDED_NATS_PORT ?? DEFAULT_EMBEDDED_NATS_PORT));
   const mongoPort = await pickPort(Number(process.env.RUNS_EMBEDDED_MONGO_PORT ?? DEFAULT_EMBEDDED_MONGO_PORT));
   const started: ServerProcess[] = [];
+  // If this process exits without stopping them (even mid-start), the servers go too.
+  process.once("exit", () => {
+    for (const s of started) if (s.child.exitCode === null) s.child.kill("SIGTERM");
+  });
   const stop = async () => {
     await Promise.all(started.map((s) => s.stop()));
     await rm(embeddedInfoFile(dataDir), { force: true });
@@ -151,10 +155,7 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
     nats_tap_url: natsUrl,
     mongo_uri: mongoUri,
   };
-  // If this process dies without stopping them, the servers go too.
-  process.once("exit", () => {
-    for (const s of started) if (s.child.exitCode === null) s.child.kill("SIGTERM");
-  });
+
   await writeFile(embeddedInfoFile(dataDir), JSON.stringify(info, null, 2));
   log.info({ nats: natsUrl, mongo: mongoUri, dataDir }, "embedded nats-server and FerretDB started");
   return {

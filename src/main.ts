@@ -2,7 +2,7 @@ import pino from "pino";
 import { loadConfig } from "./config.js";
 import { startEmbedded, type Embedded } from "./embedded.js";
 import { MissingToolError } from "./servers.js";
-import { startService } from "./service.js";
+import { startService, type RunningService } from "./service.js";
 import { createWorkspace } from "./workspaces.js";
 import { systemClock } from "./clock.js";
 
@@ -11,6 +11,27 @@ async function main(): Promise<void> {
   const config = loadConfig();
   const log = pino({ level: config.logLevel });
   let embedded: Embedded | undefined;
+  let service: RunningService | undefined;
+
+  // Signals are handled from the first moment: a Ctrl-C during start-up still stops
+  // what has been started (the embedded servers run in their own process groups).
+  let stopping = false;
+  const shutdown = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, "shutting down");
+    const force = setTimeout(() => process.exit(1), 30_000);
+    force.unref();
+    try {
+      await service?.close();
+      await embedded?.stop();
+    } finally {
+      process.exit(0);
+    }
+  };
+  process.on("SIGINT", () => void shutdown("SIGINT"));
+  process.on("SIGTERM", () => void shutdown("SIGTERM"));
+
   if (!config.natsUrl || !config.mongoUri) {
     embedded = await startEmbedded(config.dataDir, log);
     config.natsUrl ??= embedded.natsUrl;
@@ -19,13 +40,14 @@ async function main(): Promise<void> {
     config.mongoUri ??= embedded.mongoUri;
     config.masterKey ??= embedded.masterKey;
   }
-  let service: Awaited<ReturnType<typeof startService>>;
+  if (stopping) return;
   try {
     service = await startService(config, { log });
   } catch (err) {
     await embedded?.stop();
     throw err;
   }
+  if (stopping) return;
 
   if (embedded && (await service.store.countWorkspaces()) === 0) {
     const created = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
@@ -35,23 +57,6 @@ async function main(): Promise<void> {
     );
   }
   process.stdout.write(`runs is serving on ${service.url}\n`);
-
-  let stopping = false;
-  const shutdown = async (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    log.info({ signal }, "shutting down");
-    const force = setTimeout(() => process.exit(1), 30_000);
-    force.unref();
-    try {
-      await service.close();
-      await embedded?.stop();
-    } finally {
-      process.exit(0);
-    }
-  };
-  process.on("SIGINT", () => void shutdown("SIGINT"));
-  process.on("SIGTERM", () => void shutdown("SIGTERM"));
 }
 
 main().catch((err) => {

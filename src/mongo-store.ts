@@ -268,6 +268,17 @@ export class MongoStore {
     return guard(() => this.runs.insertOne(doc));
   }
 
+  /** Inserts a run unless one with its id exists; false when it did. */
+  async insertRunOnce(doc: RunDoc): Promise<boolean> {
+    try {
+      await guard(() => this.runs.insertOne(doc));
+      return true;
+    } catch (err) {
+      if (isDuplicateKey(err)) return false;
+      throw err;
+    }
+  }
+
   getRun(id: string): Promise<RunDoc | null> {
     return guard(() => this.runs.findOne({ _id: id }));
   }
