@@ -4,3 +4,4 @@ export { DeploymentBuilder } from "./deployment-builder.js";
 export { partitionOf, rendezvousOwner, PartitionLeases } from "./partition-leases.js";
 export { listModels, resolveModel } from "./agent-runner.js";
 export { WorkspaceCheckpoints, CheckpointError } from "./checkpoints.js";
+export { ActiveTurns } from "./active-turns.js";

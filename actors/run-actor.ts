@@ -21,6 +21,7 @@ import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResu
 import { nextVersionFor } from "./versions.js";
 import { existsSync } from "node:fs";
 import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
+import type { ActiveTurns } from "./active-turns.js";
 import type { FileStore } from "../src/file-store.js";
 import type { EnvValues } from "../src/env-values.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -37,6 +38,7 @@ export interface ActorResources {
   log: Logger;
   deployments: DeploymentCache;
   checkpoints: WorkspaceCheckpoints;
+  activeTurns: ActiveTurns;
   files: FileStore;
   envValues: EnvValues;
   /** Node-wide state: while draining, queued turns are left for the next owner. */
@@ -276,6 +278,7 @@ export class RunActor {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: Ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
+      await this.turnEnded(run.workspace_id, turn._id);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
       await this.afterTurn(run, { ...turn, ...final }, now);
       return;
@@ -536,7 +539,8 @@ export class RunActor {
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
-    if ((await this.r.store.countActiveTurns(run.workspace_id)) > limit) {
+    await this.r.activeTurns.started(run.workspace_id, turn._id);
+    if ((await this.r.activeTurns.count(run.workspace_id, limit)) > limit) {
       const error = turnError("concurrency_limit_reached", {
         reference: Ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
@@ -658,6 +662,7 @@ export class RunActor {
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
     await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
+    await this.turnEnded(turn.workspace_id, turn._id);
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
     const run = this.run;
@@ -716,6 +721,15 @@ export class RunActor {
       }
     }
     return out;
+  }
+
+  /** The turn no longer counts against the workspace's active-turn limit. */
+  private async turnEnded(workspaceId: string, turnId: string): Promise<void> {
+    try {
+      await this.r.activeTurns.ended(workspaceId, turnId);
+    } catch (err) {
+      this.r.log.warn({ err: String(err), turn_id: turnId }, "could not clear the active-turn key; it expires with the bucket TTL");
+    }
   }
 
   private async loadSession(run: RunDoc): Promise<AgentMessage[]> {

@@ -20,12 +20,15 @@ export interface NatsResources {
   files: ObjectStore;
   /** Rate-limit counters per workspace and window. */
   rateLimits: KV;
+  /** One key per executing turn, `<workspace>.<turn>`, for the active-turn limit. */
+  activeTurns: KV;
 }
 
 export const LEASES_BUCKET = "runs_leases";
 export const NODES_BUCKET = "runs_nodes";
 export const CHECKPOINTS_BUCKET = "runs_checkpoints";
 export const RATE_LIMITS_BUCKET = "runs_ratelimits";
+export const ACTIVE_TURNS_BUCKET = "runs_active_turns";
 export const FILES_BUCKET = "runs_files";
 
 /** The event stream of a retention class. */
@@ -82,6 +85,7 @@ export async function provisionNats(
   retention: RetentionConfig,
   replicas = 1,
   rateWindowMs = 60_000,
+  turnLimitMs = 12 * 3_600_000,
 ): Promise<NatsResources> {
   const js = jetstream(nc);
   const jsm = await jetstreamManager(nc);
@@ -115,5 +119,7 @@ export async function provisionNats(
   const files = await new Objm(js).create(FILES_BUCKET, { replicas });
   // Counters outlive their window briefly, then expire on their own.
   const rateLimits = await kvm.create(RATE_LIMITS_BUCKET, { history: 1, replicas, ttl: Math.max(2 * rateWindowMs, 60_000) });
-  return { nc, js, jsm, leases, nodes, checkpoints, files, rateLimits };
+  // A key a crashed node never removed expires an hour after the longest possible turn.
+  const activeTurns = await kvm.create(ACTIVE_TURNS_BUCKET, { history: 1, replicas, ttl: turnLimitMs + 3_600_000 });
+  return { nc, js, jsm, leases, nodes, checkpoints, files, rateLimits, activeTurns };
 }

@@ -8,7 +8,7 @@ import { EventKeyring } from "./event-crypto.js";
 import { JetStreamEventLog } from "./event-log.js";
 import { FileStore } from "./file-store.js";
 import { EnvValues } from "./env-values.js";
-import { ActorHost, DeploymentBuilder, DeploymentCache, WorkspaceCheckpoints } from "../actors/index.js";
+import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, WorkspaceCheckpoints } from "../actors/index.js";
 import { buildApp } from "../gateway/index.js";
 
 export interface RunningService {
@@ -37,7 +37,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
   await store.provision();
   const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
-  const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs);
+  const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs);
   if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
   const events = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
   const files = new FileStore(store.db, nats.files, clock);
@@ -60,6 +60,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         log: log.child({ component: "actors" }),
         deployments,
         checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
+        activeTurns: new ActiveTurns(nats.activeTurns),
         files,
         envValues,
         node: { draining: false },
