@@ -513,7 +513,7 @@ function targets(): Target[] {
     if (rss !== undefined) {
       const children = results.capacity[largest].children as number;
       out.push({ name: `node RSS with ${children} active turns`, measured: `${fmt(rss, 0)} MiB`, ratio: rss / 1024, pass: rss < 1024 && children >= 10_000, rule: "< 1 GiB at 10,000" });
-      if (children < 10_000) out[out.length - 1]!.measured += ` (only ${children} possible here; extrapolated ${fmt(extrapolate(capKeys), 0)} MiB at 10,000)`;
+      if (children < 10_000) out[out.length - 1]!.measured += ` (${children} reached within the bounds; RSS slope extrapolated to 10,000: ${fmt(extrapolate(capKeys), 0)} MiB)`;
     }
   }
   if (results.idle?.["after passivation"]) {
