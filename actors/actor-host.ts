@@ -73,7 +73,7 @@ export class ActorHost {
       if (!held.length) return;
       for (const run of await this.r.store.busyRunsIn(held)) {
         const epoch = this.leases.epochOf(run.partition);
-        if (epoch === undefined || run.epoch >= epoch || this.actors.has(run._id)) continue;
+        if (epoch === undefined || run.epoch >= epoch || this.actors.get(run._id)?.holdsRun) continue;
         this.r.log.warn({ run_id: run._id, run_epoch: run.epoch, epoch }, "recovering a run a stale owner left busy");
         await this.actorFor(run._id, run.partition, epoch).recover();
       }

@@ -122,6 +122,11 @@ export class RunActor {
     return this.pendingCommands === 0 && this.active === undefined && (this.run === null || this.run.state === RunState.idle);
   }
 
+  /** Whether this actor has loaded (and so claimed) its run. */
+  get holdsRun(): boolean {
+    return this.run !== null && !this.stopped;
+  }
+
   /** Whether an agent is executing a turn of this run on this node now. */
   get hasActiveTurn(): boolean {
     return this.active !== undefined && !this.stopped;
@@ -333,9 +338,12 @@ export class RunActor {
     // The turn next: a run never points at a turn that is not stored.
     await this.r.store.insertTurnOnce(turn);
     if (!(await this.r.store.insertRunOnce(run))) {
-      // An earlier attempt of this start (its reply lost, the partition moved since)
-      // admitted the run meanwhile: it is admitted, and its owner runs it.
+      // An earlier attempt of this start (its reply lost, the partition moved here since)
+      // admitted the run meanwhile, on the node that owned the partition then. This node
+      // owns it now: claim the run, which recovers a turn the stale owner left behind.
       this.r.log.info({ run_id: run._id }, "start already admitted by an earlier attempt");
+      this.appender = undefined;
+      await this.activate();
       return ok({ run_id: run._id, turn_id: cmd.turn_id, disposition: Disposition.created });
     }
     this.run = run;
