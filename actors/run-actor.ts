@@ -537,18 +537,33 @@ export class RunActor {
     return path.join(this.r.config.dataDir, "workspaces", run._id);
   }
 
-  /** Starts the agent for an in_progress turn; completion comes back through the mailbox. */
+  /**
+   * Starts the agent for an in_progress turn; completion comes back through the
+   * mailbox. Never throws: an admitted turn that cannot start ends failed instead of
+   * staying in_progress with no agent behind it.
+   */
   private async execute(run: RunDoc, turn: TurnDoc): Promise<void> {
     // A stopped actor starts nothing: the partition's next owner recovers the turn.
     if (this.stopped) return;
+    try {
+      await this.startExecution(run, turn);
+    } catch (err) {
+      if (err instanceof FencedError) throw err;
+      const reference = Ids.reference();
+      this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
+      if (this.active?.turn._id === turn._id) return;
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference }));
+    }
+  }
+
+  private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
     if (!deployment || deployment.status !== "ready") {
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: Ids.reference() }));
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
-    await this.r.activeTurns.started(run.workspace_id, turn._id);
-    if ((await this.r.activeTurns.count(run.workspace_id, limit)) > limit) {
+    if ((await this.activeTurnCount(run.workspace_id, turn._id, limit)) > limit) {
       const error = turnError("concurrency_limit_reached", {
         reference: Ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
@@ -729,6 +744,23 @@ export class RunActor {
       }
     }
     return out;
+  }
+
+  /**
+   * Registers the turn as active and counts the workspace's active turns. Fails open
+   * (0) when JetStream cannot answer for a moment: the limit is a guard, and a turn
+   * stuck unstarted would be worse.
+   */
+  private async activeTurnCount(workspaceId: string, turnId: string, limit: number): Promise<number> {
+    try {
+      return await withRetries(async () => {
+        await this.r.activeTurns.started(workspaceId, turnId);
+        return this.r.activeTurns.count(workspaceId, limit);
+      });
+    } catch (err) {
+      this.r.log.warn({ err: String(err), turn_id: turnId }, "active-turn count unavailable; the limit is not applied to this turn");
+      return 0;
+    }
   }
 
   /** The turn no longer counts against the workspace's active-turn limit. */

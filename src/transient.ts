@@ -21,6 +21,8 @@ export function isTransientFailure(error: unknown): boolean {
     error instanceof natsErrors.ClosedConnectionError ||
     error instanceof natsErrors.DrainingConnectionError ||
     error instanceof JetStreamError ||
+    // JetStream's "not enabled" while a server restarts is not exported as a class.
+    (error instanceof Error && error.name === "JetStreamNotEnabled") ||
     (error instanceof JetStreamApiError && error.status >= 500)
   );
 }
