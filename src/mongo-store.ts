@@ -358,10 +358,6 @@ export class MongoStore {
     );
   }
 
-  insertTurn(doc: TurnDoc): Promise<unknown> {
-    return guard(() => this.turns.insertOne(doc));
-  }
-
   /** Inserts a turn unless one with its id exists; false when it did (a resent command). */
   async insertTurnOnce(doc: TurnDoc): Promise<boolean> {
     try {
