@@ -311,7 +311,8 @@ async function deliver(
   }
   let run = await loadRun(ctx, workspaceId, answer.run_id);
   let turn = await loadTurn(ctx, run, answer.turn_id);
-  if (!body.background && !isFinalStatus(turn.status)) {
+  // Settled once the turn is final and the run moved on too (its second write, DESIGN §4).
+  if (!body.background && !(isFinalStatus(turn.status) && run.active_turn_id !== turn._id)) {
     // A steered answer names the active turn, whose notice we were not subscribed to.
     const notice = waitFor && turn._id === answer.turn_id ? waitFor : finalNotice(ctx, turn._id);
     await waitUntilFinal(ctx, run, turn._id, notice);
