@@ -624,7 +624,13 @@ export class RunActor {
     let status: TurnStatus;
     let error: TurnError | null = result.error ?? null;
     let output = result.output;
-    if (result.outcome === "completed") {
+    if (execution.abortReason === "cancel") {
+      // The turn was answered `cancelling` (202): cancelling settles as cancelled, even
+      // when the agent's last step finished before the abort reached it.
+      status = TurnStatus.cancelled;
+      error = null;
+      output = [];
+    } else if (result.outcome === "completed") {
       status = TurnStatus.completed;
       error = null;
     } else if (result.outcome === "failed") {
