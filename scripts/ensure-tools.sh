@@ -26,7 +26,7 @@ LOCK_DIR="$TOOLS_DIR/.lock"
 MOD_ROOT="$ROOT/deploy/tools"
 
 # Bump when the way a tool is built changes (flags, patching), to force rebuilds.
-RECIPE="2"
+RECIPE="3"
 
 # name | module dir (under deploy/tools) | module path | main package
 TOOLS=(
@@ -153,6 +153,19 @@ export CGO_ENABLED=0
 export GOFLAGS="-mod=readonly"
 BUILD_FLAGS=(-trimpath -buildvcs=false -ldflags=-s\ -w)
 
+# FerretDB 1.24's SQLite backend indexes `_id` as `_ferretdb_sjson->"_id"` but looks it
+# up as `_ferretdb_sjson->'$._id'`: the same value, a different expression, so SQLite
+# never uses the index and every `_id` find, update and delete scans the table (measured:
+# 24 ms per findOne at 5,000 documents, 0.3 ms with the index). Make the lookup spell
+# the indexed expression. Fails the build if the line is not found exactly once.
+patch_ferretdb_id_lookup() { # $1 module source dir
+  local f="$1/internal/backends/sqlite/metadata/metadata.go"
+  local from="IDColumn = DefaultColumn + \"->'\$._id'\""
+  [[ "$(grep -cF "$from" "$f")" == 1 ]] || { say "FerretDB patch: expected line not found in $f"; return 1; }
+  sed -i "s/->'\$\._id'/->'_id'/" "$f"
+  grep -qF "IDColumn = DefaultColumn + \"->'_id'\"" "$f" || { say "FerretDB patch did not apply"; return 1; }
+}
+
 build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
   # See deploy/tools/ferretdb/go.mod for why: FerretDB needs
   # build/version/version.txt, which its module zip lacks.
@@ -167,6 +180,7 @@ build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
   cp -R "$src" "$BUILD_TMP/src"
   chmod -R u+w "$BUILD_TMP/src"
   printf '%s\n' "$4" >"$BUILD_TMP/src/build/version/version.txt"
+  patch_ferretdb_id_lookup "$BUILD_TMP/src" || return 1
   (cd "$BUILD_TMP" &&
     "$GO_BIN" mod edit -replace "$2=./src" &&
     "$GO_BIN" build "${BUILD_FLAGS[@]}" -o "$5" "$3")

@@ -141,7 +141,7 @@ export async function startFerretDb(options: FerretDbOptions): Promise<ServerPro
   await mkdir(options.dataDir, { recursive: true });
   const args = [
     "--handler=sqlite",
-    `--sqlite-url=file:${options.dataDir}/`,
+    `--sqlite-url=file:${options.dataDir}/?_txlock=immediate`,
     `--listen-addr=127.0.0.1:${options.port}`,
     `--state-dir=${options.dataDir}`,
     "--telemetry=disable",
