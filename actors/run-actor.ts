@@ -563,7 +563,7 @@ export class RunActor {
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
-    if ((await this.activeTurnCount(run.workspace_id, turn._id, limit)) > limit) {
+    if ((await this.activeTurnCount(run.workspace_id, turn._id)) > limit) {
       const error = turnError("concurrency_limit_reached", {
         reference: Ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
@@ -757,11 +757,11 @@ export class RunActor {
    * (0) when JetStream cannot answer for a moment: the limit is a guard, and a turn
    * stuck unstarted would be worse.
    */
-  private async activeTurnCount(workspaceId: string, turnId: string, limit: number): Promise<number> {
+  private async activeTurnCount(workspaceId: string, turnId: string): Promise<number> {
     try {
       return await withRetries(async () => {
         await this.r.activeTurns.started(workspaceId, turnId);
-        return this.r.activeTurns.count(workspaceId, limit);
+        return this.r.activeTurns.count(workspaceId);
       });
     } catch (err) {
       this.r.log.warn({ err: String(err), turn_id: turnId }, "active-turn count unavailable; the limit is not applied to this turn");

@@ -3,7 +3,7 @@ import pino, { type Logger } from "pino";
 import type { Config } from "./config.js";
 import { systemClock, type Clock } from "./clock.js";
 import { MongoStore } from "./mongo-store.js";
-import { connectNats, provisionNats } from "./nats.js";
+import { ACTIVE_TURNS_BUCKET, connectNats, provisionNats } from "./nats.js";
 import { EventKeyring } from "./event-crypto.js";
 import { JetStreamEventLog } from "./event-log.js";
 import { FileStore } from "./file-store.js";
@@ -60,7 +60,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         log: log.child({ component: "actors" }),
         deployments,
         checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
-        activeTurns: new ActiveTurns(nats.activeTurns),
+        activeTurns: new ActiveTurns(nats.activeTurns, nats.jsm, ACTIVE_TURNS_BUCKET),
         files,
         envValues,
         node: { draining: false },
