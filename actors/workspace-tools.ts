@@ -194,9 +194,18 @@ export type CommandOutcome =
   | { kind: "timed_out"; output: string; truncated: boolean }
   | { kind: "aborted"; output: string; truncated: boolean };
 
+/** Runs the command (`$1`) in a new shell (`$0`) whose stderr is its stdout. */
+const MERGED_STDERR = 'exec "$0" -c "$1" 2>&1';
+
 let shellPromise: Promise<{ file: string; args: (command: string) => string[] }> | undefined;
 
-/** `bash -c` (no login profile: it costs ~240 ms a call) when bash is on PATH, else `/bin/sh -c`. Looked up once. */
+/**
+ * `bash -c` (no login profile: it costs ~240 ms a call) when bash is on PATH, else
+ * `/bin/sh -c`. Looked up once. The shell re-executes itself with stderr on stdout
+ * (`exec "$0" -c "$1" 2>&1`): the output is returned as one stream anyway, in the
+ * order it was written, and a running command then holds one pipe in the node
+ * instead of two (10,000 sleeping commands fit in a 20,000-descriptor limit).
+ */
 function shell(): Promise<{ file: string; args: (command: string) => string[] }> {
   shellPromise ??= (async () => {
     for (const dir of (process.env.PATH ?? "/usr/bin:/bin").split(path.delimiter)) {
@@ -204,12 +213,12 @@ function shell(): Promise<{ file: string; args: (command: string) => string[] }>
       const candidate = path.join(dir, "bash");
       try {
         await access(candidate, fsConstants.X_OK);
-        return { file: candidate, args: (command: string) => ["-c", command] };
+        return { file: candidate, args: (command: string) => ["-c", MERGED_STDERR, candidate, command] };
       } catch {
         // keep looking
       }
     }
-    return { file: "/bin/sh", args: (command: string) => ["-c", command] };
+    return { file: "/bin/sh", args: (command: string) => ["-c", MERGED_STDERR, "/bin/sh", command] };
   })();
   return shellPromise;
 }
@@ -232,7 +241,7 @@ export async function runCommand(
       cwd: options.cwd,
       env: options.env,
       detached: true, // own process group, so the group can be killed as a whole
-      stdio: ["ignore", "pipe", "pipe"],
+      stdio: ["ignore", "pipe", "ignore"], // stderr arrives on stdout (see shell())
     });
     let stoppedBy: "timed_out" | "aborted" | undefined;
     let settled = false;
@@ -266,7 +275,6 @@ export async function runCommand(
       clearTimeout(drainTimer);
       options.signal?.removeEventListener("abort", onAbort);
       child.stdout?.destroy();
-      child.stderr?.destroy();
       resolve(outcome);
     };
     const finish = () => {
@@ -279,7 +287,6 @@ export async function runCommand(
     };
 
     child.stdout?.on("data", (chunk: Buffer) => output.push(chunk));
-    child.stderr?.on("data", (chunk: Buffer) => output.push(chunk));
     child.on("error", (error) => {
       output.push(Buffer.from(`Could not start the command: ${error.message}\n`));
       exit ??= { code: 127, signal: null };

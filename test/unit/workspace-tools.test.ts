@@ -64,6 +64,19 @@ test("workspace-tools - bash nonzero exit throws with exit code and output", asy
   await rm(d.base, { recursive: true });
 });
 
+test("workspace-tools - bash returns stdout and stderr as one stream, in the order written", async (t) => {
+  const d = await dirs();
+  const result = await tools(d.workspace).bash.execute("c1", { command: "echo one; echo two >&2; echo three; echo four 1>&2" });
+  t.is(text(result).trim(), "one\ntwo\nthree\nfour");
+  // A syntax error is the shell's own stderr: it reaches the output too.
+  const error = await t.throwsAsync(tools(d.workspace).bash.execute("c1", { command: "if then fi" }));
+  t.regex(error!.message, /syntax error/);
+  // The command sees the same shell arguments as a plain `bash -c`.
+  const args = await tools(d.workspace).bash.execute("c1", { command: 'echo "[$#]"' });
+  t.is(text(args).trim(), "[0]");
+  await rm(d.base, { recursive: true });
+});
+
 test("workspace-tools - bash command timeout kills the process group", async (t) => {
   const d = await dirs();
   const started = Date.now();
