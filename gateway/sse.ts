@@ -18,6 +18,9 @@ export const SSE_PING_INTERVAL_MS = 15_000;
  */
 export const FINAL_EVENT_GRACE_MS = 10_000;
 
+/** Frames gathered beyond this size are written at once rather than at the end of the loop turn. */
+const FLUSH_BYTES = 64 * 1024;
+
 /** The platform event types that make a turn final (decisions §5). */
 export const FINAL_TURN_EVENT_TYPES: ReadonlySet<string> = new Set(["turn.completed", "turn.failed", "turn.cancelled", "turn.incomplete"]);
 
@@ -153,23 +156,59 @@ export async function streamEvents(
   const onClose = () => controller.abort(new Error("client disconnected"));
   res.on("close", onClose);
 
+  // Frames are gathered and written once per event-loop turn (or per 64 KiB): the
+  // consumer hands over a batch of messages at a time, and one socket write per event
+  // cost more than encoding it.
+  let pending = "";
+  let flushQueued = false;
+  const flush = () => {
+    flushQueued = false;
+    if (pending === "" || res.writableEnded || res.destroyed) return;
+    const chunk = pending;
+    pending = "";
+    res.write(chunk);
+  };
+  const send = async (text: string) => {
+    pending += text;
+    if (pending.length >= FLUSH_BYTES) flush();
+    else if (!flushQueued) {
+      flushQueued = true;
+      setImmediate(flush);
+    }
+    // A slow client pauses the subscription instead of buffering without bound.
+    if (res.writableNeedDrain) await drained(res, signal);
+  };
+
   const ping = setInterval(() => {
     // A client that is not reading does not need pings piling up in its buffer.
-    if (!res.writableNeedDrain && !res.writableEnded) res.write(": ping\n\n");
+    if (!res.writableNeedDrain && !res.writableEnded) {
+      flush();
+      res.write(": ping\n\n");
+    }
   }, options.pingIntervalMs ?? SSE_PING_INTERVAL_MS);
 
   // When the stream ends with a turn: its final event normally ends it; the grace timer ends
-  // it if that event never comes (lost or expired) once the turn is known to be final.
+  // it if that event never comes (lost or expired) once the turn is known to be final. One
+  // timer checks the time of the last progress (re-arming a timer per event is costly).
   let finalKnown = endTurnAlreadyFinal;
   let graceTimer: NodeJS.Timeout | undefined;
   let graceExpired = false;
+  let lastProgressMs = 0;
+  const checkGrace = () => {
+    graceTimer = undefined;
+    if (signal.aborted) return;
+    const idleMs = Date.now() - lastProgressMs;
+    if (idleMs < finalGraceMs) {
+      graceTimer = setTimeout(checkGrace, finalGraceMs - idleMs);
+      return;
+    }
+    graceExpired = true;
+    controller.abort(new Error("final event missing"));
+  };
   const armGrace = () => {
     if (!finalKnown || signal.aborted) return;
-    clearTimeout(graceTimer);
-    graceTimer = setTimeout(() => {
-      graceExpired = true;
-      controller.abort(new Error("final event missing"));
-    }, finalGraceMs);
+    lastProgressMs = Date.now();
+    graceTimer ??= setTimeout(checkGrace, finalGraceMs);
   };
   const finalSub = endTurnId !== undefined && !finalKnown ? ctx.nc.subscribe(Subjects.turnFinal(endTurnId), { max: 1 }) : undefined;
   if (finalSub) {
@@ -189,7 +228,7 @@ export async function streamEvents(
       { afterId: options.afterId, turnId: options.turnId },
       async (event) => {
         if (signal.aborted) return;
-        if (!res.write(frame(event))) await drained(res, signal);
+        await send(frame(event));
         armGrace();
         if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) {
           ended = true;
@@ -198,12 +237,15 @@ export async function streamEvents(
       },
       signal,
     );
+    flush();
     if (graceExpired && !ended) {
       writeError(res, new ApiError("event_history_unavailable", { message: "The turn is final but its final event could not be read. Read the run for its result." }));
     }
   } catch (err) {
+    flush();
     writeError(res, toStreamError(ctx, err, request));
   } finally {
+    flush();
     clearInterval(ping);
     clearTimeout(graceTimer);
     finalSub?.unsubscribe();

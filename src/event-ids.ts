@@ -22,8 +22,18 @@ export interface EventPosition {
   runSeq: number;
 }
 
+/** Recent runs' hashes: every id of a run's events carries the same one. */
+const runHashes = new Map<string, Buffer>();
+const RUN_HASH_CACHE = 1024;
+
 export function runHash(runId: string): Buffer {
-  return createHash("sha256").update(runId, "utf8").digest().subarray(0, RUN_HASH_BYTES);
+  let hash = runHashes.get(runId);
+  if (!hash) {
+    hash = createHash("sha256").update(runId, "utf8").digest().subarray(0, RUN_HASH_BYTES);
+    if (runHashes.size >= RUN_HASH_CACHE) runHashes.clear();
+    runHashes.set(runId, hash);
+  }
+  return hash;
 }
 
 export function encodeEventId(position: EventPosition & { runId: string }): string {
