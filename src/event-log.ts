@@ -1,17 +1,17 @@
-import { headers as natsHeaders } from "@nats-io/transport-node";
+import { headers as natsHeaders, type NatsConnection } from "@nats-io/transport-node";
 import {
   DeliverPolicy,
   type Consumer,
   type JetStreamClient,
   type JetStreamManager,
   type JsMsg,
-  type PubAck,
 } from "@nats-io/jetstream";
 import type { Plan } from "./domain.js";
 import { ApiError } from "./errors.js";
 import { EventKeyring, open, seal } from "./event-crypto.js";
 import { decodeEventId, encodeEventId, type EventPosition } from "./event-ids.js";
 import { MAX_STORED_EVENT_BYTES, sanitizeEvent } from "./event-sanitize.js";
+import { AsyncPublisher, type StoredAck } from "./js-publisher.js";
 import { eventStreamName, eventSubject } from "./nats.js";
 import { systemClock, unixSeconds, type Clock } from "./clock.js";
 
@@ -156,6 +156,8 @@ const READ_BATCH = 256;
 const FETCH_EXPIRES_MS = 2_000;
 
 export interface JetStreamEventLogOptions {
+  /** The connection the event acks come back on (see AsyncPublisher). */
+  nc: NatsConnection;
   js: JetStreamClient;
   jsm: JetStreamManager;
   keyring: EventKeyring;
@@ -167,8 +169,10 @@ export class JetStreamEventLog implements EventLog {
   private readonly jsm: JetStreamManager;
   private readonly keyring: EventKeyring;
   private readonly clock: Clock;
+  private readonly publisher: AsyncPublisher;
 
   constructor(options: JetStreamEventLogOptions) {
+    this.publisher = new AsyncPublisher(options.nc);
     this.js = options.js;
     this.jsm = options.jsm;
     this.keyring = options.keyring;
@@ -191,7 +195,7 @@ export class JetStreamEventLog implements EventLog {
 
   appender(run: EventRunRef, nextRunSeq: number, options: AppenderOptions = {}): EventAppender {
     if (!Number.isSafeInteger(nextRunSeq) || nextRunSeq < 1) throw new RangeError(`nextRunSeq must be ≥ 1, got ${nextRunSeq}`);
-    return new JetStreamAppender(this.js, this.keyring.keyFor(run.workspace_id), run, nextRunSeq, options);
+    return new JetStreamAppender(this.publisher, this.keyring.keyFor(run.workspace_id), run, nextRunSeq, options);
   }
 
   async read(run: EventReadRun, options: ReadOptions): Promise<EventPage> {
@@ -353,7 +357,7 @@ class JetStreamAppender implements EventAppender {
   private next: number;
   private inFlight = 0;
   /** Publishes waiting for room in flight, in sequence order. */
-  private readonly backlog: Array<{ send: () => void; settle: (result: PubAck | Error) => void }> = [];
+  private readonly backlog: Array<{ send: () => void; settle: (result: StoredAck | Error) => void }> = [];
   /** Completion chain: acks are handled, and onStored called, strictly in sequence order. */
   private tail: Promise<void> = Promise.resolve();
   private firstFailure: EventWriteError | null = null;
@@ -362,7 +366,7 @@ class JetStreamAppender implements EventAppender {
   private readonly maxInFlight: number;
 
   constructor(
-    private readonly js: JetStreamClient,
+    private readonly publisher: AsyncPublisher,
     private readonly key: Uint8Array,
     private readonly run: EventRunRef,
     nextRunSeq: number,
@@ -408,11 +412,11 @@ class JetStreamAppender implements EventAppender {
     hdrs.set(SEQ_HEADER, String(sequence));
     hdrs.set(TURN_HEADER, turnId ?? "");
 
-    let settle!: (ack: PubAck | Error) => void;
-    const outcome = new Promise<PubAck | Error>((resolve) => (settle = resolve));
+    let settle!: (ack: StoredAck | Error) => void;
+    const outcome = new Promise<StoredAck | Error>((resolve) => (settle = resolve));
     const send = () => {
       this.inFlight++;
-      this.js.publish(this.subject, payload, { msgID: `${this.run.id}:${sequence}`, headers: hdrs, retries: 5 }).then(
+      this.publisher.publish(this.subject, payload, `${this.run.id}:${sequence}`, hdrs).then(
         (ack) => settle(ack),
         (err: unknown) => settle(err instanceof Error ? err : new Error(String(err))),
       ).finally(() => {

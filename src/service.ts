@@ -39,7 +39,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
   const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs);
   if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
-  const events = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
+  const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
   const files = new FileStore(store.db, nats.files, clock);
   await files.provision();
   const envValues = new EnvValues(store.db, config.masterKey, clock);

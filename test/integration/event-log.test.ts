@@ -1,8 +1,9 @@
 import anyTest, { type TestFn } from "ava";
-import { nanos, type NatsConnection } from "@nats-io/transport-node";
+import { headers as natsHeaders, nanos, type NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
-import { connectNats, eventStreamName, provisionNats, type NatsResources } from "../../src/nats.js";
+import { connectNats, eventStreamName, eventSubject, provisionNats, type NatsResources } from "../../src/nats.js";
+import { AsyncPublisher, parseAck, PublishError } from "../../src/js-publisher.js";
 import { EventKeyring } from "../../src/event-crypto.js";
 import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
 import { EventWriteError, JetStreamEventLog, type EventReadRun, type RunEvent } from "../../src/event-log.js";
@@ -38,7 +39,7 @@ test.before(async (t) => {
     duplicate_window: nanos(SOLO_MAX_AGE_S * 1000),
   });
   const nats = await provisionNats(nc, RETENTION);
-  const log = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
+  const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
   t.context = { servers, nats, log };
 });
 
@@ -366,7 +367,7 @@ test("event-log - rule 9: an unreachable store is 503 event_history_unavailable;
   const { servers } = t.context;
   const nc: NatsConnection = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "doomed" });
   const nats = await provisionNats(nc, RETENTION);
-  const log = new JetStreamEventLog({ js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
+  const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
   const run = newRun();
   await nc.close();
   apiError(t, await t.throwsAsync(log.read(run, { limit: 10, nowMs: Date.now() })), "event_history_unavailable", 503);
@@ -390,4 +391,67 @@ test.serial("event-log - subscribe passes a callback's own error through and sti
   }, new AbortController().signal));
   t.is(err, boom);
   t.is(await consumerCount(nats, "business"), before);
+});
+
+// ---- AsyncPublisher: acks on one subscription --------------------------------------------
+
+async function publisherConnection(t: { context: Context }, name: string): Promise<NatsConnection> {
+  return connectNats({ url: t.context.servers.natsUrl, user: "runs", password: t.context.servers.servicePassword, name });
+}
+
+test("publisher - a publish is acked with its stream sequence; the same message id again is a duplicate of it", async (t) => {
+  const nc = await publisherConnection(t, "publisher-ack");
+  const publisher = new AsyncPublisher(nc);
+  const subject = eventSubject("business", newId("run"));
+  const acks = await Promise.all(Array.from({ length: 50 }, (_, i) => publisher.publish(subject, new TextEncoder().encode(`m${i}`), `pub-test:${subject}:${i}`, natsHeaders())));
+  t.true(acks.every((a) => a.stream === eventStreamName("business") && !a.duplicate));
+  t.is(new Set(acks.map((a) => a.seq)).size, 50);
+  const again = await publisher.publish(subject, new TextEncoder().encode("m7"), `pub-test:${subject}:7`, natsHeaders());
+  t.true(again.duplicate);
+  t.is(again.seq, acks[7]!.seq);
+  const stored = await t.context.nats.jsm.streams.getMessage(eventStreamName("business"), { last_by_subj: subject });
+  t.is(stored?.seq, acks[49]!.seq, "the duplicate was not stored again");
+  await nc.close();
+});
+
+test("publisher - a subject no stream takes fails retryable after the given attempts", async (t) => {
+  const nc = await publisherConnection(t, "publisher-nostream");
+  const publisher = new AsyncPublisher(nc, { attempts: 3, retryDelayMs: 20 });
+  const started = Date.now();
+  const err = await t.throwsAsync(publisher.publish("nostream.subject", new Uint8Array([1]), "x:1", natsHeaders()), { instanceOf: PublishError });
+  t.true(err!.retryable);
+  t.regex(err!.message, /no responders/);
+  t.true(Date.now() - started >= 20 + 40, "waited between the three attempts");
+  await nc.close();
+});
+
+test("publisher - an ack that never comes times out; closing the connection fails what still waits", async (t) => {
+  const nc = await publisherConnection(t, "publisher-timeout");
+  // A core subscriber that never answers: the server sees a responder, so only the timeout ends the wait.
+  const silent = nc.subscribe("silent.subject");
+  const quick = new AsyncPublisher(nc, { timeoutMs: 200, attempts: 1 });
+  const started = Date.now();
+  const err = await t.throwsAsync(quick.publish("silent.subject", new Uint8Array([1]), "s:1", natsHeaders()), { instanceOf: PublishError });
+  t.regex(err!.message, /no ack/);
+  t.true(Date.now() - started < 2_000);
+
+  const patient = new AsyncPublisher(nc, { timeoutMs: 60_000 });
+  const waiting = patient.publish("silent.subject", new Uint8Array([1]), "s:2", natsHeaders());
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  silent.unsubscribe();
+  await nc.close();
+  const closed = await t.throwsAsync(waiting, { instanceOf: PublishError });
+  t.regex(closed!.message, /closed/);
+});
+
+test("publisher - parseAck reads acks, JetStream errors and status replies", (t) => {
+  const enc = new TextEncoder();
+  t.deepEqual(parseAck({ data: enc.encode('{"stream":"S","seq":4}'), headers: undefined }), { stream: "S", seq: 4, duplicate: false });
+  t.deepEqual(parseAck({ data: enc.encode('{"stream":"S","seq":4,"duplicate":true}'), headers: undefined }), { stream: "S", seq: 4, duplicate: true });
+  const refused = parseAck({ data: enc.encode('{"error":{"code":400,"err_code":10060,"description":"expected stream sequence does not match"}}'), headers: undefined });
+  t.true(refused instanceof PublishError && !refused.retryable && /does not match/.test(refused.message));
+  const unavailable = parseAck({ data: enc.encode('{"error":{"code":503,"description":"JetStream system temporarily unavailable"}}'), headers: undefined });
+  t.true(unavailable instanceof PublishError && unavailable.retryable);
+  t.true(parseAck({ data: enc.encode("not json"), headers: undefined }) instanceof PublishError);
+  t.true(parseAck({ data: enc.encode('{"seq":1}'), headers: undefined }) instanceof PublishError);
 });

@@ -1,0 +1,149 @@
+import { createInbox, type MsgHdrs, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+
+/** What JetStream acknowledged for one stored message. */
+export interface StoredAck {
+  stream: string;
+  seq: number;
+  duplicate: boolean;
+}
+
+/** JetStream refused or did not acknowledge a publish. */
+export class PublishError extends Error {
+  constructor(
+    message: string,
+    /** No stream took the subject (no responders), or no ack came in time: worth retrying. */
+    readonly retryable: boolean,
+  ) {
+    super(message);
+    this.name = "PublishError";
+  }
+}
+
+export interface AsyncPublisherOptions {
+  /** How long an ack may take before the publish is retried or fails (default 5 s, as @nats-io/jetstream). */
+  timeoutMs?: number;
+  /** Attempts for a publish that timed out or found no stream (default 5). The message id de-duplicates them. */
+  attempts?: number;
+  /** Pause before a further attempt, times the attempt number (default 250 ms). */
+  retryDelayMs?: number;
+}
+
+interface Waiting {
+  deadline: number;
+  settle: (result: StoredAck | PublishError) => void;
+}
+
+/**
+ * JetStream publishes whose acks all come back on one subscription (as the Go client's
+ * PublishAsync does), instead of one request per message. `@nats-io/jetstream`'s
+ * publish is a request: a new reply mux entry, a timer and two Error objects with
+ * captured stacks per message, which cost more CPU than the publish itself on the
+ * event path (profile in docs/performance.md). Here a publish is a core publish with a
+ * reply subject `<inbox>.<token>`, and one interval timer expires unanswered ones.
+ *
+ * Every publish carries a message id (`Nats-Msg-Id`), so a retry after a lost ack is
+ * stored once; the ack of the retry reports `duplicate`.
+ */
+export class AsyncPublisher {
+  private readonly prefix: string;
+  private readonly sub: Subscription;
+  private readonly waiting = new Map<string, Waiting>();
+  private readonly sweeper: NodeJS.Timeout;
+  private counter = 0;
+  private closed = false;
+  private readonly timeoutMs: number;
+  private readonly attempts: number;
+  private readonly retryDelayMs: number;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    options: AsyncPublisherOptions = {},
+  ) {
+    this.timeoutMs = options.timeoutMs ?? 5_000;
+    this.attempts = options.attempts ?? 5;
+    this.retryDelayMs = options.retryDelayMs ?? 250;
+    this.prefix = `${createInbox()}.`;
+    this.sub = nc.subscribe(`${this.prefix}*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
+    this.sweeper = setInterval(() => this.expire(), Math.min(250, this.timeoutMs));
+    this.sweeper.unref();
+    void nc.closed().then(() => this.close());
+  }
+
+  /** Stores `payload` on `subject`; `headers` must not be reused for another message. */
+  async publish(subject: string, payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> {
+    headers.set("Nats-Msg-Id", msgId);
+    for (let attempt = 1; ; attempt++) {
+      const result = await this.once(subject, payload, headers);
+      if (!(result instanceof PublishError)) return result;
+      if (!result.retryable || attempt >= this.attempts || this.closed) throw result;
+      await new Promise((resolve) => setTimeout(resolve, this.retryDelayMs * attempt));
+    }
+  }
+
+  /** Fails what still waits for an ack and stops listening. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.sweeper);
+    if (!this.nc.isClosed()) this.sub.unsubscribe();
+    for (const [token, w] of this.waiting) {
+      this.waiting.delete(token);
+      w.settle(new PublishError("the NATS connection closed before the ack", false));
+    }
+  }
+
+  private once(subject: string, payload: Uint8Array, headers: MsgHdrs): Promise<StoredAck | PublishError> {
+    if (this.closed) return Promise.resolve(new PublishError("the publisher is closed", false));
+    const token = (++this.counter).toString(36);
+    return new Promise((settle) => {
+      this.waiting.set(token, { deadline: Date.now() + this.timeoutMs, settle });
+      try {
+        this.nc.publish(subject, payload, { reply: this.prefix + token, headers });
+      } catch (err) {
+        this.waiting.delete(token);
+        settle(new PublishError(`publish failed: ${(err as Error).message}`, false));
+      }
+    });
+  }
+
+  private onAck(msg: Msg): void {
+    const token = msg.subject.slice(this.prefix.length);
+    const w = this.waiting.get(token);
+    if (!w) return; // expired meanwhile: its retry carries the same message id
+    this.waiting.delete(token);
+    w.settle(parseAck(msg));
+  }
+
+  private expire(): void {
+    const now = Date.now();
+    for (const [token, w] of this.waiting) {
+      if (w.deadline > now) continue;
+      this.waiting.delete(token);
+      w.settle(new PublishError("no ack from JetStream in time", true));
+    }
+  }
+}
+
+const utf8 = new TextDecoder();
+
+/** An ack, a JetStream API error, or a no-responders status (no stream takes the subject). */
+export function parseAck(msg: Pick<Msg, "data" | "headers">): StoredAck | PublishError {
+  if (msg.headers?.hasError && msg.data.length === 0) {
+    const code = msg.headers.code;
+    return new PublishError(code === 503 ? "no JetStream stream takes this subject (no responders)" : `publish answered status ${code}`, code === 503);
+  }
+  let body: { stream?: unknown; seq?: unknown; duplicate?: unknown; error?: { code?: number; description?: string } };
+  try {
+    body = JSON.parse(utf8.decode(msg.data)) as typeof body;
+  } catch {
+    return new PublishError("invalid ack from JetStream", false);
+  }
+  if (body.error) {
+    const code = body.error.code ?? 0;
+    return new PublishError(`JetStream refused the message: ${body.error.description ?? "error"} (${code})`, code === 503);
+  }
+  if (typeof body.stream !== "string" || body.stream === "" || typeof body.seq !== "number") {
+    return new PublishError("invalid ack from JetStream", false);
+  }
+  return { stream: body.stream, seq: body.seq, duplicate: body.duplicate === true };
+}
