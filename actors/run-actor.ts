@@ -294,8 +294,9 @@ export class RunActor {
   // ---- admission ----------------------------------------------------------------
 
   private async start(cmd: Extract<RunCommand, { op: "start" }>): Promise<CommandReply> {
-    // A resent start (same ids) finds its run: in memory, or in the store.
-    const existing = this.run ?? (await this.r.store.getRun(this.runId));
+    // A resent start (same ids) finds its run: in memory, or in the store (not looked
+    // for on a fresh start: its insert below finds an earlier attempt's run instead).
+    const existing = this.run ?? (cmd.fresh ? null : await this.r.store.getRun(this.runId));
     if (existing) {
       await this.activate();
       if (existing.workspace_id !== cmd.workspace_id) return fail("run_not_found");
@@ -325,7 +326,9 @@ export class RunActor {
       queued_turn_id: null,
       event_seq: 0,
     };
-    const stored = await JetStreamEventLog.lastSequence(this.r.jsm, run.plan, run._id);
+    // A fresh start's events begin at 1; a resent one's message ids repeat an earlier
+    // attempt's, which JetStream de-duplicates.
+    const stored = cmd.fresh ? 0 : await JetStreamEventLog.lastSequence(this.r.jsm, run.plan, run._id);
     this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, stored + 1, {
       onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
     });

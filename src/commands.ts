@@ -17,6 +17,13 @@ export type RunCommand =
       input: InputPart[];
       tags: string[];
       plan: Plan;
+      /**
+       * The gateway allocated these ids for this request just now (a new idempotency
+       * claim): no earlier attempt can have stored the run or its events, unless this very
+       * command was resent, which the message ids and unique inserts absorb. The actor
+       * then skips looking for the run and its last event.
+       */
+      fresh?: boolean;
     }
   | {
       op: "continue";

@@ -100,7 +100,7 @@ export function runRoutes(ctx: GatewayContext) {
       try {
         if (claim.kind === "new" || !claim.done) {
           try {
-            answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan);
+            answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan, claim.kind === "new");
           } catch (err) {
             // Refused without effect (busy, unknown run): the key stays free for a retry.
             if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
@@ -245,6 +245,7 @@ async function admit(
   ids: RunAnswer,
   startVersion: number | undefined,
   plan: "solo" | "business",
+  fresh: boolean,
 ): Promise<RunAnswer> {
   const cmd: RunCommand =
     body.kind === "start"
@@ -258,6 +259,7 @@ async function admit(
           input: body.input,
           tags: body.tags,
           plan,
+          fresh,
         }
       : { op: "continue", workspace_id: workspaceId, run_id: body.run_id, turn_id: ids.turn_id, input: body.input, on_busy: body.on_busy };
   try {
