@@ -9,6 +9,7 @@ import type {
   TurnDoc,
   WorkspaceDoc,
 } from "./documents.js";
+import { InsertBatcher } from "./insert-batcher.js";
 
 /** The store could not be reached or answered with a transient failure. */
 export class StoreUnavailableError extends Error {
@@ -92,6 +93,10 @@ export class MongoStore {
    * read-modify-write, so a usage write must never race a revocation on one document.
    */
   readonly apiKeyUsage: Collection<{ _id: string; last_used_at: number }>;
+  /** Admission's inserts, group-committed: many concurrent starts share one command. */
+  private readonly runInserts: InsertBatcher<RunDoc>;
+  private readonly turnInserts: InsertBatcher<TurnDoc>;
+  private readonly idempotencyInserts: InsertBatcher<IdempotencyDoc>;
 
   private constructor(
     private readonly client: MongoClient,
@@ -115,6 +120,9 @@ export class MongoStore {
     this.idempotency = db.collection("idempotency");
     this.tombstones = db.collection("tombstones");
     this.apiKeyUsage = db.collection("api_key_usage");
+    this.runInserts = new InsertBatcher(this.runs);
+    this.turnInserts = new InsertBatcher(this.turns);
+    this.idempotencyInserts = new InsertBatcher(this.idempotency);
   }
 
   static async connect(uri: string, dbName: string): Promise<MongoStore> {
@@ -284,7 +292,7 @@ export class MongoStore {
   /** Inserts a run unless one with its id exists; false when it did. */
   async insertRunOnce(doc: RunDoc): Promise<boolean> {
     try {
-      await guard(() => this.runs.insertOne(doc));
+      await guard(() => this.runInserts.insert(doc));
       return true;
     } catch (err) {
       if (isDuplicateKey(err)) return false;
@@ -361,7 +369,7 @@ export class MongoStore {
   /** Inserts a turn unless one with its id exists; false when it did (a resent command). */
   async insertTurnOnce(doc: TurnDoc): Promise<boolean> {
     try {
-      await guard(() => this.turns.insertOne(doc));
+      await guard(() => this.turnInserts.insert(doc));
       return true;
     } catch (err) {
       if (isDuplicateKey(err)) return false;
@@ -404,7 +412,7 @@ export class MongoStore {
   /** Inserts a pending record; returns null on success or the record that already holds the key. */
   async claimIdempotencyKey(doc: IdempotencyDoc): Promise<IdempotencyDoc | null> {
     try {
-      await guard(() => this.idempotency.insertOne(doc));
+      await guard(() => this.idempotencyInserts.insert(doc));
       return null;
     } catch (err) {
       if (!isDuplicateKey(err)) throw err;
