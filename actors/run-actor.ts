@@ -105,6 +105,8 @@ export class RunActor {
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   private session: AgentMessage[] | undefined;
   private stopped = false;
+  /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
+  private countedTurn: { workspaceId: string; turnId: string } | undefined;
   /** Commands in the mailbox: a run being admitted is not idle even before its turn starts. */
   private pendingCommands = 0;
   lastUsedMs: number;
@@ -202,6 +204,7 @@ export class RunActor {
   stop(reason: string): void {
     if (this.stopped) return;
     this.stopped = true;
+    this.turnEnded();
     if (this.active) {
       this.active.abortReason = "shutdown";
       clearTimeout(this.active.limitTimer);
@@ -283,7 +286,6 @@ export class RunActor {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: Ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
-      await this.turnEnded(run.workspace_id, turn._id);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
       await this.afterTurn(run, { ...turn, ...final }, now);
       return;
@@ -566,7 +568,7 @@ export class RunActor {
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
-    if ((await this.activeTurnCount(run.workspace_id, turn._id)) > limit) {
+    if (this.activeTurnCount(run.workspace_id, turn._id) > limit) {
       const error = turnError("concurrency_limit_reached", {
         reference: Ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
@@ -622,6 +624,8 @@ export class RunActor {
 
   private async onFinished(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
     clearTimeout(execution.limitTimer);
+    // The agent stopped: the turn no longer executes here, whatever is stored next.
+    if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
     if (this.stopped || this.active !== execution) return;
     this.active = undefined;
     let status: TurnStatus;
@@ -694,7 +698,7 @@ export class RunActor {
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
     await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
-    await this.turnEnded(turn.workspace_id, turn._id);
+    this.turnEnded();
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
     const run = this.run;
@@ -755,30 +759,19 @@ export class RunActor {
     return out;
   }
 
-  /**
-   * Registers the turn as active and counts the workspace's active turns. Fails open
-   * (0) when JetStream cannot answer for a moment: the limit is a guard, and a turn
-   * stuck unstarted would be worse.
-   */
-  private async activeTurnCount(workspaceId: string, turnId: string): Promise<number> {
-    try {
-      return await withRetries(async () => {
-        await this.r.activeTurns.started(workspaceId, turnId);
-        return this.r.activeTurns.count(workspaceId);
-      });
-    } catch (err) {
-      this.r.log.warn({ err: String(err), turn_id: turnId }, "active-turn count unavailable; the limit is not applied to this turn");
-      return 0;
-    }
+  /** Registers the turn as executing on this node and counts the workspace's executing turns. */
+  private activeTurnCount(workspaceId: string, turnId: string): number {
+    this.countedTurn = { workspaceId, turnId };
+    this.r.activeTurns.started(workspaceId, turnId);
+    return this.r.activeTurns.count(workspaceId);
   }
 
-  /** The turn no longer counts against the workspace's active-turn limit. */
-  private async turnEnded(workspaceId: string, turnId: string): Promise<void> {
-    try {
-      await this.r.activeTurns.ended(workspaceId, turnId);
-    } catch (err) {
-      this.r.log.warn({ err: String(err), turn_id: turnId }, "could not clear the active-turn key; it expires with the bucket TTL");
-    }
+  /** The executing turn no longer counts against the workspace's active-turn limit. */
+  private turnEnded(): void {
+    const counted = this.countedTurn;
+    if (!counted) return;
+    this.countedTurn = undefined;
+    this.r.activeTurns.ended(counted.workspaceId, counted.turnId);
   }
 
   private async loadSession(run: RunDoc): Promise<AgentMessage[]> {

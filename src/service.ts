@@ -3,7 +3,7 @@ import pino, { type Logger } from "pino";
 import type { Config } from "./config.js";
 import { systemClock, type Clock } from "./clock.js";
 import { MongoStore } from "./mongo-store.js";
-import { ACTIVE_TURNS_BUCKET, connectNats, provisionNats } from "./nats.js";
+import { connectNats, provisionNats } from "./nats.js";
 import { EventKeyring } from "./event-crypto.js";
 import { JetStreamEventLog } from "./event-log.js";
 import { FileStore } from "./file-store.js";
@@ -48,7 +48,10 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
   const deployments = new DeploymentCache(store);
   let host: ActorHost | undefined;
+  let activeTurns: ActiveTurns | undefined;
   if (config.roles.actors) {
+    activeTurns = new ActiveTurns(nats.activeTurns, config.nodeId, clock, log.child({ component: "active-turns" }), config.leaseTtlMs);
+    activeTurns.start();
     host = new ActorHost(
       {
         config,
@@ -60,7 +63,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         log: log.child({ component: "actors" }),
         deployments,
         checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
-        activeTurns: new ActiveTurns(nats.activeTurns, nats.jsm, ACTIVE_TURNS_BUCKET),
+        activeTurns,
         files,
         envValues,
         node: { draining: false },
@@ -105,6 +108,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       closing ??= (async () => {
         await app?.close();
         await host?.stop();
+        await activeTurns?.stop();
         await nc.drain().catch(() => undefined);
         await store.close();
       })();
