@@ -168,15 +168,13 @@ export async function streamEvents(
     pending = "";
     res.write(chunk);
   };
-  const send = async (text: string) => {
+  const send = (text: string) => {
     pending += text;
     if (pending.length >= FLUSH_BYTES) flush();
     else if (!flushQueued) {
       flushQueued = true;
       setImmediate(flush);
     }
-    // A slow client pauses the subscription instead of buffering without bound.
-    if (res.writableNeedDrain) await drained(res, signal);
   };
 
   const ping = setInterval(() => {
@@ -226,14 +224,16 @@ export async function streamEvents(
     await ctx.events.subscribe(
       eventRun,
       { afterId: options.afterId, turnId: options.turnId },
-      async (event) => {
+      (event, json) => {
         if (signal.aborted) return;
-        await send(frame(event));
+        send(frameOf(event.id, event.type, json));
         armGrace();
         if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) {
           ended = true;
           controller.abort(new Error("turn final"));
         }
+        // A slow client pauses the subscription instead of buffering without bound.
+        if (res.writableNeedDrain) return drained(res, signal);
       },
       signal,
     );
@@ -262,8 +262,15 @@ export function isFinalEventOf(event: RunEvent, turnId: string): boolean {
 
 /** One SSE frame. JSON never contains a raw line break, so `data` is one line. */
 export function frame(event: RunEvent): string {
-  return `id: ${event.id}\nevent: ${event.type.replace(/[\r\n]/g, " ")}\ndata: ${JSON.stringify(event)}\n\n`;
+  return frameOf(event.id, event.type, JSON.stringify(event));
 }
+
+/** The frame of an event whose JSON is at hand. */
+function frameOf(id: string, type: string, json: string): string {
+  return `id: ${id}\nevent: ${SAFE_TYPE.test(type) ? type : type.replace(/[\r\n]/g, " ")}\ndata: ${json}\n\n`;
+}
+
+const SAFE_TYPE = /^[^\r\n]*$/;
 
 function writeError(res: ServerResponse, error: ApiError): void {
   if (res.destroyed || res.writableEnded) return;

@@ -118,11 +118,19 @@ export interface EventAppender {
   readonly failure: EventWriteError | null;
 }
 
+export type EventCallback = (event: RunEvent, json: string) => void | Promise<void>;
+
 /** The contract of the event log; {@link JetStreamEventLog} implements it. */
 export interface EventLog {
   appender(run: EventRunRef, nextRunSeq: number, options?: AppenderOptions): EventAppender;
   read(run: EventReadRun, options: ReadOptions): Promise<EventPage>;
-  subscribe(run: EventReadRun, options: SubscribeOptions, onEvent: (event: RunEvent) => void | Promise<void>, signal: AbortSignal): Promise<void>;
+  /**
+   * Feeds the run's events to `onEvent` as they are stored, from the cursor on, until
+   * `signal` aborts. `json` is the event serialized as the API shows it
+   * (`JSON.stringify(event)`), taken from the stored bytes without re-encoding.
+   * A callback that returns a promise pauses the feed until it settles.
+   */
+  subscribe(run: EventReadRun, options: SubscribeOptions, onEvent: EventCallback, signal: AbortSignal): Promise<void>;
   purge(run: EventRunRef): Promise<void>;
 }
 
@@ -247,7 +255,7 @@ export class JetStreamEventLog implements EventLog {
   async subscribe(
     run: EventReadRun,
     options: SubscribeOptions,
-    onEvent: (event: RunEvent) => void | Promise<void>,
+    onEvent: EventCallback,
     signal: AbortSignal,
   ): Promise<void> {
     const cursor = options.afterId === undefined ? undefined : decodeEventId(options.afterId, run.id, "after");
@@ -283,11 +291,14 @@ export class JetStreamEventLog implements EventLog {
       if (signal.aborted) stop();
       for await (const msg of messages) {
         if (signal.aborted) break;
-        const envelope = decodeEnvelopeOrUnavailable(key, msg.data);
+        const { envelope, text } = decodeStoredOrUnavailable(key, msg.data);
         if (envelope.ms < this.clock.nowMs() - retentionMs) continue;
         if (options.turnId !== undefined && envelope.event.turn_id !== options.turnId) continue;
+        const event = toRunEvent(envelope, msg.seq, run.id);
         try {
-          await onEvent(toRunEvent(envelope, msg.seq, run.id));
+          // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
+          const pending = onEvent(event, eventJson(event, text));
+          if (pending) await pending;
         } catch (err) {
           throw new CallbackFailure(err);
         }
@@ -472,12 +483,32 @@ function decodeEnvelope(key: Uint8Array, data: Uint8Array): StoredEnvelope {
   return JSON.parse(Buffer.from(open(key, data)).toString("utf8")) as StoredEnvelope;
 }
 
-function decodeEnvelopeOrUnavailable(key: Uint8Array, data: Uint8Array): StoredEnvelope {
+const utf8 = new TextDecoder();
+
+/** The stored envelope and its JSON text. */
+function decodeStoredOrUnavailable(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
   try {
-    return decodeEnvelope(key, data);
+    const text = utf8.decode(open(key, data));
+    return { envelope: JSON.parse(text) as StoredEnvelope, text };
   } catch (err) {
     throw unavailable(err);
   }
+}
+
+const EVENT_KEY = '"event":';
+
+/**
+ * `JSON.stringify(event)` without re-encoding: the appender writes the envelope with
+ * `event` as its last member, so the stored text ends with the event's own JSON, and the
+ * API's event is that JSON with `id` put first. Falls back to encoding anything else.
+ */
+export function eventJson(event: RunEvent, storedText: string): string {
+  const at = storedText.indexOf(EVENT_KEY);
+  if (at > 0 && storedText.charCodeAt(at + EVENT_KEY.length) === 0x7b /* { */ && storedText.endsWith("}}")) {
+    const body = storedText.slice(at + EVENT_KEY.length + 1, -1);
+    return body === "}" ? `{"id":${JSON.stringify(event.id)}}` : `{"id":${JSON.stringify(event.id)},${body}`;
+  }
+  return JSON.stringify(event);
 }
 
 function toRunEvent(envelope: StoredEnvelope, streamSeq: number, runId: string): RunEvent {

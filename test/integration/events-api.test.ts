@@ -740,7 +740,7 @@ test("sse - an error after the stream began is sent as event: error with the err
     },
     read: (run, options) => t.context.log.read(run, options),
     async subscribe(_run, _options, onEvent) {
-      await onEvent(event);
+      await onEvent(event, JSON.stringify(event));
       throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
     },
     purge: async () => undefined,
@@ -799,7 +799,8 @@ test("sse - a client that stops reading pauses the subscription instead of buffe
     read: async () => ({ events: [], hasMore: false, history: { status: "empty", retention_days: null } }),
     async subscribe(run, _options, onEvent, signal) {
       for (let i = 1; i <= 2_000 && !signal.aborted; i++) {
-        await onEvent({ id: `evt_${i}`, sequence: i, source: "runtime", type: "text_delta", run_id: run.id, turn_id: null, created_at: 0, data: { delta: big } });
+        const event: RunEvent = { id: `evt_${i}`, sequence: i, source: "runtime", type: "text_delta", run_id: run.id, turn_id: null, created_at: 0, data: { delta: big } };
+        await onEvent(event, JSON.stringify(event));
         delivered++;
       }
       finished = true;
