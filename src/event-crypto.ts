@@ -1,4 +1,4 @@
-import { createHmac } from "node:crypto";
+import { createHmac, randomFillSync } from "node:crypto";
 import nacl from "tweetnacl";
 
 /**
@@ -50,20 +50,59 @@ export function deriveWorkspaceKey(master: Uint8Array, workspaceId: string): Uin
   return new Uint8Array(createHmac("sha256", master).update(`runs-events:${workspaceId}`, "utf8").digest());
 }
 
+/**
+ * tweetnacl's own crypto_secretbox functions. Its `secretbox`/`secretbox.open` wrappers
+ * copy the message byte by byte into padded arrays, which cost more than the cipher on
+ * event-sized payloads (profile in docs/performance.md); the same functions are called
+ * here with native copies, or none. The format is unchanged (a unit test checks both ways
+ * against the wrappers).
+ */
+const lowlevel = (nacl as unknown as {
+  lowlevel: {
+    crypto_secretbox(c: Uint8Array, m: Uint8Array, d: number, n: Uint8Array, k: Uint8Array): number;
+    crypto_secretbox_open(m: Uint8Array, c: Uint8Array, d: number, n: Uint8Array, k: Uint8Array): number;
+  };
+}).lowlevel;
+/** crypto_secretbox works on the message after 32 zero bytes; the box starts after 16. */
+const ZERO_BYTES = 32;
+const BOX_ZERO_BYTES = 16;
+
+/** Random nonces drawn from a pooled CSPRNG buffer (one fill per 170 nonces). */
+const noncePool = new Uint8Array(NONCE_BYTES * 170);
+let noncePoolAt = noncePool.length;
+
+function freshNonce(): Uint8Array {
+  if (noncePoolAt + NONCE_BYTES > noncePool.length) {
+    randomFillSync(noncePool);
+    noncePoolAt = 0;
+  }
+  const nonce = noncePool.slice(noncePoolAt, noncePoolAt + NONCE_BYTES);
+  noncePoolAt += NONCE_BYTES;
+  return nonce;
+}
+
 /** Encrypts `plaintext` under `key` with a fresh random nonce: `nonce || box`. */
 export function seal(key: Uint8Array, plaintext: Uint8Array): Uint8Array {
-  const nonce = nacl.randomBytes(NONCE_BYTES);
-  const box = nacl.secretbox(plaintext, nonce, key);
-  const out = new Uint8Array(NONCE_BYTES + box.length);
+  if (key.length !== KEY_BYTES) throw new RangeError("bad key size");
+  const nonce = freshNonce();
+  const m = new Uint8Array(ZERO_BYTES + plaintext.length);
+  m.set(plaintext, ZERO_BYTES);
+  // The box is written right behind the nonce: c[0..16) are zeros the nonce then covers.
+  const out = new Uint8Array(NONCE_BYTES - BOX_ZERO_BYTES + m.length);
+  const c = out.subarray(NONCE_BYTES - BOX_ZERO_BYTES);
+  lowlevel.crypto_secretbox(c, m, m.length, nonce, key);
   out.set(nonce, 0);
-  out.set(box, NONCE_BYTES);
   return out;
 }
 
 /** Decrypts a `seal` result; throws {@link EventDecryptError} on a wrong key or any change. */
 export function open(key: Uint8Array, sealed: Uint8Array): Uint8Array {
   if (sealed.length < NONCE_BYTES + nacl.secretbox.overheadLength) throw new EventDecryptError("The stored event is too short.");
-  const plain = nacl.secretbox.open(sealed.subarray(NONCE_BYTES), sealed.subarray(0, NONCE_BYTES), key);
-  if (!plain) throw new EventDecryptError();
-  return plain;
+  if (key.length !== KEY_BYTES) throw new RangeError("bad key size");
+  // crypto_secretbox_open reads the box from c[16..] and ignores c[0..16): the last 16
+  // nonce bytes can stand there, so the sealed bytes are used in place.
+  const c = sealed.subarray(NONCE_BYTES - BOX_ZERO_BYTES);
+  const m = new Uint8Array(c.length);
+  if (lowlevel.crypto_secretbox_open(m, c, c.length, sealed.subarray(0, NONCE_BYTES), key) !== 0) throw new EventDecryptError();
+  return m.subarray(ZERO_BYTES);
 }

@@ -1,4 +1,5 @@
 import test from "ava";
+import nacl from "tweetnacl";
 import { EventDecryptError, EventKeyring, NONCE_BYTES, deriveWorkspaceKey, open, seal } from "../../src/event-crypto.js";
 
 const MASTER = Buffer.alloc(32, 7).toString("base64");
@@ -72,4 +73,30 @@ test("event-crypto - the master key must be 32 bytes of base64", (t) => {
   t.throws(() => new EventKeyring("not base64 at all!"));
   t.throws(() => new EventKeyring(""));
   t.notThrows(() => new EventKeyring(Buffer.alloc(32, 1).toString("base64")));
+});
+
+test("event-crypto - seal and open agree with tweetnacl's secretbox both ways, at every length up to 600 bytes", (t) => {
+  const key = nacl.randomBytes(32);
+  for (let length = 0; length <= 600; length++) {
+    const plaintext = nacl.randomBytes(length);
+    const sealed = seal(key, plaintext);
+    t.is(sealed.length, 24 + 16 + length);
+    const byNacl = nacl.secretbox.open(sealed.subarray(24), sealed.subarray(0, 24), key);
+    if (!byNacl || Buffer.compare(Buffer.from(byNacl), Buffer.from(plaintext)) !== 0) return t.fail(`tweetnacl cannot open our box of ${length} bytes`);
+    const nonce = nacl.randomBytes(24);
+    const theirs = new Uint8Array([...nonce, ...nacl.secretbox(plaintext, nonce, key)]);
+    if (Buffer.compare(Buffer.from(open(key, theirs)), Buffer.from(plaintext)) !== 0) return t.fail(`we cannot open tweetnacl's box of ${length} bytes`);
+  }
+  t.pass();
+});
+
+test("event-crypto - open leaves the sealed bytes as they were, and nonces do not repeat", (t) => {
+  const key = nacl.randomBytes(32);
+  const sealed = seal(key, new TextEncoder().encode("unchanged"));
+  const copy = Uint8Array.from(sealed);
+  open(key, sealed);
+  t.deepEqual(sealed, copy);
+  const nonces = new Set<string>();
+  for (let i = 0; i < 2_000; i++) nonces.add(Buffer.from(seal(key, new Uint8Array(1)).subarray(0, 24)).toString("hex"));
+  t.is(nonces.size, 2_000);
 });
