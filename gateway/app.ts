@@ -13,6 +13,7 @@ import type { EnvValues } from "../src/env-values.js";
 import { Authenticator, requireScope, type AuthContext } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
+import { FinalTurnCache } from "./final-turns.js";
 import { retryAfterSeconds } from "./unavailable.js";
 import { trackConnection } from "../src/nats.js";
 import { isTransientFailure } from "../src/transient.js";
@@ -40,6 +41,8 @@ export interface GatewayContext {
   auth: Authenticator;
   idempotency: IdempotencyRecords;
   rateLimiter: RateLimiter;
+  /** Final turns (immutable) as rendered, so reads of idle runs skip the turn read. */
+  finalTurns: FinalTurnCache;
   builder: DeploymentBuilder;
   /** Ready deployments by id (immutable once ready). */
   deployments: DeploymentCache;
@@ -119,7 +122,7 @@ export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
 }
 
 export async function buildApp(
-  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter"> & { rateLimits: KV },
+  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "finalTurns"> & { rateLimits: KV },
 ): Promise<{ app: FastifyInstance; context: GatewayContext }> {
   const context: GatewayContext = {
     ...ctx,
@@ -127,6 +130,7 @@ export async function buildApp(
     router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), 15_000, trackConnection(ctx.nc)),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
+    finalTurns: new FinalTurnCache(),
   };
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,

@@ -42,7 +42,7 @@ export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: s
 }
 
 async function loadTurn(ctx: GatewayContext, run: RunDoc, turnId: string): Promise<TurnDoc> {
-  const turn = await ctx.store.getTurn(turnId);
+  const turn = await ctx.finalTurns.get(turnId, () => ctx.store.getTurn(turnId));
   if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turn_id" });
   return turn;
 }

@@ -30,7 +30,8 @@ export function turnRoutes(ctx: GatewayContext) {
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
-        const turn = await ctx.store.getTurn(request.params.turnId);
+        const turnId = request.params.turnId;
+        const turn = await ctx.finalTurns.get(turnId, () => ctx.store.getTurn(turnId));
         if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turnId" });
         return renderTurn(turn);
       },
