@@ -37,7 +37,7 @@ const ONLY = new Set((process.env.BENCH_ONLY ?? "").split(",").filter(Boolean));
 const section = (name: string) => ONLY.size === 0 || ONLY.has(name);
 const REPEATS = 3;
 /** Background starts per admission repeat; GET run then reads from REPEATS × this many runs. */
-const STARTS = QUICK ? 64 : 128;
+const STARTS = QUICK ? 64 : 256;
 const READ_COLLECTION = REPEATS * STARTS;
 const BENCH_STARTED = Date.now();
 /** The whole bench stays under 10 minutes: sections skip their optional parts past this. */
