@@ -24,10 +24,16 @@ const LAST_USED_EVERY_MS = 60_000;
 
 /**
  * Bearer-key authentication with a short cache. Revocations are published on NATS so
- * every node drops the cached key at once; the cache lifetime bounds the rest.
+ * every node drops the cached key at once; the cache lifetime bounds the rest. When an
+ * entry is due, one lookup serves every request waiting for it (64 concurrent requests
+ * of one key used to look it up 64 times each time the entry expired).
  */
 export class Authenticator {
   private readonly cache = new Map<string, CacheEntry>();
+  /** Lookups in flight by key hash; dropped on invalidation so later requests read afresh. */
+  private readonly loading = new Map<string, Promise<CacheEntry>>();
+  /** Bumped by every invalidation: a lookup begun before it does not fill the cache. */
+  private generation = 0;
   private readonly lastUsedWrites = new Map<string, number>();
   private sub: Subscription | undefined;
 
@@ -38,7 +44,7 @@ export class Authenticator {
     private readonly nc?: NatsConnection,
   ) {
     this.sub = nc?.subscribe(Subjects.authInvalidate, {
-      callback: () => this.cache.clear(),
+      callback: () => this.forget(),
     });
   }
 
@@ -48,8 +54,14 @@ export class Authenticator {
 
   /** Tells every node that a key changed (revoked or rotated). */
   invalidate(): void {
-    this.cache.clear();
+    this.forget();
     this.nc?.publish(Subjects.authInvalidate, "");
+  }
+
+  private forget(): void {
+    this.generation++;
+    this.cache.clear();
+    this.loading.clear();
   }
 
   async authenticate(request: FastifyRequest): Promise<AuthContext> {
@@ -59,19 +71,35 @@ export class Authenticator {
     const hash = hashSecret(match[1]!);
     const now = this.clock.nowMs();
     let entry = this.cache.get(hash);
-    if (!entry || now - entry.fetchedMs > this.cacheMs) {
-      const key = await this.store.findApiKeyByHash(hash);
-      const workspace = key ? await this.store.getWorkspace(key.workspace_id) : null;
-      entry = { key, workspace, fetchedMs: now };
-      if (this.cache.size > 10_000) this.cache.clear();
-      this.cache.set(hash, entry);
-    }
+    if (!entry || now - entry.fetchedMs > this.cacheMs) entry = await this.lookup(hash, now);
     const { key, workspace } = entry;
     if (!key || !workspace || !keyIsUsable(key, now)) {
       throw new ApiError("unauthorized", { message: "Invalid or revoked API key." });
     }
     this.touch(key, now);
     return { workspace, keyId: key._id, scopes: new Set(key.scopes) };
+  }
+
+  private lookup(hash: string, now: number): Promise<CacheEntry> {
+    const inFlight = this.loading.get(hash);
+    if (inFlight) return inFlight;
+    const generation = this.generation;
+    const loaded = (async () => {
+      const key = await this.store.findApiKeyByHash(hash);
+      const workspace = key ? await this.store.getWorkspace(key.workspace_id) : null;
+      const entry: CacheEntry = { key, workspace, fetchedMs: now };
+      if (generation === this.generation) {
+        if (this.cache.size > 10_000) this.cache.clear();
+        this.cache.set(hash, entry);
+      }
+      return entry;
+    })();
+    this.loading.set(hash, loaded);
+    const done = () => {
+      if (this.loading.get(hash) === loaded) this.loading.delete(hash);
+    };
+    loaded.then(done, done);
+    return loaded;
   }
 
   /** `last_used_at` is written at most once a minute per key, never on the request path. */
