@@ -1,0 +1,37 @@
+/**
+ * Where a background start's cost goes: 512 background echo starts at 64 clients (after
+ * 256 to warm up), with the CPU time each process used per start (from /proc) and the
+ * store calls per start (driver calls counted by the service child).
+ *
+ *   BENCH_TRACE_STORE=1 node --import tsx bench/trace-admission.ts      (N=… for another count)
+ *
+ * Used for the per-start figures in docs/performance.md; not part of `npm run bench`.
+ */
+import { readFileSync } from "node:fs";
+import { startTestServers } from "../test/helpers/servers.js";
+import { startServiceChild, benchWorkspace, agentWith } from "./service.js";
+import { load, request, sleep } from "./lib.js";
+const N = Number(process.env.N ?? 512);
+const servers = await startTestServers();
+const db = `trace_${Date.now()}`;
+const svc = await startServiceChild(servers, db, process.env.EXTRA ? JSON.parse(process.env.EXTRA) : {});
+const ws = await benchWorkspace(servers.mongoUri, db);
+const echo = await agentWith(svc.url, ws.key, { model: "faux/scripted", tools: [] });
+const cpu = (pid: number) => { const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" "); return (Number(f[11]) + Number(f[12])) / 100; };
+const start = (bg = true) => request(svc.url, "POST", "/api/v1/runs", { key: ws.key, body: { agent: echo, input: "hello", background: bg }, idempotencyKey: `k-${Math.random().toString(36).slice(2)}`, timeoutMs: 20_000 });
+await load(64, 256, 30_000, async () => (await start()).status === 202); // warm-up
+await sleep(2000);
+await svc.call("storeStats");
+const pids = { node: svc.proc.pid!, ferret: servers.ferret.child.pid!, nats: servers.nats.child.pid!, bench: process.pid };
+const before = Object.fromEntries(Object.entries(pids).map(([k, p]) => [k, cpu(p)]));
+const t0 = Date.now();
+const r = await load(64, N, 60_000, async () => (await start()).status === 202);
+const admitMs = Date.now() - t0;
+await sleep(3000);
+const after = Object.fromEntries(Object.entries(pids).map(([k, p]) => [k, cpu(p)]));
+console.log(`admitted ${r.ops} in ${admitMs} ms = ${(r.ops / admitMs * 1000).toFixed(0)}/s, errors ${r.errors}`);
+for (const k of Object.keys(pids)) console.log(`cpu ${k}: ${((after[k] - before[k]) * 1000 / r.ops).toFixed(2)} ms per start`);
+const stats = (await svc.call("storeStats")).stats;
+for (const [k, v] of Object.entries<any>(stats).sort((a, b) => b[1].count - a[1].count)) console.log(`${k}: ${(v.count / r.ops).toFixed(2)}/start avg ${(v.totalMs / v.count).toFixed(1)} ms`);
+await svc.stop(); await ws.store.close(); await servers.stop();
+process.exit(0);
