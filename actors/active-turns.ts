@@ -26,7 +26,10 @@ interface Announcement {
 export class ActiveTurns {
   private readonly local = new Map<string, Set<string>>();
   private readonly remote = new Map<string, Map<string, Announcement>>();
-  private readonly writing = new Set<string>();
+  /** Workspaces with a write in flight, and the write. */
+  private readonly writing = new Map<string, Promise<void>>();
+  /** Workspaces whose key holds this node's count (the last write was a put). */
+  private readonly announced = new Set<string>();
   private readonly dirty = new Set<string>();
   private readonly node: string;
   private refresher: NodeJS.Timeout | undefined;
@@ -59,9 +62,13 @@ export class ActiveTurns {
     this.stopped = true;
     clearInterval(this.refresher);
     this.stopWatch?.();
-    const withdraw = Promise.all([...this.local.keys()].map((ws) => this.kv.delete(this.key(ws)).catch(() => undefined)));
-    await Promise.race([withdraw, new Promise((resolve) => setTimeout(resolve, 2_000))]);
+    // Writes in flight first, so none lands after the withdrawal.
+    const withdraw = Promise.all(this.writing.values()).then(() =>
+      Promise.all([...this.announced].map((ws) => this.kv.delete(this.key(ws)).catch(() => undefined))),
+    );
+    await Promise.race([withdraw, new Promise((resolve) => setTimeout(resolve, 2_000).unref())]);
     this.local.clear();
+    this.announced.clear();
   }
 
   started(workspaceId: string, turnId: string): void {
@@ -94,7 +101,8 @@ export class ActiveTurns {
   private announce(workspaceId: string): void {
     this.dirty.add(workspaceId);
     if (this.writing.has(workspaceId) || this.stopped) return;
-    this.writing.add(workspaceId);
+    let written!: () => void;
+    this.writing.set(workspaceId, new Promise<void>((resolve) => (written = resolve)));
     void (async () => {
       try {
         while (this.dirty.delete(workspaceId) && !this.stopped) {
@@ -102,8 +110,10 @@ export class ActiveTurns {
           if (count === 0) {
             this.local.delete(workspaceId);
             await this.kv.delete(this.key(workspaceId));
+            this.announced.delete(workspaceId);
           } else {
             const value: Announcement = { count, expires_at: this.clock.nowMs() + this.ttlMs };
+            this.announced.add(workspaceId);
             await this.kv.put(this.key(workspaceId), JSON.stringify(value));
           }
         }
@@ -112,6 +122,7 @@ export class ActiveTurns {
         this.log.warn({ err: String(err), workspace_id: workspaceId }, "could not announce active turns");
       } finally {
         this.writing.delete(workspaceId);
+        written();
       }
     })();
   }

@@ -93,3 +93,17 @@ test("active-turns - a crashed node's announcement stops counting once it expire
   await observer.turns.stop();
   await crashing.turns.stop();
 });
+
+test("active-turns - stopping while announcements are being written leaves none behind", async (t) => {
+  const observer = await node(t, "node-watch");
+  const ws = "ws_stopping";
+  for (let round = 0; round < 5; round++) {
+    const busy = await node(t, `node-busy-${round}`);
+    for (let i = 0; i < 50; i++) busy.turns.started(ws, `turn_${round}_${i}`);
+    await busy.turns.stop(); // writes are in flight when the stop begins
+  }
+  t.is(await eventually(() => observer.turns.count(ws), 0), 0);
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.is(observer.turns.count(ws), 0, "no late write brought an announcement back");
+  await observer.turns.stop();
+});
