@@ -473,7 +473,7 @@ async function idle(servers: TestServers): Promise<void> {
     if (ids.length < count) notes.push(`idle: inserted ${ids.length} of ${count} runs within the time bound`);
     await sample(`${ids.length} idle runs in the store`);
     // Activate a sample: a no-op tags command makes the owner load the run into an actor.
-    const active = ids.slice(0, n(200, 50));
+    const active = ids.slice(0, n(2_000, 200));
     const enc = new TextEncoder();
     await load(16, active.length, 60_000, async (i) => {
       const id = active[i]!;
