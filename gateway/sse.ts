@@ -260,12 +260,7 @@ export function isFinalEventOf(event: RunEvent, turnId: string): boolean {
   return event.source === EventSource.platform && event.turn_id === turnId && FINAL_TURN_EVENT_TYPES.has(event.type);
 }
 
-/** One SSE frame. JSON never contains a raw line break, so `data` is one line. */
-export function frame(event: RunEvent): string {
-  return frameOf(event.id, event.type, JSON.stringify(event));
-}
-
-/** The frame of an event whose JSON is at hand. */
+/** One SSE frame of an event and its JSON. JSON never contains a raw line break, so `data` is one line. */
 function frameOf(id: string, type: string, json: string): string {
   return `id: ${id}\nevent: ${SAFE_TYPE.test(type) ? type : type.replace(/[\r\n]/g, " ")}\ndata: ${json}\n\n`;
 }

@@ -1,4 +1,4 @@
-import { MongoClient, MongoError, type Collection, type Db, type Filter, type UpdateFilter } from "mongodb";
+import { MongoClient, MongoError, type Collection, type Db, type Document, type Filter, type UpdateFilter } from "mongodb";
 import type {
   AgentDoc,
   ApiKeyDoc,
@@ -57,6 +57,17 @@ export async function guard<T>(work: () => Promise<T>): Promise<T> {
     return await work();
   } catch (err) {
     if (isTransient(err)) throw new StoreUnavailableError(err);
+    throw err;
+  }
+}
+
+/** Inserts `doc` unless a unique index refuses it; false when it did. */
+async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, doc: T): Promise<boolean> {
+  try {
+    await guard(() => inserts.insert(doc));
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
     throw err;
   }
 }
@@ -290,14 +301,8 @@ export class MongoStore {
   }
 
   /** Inserts a run unless one with its id exists; false when it did. */
-  async insertRunOnce(doc: RunDoc): Promise<boolean> {
-    try {
-      await guard(() => this.runInserts.insert(doc));
-      return true;
-    } catch (err) {
-      if (isDuplicateKey(err)) return false;
-      throw err;
-    }
+  insertRunOnce(doc: RunDoc): Promise<boolean> {
+    return insertOnce(this.runInserts, doc);
   }
 
   getRun(id: string): Promise<RunDoc | null> {
@@ -367,14 +372,8 @@ export class MongoStore {
   }
 
   /** Inserts a turn unless one with its id exists; false when it did (a resent command). */
-  async insertTurnOnce(doc: TurnDoc): Promise<boolean> {
-    try {
-      await guard(() => this.turnInserts.insert(doc));
-      return true;
-    } catch (err) {
-      if (isDuplicateKey(err)) return false;
-      throw err;
-    }
+  insertTurnOnce(doc: TurnDoc): Promise<boolean> {
+    return insertOnce(this.turnInserts, doc);
   }
 
   getTurn(id: string): Promise<TurnDoc | null> {
