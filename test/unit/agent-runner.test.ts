@@ -73,9 +73,10 @@ function userTexts(messages: AgentMessage[]): string[] {
   );
 }
 
-async function waitForFile(file: string): Promise<void> {
+/** Waits (bounded) until `file` holds a whole line: the shell creates it before it writes to it. */
+async function waitForLine(file: string): Promise<void> {
   for (let i = 0; i < 200; i++) {
-    if (await access(file).then(() => true, () => false)) return;
+    if ((await readFile(file, "utf8").catch(() => "")).endsWith("\n")) return;
     await new Promise((resolve) => setTimeout(resolve, 25));
   }
 }
@@ -219,7 +220,7 @@ test("agent-runner - abort during sleep 5 ends aborted quickly and kills the pro
     onEvent: (event, running) => {
       // Abort once the command is really running (its pid is written).
       if (event.type === "tool_execution_start") {
-        void waitForFile(path.join(dir, "pid")).then(() => {
+        void waitForLine(path.join(dir, "pid")).then(() => {
           abortedAt = Date.now();
           running.abort();
         });
