@@ -165,9 +165,11 @@ export class ActiveTurns {
   }
 }
 
+const utf8 = new TextDecoder();
+
 function parseAnnouncement(bytes: Uint8Array): Announcement | undefined {
   try {
-    const v = JSON.parse(new TextDecoder().decode(bytes)) as Partial<Announcement>;
+    const v = JSON.parse(utf8.decode(bytes)) as Partial<Announcement>;
     if (typeof v.count === "number" && typeof v.expires_at === "number" && v.count >= 0) return { count: v.count, expires_at: v.expires_at };
   } catch {
     // not an announcement

@@ -203,26 +203,24 @@ export function sseCount(
 
 // ---- processes --------------------------------------------------------------------------
 
-/** Resident set size of a process in bytes (0 when it is gone). */
-export function rssOf(pid: number): number {
+/** A `<field>: <n> kB` line of a /proc file of `pid`, in bytes (0 when the process is gone). */
+function procBytes(pid: number, file: string, field: string): number {
   try {
-    const status = readFileSync(`/proc/${pid}/status`, "utf8");
-    const m = /VmRSS:\s+(\d+) kB/.exec(status);
+    const m = new RegExp(`${field}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/${file}`, "utf8"));
     return m ? Number(m[1]) * 1024 : 0;
   } catch {
     return 0;
   }
 }
 
+/** Resident set size of a process in bytes (0 when it is gone). */
+export function rssOf(pid: number): number {
+  return procBytes(pid, "status", "VmRSS");
+}
+
 /** Proportional set size (shared pages split among sharers) in bytes. */
 export function pssOf(pid: number): number {
-  try {
-    const rollup = readFileSync(`/proc/${pid}/smaps_rollup`, "utf8");
-    const m = /Pss:\s+(\d+) kB/.exec(rollup);
-    return m ? Number(m[1]) * 1024 : 0;
-  } catch {
-    return 0;
-  }
+  return procBytes(pid, "smaps_rollup", "Pss");
 }
 
 /** Direct children of `pid` (scans /proc; bounded by the process table). */

@@ -262,10 +262,8 @@ export function isFinalEventOf(event: RunEvent, turnId: string): boolean {
 
 /** One SSE frame of an event and its JSON. JSON never contains a raw line break, so `data` is one line. */
 function frameOf(id: string, type: string, json: string): string {
-  return `id: ${id}\nevent: ${SAFE_TYPE.test(type) ? type : type.replace(/[\r\n]/g, " ")}\ndata: ${json}\n\n`;
+  return `id: ${id}\nevent: ${type.replace(/[\r\n]/g, " ")}\ndata: ${json}\n\n`;
 }
-
-const SAFE_TYPE = /^[^\r\n]*$/;
 
 function writeError(res: ServerResponse, error: ApiError): void {
   if (res.destroyed || res.writableEnded) return;

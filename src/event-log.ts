@@ -479,17 +479,21 @@ function headerSeq(value: string): number {
   return Number.isSafeInteger(n) && n > 0 ? n : 0;
 }
 
-function decodeEnvelope(key: Uint8Array, data: Uint8Array): StoredEnvelope {
-  return JSON.parse(Buffer.from(open(key, data)).toString("utf8")) as StoredEnvelope;
-}
-
 const utf8 = new TextDecoder();
 
 /** The stored envelope and its JSON text. */
+function decodeStored(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
+  const text = utf8.decode(open(key, data));
+  return { envelope: JSON.parse(text) as StoredEnvelope, text };
+}
+
+function decodeEnvelope(key: Uint8Array, data: Uint8Array): StoredEnvelope {
+  return decodeStored(key, data).envelope;
+}
+
 function decodeStoredOrUnavailable(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
   try {
-    const text = utf8.decode(open(key, data));
-    return { envelope: JSON.parse(text) as StoredEnvelope, text };
+    return decodeStored(key, data);
   } catch (err) {
     throw unavailable(err);
   }
