@@ -73,8 +73,11 @@ export class ActorHost {
       if (!held.length) return;
       for (const run of await this.r.store.busyRunsIn(held)) {
         const epoch = this.leases.epochOf(run.partition);
-        if (epoch === undefined || run.epoch >= epoch || this.actors.get(run._id)?.holdsRun) continue;
-        this.r.log.warn({ run_id: run._id, run_epoch: run.epoch, epoch }, "recovering a run a stale owner left busy");
+        if (epoch === undefined) continue;
+        // An actor of this node stopped without storing its finished turn: recover the run now.
+        const unsettled = this.actors.get(run._id)?.isUnsettled === true;
+        if (!unsettled && (run.epoch >= epoch || this.actors.get(run._id)?.holdsRun)) continue;
+        this.r.log.warn({ run_id: run._id, run_epoch: run.epoch, epoch }, unsettled ? "recovering a run whose finished turn could not be stored" : "recovering a run a stale owner left busy");
         await this.actorFor(run._id, run.partition, epoch).recover();
       }
     } catch (err) {
@@ -103,6 +106,8 @@ export class ActorHost {
         }
       }
       await this.r.store.sweepRecords(now);
+      const swept = await this.r.files.sweep(now);
+      if (swept.files || swept.uploads) this.r.log.info(swept, "expired files and upload records removed");
     } catch (err) {
       this.r.log.warn({ err }, "sweep failed; retrying at the next interval");
     } finally {

@@ -29,8 +29,8 @@
  *   the transcript, so the run's history keeps what the user said.
  */
 import { Agent, type AgentEvent, type AgentMessage, type StreamFn } from "@mariozechner/pi-agent-core";
+import { providerOffered } from "./credentials.js";
 import {
-  getEnvApiKey,
   getModels,
   getProviders,
   type AssistantMessage,
@@ -65,12 +65,21 @@ import {
   type ScriptedModelOptions,
 } from "./scripted-model.js";
 import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS } from "./workspace-tools.js";
+import type { Sandbox, SandboxFailure } from "./sandbox.js";
+import { limitsOf } from "./sandbox-limits.js";
+import { checkModelEndpoint, NetworkPolicyError } from "../src/address-guard.js";
 
 export interface TurnRunRequest {
   /** The deployment's agent configuration. */
   config: AgentConfig;
   /** The run's workspace directory; must exist. Tools are confined to it. */
   workspaceDir: string;
+  /** The node's sandbox: every tool runs in it. */
+  sandbox: Sandbox;
+  /** Operator setting: openai-compatible endpoints may be private or loopback addresses. */
+  allowPrivateModelEndpoints?: boolean;
+  /** Operator setting: providers with ambient credentials tenants may use (actors/credentials.ts). */
+  ambientProviders?: ReadonlySet<string>;
   /** Transcript of earlier turns (their transcript segments, concatenated). */
   history: AgentMessage[];
   /** The turn's input; `input_file` parts must carry `file_data` (uploads resolved by the caller). */
@@ -202,12 +211,13 @@ export interface ModelListing {
   input: string[];
 }
 
-/** The registry's models plus `faux/scripted`, for GET /api/v1/models. */
-export function listModels(): ModelListing[] {
+/** The registry's models of the providers offered, plus `faux/scripted`, for GET /api/v1/models. */
+export function listModels(ambientProviders: ReadonlySet<string> = new Set()): ModelListing[] {
   const listing: ModelListing[] = [
     { id: SCRIPTED_MODEL, provider: SCRIPTED_PROVIDER, name: scriptedModel.name, input: [...scriptedModel.input] },
   ];
   for (const provider of getProviders()) {
+    if (!providerOffered(provider, ambientProviders)) continue;
     for (const model of getModels(provider)) {
       listing.push({ id: `${provider}/${model.id}`, provider, name: model.name, input: [...model.input] });
     }
@@ -283,6 +293,13 @@ export function providerFailure(message: AssistantMessage): { code: TurnErrorCod
   const scripted = scriptedErrorStatus(message);
   if (scripted !== undefined) return { code: providerErrorCode(scripted), message: text };
   const status = parseStatus(message.errorMessage ?? "");
+  // A tenant's own endpoint: its answer is summarised, never echoed (it could carry
+  // whatever the endpoint wants stored and shown, or reflect what it was sent).
+  if (message.provider === OPENAI_COMPATIBLE) {
+    if (status !== undefined) return { code: providerErrorCode(status), message: `The model endpoint answered HTTP ${status}.` };
+    if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) return { code: TurnErrorCode.provider_transport_failed, message: "The model endpoint could not be reached." };
+    return { code: TurnErrorCode.provider_failure, message: "The model endpoint's answer could not be used." };
+  }
   if (status !== undefined) return { code: providerErrorCode(status), message: withProvider(message, text) };
   if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) {
     return { code: TurnErrorCode.provider_transport_failed, message: withProvider(message, text) };
@@ -457,6 +474,8 @@ class TurnExecution {
   private readonly ended = new WeakSet<object>();
   /** The failure message pi's Agent makes when the loop itself threw. */
   private loopFailure?: AssistantMessage;
+  /** The sandbox failed (capacity, start): the turn ends failed with this error. */
+  private sandboxFailure?: TurnError;
   private readonly reference: () => string;
   private readonly onAbortSignal = () => this.abort();
 
@@ -477,6 +496,12 @@ class TurnExecution {
     this.agent?.abort();
   }
 
+  /** The sandbox cannot run the turn's tools: stop the loop; the turn fails with the sandbox's code. */
+  private sandboxFailed(failure: SandboxFailure): void {
+    this.sandboxFailure ??= turnError(failure.code, { message: failure.message, reference: this.reference() });
+    this.agent?.abort();
+  }
+
   async run(): Promise<TurnRunResult> {
     const { req } = this;
     const resolved = (req.resolveModel ?? resolveModel)(req.config.model, {
@@ -489,7 +514,26 @@ class TurnExecution {
     }
     const { model, streamFn } = resolved;
     const userMessage = buildUserMessage(req.input, model.input.includes("image"), Date.now());
+    if (typeof req.config.model === "object") {
+      // A tenant's endpoint must not point the node at itself, its neighbours or a
+      // metadata service: nothing is sent to a refused address.
+      try {
+        await checkModelEndpoint(req.config.model.base_url, { allowPrivate: req.allowPrivateModelEndpoints === true });
+      } catch (err) {
+        if (!(err instanceof NetworkPolicyError)) throw err;
+        const message = `The model endpoint ${err.host} is refused by the network policy (${err.reason}): model endpoints must be public addresses.`;
+        const error = turnError(TurnErrorCode.network_policy_denied, { message, reference: this.reference(), source: "configuration" });
+        return this.failEarly(userMessage, message, error);
+      }
+    }
+    if (!providerOffered(model.provider, req.ambientProviders ?? new Set())) {
+      return this.failEarly(userMessage, `Model provider "${model.provider}" authenticates with the service's own credentials and is not enabled on this service.`);
+    }
+    const keyName = typeof req.config.model === "object" ? req.config.model.api_key_env : undefined;
     const apiKey = streamFn ? undefined : this.apiKeyFor(model.provider);
+    if (keyName && apiKey === PLACEHOLDER_API_KEY) {
+      return this.failEarly(userMessage, `The environment value ${keyName} named by config.model.api_key_env does not exist in this workspace.`);
+    }
     if (!streamFn && apiKey === undefined) {
       return this.failEarly(
         userMessage,
@@ -503,8 +547,17 @@ class TurnExecution {
         model,
         messages: req.history,
         tools: createWorkspaceTools(req.workspaceDir, req.config.tools ?? BUILTIN_TOOLS, {
+          sandbox: req.sandbox,
           commandTimeoutMs: (req.config.limits?.command_timeout_s ?? DEFAULT_COMMAND_TIMEOUT_MS / 1000) * 1000,
           env: req.commandEnv,
+          limits: limitsOf(req.config),
+          networkAllow: req.config.network?.allow,
+          onNetworkDenied: (denial) =>
+            this.req.onEvent({
+              type: "sandbox.network_denied",
+              data: { host: denial.host, port: denial.port, reason: denial.reason, policy: "config.network.allow" },
+            }),
+          onSandboxFailure: (failure) => this.sandboxFailed(failure),
         }),
       },
       streamFn,
@@ -561,8 +614,9 @@ class TurnExecution {
     };
   }
 
+  /** Only what the workspace holds: never the service's environment (pi-ai's getEnvApiKey). */
   private apiKeyFor(provider: string): string | undefined {
-    const key = this.req.getApiKey ? this.req.getApiKey(provider) : getEnvApiKey(provider);
+    const key = this.req.getApiKey?.(provider);
     if (key) return key;
     return provider === OPENAI_COMPATIBLE ? PLACEHOLDER_API_KEY : undefined;
   }
@@ -582,19 +636,23 @@ class TurnExecution {
     return !(last?.role === "assistant" && (last.stopReason === "error" || last.stopReason === "aborted"));
   }
 
-  private failEarly(userMessage: UserMessage, message: string): TurnRunResult {
+  private failEarly(userMessage: UserMessage, message: string, error?: TurnError): TurnRunResult {
     this.closed = true;
     return {
       outcome: "failed",
       output: [],
       transcript: [userMessage],
-      error: turnError(TurnErrorCode.agent_configuration_invalid, { message, reference: this.reference() }),
+      error: error ?? turnError(TurnErrorCode.agent_configuration_invalid, { message, reference: this.reference() }),
     };
   }
 
   private conclude(turnMessages: AgentMessage[], transcript: AgentMessage[], thrown: unknown): TurnRunResult {
     const assistants = turnMessages.filter((m): m is AssistantMessage => m.role === "assistant");
     const partialOutput = () => textParts([...assistants].reverse().find((m) => textParts(m).length > 0));
+
+    if (this.sandboxFailure && !this.aborted) {
+      return { outcome: "failed", output: partialOutput(), transcript, error: this.sandboxFailure };
+    }
 
     if (thrown !== undefined || this.loopFailure) {
       if (this.aborted) return { outcome: "aborted", output: partialOutput(), transcript };

@@ -1,6 +1,8 @@
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
+import { isSealedBlob, openBlob, sealBlob, type BlobKeyring } from "../src/blob-crypto.js";
+import { fromStream, toStream } from "../src/file-store.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
@@ -10,32 +12,70 @@ export class CheckpointError extends Error {
   }
 }
 
-/** Runs `tar` with `args`, feeding `input` or collecting its output. */
-function tar(args: string[], input?: Uint8Array): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const child = spawn("tar", args, { stdio: ["pipe", "pipe", "pipe"] });
-    const out: Buffer[] = [];
-    let err = "";
-    child.stdout.on("data", (d: Buffer) => out.push(d));
-    child.stderr.on("data", (d: Buffer) => (err += d.toString()));
+/** A checkpoint was read but is not an archive that can be extracted. */
+export class CheckpointCorruptError extends Error {
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "CheckpointCorruptError";
+  }
+}
+
+/** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
+function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
+  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"] });
+  let err = "";
+  child.stderr!.on("data", (d: Buffer) => (err += d.toString().slice(0, 2000)));
+  const done = new Promise<void>((resolve, reject) => {
     child.on("error", reject);
-    child.on("close", (code) => (code === 0 ? resolve(Buffer.concat(out)) : reject(new CheckpointError(`tar exited ${code}: ${err.trim()}`))));
-    child.stdin.end(input ? Buffer.from(input) : undefined);
+    child.on("close", (code) => (code === 0 ? resolve() : reject(new CheckpointError(`tar exited ${code}: ${err.trim()}`))));
   });
+  return { child, done };
+}
+
+/** `tar`'s output, failing at its end if tar failed (so a bad archive never replaces a good one). */
+async function* archiveOf(dir: string): AsyncGenerator<Uint8Array> {
+  const { child, done } = runTar(["-czf", "-", "-C", dir, "."], "ignore");
+  try {
+    for await (const chunk of child.stdout as AsyncIterable<Buffer>) yield chunk;
+    await done;
+  } finally {
+    // The store stopped reading (it failed): tar must not linger.
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGKILL");
+      await done.catch(() => undefined);
+    }
+  }
+}
+
+/** The first piece of `source` and an iterable of all of it (the first piece included). */
+async function peek(source: AsyncIterable<Uint8Array>): Promise<{ head: Uint8Array; all: AsyncIterable<Uint8Array> }> {
+  const it = source[Symbol.asyncIterator]();
+  const first = await it.next();
+  const head = first.done ? new Uint8Array(0) : first.value;
+  async function* all(): AsyncGenerator<Uint8Array> {
+    if (!first.done) yield head;
+    for (let next = await it.next(); !next.done; next = await it.next()) yield next.value;
+  }
+  return { head, all: all() };
 }
 
 /**
  * Run workspaces saved to a JetStream object store after every turn (DESIGN §4), and
- * restored on the node that takes a run over. The object is named by run id.
+ * restored on the node that takes a run over. The object is named by run id; its
+ * contents are sealed per workspace (src/blob-crypto.ts) and stream through, never held
+ * whole in memory.
  */
 export class WorkspaceCheckpoints {
-  constructor(private readonly store: ObjectStore) {}
+  constructor(
+    private readonly store: ObjectStore,
+    private readonly keys?: BlobKeyring,
+  ) {}
 
   /**
    * Saves the directory. An empty workspace of a run never saved before is skipped;
    * returns whether a checkpoint exists afterwards.
    */
-  async save(runId: string, dir: string, savedBefore: boolean): Promise<boolean> {
+  async save(runId: string, dir: string, savedBefore: boolean, workspaceId = ""): Promise<boolean> {
     let entries: string[];
     try {
       entries = await readdir(dir);
@@ -44,8 +84,9 @@ export class WorkspaceCheckpoints {
     }
     if (entries.length === 0 && !savedBefore) return false;
     try {
-      const archive = await tar(["-czf", "-", "-C", dir, "."]);
-      await this.store.putBlob({ name: runId }, archive);
+      const archive = archiveOf(dir);
+      const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;
+      await this.store.put({ name: runId }, toStream(stored));
       return true;
     } catch (err) {
       if (err instanceof CheckpointError) throw err;
@@ -54,16 +95,38 @@ export class WorkspaceCheckpoints {
   }
 
   /** Restores the latest checkpoint into `dir`; false when the run has none. */
-  async restore(runId: string, dir: string): Promise<boolean> {
-    let archive: Uint8Array | null;
+  async restore(runId: string, dir: string, workspaceId = ""): Promise<boolean> {
+    let object: Awaited<ReturnType<ObjectStore["get"]>>;
+    let first: { head: Uint8Array; all: AsyncIterable<Uint8Array> };
     try {
-      archive = await this.store.getBlob(runId);
+      object = await this.store.get(runId);
+      if (!object) return false;
+      first = await peek(fromStream(object.data));
     } catch (err) {
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     }
-    if (!archive) return false;
     await mkdir(dir, { recursive: true });
-    await tar(["-xzf", "-", "-C", dir], archive);
+    const keyFor = (keyId: number) => (this.keys && keyId === this.keys.keyId ? this.keys.keyFor("checkpoints", workspaceId) : undefined);
+    // Checkpoints saved before encryption are read as they are.
+    const archive = isSealedBlob(first.head) ? openBlob(keyFor, first.all) : first.all;
+    const { child, done } = runTar(["-xzf", "-", "-C", dir], "pipe");
+    const stdin = child.stdin!;
+    stdin.on("error", () => undefined);
+    try {
+      for await (const chunk of archive) {
+        if (!stdin.write(chunk)) await new Promise((resolve) => stdin.once("drain", resolve));
+      }
+      stdin.end();
+      await done;
+      const error = await object.error;
+      if (error) throw error;
+    } catch (err) {
+      stdin.destroy();
+      child.kill("SIGKILL");
+      await done.catch(() => undefined);
+      // Read, but not a workspace this service can open: no retry brings it back.
+      throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
+    }
     return true;
   }
 

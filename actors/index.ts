@@ -5,3 +5,5 @@ export { partitionOf, rendezvousOwner, PartitionLeases } from "./partition-lease
 export { listModels, resolveModel } from "./agent-runner.js";
 export { WorkspaceCheckpoints, CheckpointError } from "./checkpoints.js";
 export { ActiveTurns } from "./active-turns.js";
+export { Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxStatus } from "./sandbox.js";
+export { EgressProxy, parseTestHosts } from "./egress-proxy.js";

@@ -15,17 +15,19 @@ import { Ids } from "../src/ids.js";
 import { turnError } from "../src/turn-errors.js";
 import { JetStreamEventLog, type EventAppender, type EventLog } from "../src/event-log.js";
 import { renderRun } from "../src/render.js";
-import { MAX_TAGS } from "../src/run-request.js";
+import { MAX_TAGS, MAX_TURN_FILE_BYTES } from "../src/run-request.js";
 import { admissionOutcome, cancelOutcome, cancelTarget, editTags, finalEventType, interruptedStatus } from "../src/turn-state.js";
 import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { nextVersionFor } from "./versions.js";
 import { existsSync } from "node:fs";
-import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { CheckpointCorruptError, CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
 import type { ActiveTurns } from "./active-turns.js";
+import type { Sandbox } from "./sandbox.js";
 import type { FileStore } from "../src/file-store.js";
 import type { EnvValues } from "../src/env-values.js";
 import { apiKeyResolver } from "./credentials.js";
 import { isTransientFailure } from "../src/transient.js";
+import { MAX_TURN_DOCUMENT_BYTES, boundTranscript, jsonBytes } from "./transcript-bounds.js";
 
 /** What every actor of a node shares. */
 export interface ActorResources {
@@ -41,21 +43,42 @@ export interface ActorResources {
   activeTurns: ActiveTurns;
   files: FileStore;
   envValues: EnvValues;
+  /** The node's tool sandbox. */
+  sandbox: Sandbox;
   /** Node-wide state: while draining, queued turns are left for the next owner. */
   node: { draining: boolean };
 }
 
 /** Deployments are immutable once ready, so a node caches them by id. */
+/**
+ * Ready deployments (immutable once ready), least recently used first out: at most
+ * `capacity` configs are held, however many agents and versions tenants create.
+ */
 export class DeploymentCache {
   private readonly cache = new Map<string, DeploymentDoc>();
-  constructor(private readonly store: MongoStore) {}
+  constructor(
+    private readonly store: MongoStore,
+    private readonly capacity = 1_000,
+  ) {}
+
+  get size(): number {
+    return this.cache.size;
+  }
 
   async get(agentId: string, version: number): Promise<DeploymentDoc | null> {
     const id = `${agentId}:${version}`;
     const hit = this.cache.get(id);
-    if (hit) return hit;
+    if (hit) {
+      // Map order is insertion order: moving the hit to the end keeps the order by use.
+      this.cache.delete(id);
+      this.cache.set(id, hit);
+      return hit;
+    }
     const doc = await this.store.getDeployment(agentId, version);
-    if (doc && doc.status === "ready") this.cache.set(id, doc);
+    if (doc && doc.status === "ready") {
+      this.cache.set(id, doc);
+      if (this.cache.size > this.capacity) this.cache.delete(this.cache.keys().next().value!);
+    }
     return doc;
   }
 }
@@ -80,8 +103,6 @@ async function withRetries<T>(work: () => Promise<T>): Promise<T> {
   }
 }
 
-/** Files larger than this are described to the model instead of included. */
-const MAX_FILE_FOR_MODEL_BYTES = 20 * 1024 * 1024;
 
 type OkReply = Omit<Extract<CommandReply, { ok: true }>, "ok">;
 const ok = (reply: OkReply): CommandReply => ({ ok: true, ...reply });
@@ -105,6 +126,10 @@ export class RunActor {
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   private session: AgentMessage[] | undefined;
   private stopped = false;
+  /** Stopped because a finished turn could not be stored: the host recovers the run. */
+  private unsettled = false;
+  /** The last turn whose final write succeeded, for a retry of what follows it. */
+  private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
   /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
   private countedTurn: { workspaceId: string; turnId: string } | undefined;
   /** Commands in the mailbox: a run being admitted is not idle even before its turn starts. */
@@ -136,6 +161,11 @@ export class RunActor {
 
   get isStopped(): boolean {
     return this.stopped;
+  }
+
+  /** Stopped with a finished turn it could not store: the run needs recovering. */
+  get isUnsettled(): boolean {
+    return this.unsettled;
   }
 
   /** Runs `work` after everything already in the mailbox. */
@@ -229,7 +259,8 @@ export class RunActor {
   private async handle(cmd: RunCommand): Promise<CommandReply> {
     if (cmd.op === "start") return this.start(cmd);
     const run = await this.activate();
-    if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, "run_id");
+    // The body names the run of a continuation; the path names it for the other commands.
+    if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, cmd.op === "continue" ? "run_id" : "runId");
     if (run.expires_at <= this.r.clock.nowMs()) return fail("run_expired");
     switch (cmd.op) {
       case "continue":
@@ -579,16 +610,33 @@ export class RunActor {
     const session = await this.loadSession(run);
     const workspaceDir = this.workspaceDir(run);
     if (run.checkpointed && !existsSync(workspaceDir)) {
-      // The run moved here from another node: bring its workspace along.
+      // The run moved here from another node: bring its workspace along. A store that
+      // cannot be read now may answer later (retryable); a checkpoint that is gone or
+      // cannot be extracted will not come back.
+      let code: "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | undefined;
       try {
-        await this.r.checkpoints.restore(run._id, workspaceDir);
+        if (!(await this.r.checkpoints.restore(run._id, workspaceDir, run.workspace_id))) code = "sandbox_snapshot_unavailable";
       } catch (err) {
         this.r.log.error({ err, run_id: run._id }, "could not restore the run's workspace");
-        await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("sandbox_operation_failed", { reference: Ids.reference() }));
+        code = err instanceof CheckpointCorruptError ? "sandbox_snapshot_unavailable" : "sandbox_snapshot_activation_failed";
+      }
+      if (code) {
+        // Nothing half-restored is left to pass for the workspace on the next try.
+        await rm(workspaceDir, { recursive: true, force: true });
+        await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(code, { reference: Ids.reference() }));
         return;
       }
     }
-    await mkdir(workspaceDir, { recursive: true });
+    // Searchable, not listable, for the sandbox's uid; the workspace itself becomes its own.
+    await mkdir(path.dirname(workspaceDir), { recursive: true, mode: 0o711 });
+    await mkdir(workspaceDir, { recursive: true, mode: 0o700 });
+    try {
+      await this.r.sandbox.prepareWorkspace(workspaceDir);
+    } catch (err) {
+      this.r.log.error({ err, run_id: run._id }, "could not prepare the run's workspace for its sandbox");
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("sandbox_operation_failed", { reference: Ids.reference() }));
+      return;
+    }
     let input: InputPart[];
     let credentials: Record<string, string>;
     try {
@@ -604,9 +652,12 @@ export class RunActor {
     const running = startTurn({
       config: deployment.config,
       workspaceDir,
+      sandbox: this.r.sandbox,
+      allowPrivateModelEndpoints: this.r.config.allowPrivateModelEndpoints,
       history: session,
       input,
-      getApiKey: apiKeyResolver(credentials),
+      getApiKey: apiKeyResolver(credentials, deployment.config.model),
+      ambientProviders: this.r.config.ambientProviders,
       onEvent: (event) => {
         if (!this.stopped) this.emit(turn._id, "runtime", event.type, event.data);
       },
@@ -657,8 +708,35 @@ export class RunActor {
       await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
     } catch (err) {
       if (err instanceof FencedError) this.stop("fenced");
-      else this.r.log.error({ err, run_id: this.runId, turn_id: execution.turn._id }, "could not store a finished turn");
+      else await this.settleUnstored(execution.turn, err);
     }
+  }
+
+  /**
+   * The finished turn (or the run after it) could not be stored. No run may stay busy
+   * because a write failed: the turn is stored `failed` without its result, retried for
+   * a while; if even that cannot be written (the store is down), the actor stops as
+   * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
+   */
+  private async settleUnstored(turn: TurnDoc, cause: unknown): Promise<void> {
+    const reference = Ids.reference();
+    this.r.log.error({ err: cause, run_id: this.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
+    const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
+    for (let attempt = 0; attempt < 5 && !this.stopped; attempt++) {
+      try {
+        const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
+        // The turn itself was stored: only the run's move to its next state is left.
+        if (stored && this.run) await this.afterTurn(this.run, stored.turn, stored.now);
+        else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false });
+        return;
+      } catch (err) {
+        if (err instanceof FencedError) return this.stop("fenced");
+        this.r.log.warn({ err, run_id: this.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
+        await new Promise((resolve) => setTimeout(resolve, 500 * 2 ** attempt));
+      }
+    }
+    this.unsettled = true;
+    this.stop("a finished turn could not be stored");
   }
 
   /** One fenced write makes the turn final, then the run moves on. */
@@ -668,6 +746,7 @@ export class RunActor {
     output: TurnDoc["output"],
     transcript: AgentMessage[],
     error: TurnError | null,
+    options: { checkpoint?: boolean } = {},
   ): Promise<void> {
     // The turn's runtime events are stored before it is final.
     try {
@@ -679,10 +758,10 @@ export class RunActor {
         error = turnError("event_stream_write_failed", { reference: Ids.reference() });
       }
     }
-    if (turn.started_at !== null && !this.stopped) {
+    if (turn.started_at !== null && !this.stopped && options.checkpoint !== false) {
       try {
         const run = this.run;
-        if (run && (await this.r.checkpoints.save(run._id, this.workspaceDir(run), run.checkpointed === true)) && !run.checkpointed) {
+        if (run && (await this.r.checkpoints.save(run._id, this.workspaceDir(run), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
           await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { checkpointed: true } });
           run.checkpointed = true;
         }
@@ -695,9 +774,23 @@ export class RunActor {
         }
       }
     }
+    // The turn document must stay under the store's limit: a transcript too large even
+    // compacted is not stored, and the turn fails rather than leaving the run busy.
+    const bounded = boundTranscript(transcript, MAX_TURN_DOCUMENT_BYTES - jsonBytes(turn.input) - jsonBytes(output));
+    if (bounded.fits) {
+      if (bounded.compacted) this.r.log.warn({ run_id: this.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
+      transcript = bounded.transcript;
+    } else {
+      const mib = (MAX_TURN_DOCUMENT_BYTES / 1024 / 1024).toFixed(0);
+      status = TurnStatus.failed;
+      error = turnError("platform_failure", { reference: Ids.reference(), message: `The turn's transcript (${bounded.bytes} bytes) does not fit the ${mib} MiB a turn may store, and was not kept.` });
+      transcript = [];
+      if (jsonBytes(turn.input) + jsonBytes(output) > MAX_TURN_DOCUMENT_BYTES) output = [];
+    }
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
     await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
+    this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
     this.turnEnded();
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
@@ -721,7 +814,12 @@ export class RunActor {
       last_activity_at: now,
       expires_at: now + run.retention_s * 1000,
     };
-    if (finished) this.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
+    // Once per turn, also when a failed write of the run makes settleUnstored come back here.
+    const emitted = this.storedFinal?.turnId === finished?._id && this.storedFinal?.finalEmitted === true;
+    if (finished && !emitted) {
+      this.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
+      if (this.storedFinal?.turnId === finished._id) this.storedFinal.finalEmitted = true;
+    }
     if (next) this.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
     await this.appender!.flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     set.event_seq = this.appender!.nextSequence - 1;
@@ -738,23 +836,37 @@ export class RunActor {
 
   /**
    * Uploaded files named by `file_id` become inline parts for the agent (the stored
-   * input keeps the id). A file too large to hand to a model becomes a short note.
+   * input keeps the id), in input order while they fit the turn's file budget (what
+   * inline files left of it); a file past the budget becomes a short note. Sizes come
+   * from the file records (one query), so a file past the budget is never read.
    */
   private async resolveFiles(run: RunDoc, input: InputPart[]): Promise<InputPart[]> {
+    const ids = input.flatMap((part) => (part.type === "input_file" && part.file_id ? [part.file_id] : []));
+    if (ids.length === 0) return input;
+    const docs = new Map((await this.r.files.getMany(run.workspace_id, ids)).map((doc) => [doc._id, doc]));
+    let budget = MAX_TURN_FILE_BYTES - input.reduce((n, part) => n + (part.type === "input_file" && part.file_data ? Math.floor((part.file_data.length * 3) / 4) : 0), 0);
     const out: InputPart[] = [];
     for (const part of input) {
       if (part.type !== "input_file" || !part.file_id) {
         out.push(part);
         continue;
       }
+      const doc = docs.get(part.file_id);
+      if (!doc) {
+        out.push({ type: "input_text", text: `[file ${part.file_id} is not available]` });
+        continue;
+      }
+      if (doc.bytes > budget) {
+        out.push({ type: "input_text", text: `[file ${doc.filename} (${doc.media_type}, ${doc.bytes} bytes) is too large to include: a turn hands the model at most ${MAX_TURN_FILE_BYTES / 1024 / 1024} MiB of files]` });
+        continue;
+      }
       const file = await this.r.files.read(run.workspace_id, part.file_id);
       if (!file) {
         out.push({ type: "input_text", text: `[file ${part.file_id} is not available]` });
-      } else if (file.bytes > MAX_FILE_FOR_MODEL_BYTES) {
-        out.push({ type: "input_text", text: `[file ${file.filename} (${file.media_type}, ${file.bytes} bytes) is too large to include]` });
-      } else {
-        out.push({ type: "input_file", filename: file.filename, media_type: file.media_type, file_data: file.data.toString("base64") });
+        continue;
       }
+      budget -= file.bytes;
+      out.push({ type: "input_file", filename: file.filename, media_type: file.media_type, file_data: file.data.toString("base64") });
     }
     return out;
   }

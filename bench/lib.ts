@@ -223,6 +223,32 @@ export function pssOf(pid: number): number {
   return procBytes(pid, "smaps_rollup", "Pss");
 }
 
+/** Every descendant of `pid` (one scan of /proc; sandboxed processes keep their host pids and parents). */
+export function descendantsOf(pid: number): number[] {
+  const children = new Map<number, number[]>();
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      const list = children.get(ppid) ?? [];
+      list.push(Number(entry));
+      children.set(ppid, list);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: number[] = [];
+  const queue = [pid];
+  while (queue.length > 0) {
+    for (const child of children.get(queue.shift()!) ?? []) {
+      out.push(child);
+      queue.push(child);
+    }
+  }
+  return out;
+}
+
 /** Direct children of `pid` (scans /proc; bounded by the process table). */
 export function childrenOf(pid: number): number[] {
   const out: number[] = [];

@@ -7,13 +7,14 @@
  *
  * Every loop is bounded in count and time. Environment:
  *   BENCH_QUICK=1      smaller counts (a quick check, not for the record)
- *   BENCH_ONLY=a,b     only these sections (baselines, admission, turn, reads, stream, hop, capacity, idle)
+ *   BENCH_ONLY=a,b     only these sections (baselines, admission, turn, reads, stream, hop, sandbox, capacity, idle)
  *   BENCH_CAPACITY=n   the large capacity step (default: as many as the fd limit allows, at most 10,000)
  *   BENCH_PROFILE=1    service nodes run with --cpu-prof into .bench/prof/
  */
 import { mkdir, writeFile } from "node:fs/promises";
 import os from "node:os";
 import { execSync } from "node:child_process";
+import { closeSync, constants as fsConstants, openSync, readFileSync } from "node:fs";
 import { startTestServers, type TestServers } from "../test/helpers/servers.js";
 import { partitionOf } from "../actors/partition-leases.js";
 import { Ids } from "../src/ids.js";
@@ -30,7 +31,14 @@ import {
   type BareClients,
 } from "./baselines.js";
 import { agentWith, benchWorkspace, startNoopServer, startServiceChild, type Child } from "./service.js";
-import { MiB, childrenOf, fmt, load, pssOf, quantile, request, rssOf, sleep, sseCount, summarize, type LoadResult, type Summary } from "./lib.js";
+import { MiB, childrenOf, descendantsOf, fmt, load, pssOf, quantile, request, rssOf, sleep, sseCount, summarize, type LoadResult, type Summary } from "./lib.js";
+import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { spawn } from "node:child_process";
+import path from "node:path";
+import pino from "pino";
+import { Sandbox } from "../actors/sandbox.js";
+import { DEFAULT_LIMITS } from "../actors/sandbox-limits.js";
+import { detectCgroups } from "../actors/sandbox-cgroups.js";
 
 const QUICK = process.env.BENCH_QUICK === "1";
 const ONLY = new Set((process.env.BENCH_ONLY ?? "").split(",").filter(Boolean));
@@ -327,6 +335,313 @@ async function actorHop(svc: Child, ws: Ws, echo: string, servers: TestServers):
   await responder.drain();
 }
 
+// ---- sandbox ----------------------------------------------------------------------------------
+
+/** What the bash tool runs (actors/workspace-tools.ts), before the command itself. */
+const BASH_ARGV = ["/bin/bash", "-c", 'exec "$0" -c "$1" 2>&1', "/bin/bash"];
+
+/**
+ * Spawns `file` and resolves with the milliseconds until it exited and its output
+ * closed (what a runner waits for). `fds` are passed as fd 3, 4, ….
+ */
+function timedSpawn(file: string, args: string[], options: { uid?: number; gid?: number; fds?: number[] } = {}): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const child = spawn(file, args, {
+      cwd: "/",
+      stdio: ["ignore", "pipe", "ignore", ...(options.fds ?? [])],
+      env: { PATH: "/usr/bin:/bin" },
+      uid: options.uid,
+      gid: options.gid,
+    });
+    child.stdout!.resume();
+    child.on("error", reject);
+    child.on("close", (code) => (code === 0 ? resolve(performance.now() - t0) : reject(new Error(`${file} exited with ${code}`))));
+  });
+}
+
+async function timed(work: () => Promise<unknown>): Promise<number> {
+  const t0 = performance.now();
+  await work();
+  return performance.now() - t0;
+}
+
+/**
+ * Runs every kind once per round, in an order that rotates each round (so none always
+ * follows the same one), for `rounds` rounds or until `maxMs` passed.
+ */
+async function interleaved(kinds: Record<string, () => Promise<number>>, rounds: number, maxMs: number): Promise<Record<string, number[]>> {
+  const names = Object.keys(kinds);
+  const out = Object.fromEntries(names.map((k) => [k, [] as number[]]));
+  const deadline = Date.now() + maxMs;
+  for (let i = 0; i < rounds && Date.now() < deadline; i++) {
+    for (let j = 0; j < names.length; j++) {
+      const name = names[(i + j) % names.length]!;
+      out[name]!.push(await kinds[name]!());
+    }
+  }
+  return out;
+}
+
+/**
+ * The sandbox's cost. Latency: the same `bash -c true` the bash tool runs, through a
+ * Sandbox in mode "bwrap", one in mode "off" (the unsandboxed runner) and a bare spawn,
+ * interleaved in this process; then what a sandbox is made of, timed part by part.
+ * Memory: node RSS plus the PSS of its descendants with 1,000 turns sleeping in
+ * sandboxed bash, against 1,000 unsandboxed.
+ */
+async function sandboxCost(servers: TestServers): Promise<void> {
+  log("sandbox");
+  const load1 = os.loadavg()[0]!;
+  results.sandbox = { loadavg1: load1 };
+  if (load1 > os.availableParallelism()) notes.push(`sandbox: load average ${fmt(load1, 1)} on ${os.availableParallelism()} cores when the section started (other work on the machine): latencies are inflated`);
+  await sandboxLatency();
+  await sandboxMemory(servers);
+}
+
+async function sandboxLatency(): Promise<void> {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-bench-sandbox-"));
+  // The sandbox's uid (a root node runs sandboxes as 65534) must pass through to the workspace.
+  await chmod(base, 0o711);
+  const quiet = pino({ level: "silent" });
+  const fds: number[] = [];
+  try {
+    const boxed = await Sandbox.start({ mode: "bwrap", maxConcurrent: 8, runtimeDir: path.join(base, "rt"), nodeId: "bench", log: quiet });
+    const plain = await Sandbox.start({ mode: "off", maxConcurrent: 8, runtimeDir: path.join(base, "rt-off"), nodeId: "bench-off", log: quiet });
+    const ws = path.join(base, "ws");
+    await mkdir(ws);
+    await chmod(ws, 0o711);
+    await boxed.prepareWorkspace(ws);
+    const status = boxed.status();
+    results.sandbox.limitsBy = status.limits;
+    const command = { workspaceDir: ws, argv: [...BASH_ARGV, "true"], timeoutMs: 30_000, limits: DEFAULT_LIMITS };
+    const check = (outcome: Awaited<ReturnType<Sandbox["run"]>>) => {
+      if (outcome.kind !== "exited" || outcome.exitCode !== 0) throw new Error(`sandbox bench command: ${JSON.stringify({ ...outcome, output: outcome.output.toString() })}`);
+    };
+    const kinds = {
+      raw: () => timedSpawn(BASH_ARGV[0]!, [...BASH_ARGV.slice(1), "true"]),
+      off: () => timed(async () => check(await plain.run(command))),
+      bwrap: () => timed(async () => check(await boxed.run(command))),
+    };
+    for (let i = 0; i < 10; i++) for (const k of Object.values(kinds)) await k();
+    const N = n(200, 30);
+    const lat = await interleaved(kinds, N, 90_000);
+    if (lat.bwrap!.length < N) notes.push(`sandbox latency: ${lat.bwrap!.length} of ${N} rounds within the 90 s bound`);
+    const label = { raw: "bare spawn (baseline)", off: "tool runner, unsandboxed (RUNS_SANDBOX=off)", bwrap: "tool runner, sandboxed" } as const;
+    for (const kind of ["raw", "off", "bwrap"] as const) {
+      const values = lat[kind]!;
+      results.sandbox[kind] = { p50: record(`bash -c true, ${label[kind]} p50`, "ms", [quantile(values, 0.5)], `${values.length} runs, interleaved`), p99: record(`bash -c true, ${label[kind]} p99`, "ms", [quantile(values, 0.99)]) };
+    }
+    const p = (kind: string, q: number) => quantile(lat[kind]!, q);
+    results.sandbox.addedP50 = record("sandboxed bash command: added over unsandboxed, p50", "ms", [p("bwrap", 0.5) - p("off", 0.5)]);
+    results.sandbox.addedP99 = record("sandboxed bash command: added over unsandboxed, p99", "ms", [p("bwrap", 0.99) - p("off", 0.99)]);
+    results.sandbox.samples = lat.bwrap!.length;
+
+    // What a sandbox is made of, each part timed alone around /usr/bin/true (one exec):
+    // the launcher (/bin/sh, which joins the cgroups and sets rlimits, then execs bwrap),
+    // bwrap itself (namespaces and mounts, same arguments, as the sandbox's uid), and the
+    // command's cgroups (created, joined by a process, released after it ended).
+    const owner = process.getuid?.() === 0 ? { uid: status.uid ?? 65534, gid: status.uid ?? 65534 } : {};
+    const parts: Record<string, () => Promise<number>> = {
+      exec: () => timedSpawn("/usr/bin/true", []),
+      launcher: () => timedSpawn("/bin/sh", ["-c", 'exec "$@"', "sh", "/usr/bin/true"], owner),
+      sandboxTrue: () => timed(async () => check(await boxed.run({ ...command, argv: ["/usr/bin/true"] }))),
+    };
+    const internals = boxed as unknown as { bwrap?: string; bwrapArgs?: (cmd: unknown, argv: readonly string[], network: boolean) => string[] };
+    if (internals.bwrap && typeof internals.bwrapArgs === "function") {
+      const args = internals.bwrapArgs({ ...command, argv: ["/usr/bin/true"] }, ["/usr/bin/true"], false);
+      fds.push(openSync(ws, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
+      parts.bwrap = () => timedSpawn(internals.bwrap!, args, { ...owner, fds: [fds[0]!] });
+    } else notes.push("sandbox parts: bwrap alone not timed (Sandbox has no bwrapArgs any more)");
+    const cgroups = status.limits.startsWith("cgroup") ? await detectCgroups({}) : undefined;
+    const cgPhases = { create: [] as number[], release: [] as number[] };
+    if (cgroups) {
+      parts.cgroup = async () => {
+        const t0 = performance.now();
+        const cg = await cgroups.create(`cmd-bench-${Math.random().toString(36).slice(2, 10)}`, DEFAULT_LIMITS, "uid" in owner ? (owner as { uid: number; gid: number }) : undefined);
+        const t1 = performance.now();
+        await timedSpawn("/bin/sh", ["-c", 'for f in "$@"; do echo $$ > "$f"; done; exec /usr/bin/true', "sh", ...cg.procsFiles], owner);
+        const t2 = performance.now();
+        await cg.release();
+        const t3 = performance.now();
+        cgPhases.create.push(t1 - t0);
+        cgPhases.release.push(t3 - t2);
+        return t3 - t0;
+      };
+    }
+    const ordered = Object.fromEntries(["exec", "launcher", "bwrap", "cgroup", "sandboxTrue"].filter((k) => parts[k]).map((k) => [k, parts[k]!]));
+    for (const k of Object.values(ordered)) await k();
+    const partRuns = await interleaved(ordered, n(50, 10), 40_000);
+    const partLabel: Record<string, string> = {
+      exec: "bare spawn of /usr/bin/true (one exec)",
+      launcher: "/bin/sh exec'ing /usr/bin/true (the launcher's extra exec)",
+      bwrap: "bwrap with the sandbox's arguments around /usr/bin/true (no launcher, no cgroups)",
+      cgroup: `cgroups (${status.limits}) created, joined by a /bin/sh exec'ing /usr/bin/true, released`,
+      sandboxTrue: "Sandbox.run of /usr/bin/true (launcher + cgroups + bwrap)",
+    };
+    results.sandbox.parts = {};
+    for (const [k, values] of Object.entries(partRuns)) {
+      results.sandbox.parts[k] = record(`sandbox parts: ${partLabel[k]} p50`, "ms", [quantile(values, 0.5)], `${values.length} runs`);
+    }
+    if (cgPhases.create.length) {
+      results.sandbox.parts.cgroupCreate = record("sandbox parts: cgroup create (mkdir, limits, chown) p50", "ms", [quantile(cgPhases.create, 0.5)]);
+      results.sandbox.parts.cgroupRelease = record("sandbox parts: cgroup release after its process ended (kill sweep, rmdir) p50", "ms", [quantile(cgPhases.release, 0.5)]);
+    }
+  } finally {
+    for (const fd of fds) closeSync(fd);
+    await rm(base, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Node RSS and its descendants' RSS/PSS with `count` turns sleeping in bash: one
+ * service node with the default (sandboxed) and, unless the capacity section measures
+ * the same thing at its 1,000 step (same run, same method), one with RUNS_SANDBOX=off.
+ */
+async function sandboxMemory(servers: TestServers): Promise<void> {
+  const count = n(1_000, 100);
+  const modes: Array<"off" | "default"> = section("capacity") ? ["default"] : ["off", "default"];
+  for (const mode of modes) {
+    // Leave room for capacity and the hard stop: the sandboxed ramp runs at ~15–20 starts/s here.
+    const boundMs = Math.min(120_000, HARD_STOP_MS - 240_000 - (Date.now() - BENCH_STARTED));
+    if (boundMs < 20_000) {
+      notes.push(`sandbox memory (${mode}): skipped, over the time budget`);
+      continue;
+    }
+    const m = await sleepingTurns(servers, mode === "off" ? { RUNS_SANDBOX: "off" } : {}, count, boundMs, mode === "off" ? "unsandboxed" : "sandboxed");
+    results.sandbox[mode === "off" ? "memory_off" : "memory_bwrap"] = m;
+  }
+}
+
+interface SleepingMemory {
+  median: number;
+  sleeping: number;
+  processes: number;
+  nodeRssMiB: number;
+  descendantsRssMiB: number;
+  descendantsPssMiB: number;
+  perTurnPssKiB: number;
+  source: string;
+}
+
+/**
+ * Starts a node with `env`, admits `count` background turns whose faux model runs
+ * `sleep 900` in bash, waits until they all sleep (bounded), measures, SIGKILLs the node
+ * and its commands, and checks that none of its `sleep 900` processes is left.
+ */
+async function sleepingTurns(servers: TestServers, env: Record<string, string>, count: number, admitMs: number, label: string): Promise<SleepingMemory> {
+  const db = `bench_sbx_${label}_${Date.now()}`;
+  const svc = await startServiceChild(servers, db, { RUNS_PARTITIONS: "64", ...env });
+  const ws = await benchWorkspace(servers.mongoUri, db);
+  let sleepers: number[] = [];
+  try {
+    const sleeper = await agentWith(svc.url, ws.key, {
+      model: "faux/scripted",
+      tools: ["bash"],
+      limits: { command_timeout_s: 900 },
+      script: [{ tool_call: { name: "bash", arguments: { command: "sleep 900" } } }, { text: "slept" }],
+    });
+    const t0 = Date.now();
+    const admitted = await load(64, count, admitMs, async () => (await startRun(svc.url, { id: ws.id, key: ws.key }, sleeper, { background: true })).status === 202);
+    // Every admitted turn sleeps once as many `sleep` processes run below the node (bounded).
+    const deadline = Date.now() + 60_000;
+    while (Date.now() < deadline) {
+      sleepers = descendantsOf(svc.proc.pid!).filter((pid) => commOf(pid) === "sleep");
+      if (sleepers.length >= admitted.ops) break;
+      await sleep(500);
+    }
+    const rampS = (Date.now() - t0) / 1000;
+    await svc.call("mem"); // a full GC first, as the capacity section's readings
+    await sleep(1000);
+    const kids = descendantsOf(svc.proc.pid!);
+    sleepers = kids.filter((pid) => commOf(pid) === "sleep");
+    let kidsRss = 0;
+    let kidsPss = 0;
+    for (const pid of kids) {
+      kidsRss += rssOf(pid);
+      kidsPss += pssOf(pid);
+    }
+    const node = rssOf(svc.proc.pid!);
+    const sleeping = sleepers.length;
+    if (sleeping < count) notes.push(`sandbox memory (${label}): ${sleeping} of ${count} turns were sleeping when measured (${admitted.ops} admitted, ${admitted.errors} refused, in ${fmt(admitMs / 1000, 0)} s); the figure is scaled to ${count}`);
+    // Scaled to `count` turns when fewer were sleeping: the node's own RSS plus the per-turn share.
+    const perTurn = sleeping > 0 ? kidsPss / sleeping : 0;
+    const scaled = (node + perTurn * count) / MiB;
+    record(
+      `${count} turns sleeping in bash, ${label}: node RSS + descendants' PSS`,
+      "MiB",
+      [scaled],
+      `${sleeping} sleeping, ${kids.length} processes; node RSS ${fmt(node / MiB)} MiB, descendants' RSS sum ${fmt(kidsRss / MiB)} MiB, PSS sum ${fmt(kidsPss / MiB)} MiB (${fmt(perTurn / 1024, 0)} KiB a turn); ramp ${fmt(rampS, 0)} s`,
+    );
+    return { median: scaled, sleeping, processes: kids.length, nodeRssMiB: node / MiB, descendantsRssMiB: kidsRss / MiB, descendantsPssMiB: kidsPss / MiB, perTurnPssKiB: perTurn / 1024, source: `service node${env.RUNS_SANDBOX ? ` with RUNS_SANDBOX=${env.RUNS_SANDBOX}` : " (defaults)"}` };
+  } finally {
+    // No graceful stop: it would store `count` interrupted turns first.
+    sleepers = [...new Set([...sleepers, ...descendantsOf(svc.proc.pid!).filter((pid) => commOf(pid) === "sleep")])];
+    killNodeAndCommands(svc);
+    await ws.store.close();
+    await noSleepersLeft(`sandbox memory (${label})`, sleepers);
+  }
+}
+
+/**
+ * After a node was killed: waits (≤ 10 s) for its `sleep 900` processes to end, SIGKILLs
+ * any still there with a note, and notes other `sleep 900` processes on the machine
+ * (not this node's: left alone).
+ */
+async function noSleepersLeft(what: string, pids: number[]): Promise<number> {
+  const ours = new Set(pids);
+  const alive = () => [...ours].filter((pid) => commOf(pid) === "sleep" && cmdOf(pid).includes("sleep 900"));
+  let left = alive();
+  for (let i = 0; i < 40 && left.length > 0; i++) {
+    await sleep(250);
+    left = alive();
+  }
+  for (const pid of left) {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // gone meanwhile
+    }
+  }
+  if (left.length) notes.push(`${what}: ${left.length} of the node's ${ours.size} 'sleep 900' processes were still alive 10 s after it was killed; killed them`);
+  const others = descendantsOf(1).filter((pid) => !ours.has(pid) && commOf(pid) === "sleep" && cmdOf(pid).includes("sleep 900"));
+  if (others.length) notes.push(`${what}: ${others.length} other 'sleep 900' processes on the machine (not this node's; left alone)`);
+  (results.stragglers ??= {})[what] = { sleeping: ours.size, killedAfter10s: left.length, othersOnMachine: others.length };
+  return left.length;
+}
+
+/**
+ * SIGKILLs a service child and its sleeping commands: sandboxes end with their node
+ * (--die-with-parent), unsandboxed commands are process groups of their own.
+ */
+function killNodeAndCommands(svc: Child): void {
+  const kids = childrenOf(svc.proc.pid!);
+  svc.proc.kill("SIGKILL");
+  for (const pid of kids) {
+    try {
+      process.kill(-pid, "SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
+}
+
+function commOf(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/comm`, "utf8").trim();
+  } catch {
+    return "";
+  }
+}
+
+function cmdOf(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, "utf8").replaceAll("\0", " ");
+  } catch {
+    return "";
+  }
+}
+
 // ---- capacity ---------------------------------------------------------------------------------
 
 function fdLimit(): number {
@@ -355,7 +670,14 @@ async function capacity(servers: TestServers): Promise<void> {
   const steps = QUICK ? [50, large] : [Math.min(1_000, large), large];
   results.capacity = {};
   const db = `bench_cap_${Date.now()}`;
-  const svc = await startServiceChild(servers, db, { RUNS_PARTITIONS: "64" });
+  // Unsandboxed (RUNS_SANDBOX=off), and labelled so: 10,000 sandboxes would be ~20,000
+  // processes (bwrap and the command in it) and 30,000 cgroups, ten times a node's
+  // default RUNS_SANDBOX_MAX (1,024), and sandboxed turns start at ~15–20 a second here,
+  // so the ramp alone would take ~10 minutes. The sandbox section measures 1,000
+  // sandboxed turns against this section's 1,000 step.
+  const svc = await startServiceChild(servers, db, { RUNS_PARTITIONS: "64", RUNS_SANDBOX: "off" });
+  results.capacityMode = "RUNS_SANDBOX=off";
+  notes.push("capacity: measured with RUNS_SANDBOX=off (commands unsandboxed): 10,000 sandboxes exceed RUNS_SANDBOX_MAX and the time budget; the sandbox section measures 1,000 sandboxed turns");
   const ws = await benchWorkspace(servers.mongoUri, db);
   const key = { id: ws.id, key: ws.key };
   const rampStarted = Date.now();
@@ -414,22 +736,34 @@ async function capacity(servers: TestServers): Promise<void> {
         childrenRssMiB: childRss / MiB,
         childrenPssMiB: childPss / MiB,
       };
-      record(`node RSS with ${kids.length} active turns (bash sleeping)`, "MiB", rss, `idle node ${fmt(idleMem.rss / MiB)} MiB; children: ${kids.length} processes, RSS sum ${fmt(childRss / MiB)} MiB, PSS sum ${fmt(childPss / MiB)} MiB; step took ${fmt(stepS)} s at ${fmt(admitted.rate, 0)} starts/s`);
+      if (count === steps[0] && results.sandbox && !results.sandbox.memory_off) {
+        // The unsandboxed baseline of the sandbox section (same method: node RSS after a full
+        // GC plus the commands' PSS; unsandboxed, each command is one process, the node's child).
+        const target = n(1_000, 100);
+        const node = rssOf(svc.proc.pid!);
+        const perTurn = kids.length > 0 ? childPss / kids.length : 0;
+        const scaled = (node + perTurn * target) / MiB;
+        if (kids.length < target) notes.push(`sandbox memory (unsandboxed): ${kids.length} of ${target} turns were sleeping at the capacity step; the figure is scaled to ${target}`);
+        record(
+          `${target} turns sleeping in bash, unsandboxed: node RSS + descendants' PSS`,
+          "MiB",
+          [scaled],
+          `the capacity section's ${count} step: ${kids.length} sleeping, ${kids.length} processes; node RSS ${fmt(node / MiB)} MiB, descendants' RSS sum ${fmt(childRss / MiB)} MiB, PSS sum ${fmt(childPss / MiB)} MiB (${fmt(perTurn / 1024, 0)} KiB a turn)`,
+        );
+        results.sandbox.memory_off = {
+          median: scaled, sleeping: kids.length, processes: kids.length, nodeRssMiB: node / MiB, descendantsRssMiB: childRss / MiB, descendantsPssMiB: childPss / MiB, perTurnPssKiB: perTurn / 1024,
+          source: "the capacity section's first step (RUNS_SANDBOX=off)",
+        };
+      }
+      record(`node RSS with ${kids.length} active turns (bash sleeping, unsandboxed)`, "MiB", rss, `idle node ${fmt(idleMem.rss / MiB)} MiB; children: ${kids.length} processes, RSS sum ${fmt(childRss / MiB)} MiB, PSS sum ${fmt(childPss / MiB)} MiB; step took ${fmt(stepS)} s at ${fmt(admitted.rate, 0)} starts/s`);
       record(`node heap used with ${kids.length} active turns`, "MiB", heap);
     }
   } finally {
-    // Nothing is measured after this: kill the node (a graceful stop would store 10,000
-    // interrupted turns first) and the process groups of its sleeping commands.
-    const kids = childrenOf(svc.proc.pid!);
-    svc.proc.kill("SIGKILL");
-    for (const pid of kids) {
-      try {
-        process.kill(-pid, "SIGKILL");
-      } catch {
-        // already gone
-      }
-    }
+    // Nothing is measured after this: a graceful stop would store 10,000 interrupted turns first.
+    const sleepers = childrenOf(svc.proc.pid!).filter((pid) => commOf(pid) === "sleep");
+    killNodeAndCommands(svc);
     await ws.store.close();
+    await noSleepersLeft("capacity", sleepers);
   }
 }
 
@@ -518,13 +852,25 @@ function targets(): Target[] {
   if (hop !== undefined) out.push({ name: "actor hop added at p50 (1 client)", measured: `${fmt(hop, 3)} ms (bare ${fmt(m("hopBare.p50")!, 3)} ms)`, ratio: hop / 0.5, pass: hop <= 0.5, rule: "≤ 0.5 ms" });
   add("SSE delivery of one turn vs ordered-consumer read", "≥ 0.5", m("sseReplay.rate"), m("orderedRead.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} event/s`);
   add("GET run vs Fastify + one _id read (64 clients)", "≥ 0.5", m("getRun64.rate"), m("noopRead64.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} req/s`);
+  const added = m("sandbox.addedP50");
+  if (added !== undefined) {
+    const sb = results.sandbox;
+    out.push({
+      name: "sandboxed bash command, added latency over unsandboxed at p50",
+      measured: `${fmt(added, 1)} ms (${fmt(sb.bwrap.p50.median, 1)} vs ${fmt(sb.off.p50.median, 1)} ms, bare spawn ${fmt(sb.raw.p50.median, 1)}; p99 +${fmt(m("sandbox.addedP99")!, 1)} ms)`,
+      ratio: added / 10,
+      pass: added <= 10,
+      rule: "≤ 10 ms",
+    });
+  }
+  add(`${n(1_000, 100)} sleeping turns: node + descendants' memory, sandboxed vs unsandboxed`, "≤ 2", m("sandbox.memory_bwrap"), m("sandbox.memory_off"), (r) => r <= 2, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} MiB`);
   const capKeys = Object.keys(results.capacity ?? {}).map(Number).sort((a, b) => a - b);
   const largest = capKeys.at(-1);
   if (largest !== undefined) {
     const rss = metrics.find((x) => x.name.startsWith(`node RSS with`) && x.name.includes(`${results.capacity[largest].children} active`))?.summary.median;
     if (rss !== undefined) {
       const children = results.capacity[largest].children as number;
-      out.push({ name: `node RSS with ${children} active turns`, measured: `${fmt(rss, 0)} MiB`, ratio: rss / 1024, pass: rss < 1024 && children >= 10_000, rule: "< 1 GiB at 10,000" });
+      out.push({ name: `node RSS with ${children} active turns (unsandboxed)`, measured: `${fmt(rss, 0)} MiB`, ratio: rss / 1024, pass: rss < 1024 && children >= 10_000, rule: "< 1 GiB at 10,000" });
       if (children < 10_000) out[out.length - 1]!.measured += ` (${children} reached within the bounds; RSS slope extrapolated to 10,000: ${fmt(extrapolate(capKeys), 0)} MiB)`;
     }
   }
@@ -633,6 +979,7 @@ async function main(): Promise<void> {
         await ws.store.close();
       }
     }
+    if (section("sandbox") && !overBudget()) await sandboxCost(servers);
     // Idle first: the capacity ramp takes whatever time is left.
     if (section("idle") && !overBudget()) await idle(servers);
     if (section("capacity")) await capacity(servers);

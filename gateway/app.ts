@@ -1,3 +1,5 @@
+import type { SandboxStatus } from "../actors/index.js";
+import { MAX_JSON_DEPTH, fieldOfPath, tooDeepPath } from "../src/json-depth.js";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
@@ -51,6 +53,8 @@ export interface GatewayContext {
   envValues: EnvValues;
   /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
   actorsReady?: () => boolean;
+  /** This node's tool sandbox (for /readyz); undefined for gateway-only nodes. */
+  sandboxStatus?: () => SandboxStatus;
 }
 
 declare module "fastify" {
@@ -102,7 +106,13 @@ function setRateHeaders(reply: FastifyReply, decision: RateDecision): void {
 export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rate: "exempt" | "expensive" | undefined, reply: FastifyReply): Promise<void> {
   const ws = auth.workspace;
   if (rate === "exempt") {
+    // Cancel and revocation stay available when the standard limit is used up; their own
+    // budget, ten times larger, only bounds what a flood of them makes the service store.
     setRateHeaders(reply, ctx.rateLimiter.peek(ws._id, ws.plan, RateClass.standard));
+    const own = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.exempt);
+    if (!own.allowed) {
+      throw new ApiError("rate_limited", { retryAfterS: own.retryAfterS, message: `The workspace's limit of ${own.limit} cancels and revocations per window is used up. Retry after ${own.retryAfterS} s.` });
+    }
     return;
   }
   let governing = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.standard);
@@ -135,6 +145,9 @@ export async function buildApp(
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,
     bodyLimit: BODY_LIMIT_BYTES,
+    // Any path segment reaches its route (an over-long id is then 404 with the contract's
+    // body); the router's own 414 would answer in its own format. Node caps the URL anyway.
+    routerOptions: { maxParamLength: 16_384 },
     genReqId: () => Ids.reference().replace("ref_", "req_"),
   });
   app.decorateRequest("auth", null);
@@ -158,11 +171,19 @@ export async function buildApp(
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
     const text = typeof body === "string" ? body : body.toString("utf8");
     if (text.trim() === "") return done(null, undefined);
+    let parsed: unknown;
     try {
-      done(null, JSON.parse(text));
+      parsed = JSON.parse(text);
     } catch {
-      done(invalid(null, "The body is not valid JSON."), undefined);
+      return done(invalid(null, "The body is not valid JSON."), undefined);
     }
+    const deep = tooDeepPath(parsed);
+    if (deep) {
+      // A body that is itself an array has no field to name.
+      const param = Array.isArray(parsed) ? null : fieldOfPath(deep);
+      return done(invalid(param, `${param ?? "The body"}: JSON may be nested at most ${MAX_JSON_DEPTH} levels deep.`), undefined);
+    }
+    done(null, parsed);
   });
 
   await app.register(healthRoutes(context));

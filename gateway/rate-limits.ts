@@ -3,7 +3,7 @@ import type { Clock } from "../src/clock.js";
 import type { Plan } from "../src/domain.js";
 
 /** Request classes with their own limits (decisions §7). */
-export const RateClass = { standard: "standard", expensive: "expensive" } as const;
+export const RateClass = { standard: "standard", expensive: "expensive", exempt: "exempt" } as const;
 export type RateClass = (typeof RateClass)[keyof typeof RateClass];
 
 export interface RateLimitConfig {

@@ -158,8 +158,8 @@ export const RunRequestSchema = named(
       agent: z.string().min(1).optional().describe("Starts a new run on this agent. Exactly one of agent and run_id (neither: 400 param agent; both: 400 param run_id)."),
       run_id: z.string().min(1).optional().describe("Continues this run."),
       version: z.int().min(1).optional().describe("Only with agent: start on exactly this deployment version without activating it."),
-      input: z.union([z.string(), z.array(z.looseObject({ type: z.enum(["input_text", "input_file"]) })).min(1)]).describe(
-        "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}.",
+      input: z.union([z.string(), z.array(z.looseObject({ type: z.enum(["input_text", "input_file"]) })).min(1).max(32)]).describe(
+        "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts, 4 MiB of text and 4 MiB of inline files (decoded) in all: 413 payload_too_large past those.",
       ),
       background: z.boolean().nullable().optional().describe("Answer 202 as soon as the turn is admitted."),
       stream: z.boolean().nullable().optional().describe("Answer with a Server-Sent Events stream. Not together with background (400 param stream)."),
@@ -360,7 +360,23 @@ export const EnvValueDeletedSchema = named(
 export const HealthSchema = named("Health", z.object({ status: z.literal("ok") }));
 export const ReadinessSchema = named(
   "Readiness",
-  z.object({ status: z.enum(["ready", "unavailable"]), nats: z.boolean(), store: z.boolean(), actors: z.boolean() }),
+  z.object({
+    status: z.enum(["ready", "unavailable"]),
+    nats: z.boolean(),
+    store: z.boolean(),
+    actors: z.boolean(),
+    sandbox: z
+      .object({
+        mode: z.enum(["bwrap", "off"]).describe("off: RUNS_SANDBOX=off, tool commands run unconfined (local development only)."),
+        limits: z.enum(["cgroup-v2", "cgroup-v1", "rlimit", "none"]).describe("How the sandboxes' resource limits are enforced."),
+        uid: z.int().nullable().describe("Host uid the sandboxes run as."),
+        egress: z.boolean().describe("Whether deployments with network.allow can run (socat present)."),
+        running: z.int().min(0),
+        max: z.int().min(1),
+      })
+      .optional()
+      .describe("Nodes with the actor role: the tool sandbox."),
+  }),
 );
 
 // ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { ApiError } from "../src/errors.js";
 import { Ids } from "../src/ids.js";
 import { Subjects } from "../src/nats.js";
-import { isFinalStatus } from "../src/domain.js";
+import { isFinalStatus, type Plan } from "../src/domain.js";
 import { EventSource, type EventReadRun, type RunEvent } from "../src/event-log.js";
 import type { RunDoc } from "../src/documents.js";
 import type { GatewayContext } from "./app.js";
@@ -56,6 +56,28 @@ export function eventRunOf(run: RunDoc): EventReadRun {
 
 /** Open streams per gateway, so a shutdown can end them instead of waiting for their clients. */
 const openStreams = new WeakMap<GatewayContext, Set<AbortController>>();
+/** Open streams per workspace on this gateway (each holds a JetStream consumer). */
+const workspaceStreams = new WeakMap<GatewayContext, Map<string, number>>();
+
+/**
+ * Refuses a stream past the workspace's plan limit (429 quota_exceeded), before any
+ * consumer is opened. Per gateway node: a client spread over N nodes may hold N times it.
+ */
+export function checkStreamQuota(ctx: GatewayContext, workspaceId: string, plan: Plan): void {
+  const open = workspaceStreams.get(ctx)?.get(workspaceId) ?? 0;
+  const cap = ctx.config.sseStreams[plan];
+  if (open >= cap) {
+    throw new ApiError("quota_exceeded", { message: `The workspace holds ${cap} open event streams on this node, its limit; close one first.` });
+  }
+}
+
+function countStream(ctx: GatewayContext, workspaceId: string, delta: 1 | -1): void {
+  let counts = workspaceStreams.get(ctx);
+  if (!counts) workspaceStreams.set(ctx, (counts = new Map()));
+  const next = (counts.get(workspaceId) ?? 0) + delta;
+  if (next <= 0) counts.delete(workspaceId);
+  else counts.set(workspaceId, next);
+}
 
 /**
  * Ends every open event stream of this gateway (without an error frame: clients reconnect with
@@ -96,6 +118,16 @@ export async function streamEvents(
   run: RunDoc,
   options: StreamEventsOptions = {},
 ): Promise<void> {
+  checkStreamQuota(ctx, run.workspace_id, run.plan);
+  countStream(ctx, run.workspace_id, 1);
+  try {
+    await serveStream(ctx, request, reply, run, options);
+  } finally {
+    countStream(ctx, run.workspace_id, -1);
+  }
+}
+
+async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: FastifyReply, run: RunDoc, options: StreamEventsOptions): Promise<void> {
   const eventRun = eventRunOf(run);
   const endTurnId = options.endWithTurnId;
   const finalGraceMs = options.finalEventGraceMs ?? FINAL_EVENT_GRACE_MS;

@@ -6,7 +6,9 @@
 #   2. local servers (nats-server, nats, ferretdb) via scripts/ensure-tools.sh,
 #      unless RUNS_SKIP_TOOLS=1 (e.g. when NATS_URL / MONGODB_URI point at
 #      existing servers).
-# Exit code is that of the failing step (ensure-tools.sh: 3 = no Go).
+#   3. the tool sandbox's host tools (bwrap, socat) via scripts/ensure-sandbox.sh.
+# Exit code is that of the failing step (ensure-tools.sh: 3 = no Go;
+# ensure-sandbox.sh: 5 = no bwrap).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,3 +42,5 @@ fi
 if [[ "${RUNS_SKIP_TOOLS:-}" != 1 ]]; then
   "$ROOT/scripts/ensure-tools.sh"
 fi
+
+"$ROOT/scripts/ensure-sandbox.sh"

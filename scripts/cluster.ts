@@ -12,7 +12,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdirSync, openSync, closeSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { chmod, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -169,6 +169,8 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
   const natsCount = options.natsServers ?? 3;
   const readyTimeoutMs = options.readyTimeoutMs ?? 60_000;
   const dir = await mkdtemp(path.join(options.baseDir ?? os.tmpdir(), "runs-cluster-"));
+  // Sandboxes run as an unprivileged uid that must reach the nodes' workspaces below.
+  await chmod(dir, 0o711);
   const natsUser = "runs";
   const natsPassword = randomBytes(12).toString("hex");
   const tapPassword = randomBytes(12).toString("hex");

@@ -1,6 +1,11 @@
 import { z } from "zod";
 import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
 import { ApiError, invalid } from "./errors.js";
+import { validateAllowPattern } from "./address-guard.js";
+import { ENV_NAME_PATTERN } from "./env-values.js";
+
+/** Bounds of `config.limits` (the sandbox's defaults are in actors/sandbox-limits.ts and the README). */
+const limit = (min: number, max: number, what: string) => z.int().min(min).max(max).optional().describe(what);
 
 const ScriptStepSchema = z.union([
   z.object({ text: z.string() }).strict(),
@@ -16,11 +21,43 @@ export const AgentConfigSchema = z
         .string()
         .regex(/^[^/\s]+\/\S+$/, "model must be <provider>/<model-id>")
         .describe("<provider>/<model-id> from GET /api/v1/models, or faux/scripted."),
-      z.object({ provider: z.literal("openai-compatible"), base_url: z.url(), model: z.string().min(1) }).strict(),
+      z
+        .object({
+          provider: z.literal("openai-compatible"),
+          base_url: z.url(),
+          model: z.string().min(1),
+          api_key_env: z
+            .string()
+            .regex(ENV_NAME_PATTERN, "api_key_env must be the name of an environment value")
+            .optional()
+            .describe("The workspace's environment value sent as the endpoint's API key. Without it no credential is sent."),
+        })
+        .strict(),
     ]),
     instructions: z.string().max(200_000).optional(),
     tools: z.array(z.enum(BUILTIN_TOOLS)).max(BUILTIN_TOOLS.length).optional().describe("Each at most once; all five when omitted."),
-    limits: z.object({ command_timeout_s: z.int().min(1).max(12 * 3600).optional() }).strict().optional(),
+    limits: z
+      .object({
+        command_timeout_s: limit(1, 12 * 3600, "Wall time of one tool command. Default 300."),
+        memory_mb: limit(16, 65_536, "Memory of one command's processes together. Default 512."),
+        processes: limit(8, 4_096, "Processes and threads one command may run at once. Default 256."),
+        cpu_s: limit(1, 12 * 3600, "CPU seconds per process. Default 600."),
+        disk_mb: limit(1, 1_048_576, "Size of the run's workspace, and of any one file written. Default 1024."),
+        output_kb: limit(1, 1_024, "Output a tool returns (its last KiB). Default 64."),
+        tmp_mb: limit(1, 65_536, "Size of the sandbox's private /tmp. Default 256."),
+      })
+      .strict()
+      .optional(),
+    network: z
+      .object({
+        allow: z
+          .array(z.string().max(253))
+          .max(100)
+          .describe('Hosts tool commands may reach through the egress proxy: "pypi.org", "*.githubusercontent.com". Private, loopback and link-local addresses are refused whatever a name resolves to.'),
+      })
+      .strict()
+      .optional()
+      .describe("Default: no network at all inside the sandbox."),
     script: z.array(ScriptStepSchema).max(10_000).optional().describe("Only with model faux/scripted."),
     tokens_per_second: z.number().positive().max(1_000_000).optional(),
   })
@@ -60,6 +97,10 @@ export function parseDeploymentRequest(body: unknown): DeploymentRequest {
   const config = parsed.config as AgentConfig;
   if (config.model !== SCRIPTED_MODEL && config.script !== undefined) {
     throw invalid("config.script", `script is only for the ${SCRIPTED_MODEL} model.`);
+  }
+  for (const [i, pattern] of (config.network?.allow ?? []).entries()) {
+    const problem = validateAllowPattern(pattern);
+    if (problem) throw invalid(`config.network.allow.${i}`, `config.network.allow.${i}: ${problem}`);
   }
   const tools = config.tools ?? [];
   if (new Set(tools).size !== tools.length) throw invalid("config.tools", "Each tool may appear once.");

@@ -144,7 +144,7 @@ export type DeploymentStatus = "building" | "ready" | "failed";
 export type UpgradePolicy = "automatic" | "new_run_only";
 
 export interface AgentConfig {
-  model: string | { provider: "openai-compatible"; base_url: string; model: string };
+  model: string | { provider: "openai-compatible"; base_url: string; model: string; api_key_env?: string };
   instructions?: string;
   tools?: string[];
   limits?: { command_timeout_s?: number };

@@ -407,8 +407,9 @@ export class RunsClient {
     return this.json({ method: "POST", path: `/api/v1/agents/${enc(agentId)}/deployments`, body: request, idempotent: true, policy: "safe" }, options);
   }
 
-  listDeployments(agentId: string, options: CallOptions = {}): Promise<List<Deployment>> {
-    return this.json({ method: "GET", path: `/api/v1/agents/${enc(agentId)}/deployments`, policy: "safe" }, options);
+  /** An agent's deployments by version, a page at a time (`limit`, `after` = the previous page's `next_cursor`). */
+  listDeployments(agentId: string, query: PageQuery = {}, options: CallOptions = {}): Promise<List<Deployment>> {
+    return this.json({ method: "GET", path: `/api/v1/agents/${enc(agentId)}/deployments`, query: { ...query }, policy: "safe" }, options);
   }
 
   getDeployment(agentId: string, version: number, options: CallOptions = {}): Promise<Deployment> {

@@ -28,6 +28,8 @@ const EnvSchema = z.object({
   RUNS_RETENTION_BUSINESS_S: intFromEnv(30 * DAY_S, 1),
   RUNS_EVENT_RETENTION_SOLO_S: intFromEnv(7 * DAY_S, 1),
   RUNS_EVENT_RETENTION_BUSINESS_S: intFromEnv(28 * DAY_S, 1),
+  RUNS_FILE_RETENTION_SOLO_S: intFromEnv(7 * DAY_S, 1),
+  RUNS_FILE_RETENTION_BUSINESS_S: intFromEnv(30 * DAY_S, 1),
   RUNS_SWEEP_INTERVAL_MS: intFromEnv(60_000, 100),
   RUNS_AUTH_CACHE_MS: intFromEnv(2_000, 0),
   RUNS_ACTIVE_TURNS_SOLO: intFromEnv(10, 1),
@@ -35,16 +37,30 @@ const EnvSchema = z.object({
   RUNS_TAG_SCAN_LIMIT: intFromEnv(50_000, 1),
   RUNS_DRAIN_MS: intFromEnv(30_000, 0),
   RUNS_NATS_REPLICAS: intFromEnv(1, 1),
+  RUNS_EVENT_STREAM_MAX_BYTES: intFromEnv(0, 0),
+  RUNS_OBJECT_STORE_MAX_BYTES: intFromEnv(0, 0),
   RUNS_MAX_FILE_BYTES: intFromEnv(512 * 1024 * 1024, 1),
   RUNS_UPLOAD_TAKEOVER_MS: intFromEnv(30_000, 1),
   RUNS_UPLOAD_TIME_LIMIT_MS: intFromEnv(20 * 60_000, 1),
   RUNS_UPLOADS_SOLO: intFromEnv(2, 1),
+  RUNS_SSE_STREAMS_SOLO: intFromEnv(50, 1),
+  RUNS_SSE_STREAMS_BUSINESS: intFromEnv(500, 1),
   RUNS_UPLOADS_BUSINESS: intFromEnv(10, 1),
   RUNS_RATE_WINDOW_MS: intFromEnv(60_000, 100),
   RUNS_RATE_SOLO: intFromEnv(300, 1),
   RUNS_RATE_BUSINESS: intFromEnv(3_000, 1),
   RUNS_RATE_EXPENSIVE_SOLO: intFromEnv(20, 1),
   RUNS_RATE_EXPENSIVE_BUSINESS: intFromEnv(100, 1),
+  // Cancel and key revocation: not held back by the standard limit; their own, larger one.
+  RUNS_RATE_EXEMPT_SOLO: intFromEnv(3_000, 1),
+  RUNS_RATE_EXEMPT_BUSINESS: intFromEnv(30_000, 1),
+  RUNS_SANDBOX: z.enum(["bwrap", "on", "off"]).default("bwrap"),
+  RUNS_SANDBOX_BWRAP: z.string().optional(),
+  RUNS_SANDBOX_MAX: intFromEnv(1024, 1),
+  RUNS_SANDBOX_UID: intFromEnv(65534, 1),
+  RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
+  RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: z.enum(["0", "1", "true", "false"]).default("0"),
+  RUNS_AMBIENT_PROVIDERS: z.string().default(""),
   LOG_LEVEL: z.string().default("info"),
 });
 
@@ -53,6 +69,8 @@ export interface RetentionConfig {
   runS: { solo: number; business: number };
   /** Event retention per plan, in seconds (the JetStream max_age of the class). */
   eventS: { solo: number; business: number };
+  /** Uploaded files, from their upload, per plan, in seconds (then swept with their objects). */
+  fileS: { solo: number; business: number };
 }
 
 export interface Config {
@@ -83,14 +101,44 @@ export interface Config {
   drainMs: number;
   /** Replicas of streams and buckets (3 on a NATS cluster). */
   natsReplicas: number;
+  /**
+   * Byte bounds of each event stream and each object store (0: none). JetStream reserves
+   * a bounded stream's bytes on the server at creation, so they are set per deployment.
+   */
+  storeBytes: { events: number; objects: number };
   /** File upload limits (POST /api/v1/files). */
   files: { maxFileBytes: number; takeoverMs: number; timeLimitMs: number };
   /** Concurrent uploads a workspace may run, per plan. */
   uploadConcurrency: { solo: number; business: number };
+  /** Event streams (SSE) a workspace may hold open at once on one gateway node. */
+  sseStreams: { solo: number; business: number };
   /** Per-workspace request limits per window, across keys and nodes (decisions §7). */
-  rateLimits: { windowMs: number; perWindow: { solo: { standard: number; expensive: number }; business: { standard: number; expensive: number } } };
+  rateLimits: { windowMs: number; perWindow: { solo: { standard: number; expensive: number; exempt: number }; business: { standard: number; expensive: number; exempt: number } } };
+  /** Tool sandboxes (README "Sandbox"). */
+  sandbox: {
+    /** `off` (RUNS_SANDBOX=off): commands run unconfined, for local development only. */
+    mode: "bwrap" | "off";
+    bwrapPath?: string;
+    /** Concurrent sandboxes per node; past it a turn fails sandbox_capacity_exceeded. */
+    maxConcurrent: number;
+    /** Host uid sandboxes run as when the node runs as root (never 0). */
+    uid: number;
+    /** TEST ONLY: host names the egress proxy maps to loopback servers (RUNS_EGRESS_TEST_HOSTS). */
+    egressTestHosts?: string;
+  };
+  /** Model endpoints (openai-compatible base_url) may be private or loopback addresses. */
+  allowPrivateModelEndpoints: boolean;
+  /**
+   * Providers that authenticate with the service's own ambient credentials (AWS chain,
+   * Google ADC, the operator's Azure or Cloudflare settings), enabled by the operator
+   * (RUNS_AMBIENT_PROVIDERS); every tenant then uses those credentials.
+   */
+  ambientProviders: ReadonlySet<string>;
   logLevel: string;
 }
+
+/** Values of the example files (deploy/): a service must never run with them. */
+const PLACEHOLDER_SECRET = /change-me|REPLACE/i;
 
 /** Parses the environment into a typed config; throws a readable error naming the bad variable. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
@@ -100,6 +148,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new Error(`configuration: ${issue?.path.join(".")}: ${issue?.message}`);
   }
   const e = parsed.data;
+  for (const name of ["NATS_PASSWORD", "RUNS_MASTER_KEY", "MONGODB_URI"] as const) {
+    if (PLACEHOLDER_SECRET.test(e[name] ?? "")) {
+      throw new Error(`configuration: ${name}: holds a placeholder from an example file (change-me, REPLACE…); set a random secret`);
+    }
+  }
   const roles = new Set(e.RUNS_ROLES.split(",").map((r) => r.trim()));
   return {
     port: e.PORT,
@@ -121,6 +174,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     retention: {
       runS: { solo: e.RUNS_RETENTION_SOLO_S, business: e.RUNS_RETENTION_BUSINESS_S },
       eventS: { solo: e.RUNS_EVENT_RETENTION_SOLO_S, business: e.RUNS_EVENT_RETENTION_BUSINESS_S },
+      fileS: { solo: e.RUNS_FILE_RETENTION_SOLO_S, business: e.RUNS_FILE_RETENTION_BUSINESS_S },
     },
     sweepIntervalMs: e.RUNS_SWEEP_INTERVAL_MS,
     authCacheMs: e.RUNS_AUTH_CACHE_MS,
@@ -128,15 +182,26 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     tagScanLimit: e.RUNS_TAG_SCAN_LIMIT,
     drainMs: e.RUNS_DRAIN_MS,
     natsReplicas: e.RUNS_NATS_REPLICAS,
+    storeBytes: { events: e.RUNS_EVENT_STREAM_MAX_BYTES, objects: e.RUNS_OBJECT_STORE_MAX_BYTES },
     files: { maxFileBytes: e.RUNS_MAX_FILE_BYTES, takeoverMs: e.RUNS_UPLOAD_TAKEOVER_MS, timeLimitMs: e.RUNS_UPLOAD_TIME_LIMIT_MS },
     uploadConcurrency: { solo: e.RUNS_UPLOADS_SOLO, business: e.RUNS_UPLOADS_BUSINESS },
+    sseStreams: { solo: e.RUNS_SSE_STREAMS_SOLO, business: e.RUNS_SSE_STREAMS_BUSINESS },
     rateLimits: {
       windowMs: e.RUNS_RATE_WINDOW_MS,
       perWindow: {
-        solo: { standard: e.RUNS_RATE_SOLO, expensive: e.RUNS_RATE_EXPENSIVE_SOLO },
-        business: { standard: e.RUNS_RATE_BUSINESS, expensive: e.RUNS_RATE_EXPENSIVE_BUSINESS },
+        solo: { standard: e.RUNS_RATE_SOLO, expensive: e.RUNS_RATE_EXPENSIVE_SOLO, exempt: e.RUNS_RATE_EXEMPT_SOLO },
+        business: { standard: e.RUNS_RATE_BUSINESS, expensive: e.RUNS_RATE_EXPENSIVE_BUSINESS, exempt: e.RUNS_RATE_EXEMPT_BUSINESS },
       },
     },
+    sandbox: {
+      mode: e.RUNS_SANDBOX === "off" ? "off" : "bwrap",
+      bwrapPath: e.RUNS_SANDBOX_BWRAP,
+      maxConcurrent: e.RUNS_SANDBOX_MAX,
+      uid: e.RUNS_SANDBOX_UID,
+      egressTestHosts: e.RUNS_EGRESS_TEST_HOSTS,
+    },
+    allowPrivateModelEndpoints: e.RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS === "1" || e.RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS === "true",
+    ambientProviders: new Set(e.RUNS_AMBIENT_PROVIDERS.split(",").map((p) => p.trim()).filter(Boolean)),
     logLevel: e.LOG_LEVEL,
   };
 }

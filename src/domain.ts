@@ -67,14 +67,24 @@ export type ScriptStep =
   | { tool_call: { name: string; arguments: Record<string, unknown> } }
   | { error: { message: string; status?: number } };
 
-export type ModelRef = string | { provider: "openai-compatible"; base_url: string; model: string };
+export type ModelRef = string | { provider: "openai-compatible"; base_url: string; model: string; api_key_env?: string };
 
 /** A deployment's agent configuration (decisions §3), already validated. */
 export interface AgentConfig {
   model: ModelRef;
   instructions?: string;
   tools?: BuiltinTool[];
-  limits?: { command_timeout_s?: number };
+  limits?: {
+    command_timeout_s?: number;
+    memory_mb?: number;
+    processes?: number;
+    cpu_s?: number;
+    disk_mb?: number;
+    output_kb?: number;
+    tmp_mb?: number;
+  };
+  /** Destinations tool commands may reach through the egress proxy; none when absent. */
+  network?: { allow: string[] };
   script?: ScriptStep[];
   tokens_per_second?: number;
 }

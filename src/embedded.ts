@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
 import { TOOLS_BIN, freePort, portIsFree, startFerretDb, startNatsServer, type ServerProcess } from "./servers.js";
@@ -33,12 +34,15 @@ export interface Embedded {
 }
 
 export const DEFAULT_EMBEDDED_NATS_PORT = 4322;
-export const DEFAULT_EMBEDDED_MONGO_PORT = 27117;
 
 export async function loadOrCreateSecrets(dataDir: string): Promise<EmbeddedSecrets> {
   const file = path.join(dataDir, "secrets.json");
-  if (existsSync(file)) return JSON.parse(await readFile(file, "utf8")) as EmbeddedSecrets;
-  await mkdir(dataDir, { recursive: true });
+  if (existsSync(file)) {
+    // Tightened if an earlier version or a person loosened it.
+    if (((await stat(file)).mode & 0o077) !== 0) await chmod(file, 0o600);
+    return JSON.parse(await readFile(file, "utf8")) as EmbeddedSecrets;
+  }
+  await mkdir(dataDir, { recursive: true, mode: 0o711 });
   const secrets: EmbeddedSecrets = {
     nats_password: randomBytes(24).toString("base64url"),
     nats_tap_password: randomBytes(24).toString("base64url"),
@@ -87,6 +91,21 @@ function alive(pid: number): boolean {
   }
 }
 
+/** A socket path must fit sun_path (107 bytes); a long data folder gets a private one in the temp folder. */
+const MAX_SOCKET_PATH = 100;
+
+async function storeSocketPath(storeDir: string, log: Logger): Promise<string> {
+  const inside = path.join(storeDir, "ferretdb.sock");
+  if (Buffer.byteLength(inside) <= MAX_SOCKET_PATH) {
+    await rm(inside, { force: true });
+    return inside;
+  }
+  const dir = path.join(os.tmpdir(), `runs-store-${process.getuid?.() ?? "u"}-${randomBytes(4).toString("hex")}`);
+  await mkdir(dir, { mode: 0o700 });
+  log.info({ socket: path.join(dir, "ferretdb.sock") }, "the data folder's path is too long for a Unix socket: the store's socket is in a private temp folder");
+  return path.join(dir, "ferretdb.sock");
+}
+
 export function embeddedInfoFile(dataDir: string): string {
   return path.join(dataDir, "embedded.json");
 }
@@ -112,7 +131,12 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
   const secrets = await loadOrCreateSecrets(dataDir);
   await endLeftovers(dataDir, log);
   const natsPort = await pickPort(Number(process.env.RUNS_EMBEDDED_NATS_PORT ?? DEFAULT_EMBEDDED_NATS_PORT));
-  const mongoPort = await pickPort(Number(process.env.RUNS_EMBEDDED_MONGO_PORT ?? DEFAULT_EMBEDDED_MONGO_PORT));
+  // The store has no authentication: it listens on a Unix socket in a folder only the
+  // service's user can enter, never on a TCP port anything on the host could reach.
+  const storeDir = path.join(dataDir, "ferretdb");
+  await mkdir(storeDir, { recursive: true, mode: 0o700 });
+  await chmod(storeDir, 0o700);
+  const mongoSocket = await storeSocketPath(storeDir, log);
   const started: ServerProcess[] = [];
   // If this process exits without stopping them (even mid-start), the servers go too.
   process.once("exit", () => {
@@ -131,15 +155,14 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
         servicePassword: secrets.nats_password,
         tapPassword: secrets.nats_tap_password,
         serverName: "runs-embedded",
-        detached: true,
       }),
     );
     started.push(
       await startFerretDb({
-        port: mongoPort,
-        dataDir: path.join(dataDir, "ferretdb"),
+        port: 0,
+        unixSocket: mongoSocket,
+        dataDir: storeDir,
         logFile: path.join(dataDir, "logs", "ferretdb.log"),
-        detached: true,
       }),
     );
   } catch (err) {
@@ -147,10 +170,10 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
     throw err;
   }
   const natsUrl = `nats://127.0.0.1:${natsPort}`;
-  const mongoUri = `mongodb://127.0.0.1:${mongoPort}/`;
+  const mongoUri = `mongodb://${encodeURIComponent(mongoSocket)}/`;
   const info: EmbeddedInfo = {
     pid: process.pid,
-    server_pids: started.map((s) => s.child.pid!).filter(Boolean),
+    server_pids: started.map((s) => s.pid || s.child.pid!).filter(Boolean),
     nats_url: natsUrl,
     nats_tap_url: natsUrl,
     mongo_uri: mongoUri,

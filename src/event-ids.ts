@@ -1,18 +1,21 @@
-import { createHash } from "node:crypto";
+import { timingSafeEqual } from "node:crypto";
+import { cursorTag } from "./cursor-key.js";
 import { ApiError } from "./errors.js";
 
 /**
  * Event ids are the cursors of the event list (decisions §5): `evt_` + base64url of
  *
- *     version (1 byte = 1) | stream sequence (uvarint) | run sequence (uvarint) | run hash (6 bytes)
+ *     version (1 byte = 2) | stream sequence (uvarint) | run sequence (uvarint) | tag (8 bytes)
  *
  * The stream sequence locates the event in its JetStream stream; the run sequence is its
- * `sequence`; the run hash (first 6 bytes of sha256 of the run id) tells a cursor of another
- * run apart without a lookup. Opaque to clients; pure.
+ * `sequence`; the tag, an HMAC of the run id and both sequences under the service's
+ * cursor key (src/cursor-key.ts), makes a forged, edited or other run's id 400
+ * `invalid_cursor` before any read, so no answer depends on a stream sequence a tenant
+ * made up (which would tell it other tenants' event volume). Opaque to clients.
  */
 
-const VERSION = 1;
-const RUN_HASH_BYTES = 6;
+const VERSION = 2;
+const TAG_BYTES = 8;
 const PREFIX = "evt_";
 
 export interface EventPosition {
@@ -22,18 +25,8 @@ export interface EventPosition {
   runSeq: number;
 }
 
-/** Recent runs' hashes: every id of a run's events carries the same one. */
-const runHashes = new Map<string, Buffer>();
-const RUN_HASH_CACHE = 1024;
-
-export function runHash(runId: string): Buffer {
-  let hash = runHashes.get(runId);
-  if (!hash) {
-    hash = createHash("sha256").update(runId, "utf8").digest().subarray(0, RUN_HASH_BYTES);
-    if (runHashes.size >= RUN_HASH_CACHE) runHashes.clear();
-    runHashes.set(runId, hash);
-  }
-  return hash;
+function tagOf(runId: string, streamSeq: number, runSeq: number): Buffer {
+  return cursorTag(["evt", runId, streamSeq, runSeq], TAG_BYTES);
 }
 
 export function encodeEventId(position: EventPosition & { runId: string }): string {
@@ -41,7 +34,7 @@ export function encodeEventId(position: EventPosition & { runId: string }): stri
   if (!isPositiveSafeInteger(streamSeq) || !isPositiveSafeInteger(runSeq)) {
     throw new RangeError(`event position out of range: ${streamSeq}/${runSeq}`);
   }
-  const bytes = [VERSION, ...uvarint(streamSeq), ...uvarint(runSeq), ...runHash(runId)];
+  const bytes = [VERSION, ...uvarint(streamSeq), ...uvarint(runSeq), ...tagOf(runId, streamSeq, runSeq)];
   return PREFIX + Buffer.from(bytes).toString("base64url");
 }
 
@@ -73,11 +66,12 @@ export function decodeEventId(id: string, runId: string, param = "after"): Event
   } catch {
     throw invalid("The event cursor is not valid.");
   }
-  if (!isPositiveSafeInteger(streamSeq) || !isPositiveSafeInteger(runSeq) || bytes.length - offset !== RUN_HASH_BYTES) {
+  if (!isPositiveSafeInteger(streamSeq) || !isPositiveSafeInteger(runSeq) || bytes.length - offset !== TAG_BYTES) {
     throw invalid("The event cursor is not valid.");
   }
-  if (!bytes.subarray(offset).equals(runHash(runId))) {
-    throw invalid("This event cursor was issued for another run.");
+  // A forged id and another run's id are told apart by nothing: both are not valid here.
+  if (!timingSafeEqual(bytes.subarray(offset), tagOf(runId, streamSeq, runSeq))) {
+    throw invalid("The event cursor is not valid.");
   }
   return { streamSeq, runSeq };
 }

@@ -3,6 +3,7 @@ import type { Readable } from "node:stream";
 import type { Collection, Db } from "mongodb";
 import type { ObjectStore } from "@nats-io/obj";
 import type { Clock } from "./clock.js";
+import { BlobKeyring, collect, isSealedBlob, once, openBlob, sealBlob } from "./blob-crypto.js";
 import { ApiError } from "./errors.js";
 import { Ids } from "./ids.js";
 import { StoreUnavailableError, guard, isDuplicateKey } from "./mongo-store.js";
@@ -35,6 +36,8 @@ export interface FileDoc {
   created_at: number;
   /** Name of the object in `runs_files` (the file id; never the filename). */
   object_name: string;
+  /** Unix milliseconds: the file and its object are removed after this (absent: kept). */
+  expires_at?: number;
 }
 
 export const UploadState = {
@@ -180,6 +183,35 @@ export class FileDataMissingError extends Error {
 }
 
 
+/** A web stream as an async iterable (read to its end or until the consumer stops). */
+export async function* fromStream(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
+  const reader = stream.getReader();
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) return;
+      yield value;
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+/** An async iterable of bytes as a web stream, pulled as the consumer reads. */
+export function toStream(source: AsyncIterable<Uint8Array>): ReadableStream<Uint8Array> {
+  const it = source[Symbol.asyncIterator]();
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const { done, value } = await it.next();
+      if (done) controller.close();
+      else controller.enqueue(value);
+    },
+    async cancel(reason) {
+      await it.throw?.(reason).catch(() => undefined);
+    },
+  });
+}
+
 export class FileStore {
   readonly files: Collection<FileDoc>;
   readonly uploads: Collection<FileUploadDoc>;
@@ -188,6 +220,8 @@ export class FileStore {
     db: Db,
     private readonly objects: ObjectStore,
     private readonly clock: Clock,
+    /** Seals file contents per workspace (src/blob-crypto.ts); without it they are stored in clear. */
+    private readonly keys?: BlobKeyring,
   ) {
     this.files = db.collection<FileDoc>(FILES_COLLECTION);
     this.uploads = db.collection<FileUploadDoc>(FILE_UPLOADS_COLLECTION);
@@ -197,6 +231,7 @@ export class FileStore {
   async provision(): Promise<void> {
     await guard(async () => {
       await this.files.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+      await this.files.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.uploads.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.uploads.createIndex({ workspace_id: 1, state: 1 }, { name: "ws_state" });
     });
@@ -211,9 +246,41 @@ export class FileStore {
     return guard(() => this.uploads.findOne({ _id: uploadId }));
   }
 
-  /** A file of the workspace; null when absent or another workspace's. */
-  get(workspaceId: string, fileId: string): Promise<FileDoc | null> {
-    return guard(() => this.files.findOne({ _id: fileId, workspace_id: workspaceId }));
+  /** A file of the workspace; null when absent, expired or another workspace's. */
+  async get(workspaceId: string, fileId: string): Promise<FileDoc | null> {
+    const doc = await guard(() => this.files.findOne({ _id: fileId, workspace_id: workspaceId }));
+    return doc && !(doc.expires_at !== undefined && doc.expires_at <= this.clock.nowMs()) ? doc : null;
+  }
+
+  /**
+   * Removes what has outlived its retention (the store has no TTL indexes): files past
+   * `expires_at` with their objects, and upload records past theirs with any object an
+   * unfinished attempt left. At most `batch` of each per call; safe on every node at once.
+   */
+  async sweep(nowMs: number, batch = 200): Promise<{ files: number; uploads: number }> {
+    const files = await guard(() => this.files.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray());
+    for (const file of files) {
+      await this.objects.delete(file.object_name).catch(() => undefined);
+      await guard(() => this.files.deleteOne({ _id: file._id }));
+    }
+    const uploads = await guard(() => this.uploads.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray());
+    for (const upload of uploads) {
+      if (upload.state !== UploadState.done) await this.objects.delete(upload.file_id).catch(() => undefined);
+      await guard(() => this.uploads.deleteOne({ _id: upload._id, expires_at: upload.expires_at }));
+    }
+    return { files: files.length, uploads: uploads.length };
+  }
+
+  private keyOf(kind: "files", workspaceId: string): (keyId: number) => Uint8Array | undefined {
+    return (keyId) => (this.keys && keyId === this.keys.keyId ? this.keys.keyFor(kind, workspaceId) : undefined);
+  }
+
+  /** Files of the workspace among `fileIds`, in one query (absent, expired or other workspaces' ids are left out). */
+  async getMany(workspaceId: string, fileIds: readonly string[]): Promise<FileDoc[]> {
+    if (fileIds.length === 0) return [];
+    const docs = await guard(() => this.files.find({ _id: { $in: [...new Set(fileIds)] }, workspace_id: workspaceId }).toArray());
+    const now = this.clock.nowMs();
+    return docs.filter((doc) => doc.expires_at === undefined || doc.expires_at > now);
   }
 
   /**
@@ -223,9 +290,11 @@ export class FileStore {
   async read(workspaceId: string, fileId: string): Promise<FileContent | null> {
     const doc = await this.get(workspaceId, fileId);
     if (!doc) return null;
-    const data = await this.objects.getBlob(doc.object_name);
-    if (!data) throw new FileDataMissingError(fileId);
-    return { filename: doc.filename, media_type: doc.media_type, bytes: doc.bytes, data: Buffer.from(data.buffer, data.byteOffset, data.byteLength) };
+    const stored = await this.objects.getBlob(doc.object_name);
+    if (!stored) throw new FileDataMissingError(fileId);
+    // Files stored before encryption are read as they are.
+    const data = isSealedBlob(stored) ? await collect(openBlob(this.keyOf("files", workspaceId), once(stored))) : Buffer.from(stored.buffer, stored.byteOffset, stored.byteLength);
+    return { filename: doc.filename, media_type: doc.media_type, bytes: doc.bytes, data };
   }
 
   /**
@@ -356,7 +425,8 @@ export class FileStore {
     });
 
     try {
-      await this.objects.put({ name: session.fileId, options: { max_chunk_size: CHUNK_BYTES } }, body);
+      const stored = this.keys ? toStream(sealBlob(this.keys.keyFor("files", session.workspaceId), this.keys.keyId, fromStream(body))) : body;
+      await this.objects.put({ name: session.fileId, options: { max_chunk_size: CHUNK_BYTES } }, stored);
     } catch (err) {
       if (stopped) throw stopped;
       if (err instanceof ApiError || err instanceof UploadSourceError) throw err;
@@ -378,7 +448,8 @@ export class FileStore {
    * attempt's file id. If a repeat took the key over meanwhile, removes this attempt's
    * file and object and throws 409 conflict.
    */
-  async finish(session: UploadSession, meta: { filename: string; media_type: string }, received: ReceivedObject): Promise<FileDoc> {
+  async finish(session: UploadSession, meta: { filename: string; media_type: string }, received: ReceivedObject, retentionMs?: number): Promise<FileDoc> {
+    const now = this.clock.nowMs();
     const doc: FileDoc = {
       _id: session.fileId,
       workspace_id: session.workspaceId,
@@ -386,8 +457,9 @@ export class FileStore {
       media_type: meta.media_type,
       bytes: received.bytes,
       sha256: received.sha256,
-      created_at: this.clock.nowMs(),
+      created_at: now,
       object_name: session.fileId,
+      ...(retentionMs !== undefined ? { expires_at: now + retentionMs } : {}),
     };
     // The file document first: a crash before the record says done leaves an orphan
     // document, never a done record pointing at nothing.

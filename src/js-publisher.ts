@@ -13,6 +13,8 @@ export class PublishError extends Error {
     message: string,
     /** No stream took the subject (no responders), or no ack came in time: worth retrying. */
     readonly retryable: boolean,
+    /** The stream is at its byte or message bound (RUNS_EVENT_STREAM_MAX_BYTES). */
+    readonly full = false,
   ) {
     super(message);
     this.name = "PublishError";
@@ -22,9 +24,15 @@ export class PublishError extends Error {
 export interface AsyncPublisherOptions {
   /** How long an ack may take before the publish is retried or fails (default 5 s, as @nats-io/jetstream). */
   timeoutMs?: number;
-  /** Attempts for a publish that timed out or found no stream (default 5). The message id de-duplicates them. */
+  /**
+   * How long a publish that timed out, found no stream or met a server in transition is
+   * retried (default 20 s: past a stream leader election after a server of a cluster
+   * died, which takes several seconds). The message id de-duplicates the attempts.
+   */
+  retryForMs?: number;
+  /** At most this many attempts in all, whatever the time left (default 40). */
   attempts?: number;
-  /** Pause before a further attempt, times the attempt number (default 250 ms). */
+  /** Pause before a further attempt, times the attempt number, at most 1 s (default 250 ms). */
   retryDelayMs?: number;
 }
 
@@ -52,6 +60,7 @@ export class AsyncPublisher {
   private counter = 0;
   private closed = false;
   private readonly timeoutMs: number;
+  private readonly retryForMs: number;
   private readonly attempts: number;
   private readonly retryDelayMs: number;
 
@@ -60,7 +69,8 @@ export class AsyncPublisher {
     options: AsyncPublisherOptions = {},
   ) {
     this.timeoutMs = options.timeoutMs ?? 5_000;
-    this.attempts = options.attempts ?? 5;
+    this.retryForMs = options.retryForMs ?? 20_000;
+    this.attempts = options.attempts ?? 40;
     this.retryDelayMs = options.retryDelayMs ?? 250;
     this.prefix = `${createInbox()}.`;
     this.sub = nc.subscribe(`${this.prefix}*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
@@ -72,11 +82,13 @@ export class AsyncPublisher {
   /** Stores `payload` on `subject`; `headers` must not be reused for another message. */
   async publish(subject: string, payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> {
     headers.set("Nats-Msg-Id", msgId);
+    const giveUpAt = Date.now() + this.retryForMs;
     for (let attempt = 1; ; attempt++) {
       const result = await this.once(subject, payload, headers);
       if (!(result instanceof PublishError)) return result;
-      if (!result.retryable || attempt >= this.attempts || this.closed) throw result;
-      await new Promise((resolve) => setTimeout(resolve, this.retryDelayMs * attempt));
+      const pause = Math.min(this.retryDelayMs * attempt, 1_000);
+      if (!result.retryable || attempt >= this.attempts || this.closed || Date.now() + pause >= giveUpAt) throw result;
+      await new Promise((resolve) => setTimeout(resolve, pause));
     }
   }
 
@@ -132,7 +144,7 @@ export function parseAck(msg: Pick<Msg, "data" | "headers">): StoredAck | Publis
     const code = msg.headers.code;
     return new PublishError(code === 503 ? "no JetStream stream takes this subject (no responders)" : `publish answered status ${code}`, code === 503);
   }
-  let body: { stream?: unknown; seq?: unknown; duplicate?: unknown; error?: { code?: number; description?: string } };
+  let body: { stream?: unknown; seq?: unknown; duplicate?: unknown; error?: { code?: number; err_code?: number; description?: string } };
   try {
     body = JSON.parse(utf8.decode(msg.data)) as typeof body;
   } catch {
@@ -140,7 +152,11 @@ export function parseAck(msg: Pick<Msg, "data" | "headers">): StoredAck | Publis
   }
   if (body.error) {
     const code = body.error.code ?? 0;
-    return new PublishError(`JetStream refused the message: ${body.error.description ?? "error"} (${code})`, code === 503);
+    // 5xx is the server side in transition (a peer lost, a leader being elected): the
+    // retry carries the same message id, so it is stored once.
+    // A stream at its byte or message bound stays full: no retry helps.
+    const full = /maximum (bytes|messages)/i.test(body.error.description ?? "");
+    return new PublishError(`JetStream refused the message: ${body.error.description ?? "error"} (${code})`, code >= 500 && !full, full);
   }
   if (typeof body.stream !== "string" || body.stream === "" || typeof body.seq !== "number") {
     return new PublishError("invalid ack from JetStream", false);

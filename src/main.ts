@@ -5,6 +5,7 @@ import { MissingToolError } from "./servers.js";
 import { startService, type RunningService } from "./service.js";
 import { createWorkspace } from "./workspaces.js";
 import { systemClock } from "./clock.js";
+import { SandboxUnavailableError } from "../actors/index.js";
 
 /** `npm start`: the service, with an embedded nats-server and FerretDB unless NATS_URL / MONGODB_URI are set. */
 async function main(): Promise<void> {
@@ -60,6 +61,10 @@ async function main(): Promise<void> {
 }
 
 main().catch((err) => {
+  if (err instanceof SandboxUnavailableError) {
+    process.stderr.write(`runs: ${err.message}\n`);
+    process.exit(5);
+  }
   if (err instanceof MissingToolError || (err instanceof Error && err.message.startsWith("configuration:"))) {
     process.stderr.write(`runs: ${err.message}\n`);
     process.exit(3);

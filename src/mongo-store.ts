@@ -275,8 +275,9 @@ export class MongoStore {
     return guard(() => this.deployments.findOne({ _id: `${agentId}:${version}` }));
   }
 
-  listDeployments(agentId: string): Promise<DeploymentDoc[]> {
-    return guard(() => this.deployments.find({ agent_id: agentId }).sort({ version: 1 }).toArray());
+  /** An agent's deployments by version, `limit` of them after `afterVersion`. */
+  listDeployments(agentId: string, limit: number, afterVersion = 0): Promise<DeploymentDoc[]> {
+    return guard(() => this.deployments.find({ agent_id: agentId, version: { $gt: afterVersion } }).sort({ version: 1 }).limit(limit).toArray());
   }
 
   listBuildingDeployments(): Promise<DeploymentDoc[]> {

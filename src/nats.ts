@@ -82,10 +82,11 @@ export async function connectNats(options: { url: string; user?: string; passwor
  */
 export async function provisionNats(
   nc: NatsConnection,
-  retention: RetentionConfig,
+  retention: Pick<RetentionConfig, "eventS">,
   replicas = 1,
   rateWindowMs = 60_000,
   turnLimitMs = 12 * 3_600_000,
+  bytes: { events?: number; objects?: number } = {},
 ): Promise<NatsResources> {
   const js = jetstream(nc);
   const jsm = await jetstreamManager(nc);
@@ -102,11 +103,15 @@ export async function provisionNats(
       allow_rollup_hdrs: false,
       // JetStream refuses a de-duplication window longer than max_age (short test retention).
       duplicate_window: Math.min(120, retention.eventS[plan]) * 1_000_000_000,
+      // Bounded, a full stream refuses new events (the turn fails event_stream_write_failed,
+      // visibly) rather than dropping the oldest events of runs still retained.
+      ...(bytes.events ? { max_bytes: bytes.events, discard: DiscardPolicy.New } : {}),
     };
     try {
       const info = await jsm.streams.info(name);
-      if (info.config.max_age !== config.max_age) {
-        await jsm.streams.update(name, { ...info.config, max_age: config.max_age });
+      const maxBytes = bytes.events || -1;
+      if (info.config.max_age !== config.max_age || info.config.max_bytes !== maxBytes) {
+        await jsm.streams.update(name, { ...info.config, max_age: config.max_age, max_bytes: maxBytes, discard: bytes.events ? DiscardPolicy.New : DiscardPolicy.Old });
       }
     } catch {
       await jsm.streams.add(config);
@@ -115,8 +120,9 @@ export async function provisionNats(
   const kvm = new Kvm(js);
   const leases = await kvm.create(LEASES_BUCKET, { history: 1, replicas });
   const nodes = await kvm.create(NODES_BUCKET, { history: 1, replicas });
-  const checkpoints = await new Objm(js).create(CHECKPOINTS_BUCKET, { replicas });
-  const files = await new Objm(js).create(FILES_BUCKET, { replicas });
+  const objects = { replicas, ...(bytes.objects ? { max_bytes: bytes.objects } : {}) };
+  const checkpoints = await new Objm(js).create(CHECKPOINTS_BUCKET, objects);
+  const files = await new Objm(js).create(FILES_BUCKET, objects);
   // Counters outlive their window briefly, then expire on their own.
   const rateLimits = await kvm.create(RATE_LIMITS_BUCKET, { history: 1, replicas, ttl: Math.max(2 * rateWindowMs, 60_000) });
   // A key a crashed node never removed expires an hour after the longest possible turn.

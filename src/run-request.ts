@@ -10,6 +10,18 @@ import { OnBusy } from "./commands.js";
 export const MAX_TAGS = 20;
 export const MAX_TAG_LENGTH = 64;
 export const MAX_INLINE_FILE_BYTES = 4 * 1024 * 1024;
+/** Parts of one turn's input. */
+export const MAX_INPUT_PARTS = 32;
+/** UTF-8 bytes of all text parts of one turn's input together. */
+export const MAX_TURN_TEXT_BYTES = 4 * 1024 * 1024;
+/** Decoded bytes of all inline files of one turn's input together. */
+export const MAX_TURN_INLINE_BYTES = 4 * 1024 * 1024;
+/**
+ * Bytes of files (inline and uploaded) one turn hands to the model, in input order; a
+ * file past this budget is described to the model instead. With the inline cap it
+ * keeps a turn's stored input and transcript well inside a 16 MiB document.
+ */
+export const MAX_TURN_FILE_BYTES = 6 * 1024 * 1024;
 
 export type StartRequest = {
   kind: "start";
@@ -65,18 +77,32 @@ function base64DecodedBytes(data: string): number | undefined {
   return Math.floor((data.length * 3) / 4) - padding;
 }
 
+function checkTextBytes(bytes: number): void {
+  if (bytes > MAX_TURN_TEXT_BYTES) {
+    throw new ApiError("payload_too_large", { param: "input", message: "The text of one input may hold at most 4 MiB; upload larger texts as files with POST /api/v1/files." });
+  }
+}
+
 /** A string becomes one input_text part; arrays are checked part by part. */
 export function parseInput(value: unknown): InputPart[] {
   if (value === undefined || value === null) throw invalid("input", "input is required");
-  if (typeof value === "string") return [{ type: "input_text", text: value }];
+  if (typeof value === "string") {
+    checkTextBytes(Buffer.byteLength(value));
+    return [{ type: "input_text", text: value }];
+  }
   if (!Array.isArray(value)) throw invalid("input", "input must be a string or an array of input parts");
   if (value.length === 0) throw invalid("input", "input must hold at least one part");
+  if (value.length > MAX_INPUT_PARTS) throw invalid("input", `input may hold at most ${MAX_INPUT_PARTS} parts`);
+  let inlineBytes = 0;
+  let textBytes = 0;
   return value.map((part, i): InputPart => {
     const where = `input[${i}]`;
     if (typeof part !== "object" || part === null || Array.isArray(part)) throw invalid("input", `${where} must be an object`);
     const p = part as Record<string, unknown>;
     if (p.type === "input_text") {
       if (typeof p.text !== "string") throw invalid("input", `${where}.text must be a string`);
+      textBytes += Buffer.byteLength(p.text);
+      checkTextBytes(textBytes);
       return { type: "input_text", text: p.text };
     }
     if (p.type === "input_file") {
@@ -92,6 +118,10 @@ export function parseInput(value: unknown): InputPart[] {
       if (bytes === undefined) throw invalid("input", `${where}.file_data is not valid base64`);
       if (bytes > MAX_INLINE_FILE_BYTES) {
         throw new ApiError("payload_too_large", { param: "input", message: `An inline file may hold at most 4 MiB; upload larger files with POST /api/v1/files.` });
+      }
+      inlineBytes += bytes;
+      if (inlineBytes > MAX_TURN_INLINE_BYTES) {
+        throw new ApiError("payload_too_large", { param: "input", message: `The inline files of one input may hold at most 4 MiB together; upload larger files with POST /api/v1/files.` });
       }
       const out: InputPart = { type: "input_file", filename: p.filename, file_data: p.file_data };
       if (typeof p.media_type === "string") out.media_type = p.media_type;

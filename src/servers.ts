@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, open } from "node:fs/promises";
+import { mkdir, open, readFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -49,12 +49,15 @@ export function portIsFree(port: number): Promise<boolean> {
   });
 }
 
-async function waitForPort(port: number, child: ChildProcess, name: string, timeoutMs: number): Promise<void> {
+/** Where a server listens: a loopback TCP port or a Unix socket path. */
+type Endpoint = { port: number } | { path: string };
+
+async function waitForPort(endpoint: Endpoint, child: ChildProcess, name: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (child.exitCode !== null) throw new Error(`${name} exited with code ${child.exitCode} while starting`);
     const open = await new Promise<boolean>((resolve) => {
-      const socket = net.connect({ port, host: "127.0.0.1" });
+      const socket = "path" in endpoint ? net.connect({ path: endpoint.path }) : net.connect({ port: endpoint.port, host: "127.0.0.1" });
       socket.once("connect", () => {
         socket.destroy();
         resolve(true);
@@ -64,17 +67,51 @@ async function waitForPort(port: number, child: ChildProcess, name: string, time
     if (open) return;
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
-  throw new Error(`${name} did not listen on port ${port} within ${timeoutMs} ms`);
+  const where = "path" in endpoint ? endpoint.path : `port ${endpoint.port}`;
+  throw new Error(`${name} did not listen on ${where} within ${timeoutMs} ms`);
 }
 
 /** A server process this program started; `stop` ends it (SIGTERM, then SIGKILL). */
 export interface ServerProcess {
   name: string;
   port: number;
+  /** The watchdog shell (see WATCHDOG); the server is its child. */
   child: ChildProcess;
+  /** The server's own pid (0 if it could not be found). */
+  pid: number;
   stop(): Promise<void>;
   /** Ends the process at once, as a crash would. */
   kill(): void;
+}
+
+/**
+ * Runs a server under a watchdog: `sh -c WATCHDOG sh <server> <args…>` starts the server,
+ * forwards SIGTERM/SIGINT to it, and ends it when its stdin (a pipe only this process
+ * holds) reaches end of file, which happens however this process dies, SIGKILL included.
+ * The shell exits with the server's status once the server has exited.
+ */
+const WATCHDOG = [
+  // An asynchronous list reads /dev/null, not our stdin: keep the pipe as fd 3.
+  "exec 3<&0",
+  '"$@" </dev/null 3<&- &',
+  "pid=$!",
+  "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT",
+  '( while read -r _ <&3; do :; done; kill -TERM "$pid" 2>/dev/null; sleep 5; kill -KILL "$pid" 2>/dev/null ) &',
+  "watcher=$!",
+  "code=0",
+  'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; code=$?; done',
+  'kill "$watcher" 2>/dev/null',
+  'exit "$code"',
+].join("\n");
+
+/** The pid of `parent`'s child running `bin` (the watchdog's server), or 0. */
+async function childRunning(parent: number, bin: string): Promise<number> {
+  const children = await readFile(`/proc/${parent}/task/${parent}/children`, "utf8").catch(() => "");
+  for (const pid of children.trim().split(/\s+/).filter(Boolean).map(Number)) {
+    const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+    if (cmdline.startsWith(`${bin}\0`)) return pid;
+  }
+  return 0;
 }
 
 async function launch(
@@ -82,31 +119,40 @@ async function launch(
   bin: string,
   args: string[],
   env: NodeJS.ProcessEnv,
-  port: number,
+  endpoint: Endpoint,
   logFile: string,
-  detached = false,
 ): Promise<ServerProcess> {
   await mkdir(path.dirname(logFile), { recursive: true });
   const log = await open(logFile, "a");
-  // Detached: its own process group, so a terminal's Ctrl-C reaches only us and we stop
-  // the servers after the service has let go of them.
-  const child = spawn(bin, args, { env, stdio: ["ignore", log.fd, log.fd], detached });
+  // Its own process group, so a terminal's Ctrl-C reaches only us and we stop the
+  // servers after the service has let go of them; a kill reaches the whole group.
+  const child = spawn("/bin/sh", ["-c", WATCHDOG, "sh", bin, ...args], { env, stdio: ["pipe", log.fd, log.fd], detached: true });
+  child.stdin!.on("error", () => undefined);
+  // The pipe must not keep this process alive; its end closes when the process dies.
+  (child.stdin as unknown as { unref?: () => void }).unref?.();
   child.once("exit", () => void log.close().catch(() => undefined));
+  const killGroup = () => {
+    try {
+      process.kill(-child.pid!, "SIGKILL");
+    } catch {
+      // already gone
+    }
+  };
   const stop = async () => {
     if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise((resolve) => child.once("exit", resolve));
     child.kill("SIGTERM");
-    const timer = setTimeout(() => child.kill("SIGKILL"), 5_000);
+    const timer = setTimeout(killGroup, 5_000);
     await exited;
     clearTimeout(timer);
   };
   try {
-    await waitForPort(port, child, name, 30_000);
+    await waitForPort(endpoint, child, name, 30_000);
   } catch (err) {
     await stop();
     throw new Error(`${(err as Error).message}; see ${logFile}`);
   }
-  return { name, port, child, stop, kill: () => void child.kill("SIGKILL") };
+  return { name, port: "port" in endpoint ? endpoint.port : 0, child, pid: await childRunning(child.pid!, bin), stop, kill: killGroup };
 }
 
 export interface NatsServerOptions {
@@ -118,35 +164,37 @@ export interface NatsServerOptions {
   serverName?: string;
   /** Extra command-line arguments (cluster routes and the like). */
   args?: string[];
-  /** Run in its own process group (the embedded default). */
-  detached?: boolean;
 }
 
 /** Starts nats-server with the project's nats.conf on loopback. */
 export function startNatsServer(options: NatsServerOptions): Promise<ServerProcess> {
   const args = ["-c", NATS_CONF, "-a", "127.0.0.1", "-p", String(options.port), "-sd", options.storeDir, "-n", options.serverName ?? `runs-${options.port}`, ...(options.args ?? [])];
   const env = { ...process.env, RUNS_NATS_PASSWORD: options.servicePassword, RUNS_NATS_TAP_PASSWORD: options.tapPassword };
-  return launch("nats-server", toolPath("nats-server"), args, env, options.port, options.logFile, options.detached);
+  return launch("nats-server", toolPath("nats-server"), args, env, { port: options.port }, options.logFile);
 }
 
 export interface FerretDbOptions {
+  /** Loopback TCP port; ignored with `unixSocket`. */
   port: number;
+  /** Listen on this Unix socket only (no TCP): only users who can reach the path can connect. */
+  unixSocket?: string;
   dataDir: string;
   logFile: string;
-  detached?: boolean;
 }
 
 /** Starts FerretDB with its SQLite backend on loopback. */
 export async function startFerretDb(options: FerretDbOptions): Promise<ServerProcess> {
-  await mkdir(options.dataDir, { recursive: true });
+  await mkdir(options.dataDir, { recursive: true, mode: 0o700 });
+  const listen = options.unixSocket ? ["--listen-addr=", `--listen-unix=${options.unixSocket}`] : [`--listen-addr=127.0.0.1:${options.port}`];
   const args = [
     "--handler=sqlite",
     `--sqlite-url=file:${options.dataDir}/?_txlock=immediate`,
-    `--listen-addr=127.0.0.1:${options.port}`,
+    ...listen,
     `--state-dir=${options.dataDir}`,
     "--telemetry=disable",
     "--debug-addr=-",
     "--log-level=error",
   ];
-  return launch("ferretdb", toolPath("ferretdb"), args, { ...process.env }, options.port, options.logFile, options.detached);
+  const endpoint = options.unixSocket ? { path: options.unixSocket } : { port: options.port };
+  return launch("ferretdb", toolPath("ferretdb"), args, { ...process.env }, endpoint, options.logFile);
 }

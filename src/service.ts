@@ -8,7 +8,11 @@ import { EventKeyring } from "./event-crypto.js";
 import { JetStreamEventLog } from "./event-log.js";
 import { FileStore } from "./file-store.js";
 import { EnvValues } from "./env-values.js";
-import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, WorkspaceCheckpoints } from "../actors/index.js";
+import { scrubProviderEnvironment } from "../actors/credentials.js";
+import { useCursorKey } from "./cursor-key.js";
+import { BlobKeyring } from "./blob-crypto.js";
+import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, EgressProxy, parseTestHosts, Sandbox, WorkspaceCheckpoints } from "../actors/index.js";
+import path from "node:path";
 import { buildApp } from "../gateway/index.js";
 
 export interface RunningService {
@@ -33,14 +37,22 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const log = options.log ?? pino({ level: config.logLevel });
   const clock = options.clock ?? systemClock;
   if (!config.natsUrl || !config.mongoUri) throw new Error("startService needs natsUrl and mongoUri");
+  // No provider client may fall back to the operator's own credentials.
+  const scrubbed = scrubProviderEnvironment(process.env, config.ambientProviders);
+  if (scrubbed.length) log.info({ variables: scrubbed }, "provider credential variables removed from the service's environment");
+  if (config.ambientProviders.size) log.warn({ providers: [...config.ambientProviders] }, "ambient-credential providers enabled: every workspace uses the service's credentials for them");
+  // First, before any connection: a node that cannot sandbox tools must not take runs.
+  const sandbox = config.roles.actors ? await startSandbox(config, log) : undefined;
 
   const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
   await store.provision();
   const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
-  const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs);
+  const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs, config.storeBytes);
   if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
+  useCursorKey(config.masterKey);
   const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
-  const files = new FileStore(store.db, nats.files, clock);
+  const blobKeys = new BlobKeyring(config.masterKey);
+  const files = new FileStore(store.db, nats.files, clock, blobKeys);
   await files.provision();
   const envValues = new EnvValues(store.db, config.masterKey, clock);
   await envValues.provision();
@@ -62,10 +74,11 @@ export async function startService(config: Config, options: ServiceOptions = {})
         events,
         log: log.child({ component: "actors" }),
         deployments,
-        checkpoints: new WorkspaceCheckpoints(nats.checkpoints),
+        checkpoints: new WorkspaceCheckpoints(nats.checkpoints, blobKeys),
         activeTurns,
         files,
         envValues,
+        sandbox: sandbox!,
         node: { draining: false },
       },
       { leases: nats.leases, nodes: nats.nodes },
@@ -90,6 +103,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       files,
       envValues,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
+      sandboxStatus: sandbox ? () => sandbox.status() : undefined,
     });
     app = built.app;
     await app.listen({ port: config.port, host: config.host });
@@ -115,4 +129,19 @@ export async function startService(config: Config, options: ServiceOptions = {})
       return closing;
     },
   };
+}
+
+/** The node's sandbox runner and its egress proxy (README "Sandbox"). */
+async function startSandbox(config: Config, log: Logger): Promise<Sandbox> {
+  const sandboxLog = log.child({ component: "sandbox" });
+  return Sandbox.start({
+    mode: config.sandbox.mode,
+    bwrapPath: config.sandbox.bwrapPath,
+    maxConcurrent: config.sandbox.maxConcurrent,
+    uid: config.sandbox.uid,
+    runtimeDir: path.join(config.dataDir, "sandbox"),
+    nodeId: config.nodeId,
+    log: sandboxLog,
+    egress: new EgressProxy({ log: sandboxLog, testHosts: parseTestHosts(config.sandbox.egressTestHosts) }),
+  });
 }

@@ -249,10 +249,14 @@ export function isTurnErrorCode(code: string): code is TurnErrorCode {
  * Builds the error stored with a failed or incomplete turn. The message defaults to
  * the catalogue's; for the four fixed-message codes a given message is ignored.
  */
-export function turnError(code: TurnErrorCode, options: { message?: string; reference: string }): TurnError {
+export function turnError(
+  code: TurnErrorCode,
+  options: { message?: string; reference: string; source?: TurnErrorSource },
+): TurnError {
   const entry: TurnErrorEntry = TURN_ERROR_CATALOGUE[code];
   const message = entry.fixed || !options.message ? entry.message : options.message;
-  return { code, source: entry.source, message, retryable: entry.retryable, reference: options.reference };
+  // The party at fault can differ by case: a refused model endpoint is the configuration's.
+  return { code, source: options.source ?? entry.source, message, retryable: entry.retryable, reference: options.reference };
 }
 
 /**

@@ -4,6 +4,7 @@ import type { AgentDoc, DeploymentDoc } from "../../src/documents.js";
 import { ApiError, invalid } from "../../src/errors.js";
 import { Ids } from "../../src/ids.js";
 import { listModels } from "../../actors/index.js";
+import { providerOffered } from "../../actors/credentials.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { list, renderAgent, renderDeployment } from "../../src/render.js";
@@ -33,7 +34,7 @@ async function loadDeployment(ctx: GatewayContext, agent: AgentDoc, raw: string)
 export function agentRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     app.get("/api/v1/models", { config: { scope: "models:read" } }, async () => {
-      const data = listModels().map((m) => ({ object: "model", ...m }));
+      const data = listModels(ctx.config.ambientProviders).map((m) => ({ object: "model", ...m }));
       return list(data, false, null);
     });
 
@@ -76,33 +77,52 @@ export function agentRoutes(ctx: GatewayContext) {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       const body = parseDeploymentRequest(request.body);
+      const model = body.config.model;
+      if (typeof model === "string" && !providerOffered(model.slice(0, model.indexOf("/")), ctx.config.ambientProviders)) {
+        throw invalid("config.model", `Model provider "${model.slice(0, model.indexOf("/"))}" authenticates with the service's own credentials and is not enabled on this service (RUNS_AMBIENT_PROVIDERS).`);
+      }
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       const claim = await ctx.idempotency.claim<{ version?: number }>(auth.workspace._id, `deployments.create:${agent._id}`, key, body, () => ({}));
       if (claim.kind === "replay" && typeof claim.result.version === "number") {
         const existing = await ctx.store.getDeployment(agent._id, claim.result.version);
         if (existing) return reply.status(201).send(renderDeployment(existing));
       }
-      const deployment = await ctx.store.insertDeployment({
-        workspace_id: auth.workspace._id,
-        agent_id: agent._id,
-        status: "building",
-        upgrade_policy: body.upgrade_policy,
-        config: body.config,
-        activate: body.activate,
-        error: null,
-        created_at: ctx.clock.nowMs(),
-        ready_at: null,
-      });
+      let deployment: DeploymentDoc;
+      try {
+        deployment = await ctx.store.insertDeployment({
+          workspace_id: auth.workspace._id,
+          agent_id: agent._id,
+          status: "building",
+          upgrade_policy: body.upgrade_policy,
+          config: body.config,
+          activate: body.activate,
+          error: null,
+          created_at: ctx.clock.nowMs(),
+          ready_at: null,
+        });
+      } catch (err) {
+        // Nothing was created: the key stays free for a retry.
+        await ctx.idempotency.release(claim.id).catch(() => undefined);
+        throw err;
+      }
       await ctx.idempotency.complete(claim.id, { version: deployment.version });
       ctx.builder.schedule(deployment);
       return reply.status(201).send(renderDeployment(deployment));
     });
 
-    app.get<AgentParams>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:read" } }, async (request) => {
+    app.get<AgentParams & { Querystring: { limit?: string; after?: string } }>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:read" } }, async (request) => {
       const auth = authOf(request);
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
-      const deployments = await ctx.store.listDeployments(agent._id);
-      return list(deployments.map(renderDeployment), false, null);
+      const limit = parseLimit(request.query.limit, 20, 100);
+      const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "deployments", agent._id);
+      const afterVersion = after ? Number(after.k) : 0;
+      if (!Number.isSafeInteger(afterVersion) || afterVersion < 0) throw new ApiError("invalid_cursor", { param: "after", message: "The cursor is not valid." });
+      const deployments = await ctx.store.listDeployments(agent._id, limit + 1, afterVersion);
+      const page = deployments.slice(0, limit);
+      const last = page[page.length - 1];
+      const more = deployments.length > limit;
+      const next = more && last ? encodeCursor({ s: "deployments", o: agent._id, k: String(last.version), id: String(last.version) }) : null;
+      return list(page.map(renderDeployment), more, next);
     });
 
     app.get<VersionParams>("/api/v1/agents/:agentId/deployments/:version", { config: { scope: "agents:read" } }, async (request) => {

@@ -32,6 +32,17 @@ function checkScopes(scopes: string[]): string[] {
   return scopes;
 }
 
+/**
+ * A key may hand out only scopes it holds itself: `api_keys:manage` alone must not
+ * mint a key with every scope (or rotate a stronger key into a copy it receives).
+ */
+function requireHeld(held: ReadonlySet<string>, scopes: readonly string[]): void {
+  const missing = scopes.find((s) => !held.has(s));
+  if (missing !== undefined) {
+    throw new ApiError("permission_denied", { param: "scopes", message: `This API key lacks the scope ${missing}: a key may only grant scopes it holds.` });
+  }
+}
+
 type KeyParams = { Params: { keyId: string } };
 
 /** Keys with their `last_used_at`, which is kept apart from the key documents. */
@@ -59,10 +70,12 @@ export function apiKeyRoutes(ctx: GatewayContext) {
     app.post("/api/v1/api-keys", expensive, async (request, reply) => {
       const auth = authOf(request);
       const body = parseWith(CreateSchema, request.body);
+      const scopes = checkScopes(body.scopes);
+      requireHeld(auth.scopes, scopes);
       const { doc, secret } = newApiKey({
         workspaceId: auth.workspace._id,
         label: body.label ?? null,
-        scopes: checkScopes(body.scopes),
+        scopes,
         nowMs: ctx.clock.nowMs(),
       });
       await ctx.store.insertApiKey(doc);
@@ -100,6 +113,8 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       const now = ctx.clock.nowMs();
       if (!keyIsUsable(old, now)) throw new ApiError("conflict", { param: "keyId", message: "A revoked key cannot be rotated." });
       const scopes = body.scopes === undefined ? old.scopes : checkScopes(body.scopes);
+      // The rotated key's secret goes to the caller: it may not carry more than the caller holds.
+      requireHeld(authOf(request).scopes, scopes);
       const graceS = body.gracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_S;
       const revokesAt = now + graceS * 1000;
       const { doc, secret } = newApiKey({

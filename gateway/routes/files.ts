@@ -1,3 +1,5 @@
+import { createHash } from "node:crypto";
+import type { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import multipart from "@fastify/multipart";
 import { jetstream } from "@nats-io/jetstream";
@@ -89,6 +91,22 @@ function checkMediaType(value: string, param: string): string {
   return trimmed;
 }
 
+/** The sha256 and size of a repeated upload's body, read and dropped within `timeLimitMs`. */
+async function digestOf(source: Readable, timeLimitMs: number): Promise<{ sha256: string; bytes: number }> {
+  const hash = createHash("sha256");
+  let bytes = 0;
+  const timer = setTimeout(() => source.destroy(new ApiError("request_timeout")), timeLimitMs);
+  try {
+    for await (const chunk of source) {
+      hash.update(chunk as Buffer);
+      bytes += (chunk as Buffer).length;
+    }
+  } finally {
+    clearTimeout(timer);
+  }
+  return { sha256: hash.digest("hex"), bytes };
+}
+
 /** Translates what can go wrong while reading the form into the API's answer. */
 function uploadError(err: unknown, request: FastifyRequest): unknown {
   if (err instanceof ApiError) return err;
@@ -104,7 +122,9 @@ function uploadError(err: unknown, request: FastifyRequest): unknown {
   if (e?.code === "FST_PARTS_LIMIT" || e?.code === "FST_FILES_LIMIT" || e?.code === "FST_FIELDS_LIMIT") {
     return invalid("file", "Send one file part named file and at most the fields filename and media_type.");
   }
-  if (err instanceof UploadSourceError || (typeof e?.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500)) {
+  // busboy's own parse errors ("Multipart: Boundary not found", "Malformed part header", …) are plain Errors.
+  const parseError = typeof e?.message === "string" && /^(Multipart: |Malformed |Unexpected end of )/.test(e.message);
+  if (parseError || err instanceof UploadSourceError || (typeof e?.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500)) {
     return invalid("file", "The multipart body is malformed.");
   }
   return err;
@@ -165,6 +185,7 @@ export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> &
           if (part.type === "field") {
             if (replayed) continue;
             if (meta) throw invalid(part.fieldname, "Send filename and media_type before the file part.");
+            if (!part.fieldname) throw invalid(null, "A form field has no name; send file, filename and media_type.");
             if (part.fieldname !== "filename" && part.fieldname !== "media_type") {
               throw invalid(part.fieldname, `Unknown form field ${part.fieldname}; expected file, filename and media_type.`);
             }
@@ -189,9 +210,13 @@ export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> &
           }
           const claim = await files.claim(workspaceId, key, uploadFingerprint(meta), limits.takeoverMs);
           if (claim.kind === "replay") {
-            // The first upload finished: the new body is read and dropped, never stored.
+            // The first upload finished: the new body is hashed and dropped, never stored;
+            // other content under the same key is a different file (spec: 409 conflict).
+            const repeat = await digestOf(part.file, limits.timeLimitMs);
+            if (repeat.sha256 !== claim.file.sha256 || repeat.bytes !== claim.file.bytes) {
+              throw new ApiError("conflict", { param: "Idempotency-Key", message: "This Idempotency-Key was used for a different file; upload again with a new key." });
+            }
             replayed = claim.file;
-            part.file.resume();
             continue;
           }
           session = claim.session;
@@ -199,7 +224,8 @@ export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> &
         }
         if (replayed) return reply.status(201).send(renderFile(replayed));
         if (!session || !received || !meta) throw invalid("file", "The form has no part named file.");
-        return reply.status(201).send(renderFile(await files.finish(session, meta, received)));
+        const retentionMs = ctx.config.retention.fileS[auth.workspace.plan] * 1000;
+        return reply.status(201).send(renderFile(await files.finish(session, meta, received, retentionMs)));
       } catch (err) {
         if (session && !replayed) {
           const timedOut = err instanceof ApiError && err.code === "request_timeout";

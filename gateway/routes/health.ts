@@ -18,7 +18,9 @@ export function healthRoutes(ctx: GatewayContext) {
       const store = await ctx.store.ping();
       const actors = ctx.actorsReady ? ctx.actorsReady() : true;
       const ready = nats && store && actors;
-      return reply.status(ready ? 200 : 503).send({ status: ready ? "ready" : "unavailable", nats, store, actors });
+      // The sandbox is reported, not required here: a node without one never starts.
+      const sandbox = ctx.sandboxStatus?.();
+      return reply.status(ready ? 200 : 503).send({ status: ready ? "ready" : "unavailable", nats, store, actors, ...(sandbox ? { sandbox } : {}) });
     });
 
     app.get("/metrics", { config: { public: true } }, async (_request, reply) => {

@@ -9,7 +9,7 @@ import type { RunCommand } from "../../src/commands.js";
 import { parseRunRequest, runRequestFingerprint, type RunRequest } from "../../src/run-request.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { idempotencyKeyOf } from "../idempotency.js";
-import { streamEvents } from "../sse.js";
+import { checkStreamQuota, streamEvents } from "../sse.js";
 import { list, renderRun, renderRunSummary } from "../../src/render.js";
 import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
 import { listRuns, parseRunListQuery } from "../../src/run-list.js";
@@ -27,7 +27,8 @@ interface RunAnswer extends Record<string, unknown> {
 }
 
 /** Reads a run of the workspace, or answers 404/410 as the spec says. */
-export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: string): Promise<RunDoc> {
+/** The run of the workspace; 404 naming `param` (the path's `runId`, or the body's `run_id`). */
+export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
   const run = await ctx.store.getRun(runId);
   if (run && run.workspace_id === workspaceId) {
     // Past retention the run is gone even before the sweeper deleted it.
@@ -38,7 +39,7 @@ export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: s
   if (tombstone && tombstone.workspace_id === workspaceId && tombstone.reason === "expired") {
     throw new ApiError("run_expired");
   }
-  throw new ApiError("run_not_found", { param: "run_id" });
+  throw new ApiError("run_not_found", { param });
 }
 
 async function loadTurn(ctx: GatewayContext, run: RunDoc, turnId: string): Promise<TurnDoc> {
@@ -78,16 +79,18 @@ export function runRoutes(ctx: GatewayContext) {
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
 
-      for (const part of body.input) {
-        if (part.type === "input_file" && part.file_id && !(await ctx.files.get(workspaceId, part.file_id))) {
-          throw invalid("input", `No file ${part.file_id} in this workspace; upload it with POST /api/v1/files first.`);
-        }
-      }
+      // Uploaded files are looked up in one query; their bytes are read by the actor, within its budget.
+      const fileIds = body.input.flatMap((part) => (part.type === "input_file" && part.file_id ? [part.file_id] : []));
+      const found = new Set((await ctx.files.getMany(workspaceId, fileIds)).map((f) => f._id));
+      const missing = fileIds.find((id) => !found.has(id));
+      if (missing !== undefined) throw invalid("input", `No file ${missing} in this workspace; upload it with POST /api/v1/files first.`);
+      // A stream past the workspace's limit is refused before anything is admitted.
+      if (body.stream) checkStreamQuota(ctx, workspaceId, auth.workspace.plan);
       let startVersion: number | undefined;
       if (body.kind === "start") {
         startVersion = await resolveStartVersion(ctx, workspaceId, body.agent, body.version);
       } else {
-        await loadRun(ctx, workspaceId, body.run_id);
+        await loadRun(ctx, workspaceId, body.run_id, "run_id");
       }
 
       const claim = await ctx.idempotency.claim<RunAnswer>(workspaceId, "runs.create", key, runRequestFingerprint(body), () => ({
@@ -114,7 +117,7 @@ export function runRoutes(ctx: GatewayContext) {
         }
         if (body.stream) {
           // The turn's events from its first one, ending after the event that makes it final.
-          const run = await loadRun(ctx, workspaceId, answer.run_id);
+          const run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
           await streamEvents(ctx, request, reply, run, { turnId: answer.turn_id, endWithTurnId: answer.turn_id });
           return reply;
         }
@@ -311,14 +314,14 @@ async function deliver(
     reply.header("location", `/api/v1/runs/${answer.run_id}?turn_id=${turnView.id}`);
     return reply.status(202).send(answer.view);
   }
-  let run = await loadRun(ctx, workspaceId, answer.run_id);
+  let run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
   let turn = await loadTurn(ctx, run, answer.turn_id);
   // Settled once the turn is final and the run moved on too (its second write, DESIGN §4).
   if (!body.background && !(isFinalStatus(turn.status) && run.active_turn_id !== turn._id)) {
     // A steered answer names the active turn, whose notice we were not subscribed to.
     const notice = waitFor && turn._id === answer.turn_id ? waitFor : finalNotice(ctx, turn._id);
     await waitUntilFinal(ctx, run, turn._id, notice);
-    run = await loadRun(ctx, workspaceId, answer.run_id);
+    run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
     turn = await loadTurn(ctx, run, turn._id);
   }
   const final = isFinalStatus(turn.status);

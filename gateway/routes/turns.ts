@@ -5,6 +5,12 @@ import { list, renderTurn } from "../../src/render.js";
 import { authOf, type GatewayContext } from "../app.js";
 import { loadRun } from "./runs.js";
 
+/** A turns cursor's position: a turn index, or the cursor is not one this list issued. */
+function turnIndexOf(k: string): number {
+  if (!/^[0-9]{1,9}$/.test(k)) throw new ApiError("invalid_cursor", { param: "after", message: "The cursor is not valid." });
+  return Number(k);
+}
+
 /** Turn history: read from the turn documents, never from events. */
 export function turnRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
@@ -15,7 +21,7 @@ export function turnRoutes(ctx: GatewayContext) {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
         const limit = parseLimit(request.query.limit, 20, 100);
-        const afterIndex = request.query.after === undefined ? undefined : Number(decodeCursor(request.query.after, "turns", run._id).k);
+        const afterIndex = request.query.after === undefined ? undefined : turnIndexOf(decodeCursor(request.query.after, "turns", run._id).k);
         const turns = await ctx.store.listTurns(run._id, { afterIndex, limit: limit + 1 });
         const page = turns.slice(0, limit);
         const last = page[page.length - 1];

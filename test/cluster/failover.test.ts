@@ -1,3 +1,4 @@
+import { readdirSync, readFileSync } from "node:fs";
 import anyTest, { type TestFn } from "ava";
 import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
@@ -25,6 +26,20 @@ import {
 const test = anyTest as TestFn<{ cluster: Cluster; echo: string }>;
 
 const LEASE_TTL_MS = 3000;
+
+/** Live host processes running exactly `sleep <seconds>`. */
+function sleepers(seconds: string): number[] {
+  return readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((entry) => {
+      try {
+        return readFileSync(`/proc/${entry}/cmdline`, "utf8") === `sleep\0${seconds}\0` && !/\)\s+Z\s/.test(readFileSync(`/proc/${entry}/stat`, "utf8"));
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
 
 const sleepConfig = (seconds: number, then: Array<Record<string, unknown>> = [{ text: "x" }]) => ({
   model: "faux/scripted",
@@ -71,7 +86,8 @@ test.serial("cluster - kill -9 of the owner mid-turn: the active turn ends incom
   const { cluster } = t.context;
   const victim = 2;
   const api = nodeApi(cluster, 0);
-  const agent = await api.agentWith(sleepConfig(30), "sleeper-30");
+  // 29 s: a duration no other test sleeps, so the host's process table shows only this one.
+  const agent = await api.agentWith(sleepConfig(29), "sleeper-29");
   const run = await runOwnedBy(cluster, victim, agent, 0);
   // Cancel the other sleeping runs the search started, so they do not hold partitions busy.
   const others = await cluster.store.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
@@ -88,8 +104,12 @@ test.serial("cluster - kill -9 of the owner mid-turn: the active turn ends incom
   // The bash tool is running on the victim when it dies.
   await until("sleep started", async () => ((await allEvents(cluster, run.id)).some((e) => e.type === "tool_execution_start") ? true : undefined), 15_000).catch(() => sleep(1_000));
   t.is(await cluster.ownerOf(run.id), victim);
+  t.true(sleepers("29").length > 0, "the sandboxed sleep runs on the host before the kill");
   const killedAt = Date.now();
   await cluster.killNode(victim);
+  // Its sandbox dies with it (bwrap --die-with-parent ends the PID namespace).
+  await until("the dead node's sandbox is gone", async () => (sleepers("29").length === 0 ? true : undefined), 10_000).catch(() => undefined);
+  t.deepEqual(sleepers("29"), [], "no process of the killed node's turn outlives it");
 
   const first = await waitFinal(cluster, run.id, run.turn.id, 30_000);
   const recoveredMs = Date.now() - killedAt;

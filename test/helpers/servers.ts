@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { chmod, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
@@ -27,6 +27,8 @@ export interface TestServers {
 
 export async function startTestServers(): Promise<TestServers> {
   const dir = await mkdtemp(path.join(os.tmpdir(), "runs-test-"));
+  // Sandboxes run as an unprivileged uid that must reach the nodes' workspaces below.
+  await chmod(dir, 0o711);
   const servicePassword = "svc-test-password";
   const tapPassword = "tap-test-password";
   const natsPort = await freePort();
@@ -40,7 +42,7 @@ export async function startTestServers(): Promise<TestServers> {
   let ferret: ServerProcess;
   let mongoUri = process.env.RUNS_TEST_MONGODB_URI;
   if (mongoUri) {
-    ferret = { name: "external", port: 0, child: undefined as never, stop: async () => undefined, kill: () => undefined };
+    ferret = { name: "external", port: 0, child: undefined as never, pid: 0, stop: async () => undefined, kill: () => undefined };
   } else {
     const mongoPort = await freePort();
     ferret = await startFerretDb({ port: mongoPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") });

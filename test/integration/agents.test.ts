@@ -189,3 +189,67 @@ test("turns - a text step after a failing tool still completes (tool errors go b
   t.is(res.body.turn.status, "completed");
   t.deepEqual(res.body.turn.output, [{ type: "output_text", text: "recovered" }]);
 });
+
+test("deployments - JSON nested 2,000 levels deep is 400 naming the field, and the Idempotency-Key stays free", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "deep" })).body.id;
+  let deep: Record<string, unknown> = {};
+  for (let i = 0; i < 2_000; i++) deep = { a: deep };
+  const config = { model: "faux/scripted", script: [{ tool_call: { name: "bash", arguments: deep } }] };
+  const res = await api.post(`/api/v1/agents/${agent}/deployments`, { config }, "deep-key");
+  t.is(res.status, 400, JSON.stringify(res.body).slice(0, 300));
+  t.is(res.body.error.param, "config.script.0.tool_call.arguments");
+  // The key was not spent: the same key with a valid body deploys.
+  const ok = await api.post(`/api/v1/agents/${agent}/deployments`, { config: { model: "faux/scripted" } }, "deep-key");
+  t.is(ok.status, 201, JSON.stringify(ok.body));
+  // Deep JSON anywhere else is refused before any handler: 400, never 5xx.
+  const run = await api.post("/api/v1/runs", { agent, input: [{ type: "input_text", text: "x", extra: deep }] });
+  t.is(run.status, 400, JSON.stringify(run.body).slice(0, 300));
+});
+
+test("deployments - the runtime's deployment cache holds at most its capacity, least recently used out", async (t) => {
+  const { api, service } = t.context;
+  const { DeploymentCache } = await import("../../actors/run-actor.js");
+  const agent = await api.agentWith({ model: "faux/scripted" });
+  for (const v of [2, 3]) {
+    await api.deploy(agent, { model: "faux/scripted" });
+    await api.waitDeployment(agent, v);
+  }
+  const cache = new DeploymentCache(service.store, 2);
+  for (const v of [1, 2]) t.is((await cache.get(agent, v))?.version, v);
+  t.is(cache.size, 2);
+  await cache.get(agent, 1); // 1 is now the most recently used
+  t.is((await cache.get(agent, 3))?.version, 3);
+  t.is(cache.size, 2, "bounded");
+  // Version 2 went out: a get reads the store again (and evicts 1's neighbour by use).
+  const reads: string[] = [];
+  const spying = new DeploymentCache({ getDeployment: async (a: string, v: number) => (reads.push(`${v}`), service.store.getDeployment(a, v)) } as never, 2);
+  for (const v of [1, 2, 1, 3, 1, 2]) await spying.get(agent, v);
+  t.deepEqual(reads, ["1", "2", "3", "2"], "hits are not read again; the least recently used (2) was evicted by 3");
+});
+
+test("deployments - the list pages by version with limit and after; a forged cursor is 400", async (t) => {
+  const { service } = t.context;
+  const { api } = await newWorkspace(service, "business");
+  const agent = (await api.post("/api/v1/agents", { name: "many" })).body.id;
+  for (let i = 0; i < 12; i++) t.is((await api.post(`/api/v1/agents/${agent}/deployments`, { config: { model: "faux/scripted" }, activate: false })).status, 201);
+  const versions: number[] = [];
+  let url = `/api/v1/agents/${agent}/deployments?limit=5`;
+  for (let page = 0; page < 10; page++) {
+    const res = await api.get(url);
+    t.is(res.status, 200);
+    t.true(res.body.data.length <= 5);
+    versions.push(...res.body.data.map((d: { version: number }) => d.version));
+    if (!res.body.has_more) {
+      t.is(res.body.next_cursor, null);
+      break;
+    }
+    url = `/api/v1/agents/${agent}/deployments?limit=5&after=${res.body.next_cursor}`;
+  }
+  t.deepEqual(versions, Array.from({ length: 12 }, (_, i) => i + 1));
+  t.is((await api.get(`/api/v1/agents/${agent}/deployments`)).body.data.length, 12, "default page size 20");
+  const forged = await api.get(`/api/v1/agents/${agent}/deployments?after=${Buffer.from(JSON.stringify({ s: "deployments", o: agent, k: "3", id: "3" })).toString("base64url")}`);
+  t.is(forged.status, 400);
+  t.is(forged.body.error.code, "invalid_cursor");
+  t.is((await api.get(`/api/v1/agents/${agent}/deployments?limit=0`)).body.error.param, "limit");
+});

@@ -218,3 +218,24 @@ test("keys - managing keys needs api_keys:manage", async (t) => {
   t.is(res.status, 403);
   t.regex(res.body.error.message, /api_keys:manage/);
 });
+
+test("keys - a key may create or rotate only keys whose scopes it holds (no escalation through api_keys:manage)", async (t) => {
+  const { api, service } = t.context;
+  const manager = await createKey(api, ["api_keys:manage"]);
+  const limited = new Api(service.url!, manager.key);
+  const escalate = await limited.post("/api/v1/api-keys", { scopes: [...SCOPES] });
+  t.is(escalate.status, 403);
+  t.is(escalate.body.error.code, "permission_denied");
+  t.is(escalate.body.error.param, "scopes");
+  t.regex(escalate.body.error.message, /lacks the scope (?!api_keys:manage)/);
+  // Its own scopes, or fewer, it may hand out.
+  t.is((await limited.post("/api/v1/api-keys", { scopes: ["api_keys:manage"] })).status, 201);
+  // Rotating a stronger key would hand the caller that key's scopes: refused too.
+  const strong = await createKey(api, ["run:read", "run:write"]);
+  const rotate = await limited.post(`/api/v1/api-keys/${strong.id}/rotate`, {});
+  t.is(rotate.status, 403);
+  t.is(rotate.body.error.param, "scopes");
+  const rotateUp = await limited.post(`/api/v1/api-keys/${manager.id}/rotate`, { scopes: ["api_keys:manage", "run:read"] });
+  t.is(rotateUp.status, 403);
+  t.is((await limited.post(`/api/v1/api-keys/${manager.id}/rotate`, {})).status, 201);
+});

@@ -216,6 +216,8 @@ test("client - agents, deployments and models", async (t) => {
   const activated = await client.activateDeployment(agent.id, 1);
   t.is(activated.active_version, 1);
   t.deepEqual((await client.listDeployments(agent.id)).data.map((d) => d.version), [1]);
+  const page = await client.listDeployments(agent.id, { limit: 1 });
+  t.deepEqual([page.data.length, page.has_more, page.next_cursor], [1, false, null]);
   t.is((await client.getDeployment(agent.id, 1)).config.model, "faux/scripted");
   const agents = [];
   for await (const a of client.paginate((after) => client.listAgents({ limit: 1, after }))) agents.push(a.id);

@@ -1,6 +1,8 @@
 import test from "ava";
 import { spawn, execFile, type ChildProcess } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+import { readFileSync } from "node:fs";
+import { mkdtemp, readdir, readFile, readlink, rm, stat } from "node:fs/promises";
+import { MongoClient } from "mongodb";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -87,6 +89,24 @@ test("embedded - npm start runs local servers, prints a development key once, se
     t.is(created.api_key.scopes.length, 11);
     const second = new Api(url, created.api_key.key);
     t.is((await second.get("/api/v1/agents")).status, 200, "the new key works against the running service");
+
+    // Defence in depth: what a sandbox escape would look for is closed to others.
+    const mode = async (p: string) => (await stat(p)).mode & 0o777;
+    t.is(await mode(dataDir), 0o711, "the data folder: searchable (sandbox workspaces below), not listable");
+    t.is(await mode(path.join(dataDir, "secrets.json")), 0o600);
+    t.is(await mode(path.join(dataDir, "ferretdb")), 0o700, "the store's folder is the service user's alone");
+    const info = JSON.parse(await readFile(path.join(dataDir, "embedded.json"), "utf8")) as { mongo_uri: string; server_pids: number[] };
+    const socket = path.join(dataDir, "ferretdb", "ferretdb.sock");
+    t.is(info.mongo_uri, `mongodb://${encodeURIComponent(socket)}/`);
+    t.true((await stat(socket)).isSocket());
+    const client = await MongoClient.connect(info.mongo_uri, { serverSelectionTimeoutMS: 5_000 });
+    try {
+      t.is((await client.db("admin").command({ ping: 1 })).ok, 1, "the real driver reaches the store over its socket");
+    } finally {
+      await client.close();
+    }
+    t.true(await portIsFree(mongoPort), "nothing listens on the old store port");
+    t.deepEqual(await tcpListeners(info.server_pids[1]!), [], "FerretDB listens on no TCP port");
   } finally {
     const stopped = await stopMain(first.child);
     t.is(stopped.code, 0);
@@ -105,6 +125,83 @@ test("embedded - npm start runs local servers, prints a development key once, se
   }
   await rm(dataDir, { recursive: true, force: true });
 });
+
+test("embedded - npm start killed with SIGKILL: its nats-server and FerretDB end too, and a new start on the same data folder serves", async (t) => {
+  t.timeout(180_000);
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-embedded-kill-"));
+  const [port, natsPort] = [await freePort(), await freePort()];
+  const env: NodeJS.ProcessEnv = { ...process.env, PORT: String(port), RUNS_DATA_DIR: dataDir, RUNS_EMBEDDED_NATS_PORT: String(natsPort), LOG_LEVEL: "warn" };
+  delete env.NATS_URL;
+  delete env.MONGODB_URI;
+  const first = startMain(env);
+  let serverPids: number[] = [];
+  try {
+    const url = await first.serving;
+    const key = /\n {2}(rk_live_\S+)\n/.exec(first.output())?.[1];
+    const agent = await new Api(url, key).agentWith({ model: "faux/scripted" });
+    serverPids = (JSON.parse(await readFile(path.join(dataDir, "embedded.json"), "utf8")) as { server_pids: number[] }).server_pids;
+    t.is(serverPids.length, 2);
+    for (const pid of serverPids) t.regex(await readFile(`/proc/${pid}/cmdline`, "utf8"), /nats-server|ferretdb/, "the pids are the servers themselves");
+    // However the service dies, its servers go with it.
+    first.child.kill("SIGKILL");
+    const gone = async () => {
+      for (let i = 0; i < 100; i++) {
+        if (serverPids.every((pid) => !alive(pid))) return true;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      return false;
+    };
+    t.true(await gone(), `servers still running 10 s after the kill: ${serverPids.filter(alive)}`);
+    t.true(await portIsFree(natsPort), "the NATS port is free again");
+
+    const again = startMain(env);
+    try {
+      const url2 = await again.serving;
+      const api = new Api(url2, key);
+      // The dead node's partition leases lapse first (RUNS_LEASE_TTL_MS): until then 503, retried as a client would.
+      let run = await api.post("/api/v1/runs", { agent, input: "after the kill" }, "after-kill");
+      for (let i = 0; i < 60 && run.status === 503; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        run = await api.post("/api/v1/runs", { agent, input: "after the kill" }, "after-kill");
+      }
+      t.is(run.status, 200, JSON.stringify(run.body));
+      t.is(run.body.turn.status, "completed");
+    } finally {
+      t.is((await stopMain(again.child)).code, 0);
+    }
+  } finally {
+    for (const pid of serverPids) if (alive(pid)) process.kill(pid, "SIGKILL");
+    await rm(dataDir, { recursive: true, force: true });
+  }
+});
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return !/\)\s+Z\s/.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+  } catch {
+    return false;
+  }
+}
+
+/** Inodes of the TCP sockets in LISTEN state that process `pid` holds. */
+async function tcpListeners(pid: number): Promise<string[]> {
+  const inodes = new Set<string>();
+  for (const fd of await readdir(`/proc/${pid}/fd`)) {
+    const link = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => "");
+    const match = /^socket:\[(\d+)\]$/.exec(link);
+    if (match) inodes.add(match[1]!);
+  }
+  const listening: string[] = [];
+  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    const lines = (await readFile(table, "utf8").catch(() => "")).split("\n").slice(1);
+    for (const line of lines) {
+      const cols = line.trim().split(/\s+/);
+      if (cols[3] === "0A" && inodes.has(cols[9]!)) listening.push(cols[1]!);
+    }
+  }
+  return listening;
+}
 
 test("cli - admin create-workspace rejects a bad plan with usage and exit 2", async (t) => {
   const err = await t.throwsAsync(exec(process.execPath, ["bin/runs.js", "admin", "create-workspace", "--plan", "gold"], { cwd: PROJECT_ROOT }));

@@ -425,6 +425,18 @@ test("publisher - a subject no stream takes fails retryable after the given atte
   await nc.close();
 });
 
+test("publisher - retries of a retryable failure stop at the time budget, whatever attempts are left", async (t) => {
+  const nc = await publisherConnection(t, "publisher-budget");
+  const publisher = new AsyncPublisher(nc, { retryForMs: 600, attempts: 1_000, retryDelayMs: 100 });
+  const started = Date.now();
+  const err = await t.throwsAsync(publisher.publish("nostream.subject", new Uint8Array([1]), "x:2", natsHeaders()), { instanceOf: PublishError });
+  const took = Date.now() - started;
+  t.true(err!.retryable);
+  // 100 + 200 ms pauses fit in the budget, the next 300 ms one would not.
+  t.true(took >= 300 && took < 1_500, `gave up after ${took} ms`);
+  await nc.close();
+});
+
 test("publisher - an ack that never comes times out; closing the connection fails what still waits", async (t) => {
   const nc = await publisherConnection(t, "publisher-timeout");
   // A core subscriber that never answers: the server sees a responder, so only the timeout ends the wait.
@@ -452,6 +464,9 @@ test("publisher - parseAck reads acks, JetStream errors and status replies", (t)
   t.true(refused instanceof PublishError && !refused.retryable && /does not match/.test(refused.message));
   const unavailable = parseAck({ data: enc.encode('{"error":{"code":503,"description":"JetStream system temporarily unavailable"}}'), headers: undefined });
   t.true(unavailable instanceof PublishError && unavailable.retryable);
+  // A server-side failure while a peer is lost is worth the retry too (same message id).
+  const peerLost = parseAck({ data: enc.encode('{"error":{"code":500,"description":"no quorum"}}'), headers: undefined });
+  t.true(peerLost instanceof PublishError && peerLost.retryable);
   t.true(parseAck({ data: enc.encode("not json"), headers: undefined }) instanceof PublishError);
   t.true(parseAck({ data: enc.encode('{"seq":1}'), headers: undefined }) instanceof PublishError);
 });

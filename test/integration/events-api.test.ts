@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
@@ -285,7 +286,7 @@ async function until(predicate: () => Promise<boolean>, timeoutMs = 10_000): Pro
  * for what the service's route does not expose (ping interval, endWithTurnId, failures).
  */
 async function sseApp(t: ExecutionContext<Context>, events: EventLog, options: Parameters<typeof streamEvents>[4] = {}): Promise<{ app: FastifyInstance; url: string }> {
-  const ctx = { events, clock: systemClock, store: t.context.service.store, nc: t.context.nc, log: pino({ level: "silent" }) } as unknown as GatewayContext;
+  const ctx = { events, clock: systemClock, store: t.context.service.store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } } } as unknown as GatewayContext;
   const app = Fastify();
   app.addHook("preClose", async () => closeEventStreams(ctx));
   app.setErrorHandler((err, _request, reply) => {
@@ -431,6 +432,22 @@ test("events - another run's cursor is 400 invalid_cursor, for lists and streams
   const garbage = await business.api.get(eventsUrl(b.run._id, "after=evt_garbage"));
   t.is(garbage.status, 400);
   t.is(garbage.body.error.code, "invalid_cursor");
+});
+
+test("events - an event cursor made up from the run id alone is 400 invalid_cursor, whatever stream sequence it names", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business");
+  await f.append([{ turn: 0 }, { turn: 0 }]);
+  // The old id format anyone could build: version 1 | stream seq | run seq | sha256(run id)[0..6].
+  const runHash = createHash("sha256").update(f.run._id).digest().subarray(0, 6);
+  const statuses = new Set<number>();
+  for (const streamSeq of [1, 2, 100, 120]) {
+    const forged = "evt_" + Buffer.concat([Buffer.from([1, streamSeq, 1]), runHash]).toString("base64url");
+    const res = await business.api.get(eventsUrl(f.run._id, `after=${forged}`));
+    statuses.add(res.status);
+    t.is(res.body.error?.code, "invalid_cursor", `stream seq ${streamSeq}: ${JSON.stringify(res.body)}`);
+  }
+  t.deepEqual([...statuses], [400], "one answer, whether or not the sequence exists");
 });
 
 test("events - history: a run without events is empty with retention_days null", async (t) => {

@@ -7,6 +7,7 @@ import { Objm } from "@nats-io/obj";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../src/service.js";
 import { EnvValues } from "../../src/env-values.js";
+import { BlobKeyring } from "../../src/blob-crypto.js";
 import { FileStore } from "../../src/file-store.js";
 import { FILES_BUCKET } from "../../src/nats.js";
 import { systemClock } from "../../src/clock.js";
@@ -301,7 +302,15 @@ test("files - upload text and binary: bytes and sha256 are right; GET; FileStore
   t.is(other404.status, 404);
   t.is(other404.body.error.code, "not_found");
 
-  const files = new FileStore(service.store.db, await new Objm(jetstream(nc)).open(FILES_BUCKET), systemClock);
+  const bucket = await new Objm(jetstream(nc)).open(FILES_BUCKET);
+  // At rest the object is sealed with the workspace's key: no plaintext, the envelope's magic first.
+  const stored = Buffer.from((await bucket.getBlob(second.body.id))!);
+  t.is(stored.subarray(0, 3).toString(), "RBX");
+  t.is(stored.indexOf(binary.subarray(1000, 1064)), -1, "no plaintext of the file in its object");
+  const storedText = Buffer.from((await bucket.getBlob(first.body.id))!);
+  t.false(storedText.includes(Buffer.from(text.slice(0, 24))), "no plaintext of the text file");
+  // Read with the service's master key (the test config's): the bytes come back.
+  const files = new FileStore(service.store.db, bucket, systemClock, new BlobKeyring(Buffer.alloc(32, 7).toString("base64")));
   const read = await files.read(wsId, second.body.id);
   t.truthy(read);
   t.is(read!.filename, "data.bin");
@@ -309,9 +318,25 @@ test("files - upload text and binary: bytes and sha256 are right; GET; FileStore
   t.is(read!.bytes, binary.length);
   t.true(read!.data.equals(binary));
   t.is(await files.read("ws_other", second.body.id), null);
+  // Without the key (another master key) the object does not open.
+  const stranger = new FileStore(service.store.db, bucket, systemClock, new BlobKeyring(Buffer.alloc(32, 8).toString("base64")));
+  await t.throwsAsync(stranger.read(wsId, second.body.id), { name: "BlobDecryptError" });
   // Object names carry the file id, never the filename.
   const doc = await service.store.db.collection("files").findOne({ _id: second.body.id as any });
   t.is(doc?.object_name, second.body.id);
+});
+
+test("files - a multipart body without a boundary, or cut before its end, is 400 param file, never 500", async (t) => {
+  const { api } = t.context;
+  for (const [type, body] of [
+    ["multipart/form-data", "{"],
+    ["multipart/form-data; boundary=x", "--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nno end"],
+  ] as const) {
+    const res = await fetch(`${api.baseUrl}/api/v1/files`, { method: "POST", headers: { authorization: `Bearer ${api.key}`, "content-type": type, "idempotency-key": newKey() }, body });
+    const answer = (await res.json()) as { error: { param: string | null; code: string } };
+    t.is(res.status, 400, `${type} ${JSON.stringify(body)}: ${JSON.stringify(answer)}`);
+    t.is(answer.error.param, "file");
+  }
 });
 
 test("files - a file over the 16 MiB JSON body limit streams through", async (t) => {
@@ -352,9 +377,16 @@ test("files - a repeat after a finished upload returns the file unchanged; anoth
   const key = newKey();
   const first = await upload(api, key, fileParts(Buffer.from("version one")));
   t.is(first.status, 201);
-  const repeat = await upload(api, key, fileParts(Buffer.from("version two, not stored")));
+  const repeat = await upload(api, key, fileParts(Buffer.from("version one")));
   t.is(repeat.status, 201);
   t.deepEqual(repeat.body, first.body);
+  // Same name and type, other content: a different file (the content is part of the fingerprint).
+  const otherContent = await upload(api, key, fileParts(Buffer.from("version two, not stored")));
+  t.is(otherContent.status, 409);
+  t.is(otherContent.body.error.param, "Idempotency-Key");
+  const sameLength = await upload(api, key, fileParts(Buffer.from("version 1ne")));
+  t.is(sameLength.status, 409);
+  t.deepEqual((await upload(api, key, fileParts(Buffer.from("version one")))).body, first.body, "the key still answers with its file");
   const different = await upload(api, key, fileParts(Buffer.from("version one"), "other.txt"));
   t.is(different.status, 409);
   t.is(different.body.error.code, "conflict");
@@ -399,9 +431,10 @@ test("files - a repeat while the first upload still sends is 503 upload_in_progr
   first.finish();
   const done = await first.response;
   t.true("status" in done && done.status === 201, JSON.stringify(done));
+  // The key now belongs to the finished file: other content under it is 409 conflict.
   const again = await upload(api, key, fileParts(Buffer.from("anything"), "slow.bin", "application/octet-stream"));
-  t.is(again.status, 201);
-  t.is(again.body.id, (done as any).body.id, "the finished upload is returned");
+  t.is(again.status, 409);
+  t.is(again.body.error.param, "Idempotency-Key");
 });
 
 test("files - after the silence window a repeat takes a stalled upload over", async (t) => {
@@ -422,7 +455,7 @@ test("files - after the silence window a repeat takes a stalled upload over", as
   const stalled = await first.response;
   t.true("status" in stalled && stalled.status === 409, JSON.stringify(stalled));
   first.abort();
-  const again = await upload(tightApi, key, fileParts(Buffer.from("y"), "stalled.bin", "application/octet-stream"));
+  const again = await upload(tightApi, key, fileParts(data, "stalled.bin", "application/octet-stream"));
   t.is(again.body.id, takeover.body.id);
 });
 

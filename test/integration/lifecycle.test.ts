@@ -315,6 +315,13 @@ test("turns - history oldest first with limit and cursors; another run's cursor 
   t.is(wrong.body.error.code, "invalid_cursor");
   t.is((await api.get(`/api/v1/runs/${run.id}/turns?limit=0`)).body.error.param, "limit");
   t.is((await api.get(`/api/v1/runs/${run.id}/turns/turn_nope`)).body.error.code, "turn_not_found");
+  // A cursor of the right list with a malformed position is 400, not a store failure (issue 12, finding 6).
+  for (const k of ["abc", "-1", "1e3", "", "99999999999999999999"]) {
+    const forged = Buffer.from(JSON.stringify({ s: "turns", o: run.id, k, id: "turn_x" })).toString("base64url");
+    const res = await api.get(`/api/v1/runs/${run.id}/turns?after=${forged}`);
+    t.is(res.status, 400, k);
+    t.like(res.body.error, { code: "invalid_cursor", param: "after" });
+  }
 });
 
 test("turns - queued and running turns appear in history with their current status", async (t) => {

@@ -9,6 +9,7 @@ const LIMITS = {
   RUNS_RATE_WINDOW_MS: "4000",
   RUNS_RATE_SOLO: "12",
   RUNS_RATE_EXPENSIVE_SOLO: "2",
+  RUNS_RATE_EXEMPT_SOLO: "6",
   RUNS_RATE_BUSINESS: "1000",
   RUNS_RATE_EXPENSIVE_BUSINESS: "1000",
 };
@@ -75,6 +76,19 @@ test.serial("rate limits - one limit per workspace across two nodes and two keys
   // The next window serves again.
   await freshWindow();
   t.is((await viaB.withKey(ws.key).get("/api/v1/runs/run_none")).status, 404);
+});
+
+test.serial("rate limits - cancels are not held back by the standard limit, but a flood of them meets their own", async (t) => {
+  const [a] = t.context.nodes;
+  const ws = await newWorkspace(a!);
+  await freshWindow();
+  for (let i = 0; i < 14 && (await ws.api.get("/api/v1/runs/run_none")).status !== 429; i++);
+  t.is((await ws.api.get("/api/v1/runs/run_none")).status, 429, "the standard limit is used up");
+  const statuses: number[] = [];
+  for (let i = 0; i < 8; i++) statuses.push((await ws.api.post("/api/v1/runs/run_none/cancel", {})).status);
+  t.deepEqual(statuses, [404, 404, 404, 404, 404, 404, 429, 429], "six cancels in the window (RUNS_RATE_EXEMPT_SOLO), then 429");
+  await freshWindow();
+  t.is((await ws.api.post("/api/v1/runs/run_none/cancel", {})).status, 404, "the next window serves cancels again");
 });
 
 test.serial("rate limits - expensive operations have their own lower limit; another workspace is unaffected", async (t) => {

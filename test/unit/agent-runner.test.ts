@@ -1,6 +1,6 @@
 import test from "ava";
-import { readFileSync } from "node:fs";
-import { access, mkdtemp, readFile, rm } from "node:fs/promises";
+import { readdirSync, readFileSync } from "node:fs";
+import { access, chmod, mkdtemp, readFile, rm } from "node:fs/promises";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -21,9 +21,19 @@ import {
   type TurnRunRequest,
 } from "../../actors/agent-runner.js";
 import { scriptedModel } from "../../actors/scripted-model.js";
+import type { Sandbox } from "../../actors/sandbox.js";
+import { testSandbox } from "../helpers/sandbox.js";
+
+let sandbox: Sandbox;
+test.before(async () => {
+  sandbox = await testSandbox();
+});
 
 async function workspace(): Promise<string> {
-  return mkdtemp(path.join(tmpdir(), "agent-runner-"));
+  const dir = await mkdtemp(path.join(tmpdir(), "agent-runner-"));
+  await chmod(dir, 0o711);
+  await sandbox.prepareWorkspace(dir);
+  return dir;
 }
 
 function scripted(script?: ScriptStep[], extra: Partial<AgentConfig> = {}): AgentConfig {
@@ -40,10 +50,13 @@ function text(value: string): InputPart[] {
 
 /** Starts a turn collecting its events; `onEvent` also gets the running turn. */
 function run(
-  req: Omit<TurnRunRequest, "onEvent"> & { onEvent?: (event: RuntimeEvent, turn: RunningTurn) => void },
+  req: Omit<TurnRunRequest, "onEvent" | "sandbox"> & { onEvent?: (event: RuntimeEvent, turn: RunningTurn) => void },
 ): { turn: RunningTurn; events: RuntimeEvent[] } {
   const events: RuntimeEvent[] = [];
   const turn: RunningTurn = startTurn({
+    sandbox,
+    // Tests talk to model servers of their own on loopback.
+    allowPrivateModelEndpoints: true,
     ...req,
     onEvent: (event) => {
       events.push(event);
@@ -79,6 +92,14 @@ async function waitForLine(file: string): Promise<void> {
     if ((await readFile(file, "utf8").catch(() => "")).endsWith("\n")) return;
     await new Promise((resolve) => setTimeout(resolve, 25));
   }
+}
+
+/** Live (not zombie) host processes whose command line contains `marker`. */
+function hostProcesses(marker: string): number[] {
+  return readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry) && safeRead(`/proc/${entry}/cmdline`).replaceAll("\0", " ").includes(marker))
+    .map(Number)
+    .filter((pid) => !processGone(pid));
 }
 
 function processGone(pid: number): boolean {
@@ -211,9 +232,11 @@ test("agent-runner - a failing tool is an error result for the model, not a turn
 
 test("agent-runner - abort during sleep 5 ends aborted quickly and kills the process", async (t) => {
   const dir = await workspace();
+  // The command runs in its own PID namespace: it is found on the host by its arguments.
+  const marker = `5.${process.pid}${Date.now() % 100000}`;
   let abortedAt = 0;
   const { turn } = run({
-    config: scripted([bash("echo $$ > pid && exec sleep 5"), { text: "never" }]),
+    config: scripted([bash(`echo started > pid && exec sleep ${marker}`), { text: "never" }]),
     workspaceDir: dir,
     history: [],
     input: text("x"),
@@ -233,10 +256,9 @@ test("agent-runner - abort during sleep 5 ends aborted quickly and kills the pro
   t.is(result.error, undefined);
   t.true(abortedAt > 0 && elapsed < 1500, `took ${elapsed} ms after abort`);
   t.false(result.output.some((part) => part.text === "never"));
-  const pid = Number((await readFile(path.join(dir, "pid"), "utf8")).trim());
-  t.true(pid > 0);
+  t.is((await readFile(path.join(dir, "pid"), "utf8")).trim(), "started");
   await new Promise((resolve) => setTimeout(resolve, 100));
-  t.true(processGone(pid), `process ${pid} still running`);
+  t.deepEqual(hostProcesses(`sleep ${marker}`), [], "the command's process is gone from the host");
   t.throws(() => turn.steer("too late"), { instanceOf: SteeringTargetEndedError });
   await rm(dir, { recursive: true });
 });
@@ -388,6 +410,7 @@ test("agent-runner - onEvent is not called before startTurn returns", async (t) 
   let returned = false;
   let early = false;
   const turn = startTurn({
+    sandbox,
     config: scripted(),
     workspaceDir: dir,
     history: [],

@@ -72,3 +72,18 @@ test("event-ids - encoding refuses positions below 1", (t) => {
   t.throws(() => encodeEventId({ streamSeq: 0, runSeq: 1, runId: RUN }), { instanceOf: RangeError });
   t.throws(() => encodeEventId({ streamSeq: 1, runSeq: 1.5, runId: RUN }), { instanceOf: RangeError });
 });
+
+test("event-ids - an id made up from a run id alone (any stream sequence) is 400 invalid_cursor", (t) => {
+  // What a tenant could build without the service's key: version, positions, and a guess of the tag.
+  const genuine = Buffer.from(encodeEventId({ streamSeq: 7, runSeq: 2, runId: RUN }).slice(4), "base64url");
+  const tag = genuine.subarray(genuine.length - 8);
+  for (const streamSeq of [1, 6, 8, 1_000_000]) {
+    const forged = Buffer.concat([Buffer.from([2, streamSeq < 128 ? streamSeq : 0x80 | (streamSeq & 0x7f)]), ...(streamSeq < 128 ? [] : [Buffer.from([(streamSeq >> 7) & 0x7f])]), Buffer.from([2]), tag]);
+    invalidCursor(t, () => decodeEventId("evt_" + forged.toString("base64url"), RUN));
+  }
+  for (let i = 0; i < genuine.length; i++) {
+    const edited = Buffer.from(genuine);
+    edited[i] ^= 0x01;
+    invalidCursor(t, () => decodeEventId("evt_" + edited.toString("base64url"), RUN));
+  }
+});

@@ -79,3 +79,24 @@ test("run-request - the fingerprint ignores delivery flags and tag order", (t) =
   const c = runRequestFingerprint(parseRunRequest({ agent: "a", version: 1, input: "x", tags: ["a", "b"] }));
   t.notDeepEqual(a, c);
 });
+
+test("run-request - at most 32 parts, 4 MiB of text and 4 MiB of inline files per input, at the edges", (t) => {
+  const text = (n: number) => Array.from({ length: n }, () => ({ type: "input_text", text: "a" }));
+  t.is(parseRunRequest({ agent: "agt_1", input: text(32) }).input.length, 32);
+  t.is(paramOf({ agent: "agt_1", input: text(33) }), "input");
+  const status = (input: unknown) => {
+    try {
+      parseRunRequest({ agent: "agt_1", input });
+      return 200;
+    } catch (err) {
+      return (err as ApiError).status;
+    }
+  };
+  const MiB = 1024 * 1024;
+  t.is(status("é".repeat(2 * MiB)), 200, "4 MiB of UTF-8 exactly");
+  t.is(status("é".repeat(2 * MiB) + "a"), 413);
+  t.is(status([{ type: "input_text", text: "a".repeat(2 * MiB) }, { type: "input_text", text: "a".repeat(2 * MiB + 1) }]), 413, "counted across parts");
+  const file = (bytes: number) => ({ type: "input_file", filename: "f.bin", file_data: Buffer.alloc(bytes).toString("base64") });
+  t.is(status([file(2 * MiB), file(2 * MiB)]), 200);
+  t.is(status([file(2 * MiB), file(2 * MiB), file(1)]), 413);
+});

@@ -29,8 +29,32 @@ test("cursors - round trip; another owner's cursor is invalid_cursor; garbage is
   t.is(other.code, "invalid_cursor");
   t.is(other.status, 400);
   const garbage = t.throws(() => decodeCursor("%%%", "turns", "run_a")) as ApiError;
-  t.is(garbage.code, "invalid_request");
+  t.is(garbage.code, "invalid_cursor");
   t.is(garbage.param, "after");
+});
+
+test("cursors - a forged or edited cursor is invalid_cursor before its position is read", (t) => {
+  const raw = encodeCursor({ s: "runs", o: "ws_a", k: "1000", id: "run_x" });
+  const [body, tag] = raw.split(".") as [string, string];
+  const forgedBody = Buffer.from(JSON.stringify({ s: "runs", o: "ws_a", k: "1", id: "run_y" })).toString("base64url");
+  const flipped = Buffer.from(tag, "base64url");
+  flipped[0] ^= 1;
+  const cases = [
+    forgedBody, // the old, untagged form
+    `${forgedBody}.${tag}`, // another position under a genuine tag
+    `${body}.${flipped.toString("base64url")}`,
+    `${body}.`,
+    `${body}.${tag}.${tag}`,
+    `.${tag}`,
+    "",
+  ];
+  for (const bad of cases) {
+    const err = t.throws(() => decodeCursor(bad, "runs", "ws_a", "after"), undefined, bad) as ApiError;
+    t.is(err.code, "invalid_cursor", bad);
+    t.is(err.status, 400);
+    t.is(err.param, "after");
+  }
+  t.deepEqual(decodeCursor(raw, "runs", "ws_a"), { s: "runs", o: "ws_a", k: "1000", id: "run_x" });
 });
 
 test("cursors - limit is a whole number within range", (t) => {

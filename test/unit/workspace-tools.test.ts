@@ -1,10 +1,18 @@
 import test from "ava";
-import { mkdtemp, mkdir, readFile, rm, symlink, writeFile, access } from "node:fs/promises";
+import { chmod, mkdtemp, mkdir, readFile, rm, symlink, writeFile, access } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import type { AgentTool } from "@mariozechner/pi-agent-core";
 import { BUILTIN_TOOLS } from "../../src/domain.js";
 import { createWorkspaceTools, MAX_OUTPUT_BYTES, Workspace } from "../../actors/workspace-tools.js";
+import type { Sandbox } from "../../actors/sandbox.js";
+import { testSandbox } from "../helpers/sandbox.js";
+import { execFileSync } from "node:child_process";
+
+let sandbox: Sandbox;
+test.before(async () => {
+  sandbox = await testSandbox();
+});
 
 interface Dirs {
   base: string;
@@ -14,16 +22,27 @@ interface Dirs {
 
 async function dirs(): Promise<Dirs> {
   const base = await mkdtemp(path.join(tmpdir(), "ws-tools-"));
+  await chmod(base, 0o711);
   const workspace = path.join(base, "ws");
   const outside = path.join(base, "outside");
   await mkdir(workspace);
   await mkdir(outside);
   await writeFile(path.join(outside, "secret.txt"), "secret");
+  await sandbox.prepareWorkspace(workspace);
   return { base, workspace, outside };
 }
 
+/** The tools over `dir`; files the test wrote there first are handed to the sandbox's user. */
 function tools(dir: string, commandTimeoutMs?: number): Record<string, AgentTool<any>> {
-  return Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { commandTimeoutMs }).map((t) => [t.name, t]));
+  const all = createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox, commandTimeoutMs });
+  const prepared = (tool: AgentTool<any>): AgentTool<any> => ({
+    ...tool,
+    execute: async (...args: Parameters<AgentTool<any>["execute"]>) => {
+      await sandbox.prepareWorkspace(dir);
+      return tool.execute(...args);
+    },
+  });
+  return Object.fromEntries(all.map((tool) => [tool.name, prepared(tool)]));
 }
 
 function text(result: { content: { type: string; text?: string }[] }): string {
@@ -40,7 +59,7 @@ async function exists(p: string): Promise<boolean> {
 test("workspace-tools - creates the named tools in order", async (t) => {
   const d = await dirs();
   t.deepEqual(
-    createWorkspaceTools(d.workspace, ["ls", "bash"]).map((tool) => tool.name),
+    createWorkspaceTools(d.workspace, ["ls", "bash"], { sandbox }).map((tool) => tool.name),
     ["ls", "bash"],
   );
   await rm(d.base, { recursive: true });
@@ -50,7 +69,7 @@ test("workspace-tools - bash runs in the workspace and returns output", async (t
   const d = await dirs();
   const result = await tools(d.workspace).bash.execute("c1", { command: "pwd && echo hi > a.txt && echo done" });
   t.regex(text(result), /done/);
-  t.true(text(result).includes(path.basename(d.workspace)));
+  t.regex(text(result), /^\/workspace$/m, "the workspace is seen at /workspace");
   t.is(await readFile(path.join(d.workspace, "a.txt"), "utf8"), "hi\n");
   t.is(result.details.exitCode, 0);
   await rm(d.base, { recursive: true });
@@ -200,18 +219,58 @@ test("workspace-tools - links and absolute paths inside the workspace are allowe
   const d = await dirs();
   await mkdir(path.join(d.workspace, "real"));
   await writeFile(path.join(d.workspace, "real/f.txt"), "inside");
-  await symlink(path.join(d.workspace, "real"), path.join(d.workspace, "alias"));
+  await symlink("real", path.join(d.workspace, "alias"));
+  await symlink("/workspace/real", path.join(d.workspace, "absolute-alias"));
   const all = tools(d.workspace);
   t.is(text(await all.read.execute("c1", { path: "alias/f.txt" })), "inside");
+  t.is(text(await all.read.execute("c1b", { path: "absolute-alias/f.txt" })), "inside");
   t.is(text(await all.read.execute("c2", { path: path.join(d.workspace, "real/f.txt") })), "inside");
+  t.is(text(await all.read.execute("c2b", { path: "/workspace/real/f.txt" })), "inside");
   t.is(text(await all.read.execute("c3", { path: "real/../real/f.txt" })), "inside");
   await rm(d.base, { recursive: true });
 });
 
-test("workspace-tools - Workspace.resolve maps to the real path", async (t) => {
+test("workspace-tools - Workspace maps tool paths to workspace-relative ones", async (t) => {
   const d = await dirs();
-  const ws = new Workspace(d.workspace);
-  t.is(await ws.resolve("."), await import("node:fs/promises").then((fs) => fs.realpath(d.workspace)));
-  await t.throwsAsync(ws.resolve("a/../../x"), { message: /outside the workspace/ });
+  const ws = new Workspace(d.workspace, "/workspace");
+  t.is(ws.relative("."), ".");
+  t.is(ws.relative("/workspace"), ".");
+  t.is(ws.relative("/workspace/a/b/"), "./a/b");
+  t.is(ws.relative(path.join(d.workspace, "x")), "./x");
+  t.is(ws.relative("a/../b"), "./b");
+  for (const bad of ["..", "a/../../x", "/etc/passwd", "/workspace/../etc", "/workspacex/y"]) {
+    t.throws(() => ws.relative(bad), { message: /outside the workspace/ }, bad);
+  }
+  t.throws(() => ws.relative("a\0b"), { message: /Invalid path/ });
+  t.is(await ws.resolveOnHost("."), await import("node:fs/promises").then((fs) => fs.realpath(d.workspace)));
+  await t.throwsAsync(ws.resolveOnHost("a/../../x"), { message: /outside the workspace/ });
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - read refuses a FIFO, a device link and a directory at once, without blocking", async (t) => {
+  const d = await dirs();
+  execFileSync("mkfifo", [path.join(d.workspace, "pipe")]);
+  await symlink("/dev/zero", path.join(d.workspace, "zero"));
+  await mkdir(path.join(d.workspace, "dir"));
+  const all = tools(d.workspace, 20_000);
+  const started = Date.now();
+  await t.throwsAsync(all.read.execute("c1", { path: "pipe" }), { message: /not a regular file/ });
+  await t.throwsAsync(all.read.execute("c2", { path: "zero" }), { message: /not a regular file/ });
+  await t.throwsAsync(all.read.execute("c3", { path: "dir" }), { message: /is a directory/ });
+  await t.throwsAsync(all.edit.execute("c4", { path: "pipe", old_text: "a", new_text: "b" }), { message: /not a regular file/ });
+  t.true(Date.now() - started < 10_000, "no read waited for a writer");
+  await rm(d.base, { recursive: true });
+});
+
+test("workspace-tools - a read blocked inside the sandbox ends with the abort signal", async (t) => {
+  const d = await dirs();
+  execFileSync("mkfifo", [path.join(d.workspace, "pipe")]);
+  const all = tools(d.workspace, 60_000);
+  const controller = new AbortController();
+  setTimeout(() => controller.abort(), 300);
+  const started = Date.now();
+  // `bash` can block on the FIFO as any command can; the cancel ends its sandbox.
+  await t.throwsAsync(all.bash.execute("c1", { command: "cat pipe" }, controller.signal), { message: /cancelled/ });
+  t.true(Date.now() - started < 5_000);
   await rm(d.base, { recursive: true });
 });

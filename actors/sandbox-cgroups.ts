@@ -1,0 +1,261 @@
+/**
+ * Resource limits of sandboxed commands through the host's cgroups: one cgroup per
+ * command under the node's own, with memory, process and CPU bandwidth limits, and
+ * every process in it killed when the command ends.
+ *
+ * Which mechanism is in force is decided once at start-up ({@link detectCgroups}):
+ * - cgroup v2 where the node's cgroup is writable (delegated): the node moves itself
+ *   into a `runs-service` leaf, enables memory/pids/cpu for its subtree and creates
+ *   the command cgroups beside it;
+ * - cgroup v1 where the memory and pids hierarchies are writable (a root service on
+ *   a v1 or hybrid host);
+ * - otherwise none: the sandbox falls back to rlimits (see sandbox.ts).
+ *
+ * A sandboxed command joins its cgroup itself before it becomes the sandbox (its
+ * launcher writes its own pid into `cgroup.procs`, which the node hands to the
+ * sandbox's uid), so no process of it ever runs outside the limits.
+ */
+import { chown, mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promises";
+import path from "node:path";
+import type { SandboxLimits } from "./sandbox-limits.js";
+
+export type CgroupMechanism = "cgroup-v2" | "cgroup-v1";
+
+/** What one command's cgroup reports when it is removed. */
+export interface CgroupReport {
+  /** The kernel's OOM killer ended a process of the command. */
+  oomKilled: boolean;
+  /** A fork failed because of the process limit. */
+  processLimitHit: boolean;
+}
+
+export interface CommandCgroup {
+  /** Files the launcher writes its pid into (one per hierarchy). */
+  readonly procsFiles: readonly string[];
+  /** Kills every process left in the cgroup, reads what happened and removes it. Never throws. */
+  release(): Promise<CgroupReport>;
+}
+
+export interface Cgroups {
+  readonly mechanism: CgroupMechanism;
+  /** Creates the cgroup of one command with `limits`; `owner` may write its pid into it. */
+  create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup>;
+}
+
+const CPU_PERIOD_US = 100_000;
+/** One core per command: a busy loop in one run leaves the node's other core free. */
+const CPU_QUOTA_US = 100_000;
+/** Kill rounds before giving up on a cgroup that keeps gaining processes (it cannot: pids are capped). */
+const KILL_ROUNDS = 50;
+
+/**
+ * Finds a writable cgroup hierarchy for sandboxed commands, or undefined.
+ * `root` is the cgroup mount point (tests may point it elsewhere).
+ */
+export async function detectCgroups(options: { root?: string }): Promise<Cgroups | undefined> {
+  const root = options.root ?? "/sys/fs/cgroup";
+  const self = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
+  const found = (await tryV2(root, self)) ?? (await tryV1(root, self));
+  if (found) for (const base of found.bases) await sweepLeftovers(base);
+  return found;
+}
+
+/** Nodes on one host share the base; each command's cgroup has a random name. */
+const BASE = "runs-sandboxes";
+/** A command cgroup this old and empty was left by a node that died. */
+const LEFTOVER_AGE_MS = 60_000;
+
+/** Removes empty command cgroups that crashed nodes left behind (a busy one refuses rmdir). */
+async function sweepLeftovers(base: string): Promise<void> {
+  const entries = await readdir(base, { withFileTypes: true }).catch(() => []);
+  for (const entry of entries) {
+    if (!entry.isDirectory() || !entry.name.startsWith("cmd-")) continue;
+    const dir = path.join(base, entry.name);
+    const info = await stat(dir).catch(() => undefined);
+    if (info && Date.now() - info.mtimeMs > LEFTOVER_AGE_MS) await rmdir(dir).catch(() => undefined);
+  }
+}
+
+async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined> {
+  const line = self.split("\n").find((l) => l.startsWith("0::"));
+  if (!line) return undefined;
+  let controllers: string;
+  try {
+    controllers = await readFile(path.join(root, "cgroup.controllers"), "utf8");
+  } catch {
+    return undefined; // not a v2 mount at root (hybrid hosts mount it elsewhere, without controllers)
+  }
+  const wanted = ["memory", "pids", "cpu"].filter((c) => controllers.split(/\s+/).includes(c));
+  if (!wanted.includes("memory") || !wanted.includes("pids")) return undefined;
+  const own = path.join(root, line.slice(3).trim());
+  try {
+    // "No internal processes": the node leaves its cgroup for a leaf before the
+    // cgroup can hand controllers to children.
+    const service = path.join(own, "runs-service");
+    await mkdir(service, { recursive: true });
+    await writeFile(path.join(service, "cgroup.procs"), String(process.pid));
+    const enable = wanted.map((c) => `+${c}`).join(" ");
+    await writeFile(path.join(own, "cgroup.subtree_control"), enable);
+    const base = path.join(own, BASE);
+    await mkdir(base, { recursive: true });
+    await writeFile(path.join(base, "cgroup.subtree_control"), enable);
+    return new CgroupsV2(base, wanted.includes("cpu"));
+  } catch {
+    return undefined;
+  }
+}
+
+class CgroupsV2 implements Cgroups {
+  readonly mechanism = "cgroup-v2";
+  constructor(
+    private readonly base: string,
+    private readonly cpu: boolean,
+  ) {}
+
+  get bases(): string[] {
+    return [this.base];
+  }
+
+  async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {
+    const dir = path.join(this.base, id);
+    await mkdir(dir);
+    try {
+      await writeFile(path.join(dir, "memory.max"), String(limits.memoryBytes));
+      await writeFile(path.join(dir, "memory.swap.max"), "0").catch(() => undefined);
+      await writeFile(path.join(dir, "pids.max"), String(limits.processes));
+      if (this.cpu) await writeFile(path.join(dir, "cpu.max"), `${CPU_QUOTA_US} ${CPU_PERIOD_US}`);
+      const procs = path.join(dir, "cgroup.procs");
+      if (owner) await chown(procs, owner.uid, owner.gid);
+    } catch (err) {
+      await rmdir(dir).catch(() => undefined);
+      throw err;
+    }
+    return {
+      procsFiles: [path.join(dir, "cgroup.procs")],
+      release: async () => {
+        await writeFile(path.join(dir, "cgroup.kill"), "1").catch(() => undefined);
+        await killAll([dir]);
+        const events = await readFile(path.join(dir, "memory.events"), "utf8").catch(() => "");
+        const pids = await readFile(path.join(dir, "pids.events"), "utf8").catch(() => "");
+        await removeDir(dir);
+        return { oomKilled: counter(events, "oom_kill") > 0, processLimitHit: counter(pids, "max") > 0 };
+      },
+    };
+  }
+}
+
+async function tryV1(root: string, self: string): Promise<CgroupsV1 | undefined> {
+  const paths = new Map<string, string>();
+  for (const line of self.split("\n")) {
+    const [, controllers, p] = line.split(":");
+    if (controllers === undefined || p === undefined) continue;
+    for (const c of controllers.split(",")) paths.set(c, p);
+  }
+  const dirs: Partial<Record<"memory" | "pids" | "cpu", string>> = {};
+  for (const c of ["memory", "pids", "cpu"] as const) {
+    const own = paths.get(c);
+    if (own === undefined) continue;
+    const mount = path.join(root, c);
+    const base = path.join(mount, own, BASE);
+    try {
+      await mkdir(base, { recursive: true });
+      dirs[c] = base;
+    } catch {
+      // not writable: without memory or pids the hierarchy is not used at all
+    }
+  }
+  if (!dirs.memory || !dirs.pids) return undefined;
+  return new CgroupsV1(dirs.memory, dirs.pids, dirs.cpu);
+}
+
+class CgroupsV1 implements Cgroups {
+  readonly mechanism = "cgroup-v1";
+  constructor(
+    private readonly memory: string,
+    private readonly pids: string,
+    private readonly cpu: string | undefined,
+  ) {}
+
+  get bases(): string[] {
+    return [this.memory, this.pids, ...(this.cpu ? [this.cpu] : [])];
+  }
+
+  async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {
+    const dirs = [this.memory, this.pids, ...(this.cpu ? [this.cpu] : [])].map((base) => path.join(base, id));
+    const made: string[] = [];
+    try {
+      for (const dir of dirs) {
+        await mkdir(dir);
+        made.push(dir);
+      }
+      const [memory, pids, cpu] = dirs as [string, string, string | undefined];
+      await writeFile(path.join(memory, "memory.limit_in_bytes"), String(limits.memoryBytes));
+      // Without swap accounting the file is absent; with it, swap counts against the limit too.
+      await writeFile(path.join(memory, "memory.memsw.limit_in_bytes"), String(limits.memoryBytes)).catch(() => undefined);
+      await writeFile(path.join(pids, "pids.max"), String(limits.processes));
+      if (cpu) {
+        await writeFile(path.join(cpu, "cpu.cfs_period_us"), String(CPU_PERIOD_US));
+        await writeFile(path.join(cpu, "cpu.cfs_quota_us"), String(CPU_QUOTA_US));
+      }
+      if (owner) for (const dir of dirs) await chown(path.join(dir, "cgroup.procs"), owner.uid, owner.gid);
+    } catch (err) {
+      for (const dir of made) await rmdir(dir).catch(() => undefined);
+      throw err;
+    }
+    return {
+      procsFiles: dirs.map((dir) => path.join(dir, "cgroup.procs")),
+      release: async () => {
+        await killAll(dirs);
+        const oom = await readFile(path.join(dirs[0]!, "memory.oom_control"), "utf8").catch(() => "");
+        const failcnt = await readFile(path.join(dirs[0]!, "memory.failcnt"), "utf8").catch(() => "0");
+        const pidEvents = await readFile(path.join(dirs[1]!, "pids.events"), "utf8").catch(() => "");
+        for (const dir of dirs) await removeDir(dir);
+        // Older kernels have no oom_kill counter: a failed charge then stands for it.
+        const oomKilled = oom.includes("oom_kill ") ? counter(oom, "oom_kill") > 0 : Number(failcnt) > 0;
+        return { oomKilled, processLimitHit: counter(pidEvents, "max") > 0 };
+      },
+    };
+  }
+}
+
+/** SIGKILLs every process of the cgroups until they are empty (bounded). */
+async function killAll(dirs: readonly string[]): Promise<void> {
+  for (let round = 0; round < KILL_ROUNDS; round++) {
+    let found = 0;
+    for (const dir of dirs) {
+      const procs = await readFile(path.join(dir, "cgroup.procs"), "utf8").catch(() => "");
+      for (const pid of procs.split("\n").filter(Boolean)) {
+        found++;
+        try {
+          process.kill(Number(pid), "SIGKILL");
+        } catch {
+          // already gone
+        }
+      }
+    }
+    if (found === 0) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** rmdir, retried briefly: a cgroup is busy until its last (killed) process is reaped. */
+async function removeDir(dir: string): Promise<void> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    try {
+      await rmdir(dir);
+      return;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  }
+}
+
+/** The value of `name N` in a cgroup key-value file, 0 when absent. */
+export function counter(text: string, name: string): number {
+  for (const line of text.split("\n")) {
+    const [key, value] = line.trim().split(/\s+/);
+    if (key === name) return Number(value) || 0;
+  }
+  return 0;
+}

@@ -1,0 +1,72 @@
+/**
+ * Resource limits of one sandboxed tool command (decisions: `config.limits`), their
+ * defaults, and the words a tool result uses when a command ran into one. Pure.
+ */
+import type { AgentConfig } from "../src/domain.js";
+
+export interface SandboxLimits {
+  /** Memory of all the command's processes together (cgroup), or address space per process (rlimit). */
+  memoryBytes: number;
+  /** Processes and threads the command may run at once. */
+  processes: number;
+  /** CPU seconds per process (RLIMIT_CPU); the command's wall time is `command_timeout_s`. */
+  cpuSeconds: number;
+  /** Bytes the workspace may hold; also the largest single file a command may write. */
+  diskBytes: number;
+  /** Output a tool returns: the last this many bytes. */
+  outputBytes: number;
+  /** Size of the private `/tmp`. */
+  tmpBytes: number;
+}
+
+const MiB = 1024 * 1024;
+
+/** Defaults when a deployment names no limit. */
+export const DEFAULT_LIMITS: SandboxLimits = {
+  memoryBytes: 512 * MiB,
+  processes: 256,
+  cpuSeconds: 600,
+  diskBytes: 1024 * MiB,
+  outputBytes: 64 * 1024,
+  tmpBytes: 256 * MiB,
+};
+
+/** A deployment's `config.limits` with defaults filled in. */
+export function limitsOf(config: Pick<AgentConfig, "limits">): SandboxLimits {
+  const l = config.limits ?? {};
+  return {
+    memoryBytes: l.memory_mb !== undefined ? l.memory_mb * MiB : DEFAULT_LIMITS.memoryBytes,
+    processes: l.processes ?? DEFAULT_LIMITS.processes,
+    cpuSeconds: l.cpu_s ?? DEFAULT_LIMITS.cpuSeconds,
+    diskBytes: l.disk_mb !== undefined ? l.disk_mb * MiB : DEFAULT_LIMITS.diskBytes,
+    outputBytes: l.output_kb !== undefined ? l.output_kb * 1024 : DEFAULT_LIMITS.outputBytes,
+    tmpBytes: l.tmp_mb !== undefined ? l.tmp_mb * MiB : DEFAULT_LIMITS.tmpBytes,
+  };
+}
+
+/** A limit a command ran into. */
+export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "disk" | "output";
+
+/** One sentence for the agent, naming the limit and its value. */
+export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
+  switch (hit) {
+    case "memory":
+      return `the sandbox's memory limit (${formatBytes(limits.memoryBytes)}) was reached and the command was killed`;
+    case "processes":
+      return `the sandbox's process limit (${limits.processes}) was reached: some processes could not be started`;
+    case "cpu":
+      return `the sandbox's CPU time limit (${limits.cpuSeconds} s per process) was reached and the command was killed`;
+    case "file_size":
+      return `a file reached the sandbox's file size limit (${formatBytes(limits.diskBytes)})`;
+    case "disk":
+      return `the workspace is over its disk limit (${formatBytes(limits.diskBytes)}): delete files before writing more`;
+    case "output":
+      return `the output was cut to its last ${formatBytes(limits.outputBytes)}`;
+  }
+}
+
+export function formatBytes(bytes: number): string {
+  if (bytes >= MiB && bytes % MiB === 0) return `${bytes / MiB} MiB`;
+  if (bytes >= 1024 && bytes % 1024 === 0) return `${bytes / 1024} KiB`;
+  return `${bytes} bytes`;
+}

@@ -1,0 +1,219 @@
+/**
+ * The address guard: which destinations a tenant may make the service connect to.
+ * Used by the egress proxy of sandboxes with a network allow list and for the model
+ * endpoint of `openai-compatible` deployments. Pure apart from the injected DNS
+ * lookup.
+ *
+ * Refused: loopback, private (RFC 1918), CGNAT, link-local (which holds the cloud
+ * metadata address 169.254.169.254), unique-local IPv6 (which holds fd00:ec2::254),
+ * multicast, unspecified, documentation, benchmarking and reserved ranges, and IPv6
+ * forms that embed an IPv4 address (mapped, compatible, NAT64, 6to4) whenever the
+ * embedded address is refused. A name is refused when ANY of its addresses is: the
+ * caller connects to the address that was checked, never to the name again, so a
+ * second DNS answer cannot swap a public address for a private one.
+ */
+import { lookup as dnsLookup } from "node:dns/promises";
+import net from "node:net";
+
+export class NetworkPolicyError extends Error {
+  readonly code = "network_policy_denied";
+  constructor(
+    readonly host: string,
+    readonly reason: string,
+  ) {
+    super(`Network policy denied ${host}: ${reason}`);
+    this.name = "NetworkPolicyError";
+  }
+}
+
+type Range = readonly [cidr: string, prefix: number, reason: string];
+
+const V4_RANGES: readonly Range[] = [
+  ["0.0.0.0", 8, "unspecified"],
+  ["10.0.0.0", 8, "private"],
+  ["100.64.0.0", 10, "shared"],
+  ["127.0.0.0", 8, "loopback"],
+  ["169.254.169.254", 32, "metadata"],
+  ["169.254.0.0", 16, "link-local"],
+  ["172.16.0.0", 12, "private"],
+  ["192.0.0.0", 24, "reserved"],
+  ["192.0.2.0", 24, "documentation"],
+  ["192.88.99.0", 24, "reserved"],
+  ["192.168.0.0", 16, "private"],
+  ["198.18.0.0", 15, "benchmarking"],
+  ["198.51.100.0", 24, "documentation"],
+  ["203.0.113.0", 24, "documentation"],
+  ["224.0.0.0", 4, "multicast"],
+  ["240.0.0.0", 4, "reserved"],
+];
+
+const V6_RANGES: readonly Range[] = [
+  ["::", 128, "unspecified"],
+  ["::1", 128, "loopback"],
+  ["fd00:ec2::254", 128, "metadata"],
+  ["fc00::", 7, "unique-local"],
+  ["fe80::", 10, "link-local"],
+  ["fec0::", 10, "reserved"],
+  ["ff00::", 8, "multicast"],
+  ["2001:db8::", 32, "documentation"],
+  ["100::", 64, "reserved"],
+  ["2001::", 23, "reserved"],
+];
+
+/** First match wins, so more specific ranges come first in each table. */
+const lists = (() => {
+  const make = (ranges: readonly Range[], family: "ipv4" | "ipv6") =>
+    ranges.map(([address, prefix, reason]) => {
+      const list = new net.BlockList();
+      list.addSubnet(address, prefix, family);
+      return { list, reason, family };
+    });
+  return { v4: make(V4_RANGES, "ipv4"), v6: make(V6_RANGES, "ipv6") };
+})();
+
+/**
+ * Why `ip` may not be connected to, or undefined for a public unicast address. A
+ * string that is not an IP address is refused ("invalid").
+ */
+export function refusedAddressReason(ip: string): string | undefined {
+  const family = net.isIP(ip);
+  if (family === 4) return lists.v4.find((r) => r.list.check(ip, "ipv4"))?.reason;
+  if (family !== 6) return "invalid";
+  const embedded = embeddedV4(ip);
+  if (embedded !== undefined) return refusedAddressReason(embedded) ?? undefined;
+  return lists.v6.find((r) => r.list.check(ip, "ipv6"))?.reason;
+}
+
+/** The IPv4 address an IPv6 address carries (mapped, compatible, NAT64, 6to4), if any. */
+function embeddedV4(ip: string): string | undefined {
+  const words = expandV6(ip);
+  if (!words) return undefined;
+  const v4 = (hi: number, lo: number) => `${hi >> 8}.${hi & 0xff}.${lo >> 8}.${lo & 0xff}`;
+  const zero = (from: number, to: number) => words.slice(from, to).every((w) => w === 0);
+  // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (compatible; not :: and ::1 themselves)
+  if (zero(0, 5) && words[5] === 0xffff) return v4(words[6]!, words[7]!);
+  if (zero(0, 6) && (words[6] !== 0 || words[7]! > 1)) return v4(words[6]!, words[7]!);
+  // 64:ff9b::/96 (NAT64)
+  if (words[0] === 0x64 && words[1] === 0xff9b && zero(2, 6)) return v4(words[6]!, words[7]!);
+  // 2002::/16 (6to4): the IPv4 address in the next 32 bits
+  if (words[0] === 0x2002) return v4(words[1]!, words[2]!);
+  return undefined;
+}
+
+/** The eight 16-bit words of an IPv6 address (with an optional dotted IPv4 tail). */
+function expandV6(ip: string): number[] | undefined {
+  let text = ip.toLowerCase();
+  const zone = text.indexOf("%");
+  if (zone >= 0) text = text.slice(0, zone);
+  const tail: number[] = [];
+  const lastColon = text.lastIndexOf(":");
+  const last = text.slice(lastColon + 1);
+  if (last.includes(".")) {
+    const parts = last.split(".").map(Number);
+    if (parts.length !== 4 || parts.some((p) => !Number.isInteger(p) || p < 0 || p > 255)) return undefined;
+    tail.push((parts[0]! << 8) | parts[1]!, (parts[2]! << 8) | parts[3]!);
+    text = text.slice(0, lastColon + 1) + "0";
+    // "0" stands in for the last word; it is dropped below and replaced by the tail.
+  }
+  const [head, rest] = text.includes("::") ? text.split("::") : [text, undefined];
+  const parse = (s: string | undefined) => (s ? s.split(":").map((w) => parseInt(w, 16)) : []);
+  const a = parse(head);
+  const b = parse(rest);
+  if (tail.length) {
+    if (b.length) b.pop();
+    else a.pop();
+  }
+  const fill = 8 - tail.length - a.length - b.length;
+  if (rest === undefined && fill !== 0) return undefined;
+  if (fill < 0) return undefined;
+  const words = [...a, ...new Array<number>(rest === undefined ? 0 : fill).fill(0), ...b, ...tail];
+  return words.length === 8 && words.every((w) => Number.isInteger(w) && w >= 0 && w <= 0xffff) ? words : undefined;
+}
+
+/** Lower case, one trailing dot and IPv6 brackets removed. */
+function normalHost(host: string): string {
+  let h = host.trim().toLowerCase();
+  if (h.startsWith("[") && h.endsWith("]")) h = h.slice(1, -1);
+  if (h.endsWith(".")) h = h.slice(0, -1);
+  return h;
+}
+
+/**
+ * Whether `host` matches one of the patterns: an exact name, or `*.suffix` for any
+ * subdomain of suffix at any depth (not the suffix itself). An IP literal matches
+ * only an identical literal entry.
+ */
+export function hostAllowed(host: string, allow: readonly string[]): boolean {
+  const h = normalHost(host);
+  if (!h || h.split(".").some((label) => label.length === 0)) return false;
+  const isIp = net.isIP(h) !== 0;
+  for (const raw of allow) {
+    const pattern = normalHost(raw);
+    if (pattern.startsWith("*.")) {
+      if (!isIp && h.endsWith(pattern.slice(1)) && h.length > pattern.length - 1) return true;
+    } else if (pattern === h) {
+      return true;
+    }
+  }
+  return false;
+}
+
+const LABEL = /^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$/i;
+
+/** Why an allow-list pattern is malformed, or undefined when it is fine. */
+export function validateAllowPattern(pattern: string): string | undefined {
+  if (pattern.length === 0) return "must not be empty";
+  if (pattern.length > 253) return "is longer than 253 characters";
+  if (/[\s/:@?#]/.test(pattern.replace(/^\[.*\]$/, ""))) {
+    return "must be a host name such as pypi.org or *.githubusercontent.com (no scheme, port or path)";
+  }
+  if (net.isIP(normalHost(pattern))) return undefined;
+  const labels = normalHost(pattern).split(".");
+  const first = labels[0] === "*" ? labels.slice(1) : labels;
+  if (labels.slice(1).includes("*") || first.some((l) => l.includes("*"))) return "may use * only as its whole first label (*.example.com)";
+  if (first.length === 0 || first.some((l) => !LABEL.test(l))) return "is not a valid host name";
+  if (labels[0] === "*" && first.length < 2) return "needs at least two labels after *. (*.example.com)";
+  return undefined;
+}
+
+export type Lookup = (host: string) => Promise<{ address: string; family: number }[]>;
+
+const defaultLookup: Lookup = (host) => dnsLookup(host, { all: true, verbatim: true });
+
+/**
+ * Resolves `host` and returns the address to connect to. Throws
+ * {@link NetworkPolicyError} when any address is refused (unless `allowPrivate`); a
+ * failed lookup throws the lookup's own error.
+ */
+export async function resolveAllowed(host: string, options: { allowPrivate?: boolean; lookup?: Lookup } = {}): Promise<{ address: string; family: 4 | 6 }> {
+  const h = normalHost(host);
+  const literal = net.isIP(h);
+  const addresses = literal ? [{ address: h, family: literal }] : await (options.lookup ?? defaultLookup)(h);
+  if (addresses.length === 0) throw new Error(`${host} has no address`);
+  if (!options.allowPrivate) {
+    for (const { address } of addresses) {
+      const reason = refusedAddressReason(address);
+      if (reason) throw new NetworkPolicyError(h, `${reason} address ${address}`);
+    }
+  }
+  const first = addresses[0]!;
+  return { address: first.address, family: first.family === 6 ? 6 : 4 };
+}
+
+/** Throws {@link NetworkPolicyError} when a model endpoint URL may not be called. */
+export async function checkModelEndpoint(baseUrl: string, options: { allowPrivate: boolean; lookup?: Lookup }): Promise<void> {
+  let url: URL;
+  try {
+    url = new URL(baseUrl);
+  } catch {
+    throw new NetworkPolicyError(baseUrl, "not a URL");
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new NetworkPolicyError(url.host, `scheme ${url.protocol}`);
+  if (options.allowPrivate) return;
+  try {
+    await resolveAllowed(url.hostname, options);
+  } catch (err) {
+    if (err instanceof NetworkPolicyError) throw err;
+    // A name that does not resolve fails the request later as a transport failure.
+  }
+}

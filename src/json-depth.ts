@@ -1,0 +1,26 @@
+/**
+ * Nesting depth of parsed JSON. The store refuses documents nested deeper than 100
+ * levels, and recursive code (fingerprints, sanitizing, rendering) should never meet
+ * unbounded depth: request bodies deeper than {@link MAX_JSON_DEPTH} are refused at
+ * parse time. Iterative, so a hostile depth cannot overflow the stack here.
+ */
+export const MAX_JSON_DEPTH = 64;
+
+/** The path to the first value nested deeper than `max` levels, or undefined. */
+export function tooDeepPath(value: unknown, max = MAX_JSON_DEPTH): string[] | undefined {
+  const stack: Array<{ value: unknown; path: string[] }> = [{ value, path: [] }];
+  while (stack.length > 0) {
+    const { value: current, path } = stack.pop()!;
+    if (current === null || typeof current !== "object") continue;
+    if (path.length >= max) return path;
+    for (const [key, child] of Object.entries(current)) {
+      if (child !== null && typeof child === "object") stack.push({ value: child, path: [...path, key] });
+    }
+  }
+  return undefined;
+}
+
+/** The field a too-deep path names: its first `segments` segments (`config.script.0.tool_call.arguments`). */
+export function fieldOfPath(path: readonly string[], segments = 5): string {
+  return path.slice(0, segments).join(".");
+}

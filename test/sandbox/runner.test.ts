@@ -1,0 +1,232 @@
+/**
+ * The sandbox runner itself, with real bubblewrap and the host's cgroups: start-up
+ * checks, the start retries, capacity, limits, teardown. The API-level escape
+ * attempts are in escape.test.ts.
+ */
+import test from "ava";
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import pino from "pino";
+import { Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
+import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
+import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
+import { hostProcesses } from "../helpers/sandbox.js";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+
+const log = pino({ level: process.env.RUNS_TEST_LOG_LEVEL ?? "silent" });
+const MERGED = 'exec "$0" -c "$1" 2>&1';
+
+interface Ctx {
+  base: string;
+  sandbox: Sandbox;
+}
+
+async function tempBase(): Promise<string> {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-sandbox-runner-"));
+  await chmod(base, 0o711);
+  return base;
+}
+
+async function workspace(sandbox: Sandbox, base: string): Promise<string> {
+  const dir = path.join(base, `ws-${Math.random().toString(36).slice(2, 8)}`);
+  await mkdir(dir);
+  await sandbox.prepareWorkspace(dir);
+  return dir;
+}
+
+function bash(dir: string, command: string, extra: Partial<SandboxCommand> = {}): SandboxCommand {
+  return { workspaceDir: dir, argv: ["/bin/bash", "-c", MERGED, "/bin/bash", command], timeoutMs: 20_000, limits: DEFAULT_LIMITS, ...extra };
+}
+
+
+const test_ = test as import("ava").TestFn<Ctx>;
+
+test_.before(async (t) => {
+  const base = await tempBase();
+  const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "runner-test", log });
+  t.context = { base, sandbox };
+});
+
+test_.after.always(async (t) => {
+  await rm(t.context.base, { recursive: true, force: true });
+});
+
+test_("sandbox - start-up reports bwrap, the limits mechanism and an unprivileged uid", (t) => {
+  const status = t.context.sandbox.status();
+  t.is(status.mode, "bwrap");
+  t.not(status.uid, 0);
+  t.true(["cgroup-v2", "cgroup-v1", "rlimit"].includes(status.limits));
+});
+
+test_("sandbox - a node without bwrap refuses to start and says how to install it", async (t) => {
+  const base = await tempBase();
+  try {
+    const error = await t.throwsAsync(
+      Sandbox.start({ mode: "bwrap", bwrapPath: path.join(base, "no-such-bwrap"), maxConcurrent: 1, runtimeDir: path.join(base, "rt"), nodeId: "x", log }),
+    );
+    t.true(error instanceof SandboxUnavailableError);
+    t.regex(error!.message, /apt-get install bubblewrap/);
+    t.regex(error!.message, /RUNS_SANDBOX=off/);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_("sandbox - a data folder below a folder the sandbox's uid cannot pass is refused at start with the reason", async (t) => {
+  const base = await tempBase();
+  const closed = path.join(base, "closed");
+  await mkdir(closed, { mode: 0o700 });
+  try {
+    const error = await t.throwsAsync(
+      Sandbox.start({ mode: "bwrap", maxConcurrent: 1, runtimeDir: path.join(closed, "data", "rt"), nodeId: "x", log }),
+    );
+    t.true(error instanceof SandboxUnavailableError);
+    t.regex(error!.message, /must be able to reach/);
+    // The data folder itself the node makes searchable; folders above it are the operator's.
+    t.is((await stat(path.join(closed, "data"))).mode & 0o777, 0o711);
+    t.is((await stat(closed)).mode & 0o777, 0o700);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_("sandbox - a bwrap that fails to start is tried three times, then sandbox_start_retries_exhausted", async (t) => {
+  const base = await tempBase();
+  // The launcher runs as the sandbox's uid: the call log must be writable by it.
+  await mkdir(path.join(base, "log"), { mode: 0o777 });
+  await chmod(path.join(base, "log"), 0o777);
+  const counter = path.join(base, "log", "calls");
+  const fake = path.join(base, "bwrap");
+  // Passes the start-up probe through to the real bwrap; fails for commands with the marker.
+  await writeFile(
+    fake,
+    `#!/bin/sh\ncase "$*" in *FAIL_START*) echo x >> ${counter}; echo "bwrap: simulated failure" >&2; exit 1;; esac\nexec bwrap "$@"\n`,
+    { mode: 0o755 },
+  );
+  try {
+    const sandbox = await Sandbox.start({ mode: "bwrap", bwrapPath: fake, maxConcurrent: 1, runtimeDir: path.join(base, "rt"), nodeId: "x", log });
+    const dir = await workspace(sandbox, base);
+    const error = await t.throwsAsync(sandbox.run(bash(dir, "echo FAIL_START")));
+    t.true(error instanceof SandboxFailure);
+    t.is((error as SandboxFailure).code, "sandbox_start_retries_exhausted");
+    t.regex(error!.message, /simulated failure/);
+    t.is((await readFile(counter, "utf8")).trim().split("\n").length, 3);
+    // A command that fails on its own is the command's outcome, not a sandbox failure.
+    const own = await sandbox.run(bash(dir, "echo 'bwrap: forged' >&2; exit 1"));
+    t.is(own.kind, "exited");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_.serial("sandbox - past its maximum a node answers sandbox_capacity_exceeded", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const running = [sandbox.run(bash(dir, "sleep 2")), sandbox.run(bash(dir, "sleep 2"))];
+  const error = await t.throwsAsync(sandbox.run(bash(dir, "echo three")));
+  t.is((error as SandboxFailure).code, "sandbox_capacity_exceeded");
+  await Promise.all(running);
+  t.is((await sandbox.run(bash(dir, "echo again"))).output.toString(), "again\n");
+});
+
+test_.serial("sandbox - setsid and double-forked children are gone once the command ends", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const marker = `${4000 + Math.floor(Math.random() * 1000)}.${Date.now() % 100000}`;
+  const outcome = await sandbox.run(bash(dir, `setsid sleep ${marker} & (sleep ${marker} &) ; nohup sleep ${marker} >/dev/null & echo started`));
+  t.is(outcome.output.toString(), "started\n");
+  let left: number[] = [];
+  for (let i = 0; i < 20; i++) {
+    left = await hostProcesses(`sleep ${marker}`);
+    if (left.length === 0) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  t.deepEqual(left, []);
+});
+
+test_.serial("sandbox - a cancelled command is killed with everything it started", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const marker = `${5000 + Math.floor(Math.random() * 1000)}.${Date.now() % 100000}`;
+  const controller = new AbortController();
+  const started = Date.now();
+  const run = sandbox.run(bash(dir, `setsid sleep ${marker} & sleep ${marker}`, { signal: controller.signal }));
+  for (let i = 0; i < 100 && (await hostProcesses(`sleep ${marker}`)).length < 2; i++) await new Promise((r) => setTimeout(r, 50));
+  // Both sleeps, and bwrap and bash, whose arguments name them too.
+  t.true((await hostProcesses(`sleep ${marker}`)).length >= 2, "the command runs on the host before the cancel");
+  controller.abort();
+  const outcome = await run;
+  t.is(outcome.kind, "aborted");
+  t.true(Date.now() - started < 5_000);
+  t.deepEqual(await hostProcesses(`sleep ${marker}`), []);
+});
+
+test_.serial("sandbox - files a command writes belong to the sandbox's unprivileged host uid", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const outcome = await sandbox.run(bash(dir, "id -u; echo x > made.txt"));
+  t.is(outcome.output.toString(), "1000\n");
+  const owner = (await stat(path.join(dir, "made.txt"))).uid;
+  t.not(owner, 0);
+  t.is(owner, sandbox.status().uid ?? -1);
+});
+
+test_.serial("sandbox - memory, process, CPU and file-size limits are reported by name", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const small = { ...DEFAULT_LIMITS, memoryBytes: 64 * 1024 * 1024, processes: 24, cpuSeconds: 1, diskBytes: 1024 * 1024 };
+  const memory = await sandbox.run(bash(dir, "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}", { limits: small }));
+  t.true(memory.limits.includes("memory"), JSON.stringify(memory.limits));
+  const forks = await sandbox.run(bash(dir, "for i in $(seq 60); do sleep 2 & done; wait; echo done", { limits: small }));
+  t.true(forks.limits.includes("processes"), JSON.stringify(forks.limits));
+  const cpu = await sandbox.run(bash(dir, "while :; do :; done", { limits: small }));
+  t.true(cpu.limits.includes("cpu"), JSON.stringify(cpu));
+  const file = await sandbox.run(bash(dir, "head -c 3000000 /dev/zero > big; echo wrote", { limits: small }));
+  t.true(file.limits.includes("file_size"), JSON.stringify(file));
+  t.true((await stat(path.join(dir, "big"))).size <= 1024 * 1024);
+});
+
+test_.serial("sandbox - with an allow list, commands reach an allowed host through the egress proxy and nothing else", async (t) => {
+  const base = await tempBase();
+  let hits = 0;
+  const server = http.createServer((req, res) => {
+    hits++;
+    res.end(`served ${req.url}`);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  try {
+    const sandbox = await Sandbox.start({
+      mode: "bwrap",
+      maxConcurrent: 4,
+      runtimeDir: path.join(base, "rt"),
+      nodeId: "egress",
+      log,
+      egress: new EgressProxy({ log, testHosts: new Map([["allowed.test", { host: "127.0.0.1", port }]]) }),
+    });
+    t.true(sandbox.status().egress, "socat is installed here (bootstrap installs it)");
+    const dir = await workspace(sandbox, base);
+    const denials: EgressDenial[] = [];
+    const allowed = await sandbox.run(
+      bash(dir, `curl -sS --max-time 10 http://allowed.test:${port}/through`, { networkAllow: ["allowed.test"], onNetworkDenied: (d) => denials.push(d) }),
+    );
+    t.is(allowed.output.toString(), "served /through");
+    const refused = await sandbox.run(
+      bash(dir, `curl -sS --max-time 10 http://other.test/x; echo " exit=$?"`, { networkAllow: ["allowed.test"], onNetworkDenied: (d) => denials.push(d) }),
+    );
+    t.regex(refused.output.toString(), /network policy denied other\.test:80 \(not in the deployment's allow list\)/);
+    t.deepEqual(denials, [{ host: "other.test", port: 80, reason: "not in the deployment's allow list" }]);
+    // Around the proxy there is no way out: the host's loopback is not the sandbox's.
+    const direct = await sandbox.run(bash(dir, `curl -sS --noproxy '*' --max-time 5 http://127.0.0.1:${port}/direct; echo " exit=$?"`, { networkAllow: ["allowed.test"] }));
+    t.regex(direct.output.toString(), /exit=7/);
+    // Without an allow list there is no proxy either.
+    const none = await sandbox.run(bash(dir, `curl -sS --max-time 5 http://127.0.0.1:${port}/none; echo " exit=$?"`));
+    t.regex(none.output.toString(), /exit=7/);
+    t.is(hits, 1);
+  } finally {
+    server.close();
+    await rm(base, { recursive: true, force: true });
+  }
+});

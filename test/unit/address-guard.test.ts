@@ -1,0 +1,177 @@
+import test from "ava";
+import {
+  checkModelEndpoint,
+  hostAllowed,
+  NetworkPolicyError,
+  refusedAddressReason,
+  resolveAllowed,
+  validateAllowPattern,
+  type Lookup,
+} from "../../src/address-guard.js";
+import { parseAuthority, parseTestHosts } from "../../actors/egress-proxy.js";
+
+const refused: Array<[string, string]> = [
+  ["0.0.0.0", "unspecified"],
+  ["0.255.255.255", "unspecified"],
+  ["10.0.0.0", "private"],
+  ["10.255.255.255", "private"],
+  ["100.64.0.0", "shared"],
+  ["100.127.255.255", "shared"],
+  ["127.0.0.1", "loopback"],
+  ["127.255.255.254", "loopback"],
+  ["169.254.169.254", "metadata"],
+  ["169.254.0.1", "link-local"],
+  ["169.254.255.255", "link-local"],
+  ["172.16.0.0", "private"],
+  ["172.31.255.255", "private"],
+  ["192.0.0.8", "reserved"],
+  ["192.0.2.1", "documentation"],
+  ["192.88.99.1", "reserved"],
+  ["192.168.0.1", "private"],
+  ["192.168.255.255", "private"],
+  ["198.18.0.1", "benchmarking"],
+  ["198.19.255.255", "benchmarking"],
+  ["198.51.100.7", "documentation"],
+  ["203.0.113.9", "documentation"],
+  ["224.0.0.1", "multicast"],
+  ["239.255.255.255", "multicast"],
+  ["240.0.0.1", "reserved"],
+  ["255.255.255.255", "reserved"],
+  ["::", "unspecified"],
+  ["::1", "loopback"],
+  ["fd00:ec2::254", "metadata"],
+  ["fc00::1", "unique-local"],
+  ["fdff:ffff::1", "unique-local"],
+  ["fe80::1", "link-local"],
+  ["febf:ffff::1", "link-local"],
+  ["ff02::1", "multicast"],
+  ["2001:db8::1", "documentation"],
+  ["100::1", "reserved"],
+  // IPv6 forms that carry an IPv4 address are judged by it.
+  ["::ffff:127.0.0.1", "loopback"],
+  ["::ffff:7f00:1", "loopback"],
+  ["::ffff:169.254.169.254", "metadata"],
+  ["::10.0.0.1", "private"],
+  ["64:ff9b::192.168.1.1", "private"],
+  ["64:ff9b::a9fe:a9fe", "metadata"],
+  ["2002:7f00:1::", "loopback"],
+  ["2002:c0a8:101::1", "private"],
+  ["not-an-ip", "invalid"],
+  ["", "invalid"],
+];
+
+const allowed = [
+  "1.1.1.1",
+  "9.255.255.255",
+  "11.0.0.0",
+  "100.63.255.255",
+  "100.128.0.0",
+  "126.255.255.255",
+  "128.0.0.0",
+  "169.253.255.255",
+  "169.255.0.0",
+  "172.15.255.255",
+  "172.32.0.0",
+  "192.167.255.255",
+  "192.169.0.0",
+  "198.17.255.255",
+  "198.20.0.0",
+  "223.255.255.255",
+  "93.184.216.34",
+  "2606:4700:4700::1111",
+  "2a00:1450:4001:80b::200e",
+  "::ffff:93.184.216.34",
+  "64:ff9b::5db8:d822",
+  "2002:5db8:d822::1",
+];
+
+test("address-guard - every refused range is refused with its reason, at its edges", (t) => {
+  for (const [ip, reason] of refused) t.is(refusedAddressReason(ip), reason, ip);
+});
+
+test("address-guard - public unicast addresses, including the neighbours of refused ranges, pass", (t) => {
+  for (const ip of allowed) t.is(refusedAddressReason(ip), undefined, ip);
+});
+
+test("address-guard - allow patterns: exact names and *.suffix for subdomains only", (t) => {
+  const allow = ["pypi.org", "*.githubusercontent.com", "Files.Example.COM.", "93.184.216.34"];
+  const yes = ["pypi.org", "PYPI.org", "pypi.org.", "raw.githubusercontent.com", "a.b.githubusercontent.com", "files.example.com", "93.184.216.34"];
+  const no = ["githubusercontent.com", "evilgithubusercontent.com", "pypi.org.evil.com", "sub.pypi.org", "example.com", "", ".", "a..pypi.org", "93.184.216.35", "[::1]"];
+  for (const host of yes) t.true(hostAllowed(host, allow), host);
+  for (const host of no) t.false(hostAllowed(host, allow), host);
+  t.false(hostAllowed("pypi.org", []));
+});
+
+test("address-guard - malformed allow patterns are named", (t) => {
+  for (const good of ["pypi.org", "*.githubusercontent.com", "localhost", "a-b.c_d.io", "93.184.216.34"]) {
+    t.is(validateAllowPattern(good), undefined, good);
+  }
+  const bad = ["", " pypi.org", "https://pypi.org", "pypi.org/simple", "pypi.org:443", "user@pypi.org", "*", "*.com", "a.*.com", "py*.org", "-bad.org", "x".repeat(254)];
+  for (const pattern of bad) t.truthy(validateAllowPattern(pattern), JSON.stringify(pattern));
+});
+
+test("address-guard - a name is refused when any of its addresses is; the address returned is one that was checked", async (t) => {
+  const answers: Record<string, { address: string; family: number }[]> = {
+    "public.test": [
+      { address: "93.184.216.34", family: 4 },
+      { address: "2606:2800:220:1:248:1893:25c8:1946", family: 6 },
+    ],
+    "mixed.test": [
+      { address: "93.184.216.34", family: 4 },
+      { address: "10.1.2.3", family: 4 },
+    ],
+    "metadata.test": [{ address: "169.254.169.254", family: 4 }],
+    "empty.test": [],
+  };
+  const lookups: string[] = [];
+  const lookup: Lookup = async (host) => {
+    lookups.push(host);
+    return answers[host] ?? Promise.reject(Object.assign(new Error("ENOTFOUND"), { code: "ENOTFOUND" }));
+  };
+  t.deepEqual(await resolveAllowed("public.test", { lookup }), { address: "93.184.216.34", family: 4 });
+  const mixed = await t.throwsAsync(resolveAllowed("mixed.test", { lookup }));
+  t.true(mixed instanceof NetworkPolicyError);
+  t.regex(mixed!.message, /private address 10\.1\.2\.3/);
+  await t.throwsAsync(resolveAllowed("metadata.test", { lookup }), { instanceOf: NetworkPolicyError, message: /metadata/ });
+  t.deepEqual(await resolveAllowed("mixed.test", { lookup, allowPrivate: true }), { address: "93.184.216.34", family: 4 });
+  await t.throwsAsync(resolveAllowed("nowhere.test", { lookup }), { message: /ENOTFOUND/ });
+  await t.throwsAsync(resolveAllowed("empty.test", { lookup }), { message: /no address/ });
+  // Literals need no lookup.
+  const before = lookups.length;
+  await t.throwsAsync(resolveAllowed("127.0.0.1", { lookup }), { instanceOf: NetworkPolicyError, message: /loopback/ });
+  await t.throwsAsync(resolveAllowed("[::1]", { lookup }), { instanceOf: NetworkPolicyError });
+  t.is(lookups.length, before);
+});
+
+test("address-guard - model endpoints on refused addresses are refused before anything is sent", async (t) => {
+  const lookup: Lookup = async (host) => (host === "localhost" ? [{ address: "127.0.0.1", family: 4 }] : [{ address: "93.184.216.34", family: 4 }]);
+  for (const url of [
+    "http://127.0.0.1:11434/v1",
+    "http://[::1]/v1",
+    "http://localhost:8000/v1",
+    "http://169.254.169.254/latest/meta-data",
+    "http://[::ffff:10.0.0.1]/v1",
+    "http://0.0.0.0:80/",
+  ]) {
+    await t.throwsAsync(checkModelEndpoint(url, { allowPrivate: false, lookup }), { instanceOf: NetworkPolicyError }, url);
+  }
+  await t.throwsAsync(checkModelEndpoint("ftp://models.example/v1", { allowPrivate: false, lookup }), { message: /scheme/ });
+  await t.notThrowsAsync(checkModelEndpoint("https://93.184.216.34/v1", { allowPrivate: false, lookup }));
+  await t.notThrowsAsync(checkModelEndpoint("https://api.example/v1", { allowPrivate: false, lookup }));
+  await t.notThrowsAsync(checkModelEndpoint("http://127.0.0.1:11434/v1", { allowPrivate: true, lookup }));
+});
+
+test("egress-proxy - CONNECT authorities and the test host map are parsed strictly", (t) => {
+  t.deepEqual(parseAuthority("pypi.org:443"), { host: "pypi.org", port: 443 });
+  t.deepEqual(parseAuthority("[2606:4700::1111]:443"), { host: "2606:4700::1111", port: 443 });
+  for (const bad of ["pypi.org", "pypi.org:0", "pypi.org:65536", "http://pypi.org:443", "a b:1", ":443", "pypi.org:44a"]) {
+    t.is(parseAuthority(bad), undefined, bad);
+  }
+  t.deepEqual([...parseTestHosts("allowed.test=127.0.0.1:8080, Other.Test=[::1]:9")], [
+    ["allowed.test", { host: "127.0.0.1", port: 8080 }],
+    ["other.test", { host: "::1", port: 9 }],
+  ]);
+  t.is(parseTestHosts(undefined).size, 0);
+  t.throws(() => parseTestHosts("x.test=10.0.0.1:80"), { message: /not a loopback address/ });
+  t.throws(() => parseTestHosts("x.test"), { message: /name=host:port/ });
+});

@@ -1,0 +1,59 @@
+import test from "ava";
+import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
+import { counter } from "../../actors/sandbox-cgroups.js";
+import { setupFailed } from "../../actors/sandbox.js";
+
+test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
+  t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
+  t.deepEqual(limitsOf({ limits: { command_timeout_s: 5 } }), DEFAULT_LIMITS);
+  const custom = limitsOf({ limits: { memory_mb: 64, processes: 16, cpu_s: 3, disk_mb: 2, output_kb: 8, tmp_mb: 1 } });
+  t.deepEqual(custom, {
+    memoryBytes: 64 * 1024 * 1024,
+    processes: 16,
+    cpuSeconds: 3,
+    diskBytes: 2 * 1024 * 1024,
+    outputBytes: 8 * 1024,
+    tmpBytes: 1024 * 1024,
+  });
+});
+
+test("sandbox-limits - every limit hit names the limit and its value", (t) => {
+  const limits = limitsOf({ limits: { memory_mb: 64, processes: 16, cpu_s: 3, disk_mb: 2, output_kb: 8 } });
+  const expected: Record<LimitHit, RegExp> = {
+    memory: /memory limit \(64 MiB\)/,
+    processes: /process limit \(16\)/,
+    cpu: /CPU time limit \(3 s per process\)/,
+    file_size: /file size limit \(2 MiB\)/,
+    disk: /disk limit \(2 MiB\)/,
+    output: /last 8 KiB/,
+  };
+  for (const [hit, pattern] of Object.entries(expected)) t.regex(describeLimit(hit as LimitHit, limits), pattern, hit);
+});
+
+test("sandbox-limits - formatBytes picks the largest exact unit", (t) => {
+  t.is(formatBytes(512 * 1024 * 1024), "512 MiB");
+  t.is(formatBytes(64 * 1024), "64 KiB");
+  t.is(formatBytes(1500), "1500 bytes");
+  t.is(formatBytes(1024 * 1024 + 1024), "1025 KiB");
+});
+
+test("sandbox-cgroups - counter reads a key of a cgroup key-value file", (t) => {
+  const oom = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+  t.is(counter(oom, "oom_kill"), 2);
+  t.is(counter(oom, "under_oom"), 0);
+  t.is(counter("max 7\n", "max"), 7);
+  t.is(counter("", "max"), 0);
+  t.is(counter("low 1\nhigh 0\nmax 3\noom 1\noom_kill 1\n", "oom_kill"), 1);
+});
+
+test("sandbox - only bwrap's and the launcher's own failures count as a failed start", (t) => {
+  const err = (text: string) => Buffer.from(text);
+  t.true(setupFailed(1, err("bwrap: Can't mount proc on /newroot/proc: Operation not permitted\n")));
+  t.true(setupFailed(125, err("runs-sandbox: cannot join cgroup /x\n")));
+  // A command's own failures: other exit codes, or stderr that is not bwrap's.
+  t.false(setupFailed(1, err("")));
+  t.false(setupFailed(2, err("bwrap: looks like bwrap\n")));
+  t.false(setupFailed(125, err("bwrap: wrong code\n")));
+  t.false(setupFailed(1, err("cat: bwrap: No such file\n")));
+  t.false(setupFailed(0, err("bwrap: exit 0 is a success\n")));
+});
