@@ -32,6 +32,18 @@ async function main(): Promise<void> {
   };
   process.on("SIGINT", () => void shutdown("SIGINT"));
   process.on("SIGTERM", () => void shutdown("SIGTERM"));
+  // Background work (a sweeper's store read, a lease renewal's NATS request) can fail
+  // while the connections close; that must not turn a clean stop into exit 1. Outside a
+  // stop, Node's default stands: the error is printed and the process ends with 1.
+  const failedWhileStopping = (err: unknown) => {
+    if (!stopping) {
+      process.stderr.write(`runs: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      process.exit(1);
+    }
+    log.warn({ err }, "background work failed while stopping");
+  };
+  process.on("unhandledRejection", failedWhileStopping);
+  process.on("uncaughtException", failedWhileStopping);
 
   if (!config.natsUrl || !config.mongoUri) {
     embedded = await startEmbedded(config.dataDir, log);

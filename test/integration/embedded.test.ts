@@ -109,7 +109,7 @@ test("embedded - npm start runs local servers, prints a development key once, se
     t.deepEqual(await tcpListeners(info.server_pids[1]!), [], "FerretDB listens on no TCP port");
   } finally {
     const stopped = await stopMain(first.child);
-    t.is(stopped.code, 0);
+    t.is(stopped.code, 0, first.output());
     t.true(stopped.ms < 10_000, `stopped in ${stopped.ms} ms`);
   }
   t.true(await portIsFree(natsPort), "nats-server stopped");
@@ -121,7 +121,7 @@ test("embedded - npm start runs local servers, prints a development key once, se
     await again.serving;
     t.notRegex(again.output(), /rk_live_/);
   } finally {
-    t.is((await stopMain(again.child)).code, 0);
+    t.is((await stopMain(again.child)).code, 0, again.output());
   }
   await rm(dataDir, { recursive: true, force: true });
 });
@@ -167,7 +167,7 @@ test("embedded - npm start killed with SIGKILL: its nats-server and FerretDB end
       t.is(run.status, 200, JSON.stringify(run.body));
       t.is(run.body.turn.status, "completed");
     } finally {
-      t.is((await stopMain(again.child)).code, 0);
+      t.is((await stopMain(again.child)).code, 0, again.output());
     }
   } finally {
     for (const pid of serverPids) if (alive(pid)) process.kill(pid, "SIGKILL");
