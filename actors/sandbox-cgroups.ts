@@ -15,7 +15,8 @@
  * launcher writes its own pid into `cgroup.procs`, which the node hands to the
  * sandbox's uid), so no process of it ever runs outside the limits.
  */
-import { chown, mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promises";
+import { chownSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
+import { mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { SandboxLimits } from "./sandbox-limits.js";
 
@@ -118,25 +119,25 @@ class CgroupsV2 implements Cgroups {
 
   async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {
     const dir = path.join(this.base, id);
-    await mkdir(dir);
+    mkdirSync(dir);
     try {
-      await writeFile(path.join(dir, "memory.max"), String(limits.memoryBytes));
-      await writeFile(path.join(dir, "memory.swap.max"), "0").catch(() => undefined);
-      await writeFile(path.join(dir, "pids.max"), String(limits.processes));
-      if (this.cpu) await writeFile(path.join(dir, "cpu.max"), `${CPU_QUOTA_US} ${CPU_PERIOD_US}`);
+      writeFileSync(path.join(dir, "memory.max"), String(limits.memoryBytes));
+      writeQuiet(path.join(dir, "memory.swap.max"), "0");
+      writeFileSync(path.join(dir, "pids.max"), String(limits.processes));
+      if (this.cpu) writeFileSync(path.join(dir, "cpu.max"), `${CPU_QUOTA_US} ${CPU_PERIOD_US}`);
       const procs = path.join(dir, "cgroup.procs");
-      if (owner) await chown(procs, owner.uid, owner.gid);
+      if (owner) chownSync(procs, owner.uid, owner.gid);
     } catch (err) {
-      await rmdir(dir).catch(() => undefined);
+      rmQuiet(dir);
       throw err;
     }
     return {
       procsFiles: [path.join(dir, "cgroup.procs")],
       release: async () => {
-        await writeFile(path.join(dir, "cgroup.kill"), "1").catch(() => undefined);
+        writeQuiet(path.join(dir, "cgroup.kill"), "1");
         await killAll([dir]);
-        const events = await readFile(path.join(dir, "memory.events"), "utf8").catch(() => "");
-        const pids = await readFile(path.join(dir, "pids.events"), "utf8").catch(() => "");
+        const events = readQuiet(path.join(dir, "memory.events"));
+        const pids = readQuiet(path.join(dir, "pids.events"));
         await removeDir(dir);
         return { oomKilled: counter(events, "oom_kill") > 0, processLimitHit: counter(pids, "max") > 0 };
       },
@@ -185,30 +186,30 @@ class CgroupsV1 implements Cgroups {
     const made: string[] = [];
     try {
       for (const dir of dirs) {
-        await mkdir(dir);
+        mkdirSync(dir);
         made.push(dir);
       }
       const [memory, pids, cpu] = dirs as [string, string, string | undefined];
-      await writeFile(path.join(memory, "memory.limit_in_bytes"), String(limits.memoryBytes));
+      writeFileSync(path.join(memory, "memory.limit_in_bytes"), String(limits.memoryBytes));
       // Without swap accounting the file is absent; with it, swap counts against the limit too.
-      await writeFile(path.join(memory, "memory.memsw.limit_in_bytes"), String(limits.memoryBytes)).catch(() => undefined);
-      await writeFile(path.join(pids, "pids.max"), String(limits.processes));
+      writeQuiet(path.join(memory, "memory.memsw.limit_in_bytes"), String(limits.memoryBytes));
+      writeFileSync(path.join(pids, "pids.max"), String(limits.processes));
       if (cpu) {
-        await writeFile(path.join(cpu, "cpu.cfs_period_us"), String(CPU_PERIOD_US));
-        await writeFile(path.join(cpu, "cpu.cfs_quota_us"), String(CPU_QUOTA_US));
+        writeFileSync(path.join(cpu, "cpu.cfs_period_us"), String(CPU_PERIOD_US));
+        writeFileSync(path.join(cpu, "cpu.cfs_quota_us"), String(CPU_QUOTA_US));
       }
-      if (owner) for (const dir of dirs) await chown(path.join(dir, "cgroup.procs"), owner.uid, owner.gid);
+      if (owner) for (const dir of dirs) chownSync(path.join(dir, "cgroup.procs"), owner.uid, owner.gid);
     } catch (err) {
-      for (const dir of made) await rmdir(dir).catch(() => undefined);
+      for (const dir of made) rmQuiet(dir);
       throw err;
     }
     return {
       procsFiles: dirs.map((dir) => path.join(dir, "cgroup.procs")),
       release: async () => {
         await killAll(dirs);
-        const oom = await readFile(path.join(dirs[0]!, "memory.oom_control"), "utf8").catch(() => "");
-        const failcnt = await readFile(path.join(dirs[0]!, "memory.failcnt"), "utf8").catch(() => "0");
-        const pidEvents = await readFile(path.join(dirs[1]!, "pids.events"), "utf8").catch(() => "");
+        const oom = readQuiet(path.join(dirs[0]!, "memory.oom_control"));
+        const failcnt = (readQuiet(path.join(dirs[0]!, "memory.failcnt")) || "0");
+        const pidEvents = readQuiet(path.join(dirs[1]!, "pids.events"));
         for (const dir of dirs) await removeDir(dir);
         // Older kernels have no oom_kill counter: a failed charge then stands for it.
         const oomKilled = oom.includes("oom_kill ") ? counter(oom, "oom_kill") > 0 : Number(failcnt) > 0;
@@ -223,7 +224,7 @@ async function killAll(dirs: readonly string[]): Promise<void> {
   for (let round = 0; round < KILL_ROUNDS; round++) {
     let found = 0;
     for (const dir of dirs) {
-      const procs = await readFile(path.join(dir, "cgroup.procs"), "utf8").catch(() => "");
+      const procs = readQuiet(path.join(dir, "cgroup.procs"));
       for (const pid of procs.split("\n").filter(Boolean)) {
         found++;
         try {
@@ -242,12 +243,40 @@ async function killAll(dirs: readonly string[]): Promise<void> {
 async function removeDir(dir: string): Promise<void> {
   for (let attempt = 0; attempt < 50; attempt++) {
     try {
-      await rmdir(dir);
+      rmdirSync(dir);
       return;
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === "ENOENT") return;
       await new Promise((r) => setTimeout(r, 10));
     }
+  }
+}
+
+// The per-command paths use synchronous calls: cgroupfs files are kernel memory, so a
+// call takes microseconds, where the thread pool's round trips cost ~2 ms a command.
+
+function readQuiet(file: string): string {
+  try {
+    return readFileSync(file, "utf8");
+  } catch {
+    return "";
+  }
+}
+
+/** A write to a file only some kernels have (swap accounting, cgroup.kill). */
+function writeQuiet(file: string, value: string): void {
+  try {
+    writeFileSync(file, value);
+  } catch {
+    // absent here
+  }
+}
+
+function rmQuiet(dir: string): void {
+  try {
+    rmdirSync(dir);
+  } catch {
+    // gone already, or busy: the start-up sweep removes leftovers
   }
 }
 

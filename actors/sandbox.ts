@@ -19,7 +19,7 @@
  * `RUNS_SANDBOX=off` runs commands as plain child processes in the workspace
  * directory (local development only: no confinement at all).
  */
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { accessSync, constants as fsConstants, existsSync, lstatSync, openSync, closeSync, statSync } from "node:fs";
 import { chmod, chown, lchown, lstat, mkdir, readdir, rm } from "node:fs/promises";
@@ -147,6 +147,8 @@ export class Sandbox {
     private readonly owner: { uid: number; gid: number } | undefined,
     private readonly socat: string | undefined,
     private readonly hostLayout: HostLayout,
+    /** The launcher shell's `ulimit` flag for RLIMIT_NPROC: bash says -u, dash -p. */
+    private readonly nprocFlag = "-u",
   ) {}
 
   /**
@@ -174,7 +176,7 @@ export class Sandbox {
       options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
-    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout());
+    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), cgroups ? undefined : nprocFlagOf("/bin/sh"));
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
     const probeDir = await sandbox.mkProbeWorkspace();
@@ -367,7 +369,7 @@ export class Sandbox {
       r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
       // RLIMIT_NPROC counts every process of the sandboxes' host uid: in this fallback
       // it is one budget all of a node's sandboxes share, not one per command.
-      r.push(["-u", limits.processes]);
+      r.push([this.nprocFlag, limits.processes]);
     }
     return r;
   }
@@ -497,6 +499,19 @@ function withEgressRelay(argv: readonly string[]): string[] {
  * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
  * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
  */
+/**
+ * Which `ulimit` flag of `shell` sets RLIMIT_NPROC: `-u` in bash, busybox and zsh, `-p`
+ * in dash (where bash's `-p` is the read-only pipe size). Throws when neither works.
+ */
+export function nprocFlagOf(shell: string): string {
+  for (const flag of ["-u", "-p"]) {
+    // Setting the soft limit to the hard one is allowed to any user.
+    const probe = spawnSync(shell, ["-c", `v=$(ulimit -H ${flag}) && ulimit -S ${flag} "$v"`], { stdio: "ignore", timeout: 5_000 });
+    if (probe.status === 0) return flag;
+  }
+  throw new SandboxUnavailableError(`${shell} cannot set a process limit (ulimit -u / -p): without cgroups, sandboxes cannot be limited here.`);
+}
+
 function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
   const script =
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +

@@ -121,6 +121,25 @@ test_("sandbox - a bwrap that fails to start is tried three times, then sandbox_
   }
 });
 
+test_("sandbox - without cgroups, rlimits bound a command's processes and CPU time (the launcher's shell may be dash)", async (t) => {
+  const base = await tempBase();
+  try {
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false });
+    t.is(sandbox.status().limits, "rlimit");
+    const dir = await workspace(sandbox, base);
+    const limits = { ...DEFAULT_LIMITS, processes: 40, cpuSeconds: 30 };
+    const shown = await sandbox.run(bash(dir, "ulimit -u; ulimit -St; ulimit -Ht", { limits }));
+    t.is(shown.kind, "exited");
+    t.deepEqual(shown.output.toString().trim().split("\n"), ["40", "30", "31"]);
+    // RLIMIT_NPROC counts the sandbox uid's processes on the whole host, so fewer than
+    // 40 may start, never 80 (dash says so at once; bash would retry for seconds).
+    const forks = await sandbox.run(bash(dir, "sh -c 'for i in $(seq 80); do sleep 30 >/dev/null & done; echo done' 2>&1", { limits, timeoutMs: 10_000 }));
+    t.regex(forks.output.toString(), /Cannot fork|Resource temporarily unavailable/);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
 test_.serial("sandbox - past its maximum a node answers sandbox_capacity_exceeded", async (t) => {
   const { sandbox, base } = t.context;
   const dir = await workspace(sandbox, base);
