@@ -1,6 +1,6 @@
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
-import type { Clock } from "../src/clock.js";
+import type { Clock } from "../src/index.js";
 
 /** What a node announces for one workspace: its executing turns there, valid until `expires_at`. */
 interface Announcement {

@@ -1,9 +1,7 @@
 import type { Subscription } from "@nats-io/transport-node";
-import { isTransientFailure } from "../src/transient.js";
+import { type CommandReply, isTransientFailure, partitionOf, type RunCommand, Subjects } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
-import type { CommandReply, RunCommand } from "../src/commands.js";
-import { Subjects } from "../src/nats.js";
-import { PartitionLeases, partitionOf } from "./partition-leases.js";
+import { PartitionLeases } from "./partition-leases.js";
 import { RunActor, type ActorResources } from "./run-actor.js";
 import type { KV } from "@nats-io/kv";
 

@@ -29,7 +29,7 @@
  *   the transcript, so the run's history keeps what the user said.
  */
 import { Agent, type AgentEvent, type AgentMessage, type StreamFn } from "@mariozechner/pi-agent-core";
-import { providerOffered } from "./credentials.js";
+import { type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, type ModelRef, NetworkPolicyError, newReference, type OutputPart, providerErrorCode, providerOffered, type RuntimeEvent, SCRIPTED_MODEL, type TurnError, turnError, TurnErrorCode } from "../src/index.js";
 import {
   getModels,
   getProviders,
@@ -41,33 +41,14 @@ import {
   type UserMessage,
 } from "@mariozechner/pi-ai";
 import {
-  BUILTIN_TOOLS,
-  SCRIPTED_MODEL,
-  type AgentConfig,
-  type InputPart,
-  type ModelRef,
-  type OutputPart,
-  type RuntimeEvent,
-  type TurnError,
-} from "../src/domain.js";
-import {
-  assertNever,
-  newReference,
-  providerErrorCode,
-  turnError,
-  TurnErrorCode,
-} from "../src/turn-errors.js";
-import {
   createScriptedStreamFn,
   scriptedErrorStatus,
   scriptedModel,
-  SCRIPTED_PROVIDER,
   type ScriptedModelOptions,
 } from "./scripted-model.js";
 import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS } from "./workspace-tools.js";
 import type { Sandbox, SandboxFailure } from "./sandbox.js";
 import { limitsOf } from "./sandbox-limits.js";
-import { checkModelEndpoint, NetworkPolicyError } from "../src/address-guard.js";
 
 export interface TurnRunRequest {
   /** The deployment's agent configuration. */
@@ -102,7 +83,6 @@ export interface TurnRunRequest {
   newReference?: () => string;
 }
 
-export type TurnOutcome = "completed" | "failed" | "aborted";
 
 export interface TurnRunResult {
   outcome: TurnOutcome;
@@ -202,28 +182,6 @@ export function resolveModel(ref: ModelRef, scripted: ScriptedModelOptions = {})
 const OPENAI_COMPATIBLE = "openai-compatible";
 /** Sent to openai-compatible endpoints when no key is configured (local servers ignore it). */
 const PLACEHOLDER_API_KEY = "none";
-
-export interface ModelListing {
-  /** The reference to use as `model` in an agent config: `<provider>/<model-id>`. */
-  id: string;
-  provider: string;
-  name: string;
-  input: string[];
-}
-
-/** The registry's models of the providers offered, plus `faux/scripted`, for GET /api/v1/models. */
-export function listModels(ambientProviders: ReadonlySet<string> = new Set()): ModelListing[] {
-  const listing: ModelListing[] = [
-    { id: SCRIPTED_MODEL, provider: SCRIPTED_PROVIDER, name: scriptedModel.name, input: [...scriptedModel.input] },
-  ];
-  for (const provider of getProviders()) {
-    if (!providerOffered(provider, ambientProviders)) continue;
-    for (const model of getModels(provider)) {
-      listing.push({ id: `${provider}/${model.id}`, provider, name: model.name, input: [...model.input] });
-    }
-  }
-  return listing;
-}
 
 // ---------------------------------------------------------------------------------
 // Events

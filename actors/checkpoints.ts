@@ -1,8 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
-import { isSealedBlob, openBlob, sealBlob, type BlobKeyring } from "../src/blob-crypto.js";
-import { fromStream, toStream } from "../src/file-store.js";
+import { type BlobKeyring, fromStream, isSealedBlob, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {

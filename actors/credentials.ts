@@ -11,7 +11,7 @@
  * - the service's own provider variables are removed from its environment at start
  *   ({@link scrubProviderEnvironment}), so no provider client can fall back to them.
  */
-import type { ModelRef } from "../src/domain.js";
+import type { ModelRef } from "../src/index.js";
 
 const OPENAI_COMPATIBLE = "openai-compatible";
 
@@ -28,17 +28,6 @@ const PROVIDER_KEY_VARS: Record<string, string[]> = {
   "kimi-coding": ["KIMI_API_KEY"],
   "cloudflare-workers-ai": ["CLOUDFLARE_API_KEY"],
 };
-
-/**
- * Providers whose client authenticates (or is configured) from the service's
- * environment, files or instance metadata rather than from the credential passed to it.
- */
-export const AMBIENT_PROVIDERS: readonly string[] = ["amazon-bedrock", "google-vertex", "azure-openai-responses", "cloudflare-workers-ai", "cloudflare-ai-gateway"];
-
-/** Whether tenants may use `provider`: ambient ones only when the operator enabled them. */
-export function providerOffered(provider: string, enabledAmbient: ReadonlySet<string>): boolean {
-  return !AMBIENT_PROVIDERS.includes(provider) || enabledAmbient.has(provider);
-}
 
 /** Environment value names that may hold a provider's key, most specific first. */
 export function providerKeyVars(provider: string): string[] {

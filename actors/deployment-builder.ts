@@ -1,7 +1,5 @@
 import type { Logger } from "pino";
-import type { Clock } from "../src/clock.js";
-import type { DeploymentDoc } from "../src/documents.js";
-import type { MongoStore } from "../src/mongo-store.js";
+import type { Clock, DeploymentDoc, MongoStore } from "../src/index.js";
 import { resolveModel } from "./agent-runner.js";
 
 /**

@@ -16,7 +16,7 @@ import net from "node:net";
 import { chmod, rm } from "node:fs/promises";
 import type { Duplex } from "node:stream";
 import type { Logger } from "pino";
-import { hostAllowed, NetworkPolicyError, resolveAllowed, type Lookup } from "../src/address-guard.js";
+import { hostAllowed, type Lookup, NetworkPolicyError, resolveAllowed } from "../src/index.js";
 
 export interface EgressPolicy {
   allow: readonly string[];

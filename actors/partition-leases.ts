@@ -1,27 +1,6 @@
-import { createHash } from "node:crypto";
 import type { KV } from "@nats-io/kv";
 import type { Logger } from "pino";
-import type { Clock } from "../src/clock.js";
-
-/** A stable partition for a run id. */
-export function partitionOf(runId: string, partitions: number): number {
-  const digest = createHash("sha1").update(runId).digest();
-  return digest.readUInt32BE(0) % partitions;
-}
-
-/** Rendezvous (highest random weight) owner of a partition among live nodes. */
-export function rendezvousOwner(partition: number, nodes: readonly string[]): string | undefined {
-  let best: string | undefined;
-  let bestScore = -1n;
-  for (const node of nodes) {
-    const score = createHash("sha1").update(`${node}\u0000${partition}`).digest().readBigUInt64BE(0);
-    if (score > bestScore || (score === bestScore && best !== undefined && node < best)) {
-      best = node;
-      bestScore = score;
-    }
-  }
-  return best;
-}
+import { type Clock, rendezvousOwner } from "../src/index.js";
 
 interface LeaseValue {
   node: string;

@@ -4,29 +4,14 @@ import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import type { Config } from "../src/config.js";
-import type { Clock } from "../src/clock.js";
-import type { CommandReply, RunCommand } from "../src/commands.js";
-import { Disposition, RunState, TurnStatus, isFinalStatus, type InputPart, type TurnError } from "../src/domain.js";
-import type { DeploymentDoc, RunDoc, TurnDoc } from "../src/documents.js";
-import { FencedError, type MongoStore } from "../src/mongo-store.js";
-import { Subjects } from "../src/nats.js";
-import { Ids } from "../src/ids.js";
-import { turnError } from "../src/turn-errors.js";
-import { JetStreamEventLog, type EventAppender, type EventLog } from "../src/event-log.js";
-import { renderRun } from "../src/render.js";
-import { MAX_TAGS, MAX_TURN_FILE_BYTES } from "../src/run-request.js";
-import { admissionOutcome, cancelOutcome, cancelTarget, editTags, finalEventType, interruptedStatus } from "../src/turn-state.js";
+import { type AbortReason, admissionOutcome, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, type DeploymentDoc, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, isTransientFailure, JetStreamEventLog, MAX_TAGS, MAX_TURN_FILE_BYTES, type MongoStore, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { nextVersionFor } from "./versions.js";
 import { existsSync } from "node:fs";
 import { CheckpointCorruptError, CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
 import type { ActiveTurns } from "./active-turns.js";
 import type { Sandbox } from "./sandbox.js";
-import type { FileStore } from "../src/file-store.js";
-import type { EnvValues } from "../src/env-values.js";
 import { apiKeyResolver } from "./credentials.js";
-import { isTransientFailure } from "../src/transient.js";
 import { MAX_TURN_DOCUMENT_BYTES, boundTranscript, jsonBytes } from "./transcript-bounds.js";
 
 /** What every actor of a node shares. */
@@ -87,7 +72,7 @@ interface ActiveExecution {
   turn: TurnDoc;
   running: RunningTurn;
   /** Why the agent was aborted, when it was. */
-  abortReason?: "cancel" | "duration_limit" | "shutdown";
+  abortReason?: AbortReason;
   limitTimer: NodeJS.Timeout;
 }
 
@@ -679,31 +664,11 @@ export class RunActor {
     if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
     if (this.stopped || this.active !== execution) return;
     this.active = undefined;
-    let status: TurnStatus;
-    let error: TurnError | null = result.error ?? null;
-    let output = result.output;
-    if (execution.abortReason === "cancel") {
-      // The turn was answered `cancelling` (202): cancelling settles as cancelled, even
-      // when the agent's last step finished before the abort reached it.
-      status = TurnStatus.cancelled;
-      error = null;
-      output = [];
-    } else if (result.outcome === "completed") {
-      status = TurnStatus.completed;
-      error = null;
-    } else if (result.outcome === "failed") {
-      status = TurnStatus.failed;
-    } else if (execution.abortReason === "duration_limit") {
-      status = TurnStatus.incomplete;
-      error = turnError("turn_duration_limit", { reference: Ids.reference() });
-    } else if (execution.abortReason === "shutdown") {
-      status = TurnStatus.incomplete;
-      error = turnError("worker_execution_interrupted", { reference: Ids.reference() });
-    } else {
-      status = TurnStatus.cancelled;
-      error = null;
-      output = [];
-    }
+    const decision = settleDecision(execution.abortReason, result.outcome);
+    const status = decision.status;
+    const output = decision.output === "agent" ? result.output : [];
+    const error: TurnError | null =
+      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: Ids.reference() });
     try {
       await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
     } catch (err) {

@@ -2,7 +2,7 @@
  * Resource limits of one sandboxed tool command (decisions: `config.limits`), their
  * defaults, and the words a tool result uses when a command ran into one. Pure.
  */
-import type { AgentConfig } from "../src/domain.js";
+import type { AgentConfig } from "../src/index.js";
 
 export interface SandboxLimits {
   /** Memory of all the command's processes together (cgroup), or address space per process (rlimit). */

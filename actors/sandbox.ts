@@ -29,6 +29,7 @@ import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
+import type { SandboxStatus } from "../src/index.js";
 
 /** Where the workspace appears inside the sandbox. */
 export const SANDBOX_WORKSPACE = "/workspace";
@@ -102,19 +103,6 @@ export type SandboxOutcome = (
   limits: LimitHit[];
 };
 
-export interface SandboxStatus {
-  /** `bwrap`, or `off` (RUNS_SANDBOX=off: commands run unconfined). */
-  mode: "bwrap" | "off";
-  /** How limits are enforced: a cgroup hierarchy, rlimits per process, or not at all (off). */
-  limits: "cgroup-v2" | "cgroup-v1" | "rlimit" | "none";
-  /** Host uid the sandboxes run as. */
-  uid: number | null;
-  /** Whether deployments with a network allow list can run (socat present). */
-  egress: boolean;
-  /** Sandboxes running now, and the node's maximum. */
-  running: number;
-  max: number;
-}
 
 export interface SandboxOptions {
   mode: "bwrap" | "off";

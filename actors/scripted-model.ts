@@ -19,21 +19,21 @@ import {
   type ToolCall,
   type Usage,
 } from "@mariozechner/pi-ai";
-import type { ScriptStep } from "../src/domain.js";
+import { SCRIPTED_LISTING, type ScriptStep } from "../src/index.js";
 
 export const SCRIPTED_API = "faux-scripted";
-export const SCRIPTED_PROVIDER = "faux";
+export const SCRIPTED_PROVIDER = SCRIPTED_LISTING.provider;
 export const SCRIPTED_MODEL_ID = "scripted";
 
 /** The pi-ai model description of `faux/scripted`. Only usable with {@link createScriptedStreamFn}. */
 export const scriptedModel: Model<typeof SCRIPTED_API> = {
   id: SCRIPTED_MODEL_ID,
-  name: "Scripted model (development and tests)",
+  name: SCRIPTED_LISTING.name,
   api: SCRIPTED_API,
   provider: SCRIPTED_PROVIDER,
   baseUrl: "http://localhost:0",
   reasoning: false,
-  input: ["text", "image"],
+  input: [...SCRIPTED_LISTING.input],
   cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
   contextWindow: 128_000,
   maxTokens: 16_384,

@@ -1,5 +1,4 @@
-import type { DeploymentDoc, RunDoc } from "../src/documents.js";
-import type { MongoStore } from "../src/mongo-store.js";
+import type { DeploymentDoc, MongoStore, RunDoc } from "../src/index.js";
 
 /**
  * The version a run's next turn runs on (spec rule 10): the active deployment's

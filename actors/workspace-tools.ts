@@ -19,9 +19,9 @@ import { lstat, realpath } from "node:fs/promises";
 import path from "node:path";
 import type { AgentTool, AgentToolResult } from "@mariozechner/pi-agent-core";
 import { Type, type Static } from "@mariozechner/pi-ai";
-import type { BuiltinTool } from "../src/domain.js";
+import type { BuiltinTool } from "../src/index.js";
 import type { EgressDenial } from "./egress-proxy.js";
-import { SANDBOX_WORKSPACE, SandboxFailure, treeBytes, type Sandbox, type SandboxOutcome } from "./sandbox.js";
+import { SandboxFailure, treeBytes, type Sandbox, type SandboxOutcome } from "./sandbox.js";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, type LimitHit, type SandboxLimits } from "./sandbox-limits.js";
 
 export interface WorkspaceToolsOptions {

@@ -16,7 +16,7 @@ import os from "node:os";
 import { execSync } from "node:child_process";
 import { closeSync, constants as fsConstants, openSync, readFileSync } from "node:fs";
 import { startTestServers, type TestServers } from "../test/helpers/servers.js";
-import { partitionOf } from "../actors/partition-leases.js";
+import { partitionOf } from "../src/partition.js";
 import { Ids } from "../src/ids.js";
 import {
   bareClients,

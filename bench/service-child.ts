@@ -9,7 +9,7 @@
  */
 import pino from "pino";
 import { loadConfig } from "../src/config.js";
-import { startService } from "../src/service.js";
+import { startService } from "../node/service.js";
 
 const env = JSON.parse(process.env.BENCH_SERVICE_ENV ?? "{}") as Record<string, string>;
 let offsetMs = 0;

@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { MongoStore } from "../src/mongo-store.js";
-import { createWorkspace } from "../src/workspaces.js";
+import { createWorkspace } from "../node/workspaces.js";
 import type { Plan } from "../src/domain.js";
 import type { TestServers } from "../test/helpers/servers.js";
 import { request, sleep } from "./lib.js";

@@ -3,4 +3,4 @@
 import { register } from "tsx/esm/api";
 
 register();
-await import("../src/cli.ts");
+await import("../node/cli.ts");

@@ -1,26 +1,13 @@
-import type { SandboxStatus } from "../actors/index.js";
-import { MAX_JSON_DEPTH, fieldOfPath, tooDeepPath } from "../src/json-depth.js";
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
-import type { NatsConnection } from "@nats-io/transport-node";
-import type { Logger } from "pino";
-import type { Config } from "../src/config.js";
-import type { Clock } from "../src/clock.js";
-import { ApiError, invalid } from "../src/errors.js";
-import { Ids } from "../src/ids.js";
-import { StoreUnavailableError, type MongoStore } from "../src/mongo-store.js";
-import type { DeploymentBuilder, DeploymentCache } from "../actors/index.js";
-import type { EventLog } from "../src/event-log.js";
-import type { FileStore } from "../src/file-store.js";
-import type { EnvValues } from "../src/env-values.js";
-import { Authenticator, requireScope, type AuthContext } from "./auth.js";
+/** The Fastify app: hooks, parsers, error answers and every route plugin. */
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import type { KV } from "@nats-io/kv";
+import { ApiError, fieldOfPath, Ids, invalid, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
+import { Authenticator, requireScope } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
 import { FinalTurnCache } from "./final-turns.js";
-import { retryAfterSeconds } from "./unavailable.js";
-import { trackConnection } from "../src/nats.js";
-import { isTransientFailure } from "../src/transient.js";
-import { RateClass, RateLimiter, type RateDecision } from "./rate-limits.js";
-import type { KV } from "@nats-io/kv";
+import { RateLimiter } from "./rate-limits.js";
+import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, toApiError } from "./context.js";
 import { runRoutes } from "./routes/runs.js";
 import { turnRoutes } from "./routes/turns.js";
 import { tagRoutes } from "./routes/tags.js";
@@ -31,105 +18,6 @@ import { eventRoutes } from "./routes/events.js";
 import { envValueRoutes } from "./routes/env-values.js";
 import { fileRoutes } from "./routes/files.js";
 import { openapiRoutes } from "./routes/openapi.js";
-
-/** Everything the routes use, built once at the composition root. */
-export interface GatewayContext {
-  config: Config;
-  clock: Clock;
-  store: MongoStore;
-  nc: NatsConnection;
-  log: Logger;
-  router: CommandRouter;
-  auth: Authenticator;
-  idempotency: IdempotencyRecords;
-  rateLimiter: RateLimiter;
-  /** Final turns (immutable) as rendered, so reads of idle runs skip the turn read. */
-  finalTurns: FinalTurnCache;
-  builder: DeploymentBuilder;
-  /** Ready deployments by id (immutable once ready). */
-  deployments: DeploymentCache;
-  events: EventLog;
-  files: FileStore;
-  envValues: EnvValues;
-  /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
-  actorsReady?: () => boolean;
-  /** This node's tool sandbox (for /readyz); undefined for gateway-only nodes. */
-  sandboxStatus?: () => SandboxStatus;
-}
-
-declare module "fastify" {
-  interface FastifyRequest {
-    auth: AuthContext | null;
-  }
-  interface FastifyContextConfig {
-    /** Scope the route requires; `public` routes need no key. */
-    scope?: string;
-    public?: boolean;
-    /** `exempt`: never rate limited (cancel, key revocation); `expensive`: the lower limit too. */
-    rate?: "exempt" | "expensive";
-  }
-}
-
-export const BODY_LIMIT_BYTES = 16 * 1024 * 1024;
-
-/** The authenticated caller of a route that requires a key. */
-export function authOf(request: FastifyRequest): AuthContext {
-  if (!request.auth) throw new ApiError("unauthorized");
-  return request.auth;
-}
-
-function toApiError(err: unknown, log: Logger, request: FastifyRequest): ApiError {
-  if (err instanceof ApiError) return err;
-  if (isTransientFailure(err)) {
-    log.warn({ err: err instanceof StoreUnavailableError ? err.cause : err, reqId: request.id }, "temporarily unavailable");
-    return new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
-  }
-  const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
-  if (e.code === "FST_ERR_CTP_BODY_TOO_LARGE") return new ApiError("payload_too_large", { message: "The request body is larger than 16 MiB." });
-  if (e.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") return invalid(null, "Send the body as application/json.");
-  if (e.code === "FST_ERR_CTP_EMPTY_JSON_BODY") return invalid(null, "The JSON body is empty.");
-  if (typeof e.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500) {
-    return invalid(null, e.message ?? "The request is invalid.");
-  }
-  const reference = Ids.reference();
-  log.error({ err, reference, reqId: request.id, url: request.url }, "internal error");
-  return new ApiError("internal_error", { reference });
-}
-
-function setRateHeaders(reply: FastifyReply, decision: RateDecision): void {
-  reply.header("x-ratelimit-limit", String(decision.limit));
-  reply.header("x-ratelimit-remaining", String(decision.remaining));
-  reply.header("x-ratelimit-reset", String(decision.resetS));
-}
-
-/** Per-workspace limits (decisions §7); every authenticated /api answer carries the headers. */
-export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rate: "exempt" | "expensive" | undefined, reply: FastifyReply): Promise<void> {
-  const ws = auth.workspace;
-  if (rate === "exempt") {
-    // Cancel and revocation stay available when the standard limit is used up; their own
-    // budget, ten times larger, only bounds what a flood of them makes the service store.
-    setRateHeaders(reply, ctx.rateLimiter.peek(ws._id, ws.plan, RateClass.standard));
-    const own = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.exempt);
-    if (!own.allowed) {
-      throw new ApiError("rate_limited", { retryAfterS: own.retryAfterS, message: `The workspace's limit of ${own.limit} cancels and revocations per window is used up. Retry after ${own.retryAfterS} s.` });
-    }
-    return;
-  }
-  let governing = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.standard);
-  if (governing.allowed && rate === "expensive") governing = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.expensive);
-  setRateHeaders(reply, governing);
-  if (!governing.allowed) {
-    throw new ApiError("rate_limited", {
-      retryAfterS: governing.retryAfterS,
-      message: `The workspace's rate limit of ${governing.limit} requests per window is used up. Retry after ${governing.retryAfterS} s.`,
-    });
-  }
-}
-
-export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
-  if (error.retryAfterS !== undefined) reply.header("retry-after", String(error.retryAfterS));
-  return reply.status(error.status).send(error.toBody());
-}
 
 export async function buildApp(
   ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "finalTurns"> & { rateLimits: KV },

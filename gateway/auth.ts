@@ -1,11 +1,6 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { FastifyRequest } from "fastify";
-import type { Clock } from "../src/clock.js";
-import type { ApiKeyDoc, WorkspaceDoc } from "../src/documents.js";
-import { ApiError } from "../src/errors.js";
-import type { MongoStore } from "../src/mongo-store.js";
-import { hashSecret, keyIsUsable } from "../src/api-keys.js";
-import { Subjects } from "../src/nats.js";
+import { ApiError, type ApiKeyDoc, type Clock, hashSecret, keyIsUsable, type MongoStore, Subjects, type WorkspaceDoc } from "../src/index.js";
 
 /** Who is calling: the key's workspace and scopes. */
 export interface AuthContext {

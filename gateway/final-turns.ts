@@ -1,5 +1,4 @@
-import { isFinalStatus } from "../src/domain.js";
-import type { TurnDoc } from "../src/documents.js";
+import { isFinalStatus, type TurnDoc } from "../src/index.js";
 
 /**
  * Final turns as the gateway renders them, kept in memory. A turn never changes once it

@@ -1,9 +1,6 @@
 import { createHash } from "node:crypto";
 import type { FastifyRequest } from "fastify";
-import type { Clock } from "../src/clock.js";
-import type { IdempotencyDoc } from "../src/documents.js";
-import { ApiError, invalid } from "../src/errors.js";
-import type { MongoStore } from "../src/mongo-store.js";
+import { ApiError, type Clock, type IdempotencyDoc, invalid, type MongoStore } from "../src/index.js";
 
 const KEEP_MS = 48 * 3600_000;
 const KEY_PATTERN = /^[\x20-\x7e]{1,255}$/;

@@ -1,1 +1,2 @@
-export { buildApp, type GatewayContext } from "./app.js";
+export { buildApp } from "./app.js";
+export type { GatewayContext } from "./context.js";

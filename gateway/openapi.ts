@@ -1,8 +1,6 @@
 import { existsSync, readFileSync } from "node:fs";
 import { z } from "zod";
-import { ERROR_CATALOGUE, type ErrorCode } from "../src/errors.js";
-import { MAX_TAG_FILTERS } from "../src/run-list.js";
-import { ENV_NAME_PATTERN } from "../src/env-values.js";
+import { ENV_NAME_PATTERN, ERROR_CATALOGUE, type ErrorCode, MAX_TAG_FILTERS } from "../src/index.js";
 import { errorCatalogue, schemas } from "./schemas.js";
 
 /**

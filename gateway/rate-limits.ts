@@ -1,6 +1,5 @@
 import type { KV } from "@nats-io/kv";
-import type { Clock } from "../src/clock.js";
-import type { Plan } from "../src/domain.js";
+import type { Clock, Plan } from "../src/index.js";
 
 /** Request classes with their own limits (decisions §7). */
 export const RateClass = { standard: "standard", expensive: "expensive", exempt: "exempt" } as const;

@@ -1,9 +1,6 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import type { CommandReply, RunCommand } from "../src/commands.js";
-import { ApiError } from "../src/errors.js";
-import { Subjects, type ConnectionState } from "../src/nats.js";
-import { partitionOf } from "../actors/index.js";
+import { ApiError, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();

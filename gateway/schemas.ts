@@ -1,10 +1,5 @@
 import { z } from "zod";
-import { AgentCreateSchema, AgentConfigSchema as SourceAgentConfigSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema } from "../src/agent-config.js";
-import { BUILTIN_TOOLS, Disposition, RunState, TurnStatus } from "../src/domain.js";
-import { ERROR_CATALOGUE, ErrorType, errorTypeForStatus } from "../src/errors.js";
-import { TURN_ERROR_CATALOGUE } from "../src/turn-errors.js";
-import { SCOPES } from "../src/scopes.js";
-import { MAX_INLINE_FILE_BYTES, MAX_TAG_LENGTH, MAX_TAGS } from "../src/run-request.js";
+import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, Disposition, ERROR_CATALOGUE, ErrorType, errorTypeForStatus, MAX_INLINE_FILE_BYTES, MAX_TAG_LENGTH, MAX_TAGS, RunState, SCOPES, TURN_ERROR_CATALOGUE, TurnStatus } from "../src/index.js";
 
 /**
  * zod schemas of every request and response body the gateway serves, registered under

@@ -1,12 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ApiError } from "../src/errors.js";
-import { Ids } from "../src/ids.js";
-import { Subjects } from "../src/nats.js";
-import { isFinalStatus, type Plan } from "../src/domain.js";
-import { EventSource, type EventReadRun, type RunEvent } from "../src/event-log.js";
-import type { RunDoc } from "../src/documents.js";
-import type { GatewayContext } from "./app.js";
+import { ApiError, type EventReadRun, EventSource, Ids, isFinalStatus, type Plan, type RunDoc, type RunEvent, Subjects } from "../src/index.js";
+import type { GatewayContext } from "./context.js";
 
 /** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
 export const SSE_PING_INTERVAL_MS = 15_000;

@@ -1,7 +1,7 @@
 /**
  * A local cluster on loopback: a 3-server NATS cluster (JetStream clustered, R3
  * streams and buckets), one FerretDB, and N runtime nodes as child processes
- * (`node --import tsx src/main.ts`). Used by the cluster tests (`startCluster`) and
+ * (`node --import tsx node/main.ts`). Used by the cluster tests (`startCluster`) and
  * from the command line:
  *
  *   node --import tsx scripts/cluster.ts [--nodes 3] [--nats 3] [--partitions 64]
@@ -22,9 +22,9 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { loadConfig } from "../src/config.js";
 import { MongoStore } from "../src/mongo-store.js";
 import { connectNats, LEASES_BUCKET, provisionNats } from "../src/nats.js";
-import { freePort, PROJECT_ROOT, startFerretDb, startNatsServer, type ServerProcess } from "../src/servers.js";
-import { createWorkspace } from "../src/workspaces.js";
-import { partitionOf } from "../actors/partition-leases.js";
+import { freePort, PROJECT_ROOT, startFerretDb, startNatsServer, type ServerProcess } from "../node/servers.js";
+import { createWorkspace } from "../node/workspaces.js";
+import { partitionOf } from "../src/partition.js";
 import type { Plan } from "../src/domain.js";
 
 export interface ClusterOptions {
@@ -303,7 +303,7 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
       const fd = openSync(node.logFile, "a");
       try {
         // Own process group: a kill or pause reaches the tool processes the node started.
-        node.child = spawn(process.execPath, ["--import", "tsx", path.join(PROJECT_ROOT, "src", "main.ts")], {
+        node.child = spawn(process.execPath, ["--import", "tsx", path.join(PROJECT_ROOT, "node", "main.ts")], {
           cwd: PROJECT_ROOT,
           env: nodeEnv(node),
           stdio: ["ignore", fd, fd],

@@ -1,24 +1,45 @@
 /**
- * The public surface of the `runs` package: the API client, its wire types and errors, and
- * the pure schedule helpers it follows. The service itself is started with `npm start` or
- * the `runs` command; its internals are not part of this surface.
+ * The shared floor (docs/architecture.md): what `gateway/`, `actors/` and `node/` may
+ * import, and the only file of `src/` they import from. Nothing here imports a folder
+ * above it.
  */
-export {
-  RunsClient,
-  RunsApiError,
-  RunsWaitTimeoutError,
-  isFinalEventOf,
-  DEFAULT_BASE_URL,
-  DEFAULT_MAX_RETRIES,
-  DEFAULT_MAX_STREAM_RECONNECTS,
-  type RunsClientOptions,
-  type CallOptions,
-  type IdempotentCallOptions,
-  type WaitOptions,
-  type StreamOptions,
-  type StreamEventsOptions,
-  type FetchLike,
-} from "./client.js";
-export * from "./client-types.js";
-export { waitSchedule, waitIntervalMs, nextWaitMs, retryDelayMs, parseRetryAfter } from "./client-schedule.js";
-export { SseParser, sseFrames, type SseFrame } from "./client-sse.js";
+
+// The domain and its pure decisions.
+export * from "./domain.js";
+export * from "./errors.js";
+export * from "./turn-errors.js";
+export * from "./turn-state.js";
+export * from "./scopes.js";
+export * from "./agent-config.js";
+export * from "./run-request.js";
+export * from "./run-list.js";
+export * from "./cursors.js";
+export * from "./event-ids.js";
+export * from "./event-sanitize.js";
+export * from "./json-depth.js";
+export * from "./partition.js";
+export * from "./models.js";
+export * from "./render.js";
+export * from "./commands.js";
+export * from "./documents.js";
+export * from "./contracts.js";
+
+// Configuration, time, ids, secrets.
+export * from "./config.js";
+export * from "./clock.js";
+export * from "./ids.js";
+export * from "./api-keys.js";
+export * from "./cursor-key.js";
+export * from "./event-crypto.js";
+export * from "./blob-crypto.js";
+export * from "./address-guard.js";
+export * from "./transient.js";
+
+// Adapters: MongoDB and NATS JetStream.
+export * from "./mongo-store.js";
+export * from "./insert-batcher.js";
+export * from "./nats.js";
+export * from "./js-publisher.js";
+export * from "./event-log.js";
+export * from "./file-store.js";
+export * from "./env-values.js";

@@ -1,5 +1,6 @@
 import { RunState, TurnStatus, isFinalStatus } from "./domain.js";
 import type { OnBusy } from "./commands.js";
+import { assertNever } from "./turn-errors.js";
 
 /**
  * Pure decisions of the run lifecycle (spec "States and transitions", decisions §4).
@@ -68,6 +69,52 @@ export function interruptedStatus(status: TurnStatus): TurnStatus | undefined {
   if (status === TurnStatus.in_progress) return TurnStatus.incomplete;
   if (status === TurnStatus.cancelling) return TurnStatus.cancelled;
   return undefined;
+}
+
+/** How the agent loop of a turn ended (actors/agent-runner.ts). */
+export type TurnOutcome = "completed" | "failed" | "aborted";
+
+/** Why the actor aborted a turn's agent loop, when it did. */
+export type AbortReason = "cancel" | "duration_limit" | "shutdown";
+
+/** How a finished turn is stored: its status, and what becomes of the agent's error and output. */
+export interface SettleDecision {
+  status: TurnStatus;
+  /** `agent`: the error the agent loop reported (failed only); `none`; or a platform code. */
+  error: "agent" | "none" | "turn_duration_limit" | "worker_execution_interrupted";
+  /** `agent`: the output (partial for a failure); `none`: empty. */
+  output: "agent" | "none";
+}
+
+/**
+ * The status a turn settles in once its agent loop ended (spec "Turn status", decisions
+ * §4). A cancel wins over everything: the caller was answered `cancelling` (202), and
+ * cancelling settles as cancelled even when the agent's last step finished before the
+ * abort reached it. Otherwise the agent's own completion or failure stands; an aborted
+ * loop takes the status of the abort's reason, and an abort nobody asked for (the
+ * loop stopped by itself) counts as cancelled.
+ */
+export function settleDecision(reason: AbortReason | undefined, outcome: TurnOutcome): SettleDecision {
+  if (reason === "cancel") return { status: TurnStatus.cancelled, error: "none", output: "none" };
+  switch (outcome) {
+    case "completed":
+      return { status: TurnStatus.completed, error: "none", output: "agent" };
+    case "failed":
+      return { status: TurnStatus.failed, error: "agent", output: "agent" };
+    case "aborted":
+      switch (reason) {
+        case "duration_limit":
+          return { status: TurnStatus.incomplete, error: "turn_duration_limit", output: "agent" };
+        case "shutdown":
+          return { status: TurnStatus.incomplete, error: "worker_execution_interrupted", output: "agent" };
+        case undefined:
+          return { status: TurnStatus.cancelled, error: "none", output: "none" };
+        default:
+          return assertNever(reason);
+      }
+    default:
+      return assertNever(outcome);
+  }
 }
 
 /** The platform event that announces a final status. */

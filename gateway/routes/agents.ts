@@ -1,14 +1,7 @@
 import type { FastifyInstance } from "fastify";
-import { AgentCreateSchema, parseDeploymentRequest, parseWith } from "../../src/agent-config.js";
-import type { AgentDoc, DeploymentDoc } from "../../src/documents.js";
-import { ApiError, invalid } from "../../src/errors.js";
-import { Ids } from "../../src/ids.js";
-import { listModels } from "../../actors/index.js";
-import { providerOffered } from "../../actors/credentials.js";
-import { authOf, type GatewayContext } from "../app.js";
+import { AgentCreateSchema, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, Ids, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
-import { list, renderAgent, renderDeployment } from "../../src/render.js";
-import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
 
 type AgentParams = { Params: { agentId: string } };
 type VersionParams = { Params: { agentId: string; version: string } };

@@ -1,12 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { parseWith } from "../../src/agent-config.js";
-import { keyIsUsable, newApiKey, renderApiKey } from "../../src/api-keys.js";
-import type { ApiKeyDoc } from "../../src/documents.js";
-import { ApiError, invalid } from "../../src/errors.js";
-import { scopeListProblem } from "../../src/scopes.js";
-import { authOf, type GatewayContext } from "../app.js";
-import { list } from "../../src/render.js";
+import { ApiError, type ApiKeyDoc, invalid, keyIsUsable, list, newApiKey, parseWith, renderApiKey, scopeListProblem } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
 
 export const DEFAULT_GRACE_PERIOD_S = 86_400;
 export const MAX_GRACE_PERIOD_S = 604_800;

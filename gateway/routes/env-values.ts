@@ -1,12 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { parseWith } from "../../src/agent-config.js";
-import { unixSeconds } from "../../src/clock.js";
-import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
-import { EnvValues, envValueNotFound, type EnvValueEntry } from "../../src/env-values.js";
-import { ApiError, invalid } from "../../src/errors.js";
-import { list } from "../../src/render.js";
-import { authOf, type GatewayContext } from "../app.js";
+import { ApiError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, EnvValues, invalid, list, parseLimit, parseWith, unixSeconds } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
 import { requireScope } from "../auth.js";
 import { RateClass } from "../rate-limits.js";
 

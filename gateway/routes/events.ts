@@ -1,11 +1,8 @@
 import type { FastifyInstance } from "fastify";
-import { ApiError, invalid } from "../../src/errors.js";
-import { parseLimit } from "../../src/cursors.js";
-import { isFinalStatus } from "../../src/domain.js";
-import type { RunDoc, TurnDoc } from "../../src/documents.js";
-import { authOf, type GatewayContext } from "../app.js";
+import { ApiError, invalid, isFinalStatus, parseLimit, type RunDoc, type TurnDoc } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
 import { closeEventStreams, eventRunOf, streamEvents } from "../sse.js";
-import { loadRun } from "./runs.js";
+import { loadRun } from "../loaders.js";
 
 /** decisions §5: `limit` of the event list. */
 export const EVENTS_LIMIT_DEFAULT = 100;

@@ -4,24 +4,8 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import multipart from "@fastify/multipart";
 import { jetstream } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
-import { unixSeconds } from "../../src/clock.js";
-import type { Config } from "../../src/config.js";
-import { ApiError, invalid } from "../../src/errors.js";
-import {
-  decideUpload,
-  decisionError,
-  FileStore,
-  UploadSourceError,
-  UploadState,
-  uploadFingerprint,
-  type FileDoc,
-  type ReceivedObject,
-  type UploadLimits,
-  type UploadSession,
-} from "../../src/file-store.js";
-import { StoreUnavailableError } from "../../src/mongo-store.js";
-import { FILES_BUCKET } from "../../src/nats.js";
-import { authOf, sendError, type GatewayContext } from "../app.js";
+import { ApiError, type Config, decideUpload, decisionError, type FileDoc, FILES_BUCKET, FileStore, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { retryAfterSeconds } from "../unavailable.js";
 

@@ -1,5 +1,5 @@
 import type { FastifyInstance } from "fastify";
-import type { GatewayContext } from "../app.js";
+import type { GatewayContext } from "../context.js";
 
 /** Liveness, readiness and a small Prometheus endpoint (decisions §8). */
 export function healthRoutes(ctx: GatewayContext) {

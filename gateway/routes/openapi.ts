@@ -1,5 +1,5 @@
 import type { FastifyInstance } from "fastify";
-import type { GatewayContext } from "../app.js";
+import type { GatewayContext } from "../context.js";
 import { buildOpenApiDocument } from "../openapi.js";
 
 /** `GET /api/v1/openapi.json` (decisions §8): public, built once per gateway. */

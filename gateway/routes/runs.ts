@@ -1,18 +1,10 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, invalid } from "../../src/errors.js";
-import { Ids } from "../../src/ids.js";
-import { Subjects } from "../../src/nats.js";
-import { isFinalStatus, TurnStatus, type Disposition } from "../../src/domain.js";
-import type { RunDoc, TurnDoc } from "../../src/documents.js";
-import type { RunCommand } from "../../src/commands.js";
-import { parseRunRequest, runRequestFingerprint, type RunRequest } from "../../src/run-request.js";
-import { authOf, type GatewayContext } from "../app.js";
+import { ApiError, decodeCursor, type Disposition, encodeCursor, Ids, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
+import { loadRun, loadTurn } from "../loaders.js";
 import { checkStreamQuota, streamEvents } from "../sse.js";
-import { list, renderRun, renderRunSummary } from "../../src/render.js";
-import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
-import { listRuns, parseRunListQuery } from "../../src/run-list.js";
 
 /** The identity of a POST /runs answer, kept in its idempotency record. */
 interface RunAnswer extends Record<string, unknown> {
@@ -24,28 +16,6 @@ interface RunAnswer extends Record<string, unknown> {
   view?: Record<string, unknown>;
   /** A recorded error answer (the same key returns the same answer). */
   error?: { code: string; message: string; param: string | null };
-}
-
-/** Reads a run of the workspace, or answers 404/410 as the spec says. */
-/** The run of the workspace; 404 naming `param` (the path's `runId`, or the body's `run_id`). */
-export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
-  const run = await ctx.store.getRun(runId);
-  if (run && run.workspace_id === workspaceId) {
-    // Past retention the run is gone even before the sweeper deleted it.
-    if (run.expires_at <= ctx.clock.nowMs()) throw new ApiError("run_expired");
-    return run;
-  }
-  const tombstone = await ctx.store.getTombstone(runId);
-  if (tombstone && tombstone.workspace_id === workspaceId && tombstone.reason === "expired") {
-    throw new ApiError("run_expired");
-  }
-  throw new ApiError("run_not_found", { param });
-}
-
-async function loadTurn(ctx: GatewayContext, run: RunDoc, turnId: string): Promise<TurnDoc> {
-  const turn = await ctx.finalTurns.get(turnId, () => ctx.store.getTurn(turnId));
-  if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turn_id" });
-  return turn;
 }
 
 /** Subscribes to a turn's final notice; `arrivedWithin` resolves true once it has arrived. */

@@ -1,8 +1,7 @@
 import type { FastifyInstance } from "fastify";
-import { invalid } from "../../src/errors.js";
-import { parseTags } from "../../src/run-request.js";
-import { authOf, type GatewayContext } from "../app.js";
-import { loadRun } from "./runs.js";
+import { invalid, parseTags } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
+import { loadRun } from "../loaders.js";
 
 /**
  * `POST /api/v1/runs/{runId}/tags`: set semantics, no Idempotency-Key. The run's

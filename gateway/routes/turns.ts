@@ -1,9 +1,7 @@
 import type { FastifyInstance } from "fastify";
-import { ApiError } from "../../src/errors.js";
-import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
-import { list, renderTurn } from "../../src/render.js";
-import { authOf, type GatewayContext } from "../app.js";
-import { loadRun } from "./runs.js";
+import { ApiError, decodeCursor, encodeCursor, list, parseLimit, renderTurn } from "../../src/index.js";
+import { authOf, type GatewayContext } from "../context.js";
+import { loadRun } from "../loaders.js";
 
 /** A turns cursor's position: a turn index, or the cursor is not one this list issued. */
 function turnIndexOf(k: string): number {

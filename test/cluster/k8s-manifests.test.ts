@@ -1,7 +1,7 @@
 import test from "ava";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
-import { PROJECT_ROOT } from "../../src/servers.js";
+import { PROJECT_ROOT } from "../../node/servers.js";
 
 const k8s = (file: string) => readFile(path.join(PROJECT_ROOT, "deploy", "k8s", file), "utf8");
 

@@ -3,9 +3,9 @@ import os from "node:os";
 import path from "node:path";
 import pino from "pino";
 import { loadConfig, type Config } from "../../src/config.js";
-import { freePort, startFerretDb, startNatsServer, type ServerProcess } from "../../src/servers.js";
-import { startService, type RunningService } from "../../src/service.js";
-import { createWorkspace } from "../../src/workspaces.js";
+import { freePort, startFerretDb, startNatsServer, type ServerProcess } from "../../node/servers.js";
+import { startService, type RunningService } from "../../node/service.js";
+import { createWorkspace } from "../../node/workspaces.js";
 import type { Plan } from "../../src/domain.js";
 
 /** Real nats-server and FerretDB on free loopback ports, in a temp dir, for one test file. */

@@ -2,8 +2,8 @@ import anyTest, { type TestFn } from "ava";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
-import { PROJECT_ROOT } from "../../src/servers.js";
+import type { RunningService } from "../../node/service.js";
+import { PROJECT_ROOT } from "../../node/servers.js";
 
 /** The `runs` command (bin/runs.js) against the real service, configured by RUNS_URL and RUNS_API_KEY. */
 

@@ -2,8 +2,8 @@ import anyTest, { type TestFn } from "ava";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
-import { RunsApiError, RunsClient, type RunEvent } from "../../src/index.js";
+import type { RunningService } from "../../node/service.js";
+import { RunsApiError, RunsClient, type RunEvent } from "../../client/index.js";
 
 /**
  * RunsClient against the real service: a typed call for each endpoint family, and the

@@ -6,15 +6,15 @@ import { MongoClient } from "mongodb";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { freePort, portIsFree, PROJECT_ROOT } from "../../src/servers.js";
+import { freePort, portIsFree, PROJECT_ROOT } from "../../node/servers.js";
 import { Api } from "../helpers/servers.js";
 
 const exec = promisify(execFile);
 
-/** Starts `src/main.ts` as `npm start` does (bootstrap already done by the test command). */
+/** Starts `node/main.ts` as `npm start` does (bootstrap already done by the test command). */
 function startMain(env: NodeJS.ProcessEnv): { child: ChildProcess; output: () => string; serving: Promise<string> } {
   // Its own process group, like a program started from a terminal.
-  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { cwd: PROJECT_ROOT, env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  const child = spawn(process.execPath, ["--import", "tsx", "node/main.ts"], { cwd: PROJECT_ROOT, env, stdio: ["ignore", "pipe", "pipe"], detached: true });
   let out = "";
   child.stdout!.on("data", (d) => (out += d));
   child.stderr!.on("data", (d) => (out += d));

@@ -7,7 +7,7 @@ import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jet
 import type { NatsConnection } from "@nats-io/transport-node";
 import { EventSource as SseClient } from "eventsource";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 import { connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
 import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamEventLog, type EventLog, type EventSource, type RunEvent } from "../../src/event-log.js";
@@ -16,7 +16,7 @@ import { newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
 import type { Plan, TurnStatus } from "../../src/domain.js";
 import type { RunDoc, TurnDoc } from "../../src/documents.js";
-import type { GatewayContext } from "../../gateway/app.js";
+import type { GatewayContext } from "../../gateway/context.js";
 import { closeEventStreams, streamEvents } from "../../gateway/sse.js";
 
 /**

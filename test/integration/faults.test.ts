@@ -1,8 +1,8 @@
 import anyTest, { type TestFn } from "ava";
 import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import { startFerretDb, startNatsServer } from "../../src/servers.js";
-import type { RunningService } from "../../src/service.js";
+import { startFerretDb, startNatsServer } from "../../node/servers.js";
+import type { RunningService } from "../../node/service.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; agent: string }>;
 

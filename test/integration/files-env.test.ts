@@ -5,7 +5,7 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 import { EnvValues } from "../../src/env-values.js";
 import { BlobKeyring } from "../../src/blob-crypto.js";
 import { FileStore } from "../../src/file-store.js";

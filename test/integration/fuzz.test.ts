@@ -2,7 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import fc from "fast-check";
 import type { FastifyInstance } from "fastify";
 import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 
 /**
  * Property-based fuzzing of the whole API (issue 12): generated malformed requests on

@@ -4,7 +4,7 @@ import addFormats from "ajv-formats";
 import type { ValidateFunction } from "ajv";
 import { readFileSync } from "node:fs";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 
 /**
  * The OpenAPI document against the running service: every route Fastify registered is in

@@ -2,7 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; provider: Server; baseUrl: string; seen: string[] }>;
 

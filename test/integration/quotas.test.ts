@@ -1,6 +1,6 @@
 import anyTest, { type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 
 /** Tenant quotas that bound what one workspace can make a node hold (issue 12, finding 4). */
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; key: string; other: Api; sleeper: string }>;

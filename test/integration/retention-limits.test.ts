@@ -1,8 +1,8 @@
 import anyTest, { type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 import { TURN_ERROR_CATALOGUE } from "../../src/turn-errors.js";
-import { setWorkspacePlan } from "../../src/workspaces.js";
+import { setWorkspacePlan } from "../../node/workspaces.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; solo: Api; business: Api; soloWs: string }>;
 

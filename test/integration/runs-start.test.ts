@@ -1,6 +1,6 @@
 import anyTest, { type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; other: Api; echoAgent: string }>;
 

@@ -1,6 +1,6 @@
 import anyTest, { type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 import { eventStreamName } from "../../src/nats.js";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connectNats } from "../../src/nats.js";

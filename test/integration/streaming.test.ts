@@ -3,7 +3,7 @@ import http from "node:http";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 import { eventStreamName } from "../../src/nats.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; key: string; wsId: string }>;

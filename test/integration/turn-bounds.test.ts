@@ -1,8 +1,8 @@
 import anyTest, { type TestFn } from "ava";
 import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import { startFerretDb } from "../../src/servers.js";
-import type { RunningService } from "../../src/service.js";
+import { startFerretDb } from "../../node/servers.js";
+import type { RunningService } from "../../node/service.js";
 import { MAX_TURN_FILE_BYTES } from "../../src/run-request.js";
 
 /**

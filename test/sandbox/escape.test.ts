@@ -23,7 +23,7 @@ import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import { hostProcesses } from "../helpers/sandbox.js";
-import type { RunningService } from "../../src/service.js";
+import type { RunningService } from "../../node/service.js";
 import { describeLimit, limitsOf } from "../../actors/sandbox-limits.js";
 
 /** A loopback HTTP server that records what reached it. */

@@ -11,7 +11,6 @@ import type { AgentConfig, InputPart, RuntimeEvent, ScriptStep } from "../../src
 import {
   buildUserMessage,
   classifyFile,
-  listModels,
   providerFailure,
   resolveModel,
   sanitizeErrorText,
@@ -20,6 +19,7 @@ import {
   type RunningTurn,
   type TurnRunRequest,
 } from "../../actors/agent-runner.js";
+import { listModels } from "../../src/models.js";
 import { scriptedModel } from "../../actors/scripted-model.js";
 import type { Sandbox } from "../../actors/sandbox.js";
 import { testSandbox } from "../helpers/sandbox.js";

@@ -1,5 +1,5 @@
 import test from "ava";
-import { nextWaitMs, parseRetryAfter, retryDelayMs, waitIntervalMs, waitSchedule } from "../../src/client-schedule.js";
+import { nextWaitMs, parseRetryAfter, retryDelayMs, waitIntervalMs, waitSchedule } from "../../client/schedule.js";
 
 // runs-api.md, Waiting for a result: first read after 1000 ms, each next interval 1.5× longer
 // up to 10 s, each wait lengthened at random by up to 20% and never shortened.

@@ -1,5 +1,5 @@
 import test from "ava";
-import { SseParser, sseFrames } from "../../src/client-sse.js";
+import { SseParser, sseFrames } from "../../client/sse.js";
 
 const WIRE =
   ": ping\n\n" +

@@ -1,6 +1,6 @@
 import test from "ava";
-import { RunsApiError, RunsClient, RunsWaitTimeoutError, type FetchLike } from "../../src/client.js";
-import type { Run, RunEvent } from "../../src/client-types.js";
+import { RunsApiError, RunsClient, RunsWaitTimeoutError, type FetchLike } from "../../client/client.js";
+import type { Run, RunEvent } from "../../client/types.js";
 
 /** A scripted answer of the fake server: a Response, or an Error thrown by fetch. */
 type Answer = Response | Error | ((request: Recorded) => Response | Error);

@@ -2,7 +2,7 @@ import test from "ava";
 import { SCOPES, scopeListProblem } from "../../src/scopes.js";
 import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
 import { ApiError, ERROR_CATALOGUE, ErrorType, type ErrorCode } from "../../src/errors.js";
-import { partitionOf, rendezvousOwner } from "../../actors/partition-leases.js";
+import { partitionOf, rendezvousOwner } from "../../src/partition.js";
 import { retryAfterSeconds } from "../../gateway/unavailable.js";
 
 test("scopes - canonical list of eleven; write and reveal need their read scope", (t) => {

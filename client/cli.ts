@@ -10,7 +10,7 @@
  */
 import { readFile } from "node:fs/promises";
 import { DEFAULT_BASE_URL, RunsApiError, RunsClient, isFinalEventOf } from "./client.js";
-import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./client-types.js";
+import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
 
 export const CLIENT_USAGE = `usage: runs <command> [options]
 

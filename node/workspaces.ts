@@ -1,10 +1,4 @@
-import type { Plan } from "./domain.js";
-import type { WorkspaceDoc } from "./documents.js";
-import type { MongoStore } from "./mongo-store.js";
-import { Ids } from "./ids.js";
-import { SCOPES } from "./scopes.js";
-import { newApiKey, renderApiKey } from "./api-keys.js";
-import { unixSeconds } from "./clock.js";
+import { Ids, type MongoStore, newApiKey, type Plan, renderApiKey, SCOPES, unixSeconds, type WorkspaceDoc } from "../src/index.js";
 
 export function renderWorkspace(doc: WorkspaceDoc) {
   return { id: doc._id, object: "workspace", name: doc.name, plan: doc.plan, created_at: unixSeconds(doc.created_at) };

@@ -1,10 +1,9 @@
 import pino from "pino";
-import { loadConfig } from "./config.js";
+import { loadConfig, systemClock } from "../src/index.js";
 import { startEmbedded, type Embedded } from "./embedded.js";
 import { MissingToolError } from "./servers.js";
 import { startService, type RunningService } from "./service.js";
 import { createWorkspace } from "./workspaces.js";
-import { systemClock } from "./clock.js";
 import { SandboxUnavailableError } from "../actors/index.js";
 
 /** `npm start`: the service, with an embedded nats-server and FerretDB unless NATS_URL / MONGODB_URI are set. */

@@ -1,20 +1,18 @@
 import path from "node:path";
-import type { MongoStore } from "./mongo-store.js";
+import type { MongoStore, Plan } from "../src/index.js";
 import type { ServerProcess } from "./servers.js";
-import { Plan } from "./domain.js";
-import { CLIENT_USAGE, UsageError, describeClientError, runClientCommand } from "./client-cli.js";
+import { CLIENT_USAGE, describeClientError, runClientCommand, UsageError } from "../client/index.js";
 
 // The admin command's modules (store driver, server processes) load only for `admin`:
 // the API commands start about twice as fast without them.
 const adminModules = async () => {
-  const [config, embedded, mongoStore, servers, workspaces] = await Promise.all([
-    import("./config.js"),
+  const [floor, embedded, servers, workspaces] = await Promise.all([
+    import("../src/index.js"),
     import("./embedded.js"),
-    import("./mongo-store.js"),
     import("./servers.js"),
     import("./workspaces.js"),
   ]);
-  return { ...config, ...embedded, ...mongoStore, ...servers, ...workspaces };
+  return { ...floor, ...embedded, ...servers, ...workspaces };
 };
 
 const ADMIN_USAGE = `usage:
@@ -65,10 +63,13 @@ async function openStore(): Promise<{ store: MongoStore; close: () => Promise<vo
   };
 }
 
+/** Checked without loading src/ (whose Plan has the same two values). */
+const isPlan = (value: string | undefined): value is Plan => value === "solo" || value === "business";
+
 async function main(args: string[]): Promise<void> {
   if (args[0] === "admin" && args[1] === "create-workspace") {
     const plan = flag(args, "plan");
-    if (plan !== Plan.solo && plan !== Plan.business) throw new AdminUsageError("--plan must be solo or business");
+    if (!isPlan(plan)) throw new AdminUsageError("--plan must be solo or business");
     const name = flag(args, "name");
     const { store, close } = await openStore();
     const { createWorkspace } = await adminModules();
@@ -84,7 +85,7 @@ async function main(args: string[]): Promise<void> {
     const workspaceId = args[2];
     if (!workspaceId || workspaceId.startsWith("--")) throw new AdminUsageError("set-plan needs a workspace id");
     const plan = flag(args, "plan");
-    if (plan !== Plan.solo && plan !== Plan.business) throw new AdminUsageError("--plan must be solo or business");
+    if (!isPlan(plan)) throw new AdminUsageError("--plan must be solo or business");
     const { store, close } = await openStore();
     const { setWorkspacePlan } = await adminModules();
     try {

@@ -18,8 +18,8 @@
  * tested without waiting.
  */
 import { randomUUID } from "node:crypto";
-import { nextWaitMs, parseRetryAfter, retryDelayMs } from "./client-schedule.js";
-import { sseFrames } from "./client-sse.js";
+import { nextWaitMs, parseRetryAfter, retryDelayMs } from "./schedule.js";
+import { sseFrames } from "./sse.js";
 import {
   isFinalTurnStatus,
   type Agent,
@@ -50,7 +50,7 @@ import {
   type TagsUpdate,
   type Turn,
   type UploadFileRequest,
-} from "./client-types.js";
+} from "./types.js";
 
 export const DEFAULT_BASE_URL = "http://127.0.0.1:8080";
 export const DEFAULT_MAX_RETRIES = 2;

@@ -1,17 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import type { Config } from "./config.js";
-import { systemClock, type Clock } from "./clock.js";
-import { MongoStore } from "./mongo-store.js";
-import { connectNats, provisionNats } from "./nats.js";
-import { EventKeyring } from "./event-crypto.js";
-import { JetStreamEventLog } from "./event-log.js";
-import { FileStore } from "./file-store.js";
-import { EnvValues } from "./env-values.js";
-import { scrubProviderEnvironment } from "../actors/credentials.js";
-import { useCursorKey } from "./cursor-key.js";
-import { BlobKeyring } from "./blob-crypto.js";
-import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, EgressProxy, parseTestHosts, Sandbox, WorkspaceCheckpoints } from "../actors/index.js";
+import { BlobKeyring, type Clock, type Config, connectNats, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
+import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
 

@@ -4,9 +4,18 @@
  * tolerated (runs-api.md, Versioning 3).
  */
 
-import { TurnStatus } from "./domain.js";
-
-export { TurnStatus };
+/** A turn's status (runs-api.md, Turn status). The client stands alone, so this repeats
+ * the server's list (src/domain.ts); test/unit/client-types.test.ts keeps the two equal. */
+export const TurnStatus = {
+  queued: "queued",
+  in_progress: "in_progress",
+  cancelling: "cancelling",
+  completed: "completed",
+  failed: "failed",
+  cancelled: "cancelled",
+  incomplete: "incomplete",
+} as const;
+export type TurnStatus = (typeof TurnStatus)[keyof typeof TurnStatus];
 
 /** Final statuses never change (runs-api.md, Turn status). */
 export function isFinalTurnStatus(status: string): boolean {
