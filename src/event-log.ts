@@ -14,6 +14,7 @@ import { MAX_STORED_EVENT_BYTES, sanitizeEvent } from "./event-sanitize.js";
 import { AsyncPublisher, type StoredAck } from "./js-publisher.js";
 import { eventStreamName, eventSubject } from "./nats.js";
 import { systemClock, unixSeconds, type Clock } from "./clock.js";
+import { HistoryStatus, historyStatus } from "./history-status.js";
 
 /**
  * The run event log (spec Events, decisions §5, DESIGN §5): events are numbered by the run's
@@ -43,8 +44,6 @@ export interface RunEvent {
   data: unknown;
 }
 
-export const HistoryStatus = { complete: "complete", partial: "partial", expired: "expired", empty: "empty" } as const;
-export type HistoryStatus = (typeof HistoryStatus)[keyof typeof HistoryStatus];
 
 export interface EventHistory {
   /** null for a read with a cursor. */
@@ -235,20 +234,12 @@ export class JetStreamEventLog implements EventLog {
       const events = selected.slice(0, options.limit);
       if (cursor) return { events, hasMore, history: { status: null, retention_days: retentionDays } };
 
-      const recorded = last !== null || (run.event_seq ?? 0) > 0 || run.created_at < minMs;
-      if (!recorded) return { events, hasMore, history: { status: HistoryStatus.empty, retention_days: null } };
-      let status: HistoryStatus;
-      if (!firstOfSelection) {
-        // Nothing retained for the selection although the run recorded events. For a turn
-        // this also covers a turn with no event yet: the caller answers event_boundary_pending
-        // for an admitted turn whose first event is not recorded before reading.
-        status = HistoryStatus.expired;
-      } else if (options.turnId === undefined) {
-        status = firstOfSelection.event.sequence === 1 ? HistoryStatus.complete : HistoryStatus.partial;
-      } else {
-        status = firstOfSelection.tf === firstOfSelection.event.sequence ? HistoryStatus.complete : HistoryStatus.partial;
-      }
-      return { events, hasMore, history: { status, retention_days: retentionDays } };
+      const status = historyStatus({
+        recorded: last !== null || (run.event_seq ?? 0) > 0 || run.created_at < minMs,
+        first: firstOfSelection && { sequence: firstOfSelection.event.sequence, turnFirstSequence: firstOfSelection.tf },
+        forTurn: options.turnId !== undefined,
+      });
+      return { events, hasMore, history: { status, retention_days: status === HistoryStatus.empty ? null : retentionDays } };
     });
   }
 

@@ -16,6 +16,7 @@ export * from "./run-list.js";
 export * from "./cursors.js";
 export * from "./event-ids.js";
 export * from "./event-sanitize.js";
+export * from "./history-status.js";
 export * from "./json-depth.js";
 export * from "./partition.js";
 export * from "./models.js";
