@@ -4,7 +4,7 @@
  * event as a {@link RuntimeEvent}, delivers steering, and maps the end of the agent
  * loop to a turn outcome.
  *
- * Decisions (see also the README's error list):
+ * Decisions (the failure codes themselves are the catalogue in src/turn-errors.ts):
  * - Events (decisions §5): every AgentEvent becomes one RuntimeEvent with the same
  *   `type`, except `message_update`, which takes its inner assistant event's type
  *   (text_delta, toolcall_delta, …). `data` is the rest of the event's fields, never
@@ -75,8 +75,6 @@ export interface TurnRunRequest {
   onEvent: (event: RuntimeEvent) => void;
   /** API key per provider. Without it, pi-ai's environment lookup (e.g. OPENAI_API_KEY) applies. */
   getApiKey?: (provider: string) => string | undefined;
-  /** Environment values for `bash` commands (on top of a minimal base; never the service's). */
-  commandEnv?: Record<string, string>;
   /** Model resolution, replaceable in tests. Default {@link resolveModel}. */
   resolveModel?: typeof resolveModel;
   /** Support reference generation for turn errors. Default {@link newReference}. */
@@ -507,7 +505,6 @@ class TurnExecution {
         tools: createWorkspaceTools(req.workspaceDir, req.config.tools ?? BUILTIN_TOOLS, {
           sandbox: req.sandbox,
           commandTimeoutMs: (req.config.limits?.command_timeout_s ?? DEFAULT_COMMAND_TIMEOUT_MS / 1000) * 1000,
-          env: req.commandEnv,
           limits: limitsOf(req.config),
           networkAllow: req.config.network?.allow,
           onNetworkDenied: (denial) =>

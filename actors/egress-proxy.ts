@@ -16,7 +16,7 @@ import net from "node:net";
 import { chmod, rm } from "node:fs/promises";
 import type { Duplex } from "node:stream";
 import type { Logger } from "pino";
-import { hostAllowed, type Lookup, NetworkPolicyError, resolveAllowed } from "../src/index.js";
+import { ConfigurationError, hostAllowed, type Lookup, NetworkPolicyError, resolveAllowed } from "../src/index.js";
 
 export interface EgressPolicy {
   allow: readonly string[];
@@ -238,9 +238,9 @@ export function parseTestHosts(value: string | undefined): Map<string, { host: s
   for (const entry of value.split(",")) {
     const [name, target] = entry.split("=").map((s) => s?.trim());
     const parsed = target ? parseAuthority(target) : undefined;
-    if (!name || !parsed) throw new Error(`configuration: RUNS_EGRESS_TEST_HOSTS: "${entry}" is not name=host:port`);
+    if (!name || !parsed) throw new ConfigurationError(`RUNS_EGRESS_TEST_HOSTS: "${entry}" is not name=host:port`);
     const loopback = parsed.host === "localhost" || parsed.host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(parsed.host);
-    if (!loopback) throw new Error(`configuration: RUNS_EGRESS_TEST_HOSTS: ${parsed.host} is not a loopback address (test use only)`);
+    if (!loopback) throw new ConfigurationError(`RUNS_EGRESS_TEST_HOSTS: ${parsed.host} is not a loopback address (test use only)`);
     map.set(name.toLowerCase(), parsed);
   }
   return map;

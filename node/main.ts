@@ -1,5 +1,5 @@
 import pino from "pino";
-import { loadConfig, systemClock } from "../src/index.js";
+import { ConfigurationError, loadConfig, systemClock } from "../src/index.js";
 import { startEmbedded, type Embedded } from "./embedded.js";
 import { MissingToolError } from "./servers.js";
 import { startService, type RunningService } from "./service.js";
@@ -76,7 +76,7 @@ main().catch((err) => {
     process.stderr.write(`runs: ${err.message}\n`);
     process.exit(5);
   }
-  if (err instanceof MissingToolError || (err instanceof Error && err.message.startsWith("configuration:"))) {
+  if (err instanceof MissingToolError || err instanceof ConfigurationError) {
     process.stderr.write(`runs: ${err.message}\n`);
     process.exit(3);
   }

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, type Config, connectNats, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
+import { BlobKeyring, type Clock, type Config, ConfigurationError, connectNats, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
 import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
@@ -38,7 +38,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   await store.provision();
   const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
   const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs, config.storeBytes);
-  if (!config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
+  if (!config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
   useCursorKey(config.masterKey);
   const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
   const blobKeys = new BlobKeyring(config.masterKey);

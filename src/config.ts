@@ -137,6 +137,14 @@ export interface Config {
   logLevel: string;
 }
 
+/** A setting is missing or wrong: `npm start` says so in one line and exits 3. */
+export class ConfigurationError extends Error {
+  constructor(problem: string) {
+    super(`configuration: ${problem}`);
+    this.name = "ConfigurationError";
+  }
+}
+
 /** Values of the example files (deploy/): a service must never run with them. */
 const PLACEHOLDER_SECRET = /change-me|REPLACE/i;
 
@@ -145,12 +153,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = EnvSchema.safeParse(env);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
-    throw new Error(`configuration: ${issue?.path.join(".")}: ${issue?.message}`);
+    throw new ConfigurationError(`${issue?.path.join(".")}: ${issue?.message}`);
   }
   const e = parsed.data;
   for (const name of ["NATS_PASSWORD", "RUNS_MASTER_KEY", "MONGODB_URI"] as const) {
     if (PLACEHOLDER_SECRET.test(e[name] ?? "")) {
-      throw new Error(`configuration: ${name}: holds a placeholder from an example file (change-me, REPLACE…); set a random secret`);
+      throw new ConfigurationError(`${name}: holds a placeholder from an example file (change-me, REPLACE…); set a random secret`);
     }
   }
   const roles = new Set(e.RUNS_ROLES.split(",").map((r) => r.trim()));

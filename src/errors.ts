@@ -158,6 +158,3 @@ export function invalid(param: string | null, message: string): ApiError {
   return new ApiError("invalid_request", { param, message });
 }
 
-export function isApiError(value: unknown): value is ApiError {
-  return value instanceof ApiError;
-}

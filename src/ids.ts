@@ -34,7 +34,6 @@ export const Ids = {
   run: () => newId("run"),
   turn: () => newId("turn"),
   file: () => newId("file"),
-  event: () => newId("evt"),
   reference: () => `ref_${randomBase62(20)}`,
   apiKeyId: () => randomUUID(),
   apiKeySecret: () => `rk_live_${randomBase62(43)}`,

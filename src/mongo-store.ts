@@ -72,20 +72,6 @@ async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, doc: T)
   }
 }
 
-export interface RunListQuery {
-  workspaceId: string;
-  agentId?: string;
-  version?: number;
-  state?: string;
-  tags?: string[];
-  createdAfterMs?: number;
-  createdBeforeMs?: number;
-  /** Keyset position: runs strictly after this (last_activity_at desc, _id desc). */
-  after?: { lastActivityAt: number; id: string };
-  limit: number;
-  nowMs: number;
-}
-
 /**
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
  * no transactions, no TTL indexes, and only inserts rely on unique indexes.
@@ -339,7 +325,7 @@ export class MongoStore {
     if (r.matchedCount === 0) throw new FencedError(id);
   }
 
-  /** Runs matching `filter`, most recently active first; `batch` streams them for scans. */
+  /** Runs matching `filter`, most recently active first, at most `limit` (scans use {@link scanRuns}). */
   findRuns(filter: Filter<RunDoc>, limit: number): Promise<RunDoc[]> {
     return guard(() => this.runs.find(filter).sort({ last_activity_at: -1, _id: -1 }).limit(limit).toArray());
   }

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, EnvValues, invalid, list, parseLimit, parseWith, unixSeconds } from "../../src/index.js";
+import { ApiError, ConfigurationError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, EnvValues, invalid, list, parseLimit, parseWith, unixSeconds } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { requireScope } from "../auth.js";
 import { RateClass } from "../rate-limits.js";
@@ -37,7 +37,7 @@ function parseReveal(raw: unknown): boolean {
  */
 export function envValueRoutes(ctx: GatewayContext, values?: EnvValues) {
   return async function (app: FastifyInstance) {
-    if (!ctx.config.masterKey) throw new Error("configuration: RUNS_MASTER_KEY: required (32 bytes, base64)");
+    if (!ctx.config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
     const store = values ?? new EnvValues(ctx.store.db, ctx.config.masterKey, ctx.clock);
     await store.provision();
 

@@ -4,7 +4,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import multipart from "@fastify/multipart";
 import { jetstream } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
-import { ApiError, type Config, decideUpload, decisionError, type FileDoc, FILES_BUCKET, FileStore, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { ApiError, type Config, ConfigurationError, decideUpload, decisionError, type FileDoc, FILES_BUCKET, FileStore, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { retryAfterSeconds } from "../unavailable.js";
@@ -33,7 +33,7 @@ const MEDIA_TYPE = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0
 function positiveInt(raw: string | undefined, fallback: number, name: string): number {
   if (raw === undefined || raw === "") return fallback;
   const value = Number(raw);
-  if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) throw new Error(`configuration: ${name}: must be a positive whole number`);
+  if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) throw new ConfigurationError(`${name}: must be a positive whole number`);
   return value;
 }
 

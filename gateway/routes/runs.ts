@@ -296,8 +296,9 @@ async function deliver(
   }
   const final = isFinalStatus(turn.status);
   if (!final || body.background) {
+    // Background, or the wait ran out: 202 with where to look (runs-api.md, POST /runs).
     reply.header("location", `/api/v1/runs/${run._id}?turn_id=${turn._id}`);
-    return reply.status(final && !body.background ? 200 : 202).send(renderRun(run, turn, answer.disposition));
+    return reply.status(202).send(renderRun(run, turn, answer.disposition));
   }
   return reply.status(200).send(renderRun(run, turn, answer.disposition));
 }
