@@ -1,5 +1,5 @@
-import type { Subscription } from "@nats-io/transport-node";
-import { type CommandReply, isTransientFailure, partitionOf, type RunCommand, Subjects } from "../src/index.js";
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
 import { PartitionLeases } from "./partition-leases.js";
 import { RunActor, type ActorResources } from "./run-actor.js";
@@ -10,6 +10,13 @@ const encoder = new TextEncoder();
 /** Temporary failures inside a command (checkpoints too) answer 503, never 500. */
 function isTemporary(error: unknown): boolean {
   return isTransientFailure(error) || error instanceof CheckpointError;
+}
+
+/** What the host needs besides what it hands its actors. */
+export interface HostResources extends ActorResources {
+  config: Config;
+  nc: NatsConnection;
+  files: FileStore;
 }
 
 /**
@@ -29,7 +36,7 @@ export class ActorHost {
   private admitting = true;
 
   constructor(
-    private readonly r: ActorResources,
+    private readonly r: HostResources,
     kv: { leases: KV; nodes: KV },
   ) {
     this.leases = new PartitionLeases(

@@ -1,4 +1,4 @@
-export { ActorHost } from "./actor-host.js";
+export { ActorHost, type HostResources } from "./actor-host.js";
 export { RunActor, DeploymentCache, type ActorResources } from "./run-actor.js";
 export { DeploymentBuilder } from "./deployment-builder.js";
 export { PartitionLeases } from "./partition-leases.js";

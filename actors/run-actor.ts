@@ -2,10 +2,9 @@ import { mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { JetStreamManager } from "@nats-io/jetstream";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, admissionOutcome, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, type DeploymentDoc, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, isTransientFailure, JetStreamEventLog, MAX_TAGS, MAX_TURN_FILE_BYTES, type MongoStore, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
-import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
+import { type AbortReason, admissionOutcome, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, type DeploymentDoc, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, isTransientFailure, MAX_TAGS, MAX_TURN_FILE_BYTES, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
+import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "./agent-runner.js";
 import { nextVersionFor } from "./versions.js";
 import { existsSync } from "node:fs";
 import { CheckpointCorruptError, CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
@@ -14,24 +13,29 @@ import type { Sandbox } from "./sandbox.js";
 import { apiKeyResolver } from "./credentials.js";
 import { MAX_TURN_DOCUMENT_BYTES, boundTranscript, jsonBytes } from "./transcript-bounds.js";
 
-/** What every actor of a node shares. */
+/**
+ * What every actor of a node shares, as the contracts the actor needs (node/service.ts
+ * hands in the real ones; test/unit/run-actor.test.ts, fakes).
+ */
 export interface ActorResources {
-  config: Config;
+  config: Pick<Config, "activeTurnLimit" | "allowPrivateModelEndpoints" | "ambientProviders" | "dataDir" | "retention" | "turnLimitMs">;
   clock: Clock;
-  store: MongoStore;
-  nc: NatsConnection;
-  jsm: JetStreamManager;
+  store: RunStore;
+  /** Live events and final notices go out on NATS subjects. */
+  nc: Pick<NatsConnection, "publish">;
   events: EventLog;
   log: Logger;
-  deployments: DeploymentCache;
-  checkpoints: WorkspaceCheckpoints;
-  activeTurns: ActiveTurns;
-  files: FileStore;
-  envValues: EnvValues;
+  deployments: DeploymentLookup;
+  checkpoints: Pick<WorkspaceCheckpoints, "save" | "restore" | "remove">;
+  activeTurns: Pick<ActiveTurns, "count" | "started" | "ended">;
+  files: Pick<FileStore, "getMany" | "read">;
+  envValues: Pick<EnvValues, "resolveForTurn">;
   /** The node's tool sandbox. */
   sandbox: Sandbox;
   /** Node-wide state: while draining, queued turns are left for the next owner. */
   node: { draining: boolean };
+  /** Runs a turn's agent loop; {@link startTurn} unless a test parks turns at will. */
+  startTurn?: (request: TurnRunRequest) => RunningTurn;
 }
 
 /** Deployments are immutable once ready, so a node caches them by id. */
@@ -42,7 +46,7 @@ export interface ActorResources {
 export class DeploymentCache {
   private readonly cache = new Map<string, DeploymentDoc>();
   constructor(
-    private readonly store: MongoStore,
+    private readonly store: Pick<RunStore, "getDeployment">,
     private readonly capacity = 1_000,
   ) {}
 
@@ -276,7 +280,7 @@ export class RunActor {
 
   /** Continues the run's event numbering after whatever is stored (also after a failover). */
   private async openEvents(run: RunDoc): Promise<void> {
-    const stored = await JetStreamEventLog.lastSequence(this.r.jsm, run.plan, run._id);
+    const stored = await this.r.events.lastSequence({ id: run._id, plan: run.plan });
     const turnFirstSeqs: Record<string, number> = {};
     for (const id of [run.active_turn_id, run.queued_turn_id]) {
       if (!id) continue;
@@ -346,7 +350,7 @@ export class RunActor {
     };
     // A fresh start's events begin at 1; a resent one's message ids repeat an earlier
     // attempt's, which JetStream de-duplicates.
-    const stored = cmd.fresh ? 0 : await JetStreamEventLog.lastSequence(this.r.jsm, run.plan, run._id);
+    const stored = cmd.fresh ? 0 : await this.r.events.lastSequence({ id: run._id, plan: run.plan });
     this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, stored + 1, {
       onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
     });
@@ -467,7 +471,7 @@ export class RunActor {
     };
     if (queue) set.queued_turn_id = turn._id;
     else Object.assign(set, { state: RunState.busy, active_turn_id: turn._id });
-    await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
+    await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
     if (!queue) await this.execute(run, turn);
     const disposition = queue ? Disposition.queued : Disposition.continued;
@@ -487,7 +491,7 @@ export class RunActor {
     this.emit(active.turn._id, "platform", "turn.steered", { input });
     await this.r.store.updateTurnFenced(active.turn._id, this.epoch, { steer_ids: active.turn.steer_ids });
     const set = { last_activity_at: now, expires_at: now + run.retention_s * 1000 };
-    await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
+    await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
     return ok({ run_id: run._id, turn_id: active.turn._id, disposition: Disposition.steered, run: renderRun(run, active.turn, Disposition.steered) });
   }
@@ -502,7 +506,7 @@ export class RunActor {
     if (outcome.to === TurnStatus.cancelled) {
       // A queued turn: cancelled at once.
       await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 });
-      await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { queued_turn_id: null } });
+      await this.r.store.updateRunFenced(run._id, this.epoch, { queued_turn_id: null });
       run.queued_turn_id = null;
       this.emit(turn._id, "platform", finalEventType(TurnStatus.cancelled), { run: renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 }) });
       this.publishFinal(turn._id);
@@ -546,7 +550,7 @@ export class RunActor {
     if (!next) return fail("invalid_request", `A run holds at most ${MAX_TAGS} tags.`, "add");
     if (next.join("\u0000") !== [...run.tags].sort().join("\u0000")) {
       // Tags never touch retention or turns.
-      await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { tags: next } });
+      await this.r.store.updateRunFenced(run._id, this.epoch, { tags: next });
       run.tags = next;
     }
     return ok({ run_id: run._id, tags: next });
@@ -634,7 +638,7 @@ export class RunActor {
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: Ids.reference() }));
       return;
     }
-    const running = startTurn({
+    const running = (this.r.startTurn ?? startTurn)({
       config: deployment.config,
       workspaceDir,
       sandbox: this.r.sandbox,
@@ -727,7 +731,7 @@ export class RunActor {
       try {
         const run = this.run;
         if (run && (await this.r.checkpoints.save(run._id, this.workspaceDir(run), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
-          await this.r.store.updateRunFenced(run._id, this.epoch, { $set: { checkpointed: true } });
+          await this.r.store.updateRunFenced(run._id, this.epoch, { checkpointed: true });
           run.checkpointed = true;
         }
       } catch (err) {
@@ -788,7 +792,7 @@ export class RunActor {
     if (next) this.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
     await this.appender!.flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     set.event_seq = this.appender!.nextSequence - 1;
-    await this.r.store.updateRunFenced(run._id, this.epoch, { $set: set });
+    await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
     if (finished) this.publishFinal(finished._id);
     if (next) {

@@ -60,7 +60,6 @@ export async function startService(config: Config, options: ServiceOptions = {})
         clock,
         store,
         nc,
-        jsm: nats.jsm,
         events,
         log: log.child({ component: "actors" }),
         deployments,

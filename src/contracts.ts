@@ -3,7 +3,50 @@
  * (node/service.ts) hands it the actors' implementations, so `gateway/` never imports
  * `actors/`.
  */
-import type { DeploymentDoc } from "./documents.js";
+import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "./documents.js";
+
+/** A fenced write matched nothing: another owner holds the run now. */
+export class FencedError extends Error {
+  constructor(readonly runId: string) {
+    super(`write to ${runId} was fenced off`);
+    this.name = "FencedError";
+  }
+}
+
+/**
+ * What the actor runtime reads and writes of runs, turns and deployments (DESIGN §3,
+ * §4); src/mongo-store.ts implements it on MongoDB (and FerretDB), and the RunActor
+ * unit tests on an in-memory fake. Every change to a run or its turns is fenced by the
+ * owner's epoch: a write from an owner whose epoch is no longer the run's throws
+ * {@link FencedError}. Only inserts rely on unique ids (`…Once` answer false for a
+ * document that exists). Any method may throw a transient failure (the store is away).
+ */
+export interface RunStore {
+  insertRunOnce(doc: RunDoc): Promise<boolean>;
+  getRun(id: string): Promise<RunDoc | null>;
+  /** Raises the run's epoch to `epoch` unless a newer owner did; the run as stored, or null when a newer epoch holds it (or it does not exist). */
+  claimRun(id: string, epoch: number): Promise<RunDoc | null>;
+  /** Sets fields of the run if its epoch is `epoch`. */
+  updateRunFenced(id: string, epoch: number, set: Partial<RunDoc>): Promise<void>;
+  deleteRunFenced(id: string, epoch: number): Promise<void>;
+  insertTurnOnce(doc: TurnDoc): Promise<boolean>;
+  getTurn(id: string): Promise<TurnDoc | null>;
+  /** Sets fields of the turn unless a newer owner wrote it, and stamps `epoch` on it. */
+  updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void>;
+  /** A run's turns in order; transcripts only when asked for. */
+  listTurns(runId: string, options?: { afterIndex?: number; limit?: number; withTranscript?: boolean }): Promise<TurnDoc[]>;
+  deleteTurnsOf(runId: string): Promise<unknown>;
+  insertTombstone(doc: TombstoneDoc): Promise<void>;
+  /** The agent's active version, or null (no agent, or none active). */
+  activeVersionOf(agentId: string): Promise<number | null>;
+  getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null>;
+  /** Busy runs of these partitions (recovery after a partition is gained). */
+  busyRunsIn(partitions: number[]): Promise<Array<Pick<RunDoc, "_id" | "partition" | "epoch">>>;
+  /** Runs of these partitions whose retention ran out (the expiry sweeper). */
+  expiredRunsIn(partitions: number[], nowMs: number, limit?: number): Promise<Array<Pick<RunDoc, "_id" | "partition">>>;
+  /** Removes expired idempotency records and tombstones. */
+  sweepRecords(nowMs: number): Promise<void>;
+}
 
 /** Builds deployments in the background (actors/deployment-builder.ts). */
 export interface DeploymentBuilds {

@@ -122,6 +122,8 @@ export type EventCallback = (event: RunEvent, json: string) => void | Promise<vo
 /** The contract of the event log; {@link JetStreamEventLog} implements it. */
 export interface EventLog {
   appender(run: EventRunRef, nextRunSeq: number, options?: AppenderOptions): EventAppender;
+  /** The run's last stored `sequence` (0 when none is stored), so a new owner continues the numbering. */
+  lastSequence(run: Pick<EventRunRef, "id" | "plan">): Promise<number>;
   read(run: EventReadRun, options: ReadOptions): Promise<EventPage>;
   /**
    * Feeds the run's events to `onEvent` as they are stored, from the cursor on, until
@@ -191,9 +193,9 @@ export class JetStreamEventLog implements EventLog {
    * numbering after failover. Events expired from the stream are not seen: take the maximum with
    * what the run document recorded (RunDoc.event_seq).
    */
-  static async lastSequence(jsm: JetStreamManager, plan: Plan, runId: string): Promise<number> {
+  async lastSequence(run: Pick<EventRunRef, "id" | "plan">): Promise<number> {
     try {
-      const msg = await jsm.streams.getMessage(eventStreamName(plan), { last_by_subj: eventSubject(plan, runId) });
+      const msg = await this.jsm.streams.getMessage(eventStreamName(run.plan), { last_by_subj: eventSubject(run.plan, run.id) });
       return msg ? headerSeq(msg.header.get(SEQ_HEADER)) : 0;
     } catch (err) {
       throw unavailable(err);

@@ -10,6 +10,7 @@ import type {
   WorkspaceDoc,
 } from "./documents.js";
 import { InsertBatcher } from "./insert-batcher.js";
+import { FencedError, type RunStore } from "./contracts.js";
 
 /** The store could not be reached or answered with a transient failure. */
 export class StoreUnavailableError extends Error {
@@ -19,13 +20,7 @@ export class StoreUnavailableError extends Error {
   }
 }
 
-/** A fenced write matched nothing: another owner holds the run now. */
-export class FencedError extends Error {
-  constructor(readonly runId: string) {
-    super(`write to ${runId} was fenced off`);
-    this.name = "FencedError";
-  }
-}
+
 
 const DUPLICATE_KEY = 11000;
 
@@ -76,7 +71,7 @@ async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, doc: T)
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
  * no transactions, no TTL indexes, and only inserts rely on unique indexes.
  */
-export class MongoStore {
+export class MongoStore implements RunStore {
   readonly workspaces: Collection<WorkspaceDoc>;
   readonly apiKeys: Collection<ApiKeyDoc>;
   readonly agents: Collection<AgentDoc>;
@@ -257,6 +252,11 @@ export class MongoStore {
     throw new StoreUnavailableError(new Error("could not allocate a deployment version"));
   }
 
+  async activeVersionOf(agentId: string): Promise<number | null> {
+    const agent = await guard(() => this.agents.findOne({ _id: agentId }, { projection: { active_version: 1 } }));
+    return agent?.active_version ?? null;
+  }
+
   getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null> {
     return guard(() => this.deployments.findOne({ _id: `${agentId}:${version}` }));
   }
@@ -314,7 +314,8 @@ export class MongoStore {
   }
 
   /** A write conditional on the run's epoch; throws FencedError when another owner holds it. */
-  async updateRunFenced(id: string, epoch: number, update: UpdateFilter<RunDoc>): Promise<void> {
+  async updateRunFenced(id: string, epoch: number, set: Partial<RunDoc>): Promise<void> {
+    const update: UpdateFilter<RunDoc> = { $set: set };
     if (this.idOnlyFilters) {
       const current = await guard(() => this.runs.findOne({ _id: id }, { projection: { epoch: 1 } }));
       if (!current || current.epoch !== epoch) throw new FencedError(id);

@@ -152,12 +152,12 @@ test("event-log - sanitizing applies before storing (images omitted, size limit)
 test("event-log - lastSequence follows appends and lets a new owner continue numbering", async (t) => {
   const { log, nats } = t.context;
   const run = newRun();
-  t.is(await JetStreamEventLog.lastSequence(nats.jsm, run.plan, run.id), 0);
+  t.is(await log.lastSequence(run), 0);
   await appendAll(log, run, Array.from({ length: 7 }, () => ({ turn: "turn_a" })));
-  t.is(await JetStreamEventLog.lastSequence(nats.jsm, run.plan, run.id), 7);
-  const next = (await JetStreamEventLog.lastSequence(nats.jsm, run.plan, run.id)) + 1;
+  t.is(await log.lastSequence(run), 7);
+  const next = (await log.lastSequence(run)) + 1;
   await appendAll(log, run, [{ turn: "turn_a" }, { turn: "turn_a" }], next);
-  t.is(await JetStreamEventLog.lastSequence(nats.jsm, run.plan, run.id), 9);
+  t.is(await log.lastSequence(run), 9);
   const events = (await readAll(log, run, 100)).flatMap((p) => p.events);
   t.deepEqual(events.map((e) => e.sequence), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
 });
@@ -358,8 +358,8 @@ test("event-log - purge deletes the run's events only", async (t) => {
   await appendAll(log, run, [{ turn: null }, { turn: null }]);
   await appendAll(log, other, [{ turn: null }]);
   await log.purge(run);
-  t.is(await JetStreamEventLog.lastSequence(nats.jsm, run.plan, run.id), 0);
-  t.is(await JetStreamEventLog.lastSequence(nats.jsm, other.plan, other.id), 1);
+  t.is(await log.lastSequence(run), 0);
+  t.is(await log.lastSequence(other), 1);
   t.is((await log.read({ ...run, event_seq: 2 }, { limit: 10, nowMs: Date.now() })).history.status, "expired");
 });
 
@@ -371,7 +371,7 @@ test("event-log - rule 9: an unreachable store is 503 event_history_unavailable;
   const run = newRun();
   await nc.close();
   apiError(t, await t.throwsAsync(log.read(run, { limit: 10, nowMs: Date.now() })), "event_history_unavailable", 503);
-  apiError(t, await t.throwsAsync(JetStreamEventLog.lastSequence(nats.jsm, run.plan, run.id)), "event_history_unavailable", 503);
+  apiError(t, await t.throwsAsync(log.lastSequence(run)), "event_history_unavailable", 503);
   const appender = log.appender(run, 1);
   appender.append(null, "platform", "run.created", {}, Date.now());
   appender.append(null, "platform", "turn.queued", {}, Date.now());

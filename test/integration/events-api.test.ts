@@ -755,6 +755,7 @@ test("sse - an error after the stream began is sent as event: error with the err
     appender: () => {
       throw new Error("unused");
     },
+    lastSequence: async () => 0,
     read: (run, options) => t.context.log.read(run, options),
     async subscribe(_run, _options, onEvent) {
       await onEvent(event, JSON.stringify(event));
@@ -791,6 +792,7 @@ test("sse - an event store failure before the first byte is answered as JSON 503
     appender: () => {
       throw new Error("unused");
     },
+    lastSequence: async () => 0,
     read: async () => {
       throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
     },
@@ -813,6 +815,7 @@ test("sse - a client that stops reading pauses the subscription instead of buffe
     appender: () => {
       throw new Error("unused");
     },
+    lastSequence: async () => 0,
     read: async () => ({ events: [], hasMore: false, history: { status: "empty", retention_days: null } }),
     async subscribe(run, _options, onEvent, signal) {
       for (let i = 1; i <= 2_000 && !signal.aborted; i++) {

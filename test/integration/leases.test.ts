@@ -1,7 +1,8 @@
 import anyTest, { type TestFn } from "ava";
 import pino from "pino";
 import { connectNats, provisionNats, type NatsResources } from "../../src/nats.js";
-import { MongoStore, FencedError } from "../../src/mongo-store.js";
+import { MongoStore } from "../../src/mongo-store.js";
+import { FencedError } from "../../src/contracts.js";
 import { PartitionLeases } from "../../actors/partition-leases.js";
 import { systemClock } from "../../src/clock.js";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
@@ -93,9 +94,9 @@ test.serial("fencing - a write with a stale epoch matches nothing once a newer o
     event_seq: 0,
   };
   await store.insertRun(run);
-  await store.updateRunFenced(run._id, 5, { $set: { tags: ["ok"] } });
+  await store.updateRunFenced(run._id, 5, { tags: ["ok"] });
   t.truthy(await store.claimRun(run._id, 9), "the newer owner claims it");
   t.is(await store.claimRun(run._id, 7), null, "an older epoch cannot claim it back");
-  await t.throwsAsync(store.updateRunFenced(run._id, 5, { $set: { tags: ["stale"] } }), { instanceOf: FencedError });
+  await t.throwsAsync(store.updateRunFenced(run._id, 5, { tags: ["stale"] }), { instanceOf: FencedError });
   t.deepEqual((await store.getRun(run._id))!.tags, ["ok"]);
 });

@@ -1,0 +1,299 @@
+/**
+ * In-memory stand-ins for what a RunActor is given (ActorResources), for unit tests of
+ * the actor's decisions without NATS or a store. The store keeps the RunStore
+ * contract's fencing rules; turns are parked until the test finishes them, so a test
+ * can hold an actor at a chosen step and race commands against it.
+ */
+import { mkdtemp } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import pino from "pino";
+import { SteeringTargetEndedError, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "../../actors/agent-runner.js";
+import { DeploymentCache, type ActorResources } from "../../actors/run-actor.js";
+import { Sandbox } from "../../actors/sandbox.js";
+import { FencedError, type RunStore } from "../../src/contracts.js";
+import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
+import type { AppenderOptions, EventAppender, EventLog, EventRunRef, RunEvent } from "../../src/event-log.js";
+
+const clone = <T>(value: T): T => structuredClone(value);
+
+/** The RunStore contract in memory: fenced writes, unique inserts, copies in and out. */
+export class MemoryRunStore implements RunStore {
+  readonly runs = new Map<string, RunDoc>();
+  readonly turns = new Map<string, TurnDoc>();
+  readonly tombstones = new Map<string, TombstoneDoc>();
+  readonly deployments = new Map<string, DeploymentDoc>();
+  readonly activeVersions = new Map<string, number>();
+  /** Every write, in order, for assertions on what was stored when. */
+  readonly writes: string[] = [];
+
+  async insertRunOnce(doc: RunDoc): Promise<boolean> {
+    if (this.runs.has(doc._id)) return false;
+    this.runs.set(doc._id, clone(doc));
+    this.writes.push(`insert run ${doc._id}`);
+    return true;
+  }
+  async getRun(id: string): Promise<RunDoc | null> {
+    const run = this.runs.get(id);
+    return run ? clone(run) : null;
+  }
+  async claimRun(id: string, epoch: number): Promise<RunDoc | null> {
+    const run = this.runs.get(id);
+    if (!run || run.epoch > epoch) return null;
+    run.epoch = epoch;
+    return clone(run);
+  }
+  async updateRunFenced(id: string, epoch: number, set: Partial<RunDoc>): Promise<void> {
+    const run = this.runs.get(id);
+    if (!run || run.epoch !== epoch) throw new FencedError(id);
+    Object.assign(run, clone(set));
+    this.writes.push(`update run ${Object.keys(set).sort().join(",")}`);
+  }
+  async deleteRunFenced(id: string, epoch: number): Promise<void> {
+    const run = this.runs.get(id);
+    if (!run || run.epoch !== epoch) throw new FencedError(id);
+    this.runs.delete(id);
+    this.writes.push(`delete run ${id}`);
+  }
+  async insertTurnOnce(doc: TurnDoc): Promise<boolean> {
+    if (this.turns.has(doc._id)) return false;
+    this.turns.set(doc._id, clone(doc));
+    this.writes.push(`insert turn ${doc._id} ${doc.status}`);
+    return true;
+  }
+  async getTurn(id: string): Promise<TurnDoc | null> {
+    const turn = this.turns.get(id);
+    return turn ? clone(turn) : null;
+  }
+  async updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void> {
+    const turn = this.turns.get(id);
+    if (!turn || turn.epoch > epoch) throw new FencedError(id);
+    Object.assign(turn, clone(set), { epoch });
+    this.writes.push(`update turn ${id}${set.status ? ` ${set.status}` : ""}`);
+  }
+  async listTurns(runId: string, options: { afterIndex?: number; limit?: number; withTranscript?: boolean } = {}): Promise<TurnDoc[]> {
+    return [...this.turns.values()]
+      .filter((turn) => turn.run_id === runId && (options.afterIndex === undefined || turn.index > options.afterIndex))
+      .sort((a, b) => a.index - b.index)
+      .slice(0, options.limit ?? Infinity)
+      .map((turn) => (options.withTranscript ? clone(turn) : { ...clone(turn), transcript: [] }));
+  }
+  async deleteTurnsOf(runId: string): Promise<unknown> {
+    for (const [id, turn] of this.turns) if (turn.run_id === runId) this.turns.delete(id);
+    return undefined;
+  }
+  async insertTombstone(doc: TombstoneDoc): Promise<void> {
+    if (!this.tombstones.has(doc._id)) this.tombstones.set(doc._id, clone(doc));
+  }
+  async activeVersionOf(agentId: string): Promise<number | null> {
+    return this.activeVersions.get(agentId) ?? null;
+  }
+  async getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null> {
+    const doc = this.deployments.get(`${agentId}:${version}`);
+    return doc ? clone(doc) : null;
+  }
+  async busyRunsIn(partitions: number[]): Promise<Array<Pick<RunDoc, "_id" | "partition" | "epoch">>> {
+    return [...this.runs.values()].filter((run) => partitions.includes(run.partition) && run.state === "busy");
+  }
+  async expiredRunsIn(partitions: number[], nowMs: number): Promise<Array<Pick<RunDoc, "_id" | "partition">>> {
+    return [...this.runs.values()].filter((run) => partitions.includes(run.partition) && run.expires_at <= nowMs);
+  }
+  async sweepRecords(): Promise<void> {}
+
+  /** A ready deployment of `agentId` (the version's config runs the scripted model). */
+  addDeployment(agentId: string, version: number, options: Partial<DeploymentDoc> = {}): void {
+    this.deployments.set(`${agentId}:${version}`, {
+      _id: `${agentId}:${version}`,
+      workspace_id: "ws_test",
+      agent_id: agentId,
+      version,
+      status: "ready",
+      upgrade_policy: "automatic",
+      config: { model: "faux/scripted" },
+      activate: false,
+      error: null,
+      created_at: 0,
+      ready_at: 0,
+      ...options,
+    });
+  }
+}
+
+export interface LoggedEvent {
+  sequence: number;
+  turn_id: string | null;
+  source: string;
+  type: string;
+  data: unknown;
+}
+
+/** The EventLog contract in memory: appends are stored at once, in order. */
+export class MemoryEventLog implements EventLog {
+  readonly byRun = new Map<string, LoggedEvent[]>();
+
+  events(runId: string): LoggedEvent[] {
+    return this.byRun.get(runId) ?? [];
+  }
+  types(runId: string): string[] {
+    return this.events(runId).map((event) => event.type);
+  }
+
+  appender(run: EventRunRef, nextRunSeq: number, options: AppenderOptions = {}): EventAppender {
+    const log = this.byRun.get(run.id) ?? [];
+    this.byRun.set(run.id, log);
+    let next = nextRunSeq;
+    return {
+      append: (turnId, source, type, data, createdAtMs) => {
+        const sequence = next++;
+        // A resent start repeats sequences: the store keeps the first (JetStream de-duplicates).
+        if (!log.some((event) => event.sequence === sequence)) log.push({ sequence, turn_id: turnId, source, type, data });
+        const event: RunEvent = { id: `evt_${sequence}`, sequence, source, type, run_id: run.id, turn_id: turnId, created_at: Math.floor(createdAtMs / 1000), data };
+        options.onStored?.(event);
+        return sequence;
+      },
+      flush: async () => undefined,
+      get nextSequence() {
+        return next;
+      },
+      failure: null,
+    };
+  }
+  async lastSequence(run: { id: string }): Promise<number> {
+    return this.events(run.id).at(-1)?.sequence ?? 0;
+  }
+  async read(): Promise<never> {
+    throw new Error("not used by the actor");
+  }
+  async subscribe(): Promise<never> {
+    throw new Error("not used by the actor");
+  }
+  async purge(run: EventRunRef): Promise<void> {
+    this.byRun.delete(run.id);
+  }
+}
+
+/** A turn the test holds: it ends when the test says so, or with `aborted` when aborted. */
+export interface ParkedTurn {
+  request: TurnRunRequest;
+  steers: string[];
+  aborted: boolean;
+  ended: boolean;
+  finish(result: Partial<TurnRunResult> & Pick<TurnRunResult, "outcome">): void;
+}
+
+export class ParkedTurns {
+  readonly started: ParkedTurn[] = [];
+  /** Whether an aborted turn ends at once (`aborted`), or only when the test finishes it. */
+  endOnAbort = true;
+
+  /** The agent-runner stand-in to hand the actor (ActorResources.startTurn). */
+  readonly start = (request: TurnRunRequest): RunningTurn => {
+    let resolve!: (result: TurnRunResult) => void;
+    const result = new Promise<TurnRunResult>((r) => (resolve = r));
+    const parked: ParkedTurn = {
+      request,
+      steers: [],
+      aborted: false,
+      ended: false,
+      finish: (partial) => {
+        if (parked.ended) return;
+        parked.ended = true;
+        resolve({ output: [], transcript: [], ...partial });
+      },
+    };
+    this.started.push(parked);
+    return {
+      steer: (text) => {
+        if (parked.ended || parked.aborted) throw new SteeringTargetEndedError();
+        parked.steers.push(text);
+      },
+      abort: () => {
+        if (parked.aborted) return;
+        parked.aborted = true;
+        if (this.endOnAbort) parked.finish({ outcome: "aborted" });
+      },
+      result,
+    };
+  };
+
+  get last(): ParkedTurn {
+    const turn = this.started.at(-1);
+    if (!turn) throw new Error("no turn started");
+    return turn;
+  }
+}
+
+/** A clock the test moves. */
+export class TestClock {
+  constructor(public now = Date.UTC(2026, 10, 24, 12)) {}
+  nowMs(): number {
+    return this.now;
+  }
+}
+
+export interface ActorWorld {
+  resources: ActorResources;
+  store: MemoryRunStore;
+  events: MemoryEventLog;
+  turns: ParkedTurns;
+  clock: TestClock;
+  /** Subjects published on NATS (live events, final notices). */
+  published: string[];
+  checkpoints: { saved: number; removed: string[] };
+}
+
+let sandboxOff: Promise<Sandbox> | undefined;
+
+/** Everything a RunActor needs, in memory; the sandbox is the real one in mode off (no turn runs a tool). */
+export async function actorWorld(): Promise<ActorWorld> {
+  const store = new MemoryRunStore();
+  const events = new MemoryEventLog();
+  const turns = new ParkedTurns();
+  const clock = new TestClock();
+  const published: string[] = [];
+  const checkpoints = { saved: 0, removed: [] as string[] };
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-actor-unit-"));
+  const log = pino({ level: "silent" });
+  sandboxOff ??= Sandbox.start({ mode: "off", maxConcurrent: 4, runtimeDir: path.join(dataDir, "sandbox"), nodeId: "unit", log });
+  const active = new Map<string, Set<string>>();
+  const resources: ActorResources = {
+    config: {
+      activeTurnLimit: { solo: 2, business: 10 },
+      allowPrivateModelEndpoints: false,
+      ambientProviders: new Set(),
+      dataDir,
+      retention: { runS: { solo: 86_400, business: 86_400 }, eventS: { solo: 86_400, business: 86_400 }, fileS: { solo: 86_400, business: 86_400 } },
+      turnLimitMs: 60_000,
+    },
+    clock,
+    store,
+    nc: { publish: (subject: string) => void published.push(subject) },
+    events,
+    log,
+    deployments: new DeploymentCache(store),
+    checkpoints: {
+      save: async () => {
+        checkpoints.saved++;
+        return false;
+      },
+      restore: async () => true,
+      remove: async (runId: string) => void checkpoints.removed.push(runId),
+    },
+    activeTurns: {
+      started: (workspaceId: string, turnId: string) => void (active.get(workspaceId) ?? active.set(workspaceId, new Set()).get(workspaceId)!).add(turnId),
+      ended: (workspaceId: string, turnId: string) => void active.get(workspaceId)?.delete(turnId),
+      count: (workspaceId: string) => active.get(workspaceId)?.size ?? 0,
+    },
+    files: {
+      getMany: async () => [],
+      read: async () => {
+        throw new Error("no files in these tests");
+      },
+    },
+    envValues: { resolveForTurn: async () => ({}) },
+    sandbox: await sandboxOff,
+    node: { draining: false },
+    startTurn: turns.start,
+  };
+  return { resources, store, events, turns, clock, published, checkpoints };
+}

@@ -1,0 +1,320 @@
+/**
+ * RunActor on fakes (test/helpers/actor-fakes.ts): the actor's decisions and what it
+ * stores, without NATS or a store. Turns are parked until the test finishes them, so
+ * each test holds the actor at the step it needs: admission × on_busy, the cancel
+ * table, recovery after a lost owner, fencing refusals, resent commands.
+ */
+import test from "ava";
+import { RunActor } from "../../actors/run-actor.js";
+import type { CommandReply, RunCommand } from "../../src/commands.js";
+import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
+
+const WS = "ws_test";
+const AGENT = "agt_test";
+const RUN = "run_unit000000000000001";
+
+function startCmd(turnId = "turn_1", extra: Partial<Extract<RunCommand, { op: "start" }>> = {}): RunCommand {
+  return { op: "start", workspace_id: WS, run_id: RUN, turn_id: turnId, agent_id: AGENT, version: 1, input: [{ type: "input_text", text: "hi" }], tags: ["b", "a"], plan: "business", fresh: true, ...extra };
+}
+
+function continueCmd(turnId: string, onBusy: "queue" | "steer" | "reject", text = "more"): RunCommand {
+  return { op: "continue", workspace_id: WS, run_id: RUN, turn_id: turnId, input: [{ type: "input_text", text }], on_busy: onBusy };
+}
+
+async function world(): Promise<ActorWorld & { actor: (epoch?: number) => RunActor }> {
+  const w = await actorWorld();
+  w.store.addDeployment(AGENT, 1);
+  w.store.activeVersions.set(AGENT, 1);
+  return { ...w, actor: (epoch = 1) => new RunActor(RUN, 0, epoch, w.resources) };
+}
+
+/** Lets a finished turn's completion pass through the actor's mailbox. */
+async function settled(actor: RunActor): Promise<void> {
+  await new Promise((resolve) => setImmediate(resolve));
+  await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] });
+}
+
+function okReply(reply: CommandReply): Extract<CommandReply, { ok: true }> {
+  if (!reply.ok) throw new Error(`expected ok, got ${JSON.stringify(reply)}`);
+  return reply;
+}
+
+test("run-actor - start stores the turn before the run, runs the agent, and settles completed with the agent's output", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  const reply = okReply(await actor.command(startCmd()));
+  t.is(reply.disposition, "created");
+  t.is(reply.turn_id, "turn_1");
+  t.deepEqual(w.store.writes.slice(0, 2), ["insert turn turn_1 in_progress", `insert run ${RUN}`], "a run never points at a turn not stored");
+  t.is(w.store.runs.get(RUN)!.state, "busy");
+  t.deepEqual(w.store.runs.get(RUN)!.tags, ["a", "b"]);
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started"]);
+  t.deepEqual(w.turns.last.request.input, [{ type: "input_text", text: "hi" }]);
+
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "hello" }] });
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "completed");
+  t.deepEqual(turn.output, [{ type: "output_text", text: "hello" }]);
+  t.is(turn.error, null);
+  const run = w.store.runs.get(RUN)!;
+  t.is(run.state, "idle");
+  t.is(run.active_turn_id, null);
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started", "turn.completed"]);
+  t.deepEqual(w.events.events(RUN).map((e) => e.sequence), [1, 2, 3]);
+  t.true(w.published.includes("runs.turn.turn_1.final"), "the final notice went out");
+  t.true(actor.isIdle);
+});
+
+test("run-actor - a resent start (same ids) answers as the first did and stores nothing twice", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  const first = okReply(await actor.command(startCmd()));
+  const again = okReply(await actor.command(startCmd("turn_1", { fresh: false })));
+  t.is(again.run_id, first.run_id);
+  t.is(again.turn_id, "turn_1");
+  t.is(again.disposition, "created");
+  t.is(w.turns.started.length, 1, "one agent loop");
+  t.is(w.store.turns.size, 1);
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started"]);
+});
+
+test("run-actor - admission while busy: reject, queue once, then busy; steer reaches the running agent", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+
+  const rejected = await actor.command(continueCmd("turn_r", "reject"));
+  t.like(rejected, { ok: false, code: "run_busy" });
+
+  const queued = okReply(await actor.command(continueCmd("turn_q", "queue", "later")));
+  t.is(queued.disposition, "queued");
+  t.is(w.store.turns.get("turn_q")!.status, "queued");
+  t.is(w.store.runs.get(RUN)!.queued_turn_id, "turn_q");
+
+  const second = await actor.command(continueCmd("turn_q2", "queue"));
+  t.like(second, { ok: false, code: "run_busy", message: "The run already has a queued turn." });
+
+  const steered = okReply(await actor.command(continueCmd("steer_1", "steer", "also this")));
+  t.is(steered.disposition, "steered");
+  t.is(steered.turn_id, "turn_1", "a steer answers with the active turn");
+  t.deepEqual(w.turns.last.steers, ["also this"]);
+  t.deepEqual(w.store.turns.get("turn_1")!.steer_ids, ["steer_1"]);
+  const resent = okReply(await actor.command(continueCmd("steer_1", "steer", "also this")));
+  t.is(resent.disposition, "steered", "a resent steer answers as before");
+  t.deepEqual(w.turns.last.steers, ["also this"], "and is not delivered twice");
+
+  // The active turn ends: the queued one starts at once, the run stays busy.
+  w.turns.started[0]!.finish({ outcome: "completed" });
+  await settled(actor);
+  t.is(w.turns.started.length, 2);
+  t.deepEqual(w.turns.last.request.input, [{ type: "input_text", text: "later" }]);
+  const run = w.store.runs.get(RUN)!;
+  t.is(run.state, "busy");
+  t.is(run.active_turn_id, "turn_q");
+  t.is(run.queued_turn_id, null);
+  t.is(w.store.turns.get("turn_q")!.status, "in_progress");
+
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(actor);
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started", "turn.queued", "turn.steered", "turn.completed", "turn.started", "turn.completed"]);
+});
+
+test("run-actor - an idle run starts a continuation whatever on_busy says", async (t) => {
+  for (const onBusy of ["queue", "steer", "reject"] as const) {
+    const w = await world();
+    const actor = w.actor();
+    await actor.command(startCmd());
+    w.turns.last.finish({ outcome: "completed" });
+    await settled(actor);
+    const reply = okReply(await actor.command(continueCmd("turn_2", onBusy)));
+    t.is(reply.disposition, "continued", onBusy);
+    t.is(w.store.turns.get("turn_2")!.status, "in_progress", onBusy);
+    t.is(w.store.turns.get("turn_2")!.index, 1, onBusy);
+  }
+});
+
+test("run-actor - cancel: queued → cancelled (200), in_progress → cancelling (202) then cancelled, final → unchanged (200)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  await actor.command(continueCmd("turn_q", "queue"));
+
+  const queued = okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, turn_id: "turn_q" }));
+  t.is(queued.http_status, 200);
+  t.is(w.store.turns.get("turn_q")!.status, "cancelled");
+  t.is(w.store.runs.get(RUN)!.queued_turn_id, null);
+  t.true(w.published.includes("runs.turn.turn_q.final"));
+
+  // No turn named: the active one. Its agent takes a moment to stop.
+  w.turns.endOnAbort = false;
+  const active = okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN }));
+  t.is(active.turn_id, "turn_1");
+  t.is(active.http_status, 202);
+  t.true(w.turns.last.aborted, "the agent was aborted");
+  t.is(w.store.turns.get("turn_1")!.status, "cancelling");
+  t.like(await actor.command(continueCmd("steer_x", "steer")), { ok: false, code: "steering_target_ended" }, "a cancelling turn takes no steering");
+  t.like(okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, turn_id: "turn_1" })), { http_status: 202 }, "cancelling stays cancelling (202)");
+  w.turns.last.finish({ outcome: "aborted" });
+  await settled(actor);
+  t.is(w.store.turns.get("turn_1")!.status, "cancelled");
+  t.deepEqual(w.store.turns.get("turn_1")!.output, [], "a cancelled turn keeps no output");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+
+  const final = okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, turn_id: "turn_1" }));
+  t.is(final.http_status, 200);
+  t.is(w.store.turns.get("turn_1")!.status, "cancelled");
+
+  t.like(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, turn_id: "turn_nope" }), { ok: false, code: "turn_not_found", param: "turn_id" });
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started", "turn.queued", "turn.cancelled", "turn.cancelling", "turn.cancelled"]);
+});
+
+test("run-actor - a cancel wins over an agent that completed before the abort reached it", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  const parked = w.turns.last;
+  // The agent's last step finishes, but its completion is still on its way to the mailbox.
+  const cancel = actor.command({ op: "cancel", workspace_id: WS, run_id: RUN });
+  parked.finish({ outcome: "completed", output: [{ type: "output_text", text: "too late" }] });
+  t.is(okReply(await cancel).http_status, 202);
+  await settled(actor);
+  t.is(w.store.turns.get("turn_1")!.status, "cancelled");
+  t.deepEqual(w.store.turns.get("turn_1")!.output, []);
+});
+
+test("run-actor - a failed agent loop keeps its error and partial output", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  const error = { code: "provider_rate_limited", message: "slow down", source: "provider", retryable: true, reference: "ref_x" } as const;
+  w.turns.last.finish({ outcome: "failed", output: [{ type: "output_text", text: "part" }], error: error as never });
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "provider_rate_limited");
+  t.deepEqual(turn.output, [{ type: "output_text", text: "part" }]);
+  t.deepEqual(w.events.types(RUN).at(-1), "turn.failed");
+});
+
+test("run-actor - the turn duration limit aborts the agent: incomplete with turn_duration_limit", async (t) => {
+  const w = await world();
+  (w.resources.config as { turnLimitMs: number }).turnLimitMs = 30;
+  const actor = w.actor();
+  await actor.command(startCmd());
+  await new Promise((resolve) => setTimeout(resolve, 80));
+  t.true(w.turns.last.aborted);
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "incomplete");
+  t.is(turn.error?.code, "turn_duration_limit");
+});
+
+test("run-actor - a deployment that is not ready fails the turn agent_version_unavailable and starts no agent", async (t) => {
+  const w = await world();
+  w.store.deployments.get(`${AGENT}:1`)!.status = "building";
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  t.is(w.turns.started.length, 0);
+  t.is(w.store.turns.get("turn_1")!.status, "failed");
+  t.is(w.store.turns.get("turn_1")!.error?.code, "agent_version_unavailable");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
+test("run-actor - recovery by a new owner: in_progress → incomplete (worker_execution_interrupted), then the queued turn starts", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  await first.command(startCmd());
+  await first.command(continueCmd("turn_q", "queue", "next"));
+  first.stop("partition lost"); // the owner is gone; the store still says busy
+
+  const second = w.actor(2);
+  await second.recover();
+  const lost = w.store.turns.get("turn_1")!;
+  t.is(lost.status, "incomplete");
+  t.is(lost.error?.code, "worker_execution_interrupted");
+  t.is(lost.epoch, 2);
+  t.is(w.store.runs.get(RUN)!.active_turn_id, "turn_q");
+  t.is(w.store.turns.get("turn_q")!.status, "in_progress");
+  t.deepEqual(w.turns.last.request.input, [{ type: "input_text", text: "next" }], "the queued turn's agent started on the new owner");
+  t.deepEqual(
+    w.events.events(RUN).map((e) => e.sequence),
+    w.events.events(RUN).map((_, i) => i + 1),
+    "the new owner continues the numbering without gap or repeat",
+  );
+});
+
+test("run-actor - recovery settles a cancelling turn as cancelled", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  await first.command(startCmd());
+  // Cancelling was stored, then the owner died before the agent stopped.
+  await w.store.updateTurnFenced("turn_1", 1, { status: "cancelling" });
+  first.stop("partition lost");
+  const second = w.actor(2);
+  await second.recover();
+  t.is(w.store.turns.get("turn_1")!.status, "cancelled");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
+test("run-actor - fencing: once a newer owner claimed the run, the old actor writes nothing and answers not_owner", async (t) => {
+  const w = await world();
+  const stale = w.actor(1);
+  await stale.command(startCmd());
+  t.truthy(await w.store.claimRun(RUN, 2), "another node took the partition over");
+  const writes = w.store.writes.length;
+
+  t.deepEqual(await stale.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["x"], remove: [] }), { ok: false, not_owner: true });
+  t.true(stale.isStopped);
+  // Its agent's end arrives later: nothing is stored by the stale owner.
+  w.turns.last.finish({ outcome: "completed" });
+  await new Promise((resolve) => setImmediate(resolve));
+  t.deepEqual(await stale.command(continueCmd("turn_2", "queue")), { ok: false, not_owner: true });
+  t.is(w.store.writes.length, writes, "no write after the takeover");
+  t.is(w.store.turns.get("turn_1")!.status, "in_progress", "left for the new owner to recover");
+  t.deepEqual(w.store.runs.get(RUN)!.tags, ["a", "b"]);
+});
+
+test("run-actor - an older epoch cannot even activate a run a newer owner claimed", async (t) => {
+  const w = await world();
+  const owner = w.actor(5);
+  await owner.command(startCmd());
+  const older = w.actor(3);
+  t.deepEqual(await older.command({ op: "cancel", workspace_id: WS, run_id: RUN }), { ok: false, not_owner: true });
+  t.is(w.store.turns.get("turn_1")!.status, "in_progress");
+});
+
+test("run-actor - other workspaces see no run; tags edit with set semantics and a limit; delete only when idle", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  t.like(await actor.command({ op: "tags", workspace_id: "ws_other", run_id: RUN, add: ["x"], remove: [] }), { ok: false, code: "run_not_found" });
+  t.like(await actor.command({ op: "continue", workspace_id: "ws_other", run_id: RUN, turn_id: "turn_x", input: [], on_busy: "queue" }), { ok: false, code: "run_not_found", param: "run_id" });
+  t.deepEqual(okReply(await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["c"], remove: ["a"] })).tags, ["b", "c"]);
+  const many = Array.from({ length: 60 }, (_, i) => `t${i}`);
+  t.like(await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: many, remove: [] }), { ok: false, code: "invalid_request", param: "add" });
+
+  t.like(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }), { ok: false, code: "run_busy" });
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(actor);
+  okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }));
+  t.false(w.store.runs.has(RUN));
+  t.is(w.store.turns.size, 0);
+  t.is(w.store.tombstones.get(RUN)?.reason, "deleted");
+  t.deepEqual(w.events.types(RUN), [], "its events are purged");
+  t.deepEqual(w.checkpoints.removed, [RUN]);
+});
+
+test("run-actor - an expired run answers run_expired and the sweeper removes it with a tombstone", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(actor);
+  w.clock.now += 86_400_000 + 1;
+  t.like(await actor.command(continueCmd("turn_2", "queue")), { ok: false, code: "run_expired" });
+  await actor.expire();
+  t.false(w.store.runs.has(RUN));
+  t.is(w.store.tombstones.get(RUN)?.reason, "expired");
+});
