@@ -1,5 +1,5 @@
 import type { Logger } from "pino";
-import type { Clock, DeploymentDoc, MongoStore } from "../src/index.js";
+import { type Clock, type DeploymentDoc, DeploymentStatus, type MongoStore } from "../src/index.js";
 import { resolveModel } from "./agent-runner.js";
 
 /**
@@ -37,7 +37,7 @@ export class DeploymentBuilder {
     const now = this.clock.nowMs();
     if ("error" in resolved) {
       await this.store.finishDeployment(deployment._id, {
-        status: "failed",
+        status: DeploymentStatus.failed,
         error: { code: "model_not_found", message: resolved.error },
         ready_at: null,
       });
@@ -49,9 +49,9 @@ export class DeploymentBuilder {
     // 409 agent_version_not_ready, which is retryable.) Read again: activation may have
     // been requested while it was building.
     const current = await this.store.getDeployment(deployment.agent_id, deployment.version);
-    if (current?.status !== "building") return;
+    if (current?.status !== DeploymentStatus.building) return;
     if (current.activate) await this.store.setActiveVersion(deployment.agent_id, deployment.version);
-    const finished = await this.store.finishDeployment(deployment._id, { status: "ready", ready_at: now, error: null });
+    const finished = await this.store.finishDeployment(deployment._id, { status: DeploymentStatus.ready, ready_at: now, error: null });
     if (finished) this.log.info({ deployment: deployment._id, activated: current.activate }, "deployment ready");
   }
 }

@@ -1,5 +1,5 @@
 export { ActorHost, type HostResources } from "./actor-host.js";
-export { RunActor, DeploymentCache, type ActorResources } from "./run-actor.js";
+export { RunActor, type ActorResources } from "./run-actor.js";
 export { DeploymentBuilder } from "./deployment-builder.js";
 export { PartitionLeases } from "./partition-leases.js";
 export { resolveModel } from "./agent-runner.js";

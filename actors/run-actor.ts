@@ -3,9 +3,8 @@ import path from "node:path";
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, admissionOutcome, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, type DeploymentDoc, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, isTransientFailure, MAX_TAGS, MAX_TURN_FILE_BYTES, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
+import { type AbortReason, admissionOutcome, DeploymentStatus, nextVersionFor, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, isTransientFailure, MAX_TAGS, MAX_TURN_FILE_BYTES, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "./agent-runner.js";
-import { nextVersionFor } from "./versions.js";
 import { existsSync } from "node:fs";
 import { CheckpointCorruptError, CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
 import type { ActiveTurns } from "./active-turns.js";
@@ -38,39 +37,6 @@ export interface ActorResources {
   startTurn?: (request: TurnRunRequest) => RunningTurn;
 }
 
-/** Deployments are immutable once ready, so a node caches them by id. */
-/**
- * Ready deployments (immutable once ready), least recently used first out: at most
- * `capacity` configs are held, however many agents and versions tenants create.
- */
-export class DeploymentCache {
-  private readonly cache = new Map<string, DeploymentDoc>();
-  constructor(
-    private readonly store: Pick<RunStore, "getDeployment">,
-    private readonly capacity = 1_000,
-  ) {}
-
-  get size(): number {
-    return this.cache.size;
-  }
-
-  async get(agentId: string, version: number): Promise<DeploymentDoc | null> {
-    const id = `${agentId}:${version}`;
-    const hit = this.cache.get(id);
-    if (hit) {
-      // Map order is insertion order: moving the hit to the end keeps the order by use.
-      this.cache.delete(id);
-      this.cache.set(id, hit);
-      return hit;
-    }
-    const doc = await this.store.getDeployment(agentId, version);
-    if (doc && doc.status === "ready") {
-      this.cache.set(id, doc);
-      if (this.cache.size > this.capacity) this.cache.delete(this.cache.keys().next().value!);
-    }
-    return doc;
-  }
-}
 
 interface ActiveExecution {
   turn: TurnDoc;
@@ -583,7 +549,7 @@ export class RunActor {
 
   private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
-    if (!deployment || deployment.status !== "ready") {
+    if (!deployment || deployment.status !== DeploymentStatus.ready) {
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: Ids.reference() }));
       return;
     }

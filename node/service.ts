@@ -1,7 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, type Config, ConfigurationError, connectNats, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
-import { ActiveTurns, ActorHost, DeploymentBuilder, DeploymentCache, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
+import { BlobKeyring, type Clock, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
+import { ActiveTurns, ActorHost, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
 

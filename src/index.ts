@@ -24,6 +24,7 @@ export * from "./render.js";
 export * from "./commands.js";
 export * from "./documents.js";
 export * from "./contracts.js";
+export * from "./deployments.js";
 
 // Configuration, time, ids, secrets.
 export * from "./config.js";

@@ -1,13 +1,14 @@
 import { MongoClient, MongoError, type Collection, type Db, type Document, type Filter, type UpdateFilter } from "mongodb";
-import type {
-  AgentDoc,
-  ApiKeyDoc,
-  DeploymentDoc,
-  IdempotencyDoc,
-  RunDoc,
-  TombstoneDoc,
-  TurnDoc,
-  WorkspaceDoc,
+import {
+  type AgentDoc,
+  type ApiKeyDoc,
+  type DeploymentDoc,
+  DeploymentStatus,
+  type IdempotencyDoc,
+  type RunDoc,
+  type TombstoneDoc,
+  type TurnDoc,
+  type WorkspaceDoc,
 } from "./documents.js";
 import { InsertBatcher } from "./insert-batcher.js";
 import { FencedError, type RunStore } from "./contracts.js";
@@ -267,17 +268,17 @@ export class MongoStore implements RunStore {
   }
 
   listBuildingDeployments(): Promise<DeploymentDoc[]> {
-    return guard(() => this.deployments.find({ status: "building" }).limit(1000).toArray());
+    return guard(() => this.deployments.find({ status: DeploymentStatus.building }).limit(1000).toArray());
   }
 
   /** Asks a building deployment to become active when its build finishes. */
   requestActivation(id: string): Promise<unknown> {
-    return guard(() => this.deployments.updateOne({ _id: id, status: "building" }, { $set: { activate: true } }));
+    return guard(() => this.deployments.updateOne({ _id: id, status: DeploymentStatus.building }, { $set: { activate: true } }));
   }
 
   /** Moves a deployment out of `building`; false when it already left that state. */
   async finishDeployment(id: string, set: Partial<DeploymentDoc>): Promise<boolean> {
-    const r = await guard(() => this.deployments.updateOne({ _id: id, status: "building" }, { $set: set }));
+    const r = await guard(() => this.deployments.updateOne({ _id: id, status: DeploymentStatus.building }, { $set: set }));
     return r.modifiedCount === 1;
   }
 

@@ -1,5 +1,5 @@
 import type { FastifyInstance } from "fastify";
-import { AgentCreateSchema, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, Ids, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
+import { activationOf, AgentCreateSchema, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, Ids, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 
@@ -85,7 +85,7 @@ export function agentRoutes(ctx: GatewayContext) {
         deployment = await ctx.store.insertDeployment({
           workspace_id: auth.workspace._id,
           agent_id: agent._id,
-          status: "building",
+          status: DeploymentStatus.building,
           upgrade_policy: body.upgrade_policy,
           config: body.config,
           activate: body.activate,
@@ -131,14 +131,11 @@ export function agentRoutes(ctx: GatewayContext) {
         const auth = authOf(request);
         const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
         const deployment = await loadDeployment(ctx, agent, request.params.version);
-        if (deployment.status === "failed") {
-          throw new ApiError("agent_version_not_ready", { param: "version", message: `Version ${deployment.version} failed to build.` });
-        }
-        if (deployment.status === "building") {
+        if (activationOf(deployment) === "when_ready") {
           // Becomes active when the build finishes; if it finished meanwhile, activate now.
           await ctx.store.requestActivation(deployment._id);
           const now = await ctx.store.getDeployment(agent._id, deployment.version);
-          if (now?.status === "ready") await ctx.store.setActiveVersion(agent._id, deployment.version);
+          if (now?.status === DeploymentStatus.ready) await ctx.store.setActiveVersion(agent._id, deployment.version);
         } else {
           await ctx.store.setActiveVersion(agent._id, deployment.version);
         }

@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, decodeCursor, type Disposition, encodeCursor, Ids, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
+import { ApiError, startVersionOf, decodeCursor, type Disposition, encodeCursor, Ids, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -58,7 +58,7 @@ export function runRoutes(ctx: GatewayContext) {
       if (body.stream) checkStreamQuota(ctx, workspaceId, auth.workspace.plan);
       let startVersion: number | undefined;
       if (body.kind === "start") {
-        startVersion = await resolveStartVersion(ctx, workspaceId, body.agent, body.version);
+        startVersion = await startVersionOf(await ctx.store.getAgent(workspaceId, body.agent), body.version, ctx.deployments);
       } else {
         await loadRun(ctx, workspaceId, body.run_id, "run_id");
       }
@@ -192,24 +192,6 @@ export function runRoutes(ctx: GatewayContext) {
   };
 }
 
-/** Spec rules 7–9: the version a new run starts on, or the error that says why it cannot. */
-async function resolveStartVersion(ctx: GatewayContext, workspaceId: string, agentId: string, version: number | undefined): Promise<number> {
-  const agent = await ctx.store.getAgent(workspaceId, agentId);
-  if (!agent) throw new ApiError("agent_not_found", { param: "agent" });
-  const target = version ?? agent.active_version;
-  if (target === null) {
-    throw new ApiError("agent_version_not_ready", { param: "agent", message: "The agent has no active deployment yet." });
-  }
-  const deployment = await ctx.deployments.get(agentId, target);
-  if (!deployment) throw new ApiError("agent_version_not_found", { param: "version" });
-  if (deployment.status !== "ready") {
-    throw new ApiError("agent_version_not_ready", {
-      param: version === undefined ? "agent" : "version",
-      message: `Version ${target} is ${deployment.status}.`,
-    });
-  }
-  return target;
-}
 
 async function admit(
   ctx: GatewayContext,

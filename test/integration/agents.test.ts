@@ -209,7 +209,7 @@ test("deployments - JSON nested 2,000 levels deep is 400 naming the field, and t
 
 test("deployments - the runtime's deployment cache holds at most its capacity, least recently used out", async (t) => {
   const { api, service } = t.context;
-  const { DeploymentCache } = await import("../../actors/run-actor.js");
+  const { DeploymentCache } = await import("../../src/deployments.js");
   const agent = await api.agentWith({ model: "faux/scripted" });
   for (const v of [2, 3]) {
     await api.deploy(agent, { model: "faux/scripted" });
