@@ -1,16 +1,16 @@
-import { mkdir, rm } from "node:fs/promises";
-import path from "node:path";
+import { rm } from "node:fs/promises";
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, admissionOutcome, DeploymentStatus, nextVersionFor, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, isTransientFailure, MAX_TAGS, MAX_TURN_FILE_BYTES, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
+import { type AbortReason, admissionOutcome, DeploymentStatus, nextVersionFor, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "./agent-runner.js";
-import { existsSync } from "node:fs";
-import { CheckpointCorruptError, CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { inputText, resolveFiles, withRetries } from "./turn-input.js";
+import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
 import type { ActiveTurns } from "./active-turns.js";
 import type { Sandbox } from "./sandbox.js";
 import { apiKeyResolver } from "./credentials.js";
-import { MAX_TURN_DOCUMENT_BYTES, boundTranscript, jsonBytes } from "./transcript-bounds.js";
+import { fitTurnDocument } from "./transcript-bounds.js";
 
 /**
  * What every actor of a node shares, as the contracts the actor needs (node/service.ts
@@ -46,17 +46,6 @@ interface ActiveExecution {
   limitTimer: NodeJS.Timeout;
 }
 
-/** Runs `work`, retrying transient failures up to three times with a short backoff. */
-async function withRetries<T>(work: () => Promise<T>): Promise<T> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      return await work();
-    } catch (err) {
-      if (attempt >= 3 || !isTransientFailure(err)) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 200 * 2 ** attempt));
-    }
-  }
-}
 
 
 type OkReply = Omit<Extract<CommandReply, { ok: true }>, "ok">;
@@ -525,7 +514,7 @@ export class RunActor {
   // ---- execution ------------------------------------------------------------------
 
   private workspaceDir(run: RunDoc): string {
-    return path.join(this.r.config.dataDir, "workspaces", run._id);
+    return workspaceDirOf(this.r.config.dataDir, run._id);
   }
 
   /**
@@ -564,32 +553,9 @@ export class RunActor {
     }
     const session = await this.loadSession(run);
     const workspaceDir = this.workspaceDir(run);
-    if (run.checkpointed && !existsSync(workspaceDir)) {
-      // The run moved here from another node: bring its workspace along. A store that
-      // cannot be read now may answer later (retryable); a checkpoint that is gone or
-      // cannot be extracted will not come back.
-      let code: "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | undefined;
-      try {
-        if (!(await this.r.checkpoints.restore(run._id, workspaceDir, run.workspace_id))) code = "sandbox_snapshot_unavailable";
-      } catch (err) {
-        this.r.log.error({ err, run_id: run._id }, "could not restore the run's workspace");
-        code = err instanceof CheckpointCorruptError ? "sandbox_snapshot_unavailable" : "sandbox_snapshot_activation_failed";
-      }
-      if (code) {
-        // Nothing half-restored is left to pass for the workspace on the next try.
-        await rm(workspaceDir, { recursive: true, force: true });
-        await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(code, { reference: Ids.reference() }));
-        return;
-      }
-    }
-    // Searchable, not listable, for the sandbox's uid; the workspace itself becomes its own.
-    await mkdir(path.dirname(workspaceDir), { recursive: true, mode: 0o711 });
-    await mkdir(workspaceDir, { recursive: true, mode: 0o700 });
-    try {
-      await this.r.sandbox.prepareWorkspace(workspaceDir);
-    } catch (err) {
-      this.r.log.error({ err, run_id: run._id }, "could not prepare the run's workspace for its sandbox");
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("sandbox_operation_failed", { reference: Ids.reference() }));
+    const preparation = await prepareRunWorkspace(this.r, run, workspaceDir);
+    if (preparation) {
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: Ids.reference() }));
       return;
     }
     let input: InputPart[];
@@ -597,7 +563,7 @@ export class RunActor {
     try {
       // A store or object-store hiccup is retried briefly before the turn fails.
       [input, credentials] = await withRetries(() =>
-        Promise.all([this.resolveFiles(run, turn.input), this.r.envValues.resolveForTurn(run.workspace_id)]),
+        Promise.all([resolveFiles(this.r.files, run.workspace_id, turn.input), this.r.envValues.resolveForTurn(run.workspace_id)]),
       );
     } catch (err) {
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
@@ -711,16 +677,12 @@ export class RunActor {
     }
     // The turn document must stay under the store's limit: a transcript too large even
     // compacted is not stored, and the turn fails rather than leaving the run busy.
-    const bounded = boundTranscript(transcript, MAX_TURN_DOCUMENT_BYTES - jsonBytes(turn.input) - jsonBytes(output));
-    if (bounded.fits) {
-      if (bounded.compacted) this.r.log.warn({ run_id: this.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
-      transcript = bounded.transcript;
-    } else {
-      const mib = (MAX_TURN_DOCUMENT_BYTES / 1024 / 1024).toFixed(0);
+    const fitted = fitTurnDocument(turn.input, output, transcript);
+    if (fitted.compacted) this.r.log.warn({ run_id: this.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
+    ({ output, transcript } = fitted);
+    if (fitted.failure) {
       status = TurnStatus.failed;
-      error = turnError("platform_failure", { reference: Ids.reference(), message: `The turn's transcript (${bounded.bytes} bytes) does not fit the ${mib} MiB a turn may store, and was not kept.` });
-      transcript = [];
-      if (jsonBytes(turn.input) + jsonBytes(output) > MAX_TURN_DOCUMENT_BYTES) output = [];
+      error = turnError("platform_failure", { reference: Ids.reference(), message: fitted.failure });
     }
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
@@ -769,42 +731,6 @@ export class RunActor {
     }
   }
 
-  /**
-   * Uploaded files named by `file_id` become inline parts for the agent (the stored
-   * input keeps the id), in input order while they fit the turn's file budget (what
-   * inline files left of it); a file past the budget becomes a short note. Sizes come
-   * from the file records (one query), so a file past the budget is never read.
-   */
-  private async resolveFiles(run: RunDoc, input: InputPart[]): Promise<InputPart[]> {
-    const ids = input.flatMap((part) => (part.type === "input_file" && part.file_id ? [part.file_id] : []));
-    if (ids.length === 0) return input;
-    const docs = new Map((await this.r.files.getMany(run.workspace_id, ids)).map((doc) => [doc._id, doc]));
-    let budget = MAX_TURN_FILE_BYTES - input.reduce((n, part) => n + (part.type === "input_file" && part.file_data ? Math.floor((part.file_data.length * 3) / 4) : 0), 0);
-    const out: InputPart[] = [];
-    for (const part of input) {
-      if (part.type !== "input_file" || !part.file_id) {
-        out.push(part);
-        continue;
-      }
-      const doc = docs.get(part.file_id);
-      if (!doc) {
-        out.push({ type: "input_text", text: `[file ${part.file_id} is not available]` });
-        continue;
-      }
-      if (doc.bytes > budget) {
-        out.push({ type: "input_text", text: `[file ${doc.filename} (${doc.media_type}, ${doc.bytes} bytes) is too large to include: a turn hands the model at most ${MAX_TURN_FILE_BYTES / 1024 / 1024} MiB of files]` });
-        continue;
-      }
-      const file = await this.r.files.read(run.workspace_id, part.file_id);
-      if (!file) {
-        out.push({ type: "input_text", text: `[file ${part.file_id} is not available]` });
-        continue;
-      }
-      budget -= file.bytes;
-      out.push({ type: "input_file", filename: file.filename, media_type: file.media_type, file_data: file.data.toString("base64") });
-    }
-    return out;
-  }
 
   /** Registers the turn as executing on this node and counts the workspace's executing turns. */
   private activeTurnCount(workspaceId: string, turnId: string): number {
@@ -834,8 +760,3 @@ export class RunActor {
   }
 }
 
-function inputText(input: InputPart[]): string {
-  return input
-    .map((part) => (part.type === "input_text" ? part.text : `[file ${part.filename ?? part.file_id ?? ""}]`))
-    .join("\n");
-}

@@ -28,6 +28,27 @@ export function boundTranscript(transcript: AgentMessage[], roomBytes: number): 
   return { fits: false, bytes };
 }
 
+/**
+ * What of a finished turn its document can hold: the transcript as it is, compacted,
+ * or dropped with the reason the turn then fails for (`failure`); the output is dropped
+ * too only when input and output alone are over the limit.
+ */
+export function fitTurnDocument<O>(
+  input: unknown,
+  output: O[],
+  transcript: AgentMessage[],
+): { output: O[]; transcript: AgentMessage[]; compacted: boolean; failure?: string } {
+  const bounded = boundTranscript(transcript, MAX_TURN_DOCUMENT_BYTES - jsonBytes(input) - jsonBytes(output));
+  if (bounded.fits) return { output, transcript: bounded.transcript, compacted: bounded.compacted };
+  const mib = (MAX_TURN_DOCUMENT_BYTES / 1024 / 1024).toFixed(0);
+  return {
+    output: jsonBytes(input) + jsonBytes(output) > MAX_TURN_DOCUMENT_BYTES ? [] : output,
+    transcript: [],
+    compacted: false,
+    failure: `The turn's transcript (${bounded.bytes} bytes) does not fit the ${mib} MiB a turn may store, and was not kept.`,
+  };
+}
+
 type Block = { type: string; text?: string; data?: string; mimeType?: string };
 
 function compactMessage(message: AgentMessage): AgentMessage {
