@@ -19,10 +19,9 @@
  * `RUNS_SANDBOX=off` runs commands as plain child processes in the workspace
  * directory (local development only: no confinement at all).
  */
-import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { accessSync, constants as fsConstants, existsSync, lstatSync, openSync, closeSync, statSync } from "node:fs";
-import { chmod, chown, lchown, lstat, mkdir, readdir, rm } from "node:fs/promises";
+import { constants as fsConstants, openSync, closeSync } from "node:fs";
+import { chown, mkdir, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
@@ -30,21 +29,18 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import type { SandboxStatus } from "../src/index.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, searchableDataDir, setupFailed, withEgressRelay, type HostLayout } from "./sandbox-host.js";
+import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
-/** Where the workspace appears inside the sandbox. */
-export const SANDBOX_WORKSPACE = "/workspace";
-/** The uid and gid a command has inside the sandbox (never 0). */
-export const SANDBOX_INNER_ID = 1000;
+export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
+export { OutputTail } from "./sandbox-process.js";
+
 /** Unprivileged uid/gid a root node runs sandboxes as (`RUNS_SANDBOX_UID`). */
 export const DEFAULT_SANDBOX_UID = 65534;
-/** The proxy address inside a sandbox whose deployment allows destinations. */
-export const SANDBOX_PROXY = "127.0.0.1:3128";
 
 /** Start attempts of one sandbox before the turn fails with sandbox_start_retries_exhausted. */
 const START_ATTEMPTS = 3;
 const START_BACKOFF_MS = [50, 250];
-/** A command's output pipes after its sandbox ended: only bwrap could still hold them. */
-const PIPE_DRAIN_MS = 200;
 
 export type SandboxFailureCode = "sandbox_operation_failed" | "sandbox_capacity_exceeded" | "sandbox_start_retries_exhausted";
 
@@ -164,7 +160,7 @@ export class Sandbox {
       options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
-    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), cgroups ? undefined : nprocFlagOf("/bin/sh"));
+    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
     const probeDir = await sandbox.mkProbeWorkspace();
@@ -295,8 +291,8 @@ export class Sandbox {
         fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       }
       const argv = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
-      const bwrapArgs = this.bwrapArgs(cmd, argv, wantsNetwork);
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], this.rlimits(cmd.limits), [this.bwrap!, ...bwrapArgs]);
+      const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, this.cgroups ? undefined : this.nprocFlag), [this.bwrap!, ...args]);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",
@@ -341,71 +337,6 @@ export class Sandbox {
       if (egress) await egress.close().catch(() => undefined);
       if (egressDir) await rm(egressDir, { recursive: true, force: true }).catch(() => undefined);
     }
-  }
-
-  /** RLIMITs for the sandbox: always CPU seconds and file size; memory and processes when no cgroup does it. */
-  private rlimits(limits: SandboxLimits): [string, number][] {
-    const r: [string, number][] = [
-      // Soft first, then a hard limit one second later: SIGXCPU (named in the tool
-      // result), then SIGKILL for a process that ignores it.
-      ["-St", limits.cpuSeconds],
-      ["-Ht", limits.cpuSeconds + 1],
-      // dash counts file sizes in 512-byte blocks.
-      ["-f", Math.ceil(limits.diskBytes / 512)],
-    ];
-    if (!this.cgroups) {
-      r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
-      // RLIMIT_NPROC counts every process of the sandboxes' host uid: in this fallback
-      // it is one budget all of a node's sandboxes share, not one per command.
-      r.push([this.nprocFlag, limits.processes]);
-    }
-    return r;
-  }
-
-  private bwrapArgs(cmd: SandboxCommand, argv: readonly string[], network: boolean): string[] {
-    const env: Record<string, string> = {
-      PATH: "/usr/local/bin:/usr/bin:/bin",
-      HOME: "/tmp",
-      TMPDIR: "/tmp",
-      LANG: "C.UTF-8",
-      TERM: "dumb",
-      USER: "sandbox",
-      ...(network ? proxyEnv() : {}),
-      ...cmd.env,
-    };
-    const args = [
-      "--unshare-all",
-      "--unshare-user",
-      "--disable-userns",
-      "--die-with-parent",
-      "--new-session",
-      // The command is pid 1 of its namespace (no extra reaper process): when it ends,
-      // the kernel ends everything else in the namespace.
-      "--as-pid-1",
-      "--uid",
-      String(SANDBOX_INNER_ID),
-      "--gid",
-      String(SANDBOX_INNER_ID),
-      "--hostname",
-      "sandbox",
-      ...this.hostLayout.system,
-      "--proc",
-      "/proc",
-      "--dev",
-      "/dev",
-      "--size",
-      String(cmd.limits.tmpBytes),
-      "--tmpfs",
-      "/tmp",
-      "--bind-fd",
-      "3",
-      SANDBOX_WORKSPACE,
-    ];
-    if (network) args.push("--ro-bind-fd", "4", "/run/runs");
-    args.push("--chdir", SANDBOX_WORKSPACE, "--remount-ro", "/", "--clearenv");
-    for (const [name, value] of Object.entries(env)) args.push("--setenv", name, value);
-    args.push("--", ...argv);
-    return args;
   }
 
   private async runUnconfined(cmd: SandboxCommand): Promise<SandboxOutcome> {
@@ -455,315 +386,14 @@ const probeLimits: SandboxLimits = {
 /** bwrap failed before the command ran; worth another try. */
 class SandboxStartError extends Error {}
 
-/**
- * Whether an exit is bwrap's or the launcher's own failure, before the command ran:
- * bwrap exits 1 after a "bwrap: …" line, the launcher 125 after "runs-sandbox: …".
- * Commands send their stderr to stdout (every tool does), so stderr is theirs alone;
- * a command that forges the line only fails its own turn.
- */
-export function setupFailed(exitCode: number, stderr: Buffer): boolean {
-  const text = stderr.toString("utf8");
-  return (exitCode === 1 && text.startsWith("bwrap: ")) || (exitCode === 125 && text.startsWith("runs-sandbox: "));
-}
-
-function proxyEnv(): Record<string, string> {
-  const url = `http://${SANDBOX_PROXY}`;
-  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, ALL_PROXY: url, NO_PROXY: "", no_proxy: "" };
-}
-
-/**
- * Wraps argv so a socat inside the sandbox relays 127.0.0.1:3128 to the egress
- * socket, and the command starts once the relay listens (bounded wait).
- */
-function withEgressRelay(argv: readonly string[]): string[] {
-  const script =
-    'socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/run/runs/egress.sock 2>/dev/null & ' +
-    'i=0; while [ $i -lt 200 ] && ! grep -q ":0C38 00000000:0000 0A" /proc/net/tcp 2>/dev/null; do i=$((i+1)); sleep 0.01; done; ' +
-    'exec "$@"';
-  return ["/bin/sh", "-c", script, "sh", ...argv];
-}
-
-/**
- * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
- * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
- */
-/**
- * Which `ulimit` flag of `shell` sets RLIMIT_NPROC: `-u` in bash, busybox and zsh, `-p`
- * in dash (where bash's `-p` is the read-only pipe size). Throws when neither works.
- */
-export function nprocFlagOf(shell: string): string {
-  for (const flag of ["-u", "-p"]) {
-    // Setting the soft limit to the hard one is allowed to any user.
-    const probe = spawnSync(shell, ["-c", `v=$(ulimit -H ${flag}) && ulimit -S ${flag} "$v"`], { stdio: "ignore", timeout: 5_000 });
-    if (probe.status === 0) return flag;
-  }
-  throw new SandboxUnavailableError(`${shell} cannot set a process limit (ulimit -u / -p): without cgroups, sandboxes cannot be limited here.`);
-}
-
-function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
-  const script =
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +
-    'n=$1; shift; while [ "$n" -gt 0 ]; do ulimit "$1" "$2" || { echo "runs-sandbox: cannot set limit $1" >&2; exit 125; }; shift 2; n=$((n-1)); done; ' +
-    'exec "$@"';
-  return [
-    "-c",
-    script,
-    "runs-sandbox",
-    String(procsFiles.length),
-    ...procsFiles,
-    String(rlimits.length),
-    ...rlimits.flatMap(([flag, value]) => [flag, String(value)]),
-    ...exec,
-  ];
-}
-
-interface HostLayout {
-  /** bwrap arguments for the read-only system: /usr, the /bin and /lib links or binds, a few /etc files. */
-  system: string[];
-}
-
-/** Files under /etc that ordinary tools read; nothing with secrets (no shadow, no ssh keys). */
-const ETC_FILES = [
-  "/etc/alternatives",
-  "/etc/ssl",
-  "/etc/ca-certificates",
-  "/etc/pki",
-  "/etc/localtime",
-  "/etc/ld.so.cache",
-  "/etc/ld.so.conf",
-  "/etc/ld.so.conf.d",
-  "/etc/nsswitch.conf",
-  "/etc/mime.types",
-  "/etc/bash.bashrc",
-  "/etc/inputrc",
-];
-
-function hostLayout(): HostLayout {
-  const system = ["--ro-bind", "/usr", "/usr"];
-  for (const dir of ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]) {
-    let info;
-    try {
-      info = lstatSync(dir);
-    } catch {
-      continue;
-    }
-    if (info.isSymbolicLink()) system.push("--symlink", `usr${dir}`, dir);
-    else system.push("--ro-bind", dir, dir);
-  }
-  for (const file of ETC_FILES) if (existsSync(file)) system.push("--ro-bind", file, file);
-  return { system };
-}
-
-function findOnPath(name: string): string | undefined {
-  for (const dir of (process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin").split(path.delimiter)) {
-    if (!dir) continue;
-    const candidate = path.join(dir, name);
-    if (isExecutable(candidate)) return candidate;
-  }
-  return undefined;
-}
-
-function isExecutable(file: string): boolean {
-  try {
-    accessSync(file, fsConstants.X_OK);
-    return statSync(file).isFile();
-  } catch {
-    return false;
-  }
-}
-
-/**
- * The service's data folder (the parent of the runtime folder and the workspaces)
- * becomes 0711 when the node owns it: the sandbox's uid must pass through it to a
- * workspace, and nobody may list it. Secrets inside stay 0600, the store's folder 0700.
- */
-async function searchableDataDir(dir: string, log: Logger): Promise<void> {
-  const info = await lstat(dir);
-  if (info.uid !== process.getuid?.() || (info.mode & 0o777) === 0o711) return;
-  await chmod(dir, 0o711);
-  log.info({ dir, was: (info.mode & 0o777).toString(8) }, "data folder made searchable (0711) for the sandbox's uid");
-}
-
-/** chowns every entry of `dir` not yet owned by uid (lstat: links are not followed). Bounded by the tree. */
-async function chownTree(dir: string, uid: number, gid: number): Promise<void> {
-  const info = await lstat(dir);
-  if (info.uid !== uid || info.gid !== gid) await chown(dir, uid, gid);
-  if (!info.isDirectory()) return;
-  const stack = [dir];
-  while (stack.length > 0) {
-    const current = stack.pop()!;
-    for (const entry of await readdir(current, { withFileTypes: true })) {
-      const p = path.join(current, entry.name);
-      const st = await lstat(p);
-      if (st.uid !== uid || st.gid !== gid) {
-        // A symbolic link is chowned itself, never its target.
-        await lchown(p, uid, gid);
-      }
-      if (st.isDirectory()) stack.push(p);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------
-// spawning
-
-type RawOutcome = (
-  | { kind: "exited"; exitCode: number }
-  | { kind: "signalled"; signal: string }
-  | { kind: "timed_out" }
-  | { kind: "aborted" }
-  | { kind: "error"; message: string }
-) & { output: Buffer; totalBytes: number; stderr: Buffer };
-
 function stripStderr(outcome: Exclude<RawOutcome, { kind: "error" }>): Omit<SandboxOutcome, "limits"> {
   const { stderr: _stderr, ...rest } = outcome;
   return rest;
 }
 
-interface SpawnRequest {
-  file: string;
-  args: readonly string[];
-  cwd: string;
-  env: NodeJS.ProcessEnv;
-  uid?: number;
-  gid?: number;
-  /** Descriptors passed as fd 3, 4, … */
-  extraFds: readonly number[];
-  stdin?: Buffer;
-  timeoutMs: number;
-  signal?: AbortSignal;
-  outputBytes: number;
-  /** Keep stderr apart (bwrap's own messages); otherwise it is ignored (the shell merges it). */
-  captureStderr: boolean;
-  /** Unconfined mode: the command gets its own process group, killed as a whole. */
-  processGroup?: boolean;
+/** The launcher shell's RLIMIT_NPROC flag; a node that can neither use cgroups nor set it cannot limit sandboxes. */
+function nprocFlagOrFail(shell: string): string {
+  const flag = nprocFlagOf(shell);
+  if (!flag) throw new SandboxUnavailableError(`${shell} cannot set a process limit (ulimit -u / -p): without cgroups, sandboxes cannot be limited here.`);
+  return flag;
 }
-
-/**
- * Spawns, collects the output tail, and settles once the process exited and its
- * pipes closed (or stopped mattering). Timeout and abort SIGKILL the process — for
- * bwrap that ends its PID namespace, hence every process of the command.
- */
-function spawnAndWait(req: SpawnRequest): Promise<RawOutcome> {
-  const output = new OutputTail(req.outputBytes);
-  const stderr = new OutputTail(4096);
-  return new Promise<RawOutcome>((resolve) => {
-    const child = spawn(req.file, req.args, {
-      cwd: req.cwd,
-      env: req.env,
-      uid: req.uid,
-      gid: req.gid,
-      detached: req.processGroup === true,
-      stdio: [req.stdin ? "pipe" : "ignore", "pipe", req.captureStderr ? "pipe" : "ignore", ...req.extraFds],
-    });
-    let stoppedBy: "timed_out" | "aborted" | undefined;
-    let exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
-    let settled = false;
-    let drainTimer: NodeJS.Timeout | undefined;
-    let spawnError: Error | undefined;
-
-    const kill = () => {
-      if (child.pid === undefined) return;
-      try {
-        if (req.processGroup) process.kill(-child.pid, "SIGKILL");
-        else child.kill("SIGKILL");
-      } catch {
-        // already gone
-      }
-    };
-    const stop = (reason: "timed_out" | "aborted") => {
-      if (stoppedBy || settled || exit) return;
-      stoppedBy = reason;
-      kill();
-    };
-    const onAbort = () => stop("aborted");
-    const timeout = setTimeout(() => stop("timed_out"), req.timeoutMs);
-    req.signal?.addEventListener("abort", onAbort, { once: true });
-    // Aborted while the sandbox was being set up: the listener above will not fire.
-    if (req.signal?.aborted) stop("aborted");
-
-    const settle = () => {
-      if (settled || (!exit && !spawnError)) return;
-      settled = true;
-      clearTimeout(timeout);
-      clearTimeout(drainTimer);
-      req.signal?.removeEventListener("abort", onAbort);
-      child.stdout?.destroy();
-      child.stderr?.destroy();
-      const base = { ...output.result(), stderr: stderr.result().output };
-      if (spawnError) return resolve({ kind: "error", message: spawnError.message, ...base });
-      if (stoppedBy) return resolve({ kind: stoppedBy, ...base });
-      if (exit!.code !== null) return resolve({ kind: "exited", exitCode: exit!.code, ...base });
-      return resolve({ kind: "signalled", signal: exit!.signal ?? "unknown", ...base });
-    };
-
-    child.stdout?.on("data", (chunk: Buffer) => output.push(chunk));
-    child.stderr?.on("data", (chunk: Buffer) => stderr.push(chunk));
-    if (req.stdin && child.stdin) {
-      child.stdin.on("error", () => undefined); // the command may not read it all
-      child.stdin.end(req.stdin);
-    }
-    child.on("error", (error) => {
-      spawnError = error;
-      settle();
-    });
-    child.on("exit", (code, signal) => {
-      exit = { code, signal };
-      // Unconfined, background children may hold the pipe; give them a moment.
-      drainTimer = setTimeout(settle, PIPE_DRAIN_MS);
-    });
-    child.on("close", () => settle());
-  });
-}
-
-/** Keeps the last `limit` bytes of a byte stream and counts the rest. */
-export class OutputTail {
-  private chunks: Buffer[] = [];
-  private kept = 0;
-  private total = 0;
-
-  constructor(private readonly limit: number) {}
-
-  push(chunk: Buffer): void {
-    this.total += chunk.length;
-    this.chunks.push(chunk);
-    this.kept += chunk.length;
-    while (this.chunks.length > 1 && this.kept - this.chunks[0]!.length >= this.limit) {
-      this.kept -= this.chunks[0]!.length;
-      this.chunks.shift();
-    }
-  }
-
-  result(): { output: Buffer; totalBytes: number } {
-    let buffer = Buffer.concat(this.chunks);
-    if (buffer.length > this.limit) buffer = buffer.subarray(buffer.length - this.limit);
-    return { output: buffer, totalBytes: this.total };
-  }
-}
-
-/** The size of a directory tree in bytes (lstat, links not followed); stops counting past `stopAt`. */
-export async function treeBytes(dir: string, stopAt: number): Promise<number> {
-  let total = 0;
-  const stack = [dir];
-  while (stack.length > 0 && total <= stopAt) {
-    const current = stack.pop()!;
-    let entries;
-    try {
-      entries = await readdir(current, { withFileTypes: true });
-    } catch {
-      continue;
-    }
-    for (const entry of entries) {
-      const p = path.join(current, entry.name);
-      try {
-        const st = await lstat(p);
-        total += st.isDirectory() ? 0 : st.blocks * 512;
-        if (st.isDirectory()) stack.push(p);
-      } catch {
-        // gone meanwhile
-      }
-    }
-  }
-  return total;
-}
-

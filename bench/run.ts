@@ -37,6 +37,7 @@ import { spawn } from "node:child_process";
 import path from "node:path";
 import pino from "pino";
 import { Sandbox } from "../actors/sandbox.js";
+import { bwrapArgs, type HostLayout } from "../actors/sandbox-host.js";
 import { DEFAULT_LIMITS } from "../actors/sandbox-limits.js";
 import { detectCgroups } from "../actors/sandbox-cgroups.js";
 
@@ -447,12 +448,12 @@ async function sandboxLatency(): Promise<void> {
       launcher: () => timedSpawn("/bin/sh", ["-c", 'exec "$@"', "sh", "/usr/bin/true"], owner),
       sandboxTrue: () => timed(async () => check(await boxed.run({ ...command, argv: ["/usr/bin/true"] }))),
     };
-    const internals = boxed as unknown as { bwrap?: string; bwrapArgs?: (cmd: unknown, argv: readonly string[], network: boolean) => string[] };
-    if (internals.bwrap && typeof internals.bwrapArgs === "function") {
-      const args = internals.bwrapArgs({ ...command, argv: ["/usr/bin/true"] }, ["/usr/bin/true"], false);
+    const internals = boxed as unknown as { bwrap?: string; hostLayout?: HostLayout };
+    if (internals.bwrap && internals.hostLayout) {
+      const args = bwrapArgs(internals.hostLayout, { tmpBytes: command.limits.tmpBytes }, ["/usr/bin/true"], false);
       fds.push(openSync(ws, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       parts.bwrap = () => timedSpawn(internals.bwrap!, args, { ...owner, fds: [fds[0]!] });
-    } else notes.push("sandbox parts: bwrap alone not timed (Sandbox has no bwrapArgs any more)");
+    } else notes.push("sandbox parts: bwrap alone not timed (the Sandbox holds no bwrap path or host layout any more)");
     const cgroups = status.limits.startsWith("cgroup") ? await detectCgroups({}) : undefined;
     const cgPhases = { create: [] as number[], release: [] as number[] };
     if (cgroups) {

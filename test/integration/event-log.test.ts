@@ -150,7 +150,7 @@ test("event-log - sanitizing applies before storing (images omitted, size limit)
 });
 
 test("event-log - lastSequence follows appends and lets a new owner continue numbering", async (t) => {
-  const { log, nats } = t.context;
+  const { log } = t.context;
   const run = newRun();
   t.is(await log.lastSequence(run), 0);
   await appendAll(log, run, Array.from({ length: 7 }, () => ({ turn: "turn_a" })));
@@ -352,7 +352,7 @@ test.serial("event-log - page reads leave no consumer behind", async (t) => {
 });
 
 test("event-log - purge deletes the run's events only", async (t) => {
-  const { log, nats } = t.context;
+  const { log } = t.context;
   const run = newRun();
   const other = newRun();
   await appendAll(log, run, [{ turn: null }, { turn: null }]);

@@ -1,0 +1,263 @@
+/**
+ * What a sandbox is made of on this host: the launcher script (cgroups, rlimits), the
+ * read-only system it sees, the egress relay's environment, and the host-side file
+ * work (ownership of a workspace, its size, whether the sandbox's uid can reach it).
+ */
+import { spawnSync } from "node:child_process";
+import { accessSync, constants as fsConstants, existsSync, lstatSync, statSync } from "node:fs";
+import { chmod, chown, lchown, lstat, readdir } from "node:fs/promises";
+import path from "node:path";
+import type { Logger } from "pino";
+import type { SandboxLimits } from "./sandbox-limits.js";
+
+/** Where the workspace appears inside the sandbox. */
+export const SANDBOX_WORKSPACE = "/workspace";
+/** The uid and gid a command has inside the sandbox (never 0). */
+export const SANDBOX_INNER_ID = 1000;
+/** The proxy address inside a sandbox whose deployment allows destinations. */
+export const SANDBOX_PROXY = "127.0.0.1:3128";
+
+/**
+ * Whether an exit is bwrap's or the launcher's own failure, before the command ran:
+ * bwrap exits 1 after a "bwrap: …" line, the launcher 125 after "runs-sandbox: …".
+ * Commands send their stderr to stdout (every tool does), so stderr is theirs alone;
+ * a command that forges the line only fails its own turn.
+ */
+export function setupFailed(exitCode: number, stderr: Buffer): boolean {
+  const text = stderr.toString("utf8");
+  return (exitCode === 1 && text.startsWith("bwrap: ")) || (exitCode === 125 && text.startsWith("runs-sandbox: "));
+}
+
+export function proxyEnv(): Record<string, string> {
+  const url = `http://${SANDBOX_PROXY}`;
+  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, ALL_PROXY: url, NO_PROXY: "", no_proxy: "" };
+}
+
+/**
+ * Wraps argv so a socat inside the sandbox relays 127.0.0.1:3128 to the egress
+ * socket, and the command starts once the relay listens (bounded wait).
+ */
+export function withEgressRelay(argv: readonly string[]): string[] {
+  const script =
+    'socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/run/runs/egress.sock 2>/dev/null & ' +
+    'i=0; while [ $i -lt 200 ] && ! grep -q ":0C38 00000000:0000 0A" /proc/net/tcp 2>/dev/null; do i=$((i+1)); sleep 0.01; done; ' +
+    'exec "$@"';
+  return ["/bin/sh", "-c", script, "sh", ...argv];
+}
+
+/**
+ * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
+ * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
+ */
+/**
+ * Which `ulimit` flag of `shell` sets RLIMIT_NPROC: `-u` in bash, busybox and zsh, `-p`
+ * in dash (where bash's `-p` is the read-only pipe size); undefined when neither works.
+ */
+export function nprocFlagOf(shell: string): string | undefined {
+  for (const flag of ["-u", "-p"]) {
+    // Setting the soft limit to the hard one is allowed to any user.
+    const probe = spawnSync(shell, ["-c", `v=$(ulimit -H ${flag}) && ulimit -S ${flag} "$v"`], { stdio: "ignore", timeout: 5_000 });
+    if (probe.status === 0) return flag;
+  }
+  return undefined;
+}
+
+export function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
+  const script =
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +
+    'n=$1; shift; while [ "$n" -gt 0 ]; do ulimit "$1" "$2" || { echo "runs-sandbox: cannot set limit $1" >&2; exit 125; }; shift 2; n=$((n-1)); done; ' +
+    'exec "$@"';
+  return [
+    "-c",
+    script,
+    "runs-sandbox",
+    String(procsFiles.length),
+    ...procsFiles,
+    String(rlimits.length),
+    ...rlimits.flatMap(([flag, value]) => [flag, String(value)]),
+    ...exec,
+  ];
+}
+
+export interface HostLayout {
+  /** bwrap arguments for the read-only system: /usr, the /bin and /lib links or binds, a few /etc files. */
+  system: string[];
+}
+
+/** Files under /etc that ordinary tools read; nothing with secrets (no shadow, no ssh keys). */
+const ETC_FILES = [
+  "/etc/alternatives",
+  "/etc/ssl",
+  "/etc/ca-certificates",
+  "/etc/pki",
+  "/etc/localtime",
+  "/etc/ld.so.cache",
+  "/etc/ld.so.conf",
+  "/etc/ld.so.conf.d",
+  "/etc/nsswitch.conf",
+  "/etc/mime.types",
+  "/etc/bash.bashrc",
+  "/etc/inputrc",
+];
+
+export function hostLayout(): HostLayout {
+  const system = ["--ro-bind", "/usr", "/usr"];
+  for (const dir of ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]) {
+    let info;
+    try {
+      info = lstatSync(dir);
+    } catch {
+      continue;
+    }
+    if (info.isSymbolicLink()) system.push("--symlink", `usr${dir}`, dir);
+    else system.push("--ro-bind", dir, dir);
+  }
+  for (const file of ETC_FILES) if (existsSync(file)) system.push("--ro-bind", file, file);
+  return { system };
+}
+
+export function findOnPath(name: string): string | undefined {
+  for (const dir of (process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin").split(path.delimiter)) {
+    if (!dir) continue;
+    const candidate = path.join(dir, name);
+    if (isExecutable(candidate)) return candidate;
+  }
+  return undefined;
+}
+
+export function isExecutable(file: string): boolean {
+  try {
+    accessSync(file, fsConstants.X_OK);
+    return statSync(file).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The service's data folder (the parent of the runtime folder and the workspaces)
+ * becomes 0711 when the node owns it: the sandbox's uid must pass through it to a
+ * workspace, and nobody may list it. Secrets inside stay 0600, the store's folder 0700.
+ */
+export async function searchableDataDir(dir: string, log: Logger): Promise<void> {
+  const info = await lstat(dir);
+  if (info.uid !== process.getuid?.() || (info.mode & 0o777) === 0o711) return;
+  await chmod(dir, 0o711);
+  log.info({ dir, was: (info.mode & 0o777).toString(8) }, "data folder made searchable (0711) for the sandbox's uid");
+}
+
+/** chowns every entry of `dir` not yet owned by uid (lstat: links are not followed). Bounded by the tree. */
+export async function chownTree(dir: string, uid: number, gid: number): Promise<void> {
+  const info = await lstat(dir);
+  if (info.uid !== uid || info.gid !== gid) await chown(dir, uid, gid);
+  if (!info.isDirectory()) return;
+  const stack = [dir];
+  while (stack.length > 0) {
+    const current = stack.pop()!;
+    for (const entry of await readdir(current, { withFileTypes: true })) {
+      const p = path.join(current, entry.name);
+      const st = await lstat(p);
+      if (st.uid !== uid || st.gid !== gid) {
+        // A symbolic link is chowned itself, never its target.
+        await lchown(p, uid, gid);
+      }
+      if (st.isDirectory()) stack.push(p);
+    }
+  }
+}
+
+
+/** The size of a directory tree in bytes (lstat, links not followed); stops counting past `stopAt`. */
+export async function treeBytes(dir: string, stopAt: number): Promise<number> {
+  let total = 0;
+  const stack = [dir];
+  while (stack.length > 0 && total <= stopAt) {
+    const current = stack.pop()!;
+    let entries;
+    try {
+      entries = await readdir(current, { withFileTypes: true });
+    } catch {
+      continue;
+    }
+    for (const entry of entries) {
+      const p = path.join(current, entry.name);
+      try {
+        const st = await lstat(p);
+        total += st.isDirectory() ? 0 : st.blocks * 512;
+        if (st.isDirectory()) stack.push(p);
+      } catch {
+        // gone meanwhile
+      }
+    }
+  }
+  return total;
+}
+
+/**
+ * RLIMITs for a sandbox: always CPU seconds and file size; memory and processes too
+ * when no cgroup limits them (`nprocFlag` given: the launcher shell's flag).
+ */
+export function rlimitArgs(limits: SandboxLimits, nprocFlag: string | undefined): [string, number][] {
+  const r: [string, number][] = [
+    // Soft first, then a hard limit one second later: SIGXCPU (named in the tool
+    // result), then SIGKILL for a process that ignores it.
+    ["-St", limits.cpuSeconds],
+    ["-Ht", limits.cpuSeconds + 1],
+    // dash counts file sizes in 512-byte blocks.
+    ["-f", Math.ceil(limits.diskBytes / 512)],
+  ];
+  if (nprocFlag) {
+    r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
+    // RLIMIT_NPROC counts every process of the sandboxes' host uid: in this fallback
+    // it is one budget all of a node's sandboxes share, not one per command.
+    r.push([nprocFlag, limits.processes]);
+  }
+  return r;
+}
+
+/** bwrap's arguments for one command (README "Sandbox" says what each part is for). */
+export function bwrapArgs(layout: HostLayout, cmd: { env?: Record<string, string>; tmpBytes: number }, argv: readonly string[], network: boolean): string[] {
+  const env: Record<string, string> = {
+    PATH: "/usr/local/bin:/usr/bin:/bin",
+    HOME: "/tmp",
+    TMPDIR: "/tmp",
+    LANG: "C.UTF-8",
+    TERM: "dumb",
+    USER: "sandbox",
+    ...(network ? proxyEnv() : {}),
+    ...cmd.env,
+  };
+  const args = [
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    // The command is pid 1 of its namespace (no extra reaper process): when it ends,
+    // the kernel ends everything else in the namespace.
+    "--as-pid-1",
+    "--uid",
+    String(SANDBOX_INNER_ID),
+    "--gid",
+    String(SANDBOX_INNER_ID),
+    "--hostname",
+    "sandbox",
+    ...layout.system,
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--size",
+    String(cmd.tmpBytes),
+    "--tmpfs",
+    "/tmp",
+    "--bind-fd",
+    "3",
+    SANDBOX_WORKSPACE,
+  ];
+  if (network) args.push("--ro-bind-fd", "4", "/run/runs");
+  args.push("--chdir", SANDBOX_WORKSPACE, "--remount-ro", "/", "--clearenv");
+  for (const [name, value] of Object.entries(env)) args.push("--setenv", name, value);
+  args.push("--", ...argv);
+  return args;
+}
