@@ -1,4 +1,4 @@
-import { headers as natsHeaders, type NatsConnection } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import {
   DeliverPolicy,
   type Consumer,
@@ -6,15 +6,16 @@ import {
   type JetStreamManager,
   type JsMsg,
 } from "@nats-io/jetstream";
-import type { Plan } from "./domain.js";
 import { ApiError } from "./errors.js";
-import { EventKeyring, open, seal } from "./event-crypto.js";
-import { decodeEventId, encodeEventId, type EventPosition } from "./event-ids.js";
-import { MAX_STORED_EVENT_BYTES, sanitizeEvent } from "./event-sanitize.js";
-import { AsyncPublisher, type StoredAck } from "./js-publisher.js";
+import type { EventKeyring } from "./event-crypto.js";
+import { decodeEventId, type EventPosition } from "./event-ids.js";
+import { AsyncPublisher } from "./js-publisher.js";
 import { eventStreamName, eventSubject } from "./nats.js";
-import { systemClock, unixSeconds, type Clock } from "./clock.js";
+import { systemClock, type Clock } from "./clock.js";
 import { HistoryStatus, historyStatus } from "./history-status.js";
+import { JetStreamAppender } from "./event-appender.js";
+import { decodeEnvelope, decodeStoredOrUnavailable, eventJson, headerSeq, SEQ_HEADER, type StoredEnvelope, toRunEvent, unavailable, withUnavailable } from "./event-envelope.js";
+import type { AppenderOptions, EventAppender, EventCallback, EventLog, EventPage, EventReadRun, EventRunRef, ReadOptions, RunEvent, SubscribeOptions } from "./event-types.js";
 
 /**
  * The run event log (spec Events, decisions §5, DESIGN §5): events are numbered by the run's
@@ -28,140 +29,7 @@ import { HistoryStatus, historyStatus } from "./history-status.js";
  * is rebuilt by the reader from the message's stream sequence and `Runs-Seq`.
  */
 
-export const EventSource = { runtime: "runtime", platform: "platform" } as const;
-export type EventSource = (typeof EventSource)[keyof typeof EventSource];
-
-/** An event as the API shows it. */
-export interface RunEvent {
-  id: string;
-  sequence: number;
-  source: EventSource;
-  type: string;
-  run_id: string;
-  turn_id: string | null;
-  /** Unix seconds. */
-  created_at: number;
-  data: unknown;
-}
-
-
-export interface EventHistory {
-  /** null for a read with a cursor. */
-  status: HistoryStatus | null;
-  /** null while the run has no event stream (never recorded an event). */
-  retention_days: number | null;
-}
-
-export interface EventPage {
-  events: RunEvent[];
-  hasMore: boolean;
-  history: EventHistory;
-}
-
-/** What the writer needs of a run. */
-export interface EventRunRef {
-  id: string;
-  workspace_id: string;
-  plan: Plan;
-}
-
-/** What a reader needs of a run (fields of RunDoc; times in Unix ms). */
-export interface EventReadRun extends EventRunRef {
-  event_retention_s: number;
-  /** Unix ms. Every run records `run.created` when created, so a run older than its event retention had events. */
-  created_at: number;
-  /** RunDoc.event_seq: > 0 once the run has recorded events. Optional; tells "all expired" from "never any" after JetStream dropped everything. */
-  event_seq?: number;
-}
-
-export interface ReadOptions {
-  /** Event id to read after (exclusive). */
-  afterId?: string;
-  /** Only this turn's events. */
-  turnId?: string;
-  limit: number;
-  nowMs: number;
-}
-
-export interface SubscribeOptions {
-  afterId?: string;
-  turnId?: string;
-}
-
-export interface AppenderOptions {
-  /** Called once per stored event, in sequence order, with the complete event (id included). Exceptions are ignored. */
-  onStored?: (event: RunEvent) => void;
-  /**
-   * Run sequence of the first event of turns that began before this appender (after a
-   * failover), so their later events still tell where the turn began. A turn not listed
-   * begins at the first event this appender writes for it.
-   */
-  turnFirstSeqs?: Record<string, number>;
-  /** Maximum publishes awaiting their ack; further appends wait in memory (default 256). */
-  maxInFlight?: number;
-}
-
-/** Writes the events of one run; used only by the run's owner. */
-export interface EventAppender {
-  /**
-   * Numbers, sanitizes, encrypts and publishes one event without waiting for its ack.
-   * Publishes leave in call order. Never throws for a store failure: see {@link flush}.
-   * Returns the event's sequence.
-   */
-  append(turnId: string | null, source: EventSource, type: string, data: unknown, createdAtMs: number): number;
-  /** Resolves when every appended event is stored; rejects with {@link EventWriteError} if any failed. */
-  flush(): Promise<void>;
-  /** The sequence the next append will take. */
-  readonly nextSequence: number;
-  /** The first failure, once one happened (events appended after it are dropped). */
-  readonly failure: EventWriteError | null;
-}
-
-export type EventCallback = (event: RunEvent, json: string) => void | Promise<void>;
-
-/** The contract of the event log; {@link JetStreamEventLog} implements it. */
-export interface EventLog {
-  appender(run: EventRunRef, nextRunSeq: number, options?: AppenderOptions): EventAppender;
-  /** The run's last stored `sequence` (0 when none is stored), so a new owner continues the numbering. */
-  lastSequence(run: Pick<EventRunRef, "id" | "plan">): Promise<number>;
-  read(run: EventReadRun, options: ReadOptions): Promise<EventPage>;
-  /**
-   * Feeds the run's events to `onEvent` as they are stored, from the cursor on, until
-   * `signal` aborts. `json` is the event serialized as the API shows it
-   * (`JSON.stringify(event)`), taken from the stored bytes without re-encoding.
-   * A callback that returns a promise pauses the feed until it settles.
-   */
-  subscribe(run: EventReadRun, options: SubscribeOptions, onEvent: EventCallback, signal: AbortSignal): Promise<void>;
-  purge(run: EventRunRef): Promise<void>;
-}
-
-/** An event could not be stored (publish failed or was not acknowledged). */
-export class EventWriteError extends Error {
-  readonly sequence: number;
-  constructor(sequence: number, cause: unknown) {
-    super(`Event ${sequence} could not be stored: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
-    this.name = "EventWriteError";
-    this.sequence = sequence;
-  }
-}
-
-/** The plaintext that is encrypted: the event without its id, plus what the reader needs. */
-interface StoredEnvelope {
-  v: 1;
-  /** created_at in Unix ms: retention is decided at millisecond precision. */
-  ms: number;
-  /** Run sequence of the first event of this event's turn (absent for run-level events). */
-  tf?: number;
-  event: Omit<RunEvent, "id">;
-}
-
-const SEQ_HEADER = "Runs-Seq";
-const TURN_HEADER = "Runs-Turn";
-/** Room for the id the reader adds (an `evt_` id is under 40 characters). */
-const ID_ALLOWANCE_BYTES = 64;
-/** Messages fetched per pull when reading pages. */
 const READ_BATCH = 256;
-/** Bounds a page read if messages vanish (expire) between counting and fetching them. */
 const FETCH_EXPIRES_MS = 2_000;
 
 export interface JetStreamEventLogOptions {
@@ -357,174 +225,7 @@ export class JetStreamEventLog implements EventLog {
   }
 }
 
-class JetStreamAppender implements EventAppender {
-  private next: number;
-  private inFlight = 0;
-  /** Publishes waiting for room in flight, in sequence order. */
-  private readonly backlog: Array<{ send: () => void; settle: (result: StoredAck | Error) => void }> = [];
-  /** Completion chain: acks are handled, and onStored called, strictly in sequence order. */
-  private tail: Promise<void> = Promise.resolve();
-  private firstFailure: EventWriteError | null = null;
-  private readonly turnFirstSeqs: Map<string, number>;
-  private readonly subject: string;
-  private readonly maxInFlight: number;
-
-  constructor(
-    private readonly publisher: AsyncPublisher,
-    private readonly key: Uint8Array,
-    private readonly run: EventRunRef,
-    nextRunSeq: number,
-    private readonly options: AppenderOptions,
-  ) {
-    this.next = nextRunSeq;
-    this.subject = eventSubject(run.plan, run.id);
-    this.turnFirstSeqs = new Map(Object.entries(options.turnFirstSeqs ?? {}));
-    this.maxInFlight = options.maxInFlight ?? 256;
-  }
-
-  get nextSequence(): number {
-    return this.next;
-  }
-
-  get failure(): EventWriteError | null {
-    return this.firstFailure;
-  }
-
-  append(turnId: string | null, source: EventSource, type: string, data: unknown, createdAtMs: number): number {
-    const sequence = this.next++;
-    if (this.firstFailure) return sequence;
-    let tf: number | undefined;
-    if (turnId !== null) {
-      tf = this.turnFirstSeqs.get(turnId);
-      if (tf === undefined) this.turnFirstSeqs.set(turnId, (tf = sequence));
-    }
-    const shell: Omit<RunEvent, "id"> = {
-      sequence,
-      source,
-      type,
-      run_id: this.run.id,
-      turn_id: turnId,
-      created_at: unixSeconds(createdAtMs),
-      data: null,
-    };
-    // The limit applies to the stored event as the API shows it: measure the other fields.
-    const shellBytes = Buffer.byteLength(JSON.stringify(shell), "utf8") - "null".length;
-    shell.data = sanitizeEvent(type, data, { maxDataBytes: MAX_STORED_EVENT_BYTES - shellBytes - ID_ALLOWANCE_BYTES });
-    const envelope: StoredEnvelope = { v: 1, ms: createdAtMs, ...(tf === undefined ? {} : { tf }), event: shell };
-    const payload = seal(this.key, Buffer.from(JSON.stringify(envelope), "utf8"));
-    const hdrs = natsHeaders();
-    hdrs.set(SEQ_HEADER, String(sequence));
-    hdrs.set(TURN_HEADER, turnId ?? "");
-
-    let settle!: (ack: StoredAck | Error) => void;
-    const outcome = new Promise<StoredAck | Error>((resolve) => (settle = resolve));
-    const send = () => {
-      this.inFlight++;
-      this.publisher.publish(this.subject, payload, `${this.run.id}:${sequence}`, hdrs).then(
-        (ack) => settle(ack),
-        (err: unknown) => settle(err instanceof Error ? err : new Error(String(err))),
-      ).finally(() => {
-        this.inFlight--;
-        if (!this.firstFailure) this.backlog.shift()?.send();
-      });
-    };
-    if (this.inFlight < this.maxInFlight && this.backlog.length === 0) send();
-    else this.backlog.push({ send, settle });
-
-    this.tail = this.tail.then(async () => {
-      const result = await outcome;
-      if (this.firstFailure) return;
-      if (result instanceof Error) {
-        this.firstFailure = new EventWriteError(sequence, result);
-        // Later events are not sent: the stored history must not skip over the failed one.
-        for (const waiting of this.backlog.splice(0)) waiting.settle(new Error("not sent after an earlier failure"));
-        return;
-      }
-      if (!this.options.onStored) return;
-      const event: RunEvent = { id: encodeEventId({ streamSeq: result.seq, runSeq: sequence, runId: this.run.id }), ...shell };
-      try {
-        this.options.onStored(event);
-      } catch {
-        // The live tap is best effort; a subscriber's failure must not stop the log.
-      }
-    });
-    return sequence;
-  }
-
-  async flush(): Promise<void> {
-    // Appends made while waiting extend the chain: wait until it is stable.
-    let seen: Promise<void>;
-    do {
-      seen = this.tail;
-      await seen;
-    } while (seen !== this.tail);
-    if (this.firstFailure) throw this.firstFailure;
-  }
-}
-
 /** Marks an exception thrown by a subscriber's callback, so it is not reported as a store failure. */
 class CallbackFailure {
   constructor(readonly error: unknown) {}
-}
-
-function headerSeq(value: string): number {
-  const n = Number(value);
-  return Number.isSafeInteger(n) && n > 0 ? n : 0;
-}
-
-const utf8 = new TextDecoder();
-
-/** The stored envelope and its JSON text. */
-function decodeStored(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
-  const text = utf8.decode(open(key, data));
-  return { envelope: JSON.parse(text) as StoredEnvelope, text };
-}
-
-function decodeEnvelope(key: Uint8Array, data: Uint8Array): StoredEnvelope {
-  return decodeStored(key, data).envelope;
-}
-
-function decodeStoredOrUnavailable(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
-  try {
-    return decodeStored(key, data);
-  } catch (err) {
-    throw unavailable(err);
-  }
-}
-
-const EVENT_KEY = '"event":';
-
-/**
- * `JSON.stringify(event)` without re-encoding: the appender writes the envelope with
- * `event` as its last member, so the stored text ends with the event's own JSON, and the
- * API's event is that JSON with `id` put first. Falls back to encoding anything else.
- */
-export function eventJson(event: RunEvent, storedText: string): string {
-  const at = storedText.indexOf(EVENT_KEY);
-  if (at > 0 && storedText.charCodeAt(at + EVENT_KEY.length) === 0x7b /* { */ && storedText.endsWith("}}")) {
-    const body = storedText.slice(at + EVENT_KEY.length + 1, -1);
-    return body === "}" ? `{"id":${JSON.stringify(event.id)}}` : `{"id":${JSON.stringify(event.id)},${body}`;
-  }
-  return JSON.stringify(event);
-}
-
-function toRunEvent(envelope: StoredEnvelope, streamSeq: number, runId: string): RunEvent {
-  const { event } = envelope;
-  return { id: encodeEventId({ streamSeq, runSeq: event.sequence, runId }), ...event };
-}
-
-function unavailable(cause: unknown): ApiError {
-  if (cause instanceof ApiError) return cause;
-  const err = new ApiError("event_history_unavailable", { retryAfterS: 1 });
-  (err as { cause?: unknown }).cause = cause;
-  return err;
-}
-
-/** Runs `fn`, turning every failure that is not already an API error into 503 event_history_unavailable. */
-async function withUnavailable<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    throw unavailable(err);
-  }
 }

@@ -42,6 +42,8 @@ export * from "./mongo-store.js";
 export * from "./insert-batcher.js";
 export * from "./nats.js";
 export * from "./js-publisher.js";
+export * from "./event-types.js";
+export * from "./event-envelope.js";
 export * from "./event-log.js";
 export * from "./file-store.js";
 export * from "./env-values.js";

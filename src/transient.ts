@@ -1,7 +1,7 @@
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { JetStreamApiError, JetStreamError } from "@nats-io/jetstream";
 import { ApiError } from "./errors.js";
-import { EventWriteError } from "./event-log.js";
+import { EventWriteError } from "./event-types.js";
 import { StoreUnavailableError } from "./mongo-store.js";
 
 /**

@@ -14,7 +14,7 @@ import { DeploymentCache } from "../../src/deployments.js";
 import { Sandbox } from "../../actors/sandbox.js";
 import { FencedError, type RunStore } from "../../src/contracts.js";
 import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
-import type { AppenderOptions, EventAppender, EventLog, EventRunRef, RunEvent } from "../../src/event-log.js";
+import type { AppenderOptions, EventAppender, EventLog, EventRunRef, RunEvent } from "../../src/event-types.js";
 
 const clone = <T>(value: T): T => structuredClone(value);
 

@@ -6,7 +6,8 @@ import { connectNats, eventStreamName, eventSubject, provisionNats, type NatsRes
 import { AsyncPublisher, parseAck, PublishError } from "../../src/js-publisher.js";
 import { EventKeyring } from "../../src/event-crypto.js";
 import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
-import { EventWriteError, JetStreamEventLog, type EventReadRun, type RunEvent } from "../../src/event-log.js";
+import { JetStreamEventLog } from "../../src/event-log.js";
+import { EventWriteError, type EventReadRun, type RunEvent } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
 import { newId } from "../../src/ids.js";
 import type { Plan } from "../../src/domain.js";

@@ -10,7 +10,8 @@ import { Api, newWorkspace, startTestServers, startTestService, type TestServers
 import type { RunningService } from "../../node/service.js";
 import { connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
 import { EventKeyring } from "../../src/event-crypto.js";
-import { JetStreamEventLog, type EventLog, type EventSource, type RunEvent } from "../../src/event-log.js";
+import { JetStreamEventLog } from "../../src/event-log.js";
+import type { EventLog, EventSource, RunEvent } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
 import { newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";

@@ -1,5 +1,6 @@
 import test from "ava";
-import { eventJson, type RunEvent } from "../../src/event-log.js";
+import { eventJson } from "../../src/event-envelope.js";
+import type { RunEvent } from "../../src/event-types.js";
 
 /** An event as the appender stores it (envelope members in the appender's order) and as the API shows it. */
 function stored(event: Omit<RunEvent, "id">, tf?: number): { text: string; api: RunEvent } {

@@ -1,0 +1,119 @@
+/**
+ * Appending one run's events: numbered by the run's owner, sanitized, encrypted and
+ * published in order without waiting for each ack; {@link JetStreamAppender.flush}
+ * says whether all were stored.
+ */
+import { headers as natsHeaders } from "@nats-io/transport-node";
+import { unixSeconds } from "./clock.js";
+import { seal } from "./event-crypto.js";
+import { MAX_STORED_EVENT_BYTES, sanitizeEvent } from "./event-sanitize.js";
+import { ID_ALLOWANCE_BYTES, SEQ_HEADER, type StoredEnvelope, TURN_HEADER } from "./event-envelope.js";
+import { type AppenderOptions, type EventAppender, type EventRunRef, type EventSource, EventWriteError, type RunEvent } from "./event-types.js";
+import { encodeEventId } from "./event-ids.js";
+import { eventSubject } from "./nats.js";
+import type { AsyncPublisher, StoredAck } from "./js-publisher.js";
+
+export class JetStreamAppender implements EventAppender {
+  private next: number;
+  private inFlight = 0;
+  /** Publishes waiting for room in flight, in sequence order. */
+  private readonly backlog: Array<{ send: () => void; settle: (result: StoredAck | Error) => void }> = [];
+  /** Completion chain: acks are handled, and onStored called, strictly in sequence order. */
+  private tail: Promise<void> = Promise.resolve();
+  private firstFailure: EventWriteError | null = null;
+  private readonly turnFirstSeqs: Map<string, number>;
+  private readonly subject: string;
+  private readonly maxInFlight: number;
+
+  constructor(
+    private readonly publisher: AsyncPublisher,
+    private readonly key: Uint8Array,
+    private readonly run: EventRunRef,
+    nextRunSeq: number,
+    private readonly options: AppenderOptions,
+  ) {
+    this.next = nextRunSeq;
+    this.subject = eventSubject(run.plan, run.id);
+    this.turnFirstSeqs = new Map(Object.entries(options.turnFirstSeqs ?? {}));
+    this.maxInFlight = options.maxInFlight ?? 256;
+  }
+
+  get nextSequence(): number {
+    return this.next;
+  }
+
+  get failure(): EventWriteError | null {
+    return this.firstFailure;
+  }
+
+  append(turnId: string | null, source: EventSource, type: string, data: unknown, createdAtMs: number): number {
+    const sequence = this.next++;
+    if (this.firstFailure) return sequence;
+    let tf: number | undefined;
+    if (turnId !== null) {
+      tf = this.turnFirstSeqs.get(turnId);
+      if (tf === undefined) this.turnFirstSeqs.set(turnId, (tf = sequence));
+    }
+    const shell: Omit<RunEvent, "id"> = {
+      sequence,
+      source,
+      type,
+      run_id: this.run.id,
+      turn_id: turnId,
+      created_at: unixSeconds(createdAtMs),
+      data: null,
+    };
+    // The limit applies to the stored event as the API shows it: measure the other fields.
+    const shellBytes = Buffer.byteLength(JSON.stringify(shell), "utf8") - "null".length;
+    shell.data = sanitizeEvent(type, data, { maxDataBytes: MAX_STORED_EVENT_BYTES - shellBytes - ID_ALLOWANCE_BYTES });
+    const envelope: StoredEnvelope = { v: 1, ms: createdAtMs, ...(tf === undefined ? {} : { tf }), event: shell };
+    const payload = seal(this.key, Buffer.from(JSON.stringify(envelope), "utf8"));
+    const hdrs = natsHeaders();
+    hdrs.set(SEQ_HEADER, String(sequence));
+    hdrs.set(TURN_HEADER, turnId ?? "");
+
+    let settle!: (ack: StoredAck | Error) => void;
+    const outcome = new Promise<StoredAck | Error>((resolve) => (settle = resolve));
+    const send = () => {
+      this.inFlight++;
+      this.publisher.publish(this.subject, payload, `${this.run.id}:${sequence}`, hdrs).then(
+        (ack) => settle(ack),
+        (err: unknown) => settle(err instanceof Error ? err : new Error(String(err))),
+      ).finally(() => {
+        this.inFlight--;
+        if (!this.firstFailure) this.backlog.shift()?.send();
+      });
+    };
+    if (this.inFlight < this.maxInFlight && this.backlog.length === 0) send();
+    else this.backlog.push({ send, settle });
+
+    this.tail = this.tail.then(async () => {
+      const result = await outcome;
+      if (this.firstFailure) return;
+      if (result instanceof Error) {
+        this.firstFailure = new EventWriteError(sequence, result);
+        // Later events are not sent: the stored history must not skip over the failed one.
+        for (const waiting of this.backlog.splice(0)) waiting.settle(new Error("not sent after an earlier failure"));
+        return;
+      }
+      if (!this.options.onStored) return;
+      const event: RunEvent = { id: encodeEventId({ streamSeq: result.seq, runSeq: sequence, runId: this.run.id }), ...shell };
+      try {
+        this.options.onStored(event);
+      } catch {
+        // The live tap is best effort; a subscriber's failure must not stop the log.
+      }
+    });
+    return sequence;
+  }
+
+  async flush(): Promise<void> {
+    // Appends made while waiting extend the chain: wait until it is stable.
+    let seen: Promise<void>;
+    do {
+      seen = this.tail;
+      await seen;
+    } while (seen !== this.tail);
+    if (this.firstFailure) throw this.firstFailure;
+  }
+}

@@ -1,0 +1,123 @@
+/**
+ * The event log's contract (src/event-log.ts implements it on JetStream) and the shape
+ * of an event as the API shows it.
+ */
+import type { Plan } from "./domain.js";
+import type { HistoryStatus } from "./history-status.js";
+
+export const EventSource = { runtime: "runtime", platform: "platform" } as const;
+export type EventSource = (typeof EventSource)[keyof typeof EventSource];
+
+/** An event as the API shows it. */
+export interface RunEvent {
+  id: string;
+  sequence: number;
+  source: EventSource;
+  type: string;
+  run_id: string;
+  turn_id: string | null;
+  /** Unix seconds. */
+  created_at: number;
+  data: unknown;
+}
+
+
+export interface EventHistory {
+  /** null for a read with a cursor. */
+  status: HistoryStatus | null;
+  /** null while the run has no event stream (never recorded an event). */
+  retention_days: number | null;
+}
+
+export interface EventPage {
+  events: RunEvent[];
+  hasMore: boolean;
+  history: EventHistory;
+}
+
+/** What the writer needs of a run. */
+export interface EventRunRef {
+  id: string;
+  workspace_id: string;
+  plan: Plan;
+}
+
+/** What a reader needs of a run (fields of RunDoc; times in Unix ms). */
+export interface EventReadRun extends EventRunRef {
+  event_retention_s: number;
+  /** Unix ms. Every run records `run.created` when created, so a run older than its event retention had events. */
+  created_at: number;
+  /** RunDoc.event_seq: > 0 once the run has recorded events. Optional; tells "all expired" from "never any" after JetStream dropped everything. */
+  event_seq?: number;
+}
+
+export interface ReadOptions {
+  /** Event id to read after (exclusive). */
+  afterId?: string;
+  /** Only this turn's events. */
+  turnId?: string;
+  limit: number;
+  nowMs: number;
+}
+
+export interface SubscribeOptions {
+  afterId?: string;
+  turnId?: string;
+}
+
+export interface AppenderOptions {
+  /** Called once per stored event, in sequence order, with the complete event (id included). Exceptions are ignored. */
+  onStored?: (event: RunEvent) => void;
+  /**
+   * Run sequence of the first event of turns that began before this appender (after a
+   * failover), so their later events still tell where the turn began. A turn not listed
+   * begins at the first event this appender writes for it.
+   */
+  turnFirstSeqs?: Record<string, number>;
+  /** Maximum publishes awaiting their ack; further appends wait in memory (default 256). */
+  maxInFlight?: number;
+}
+
+/** Writes the events of one run; used only by the run's owner. */
+export interface EventAppender {
+  /**
+   * Numbers, sanitizes, encrypts and publishes one event without waiting for its ack.
+   * Publishes leave in call order. Never throws for a store failure: see {@link flush}.
+   * Returns the event's sequence.
+   */
+  append(turnId: string | null, source: EventSource, type: string, data: unknown, createdAtMs: number): number;
+  /** Resolves when every appended event is stored; rejects with {@link EventWriteError} if any failed. */
+  flush(): Promise<void>;
+  /** The sequence the next append will take. */
+  readonly nextSequence: number;
+  /** The first failure, once one happened (events appended after it are dropped). */
+  readonly failure: EventWriteError | null;
+}
+
+export type EventCallback = (event: RunEvent, json: string) => void | Promise<void>;
+
+/** The contract of the event log; {@link JetStreamEventLog} implements it. */
+export interface EventLog {
+  appender(run: EventRunRef, nextRunSeq: number, options?: AppenderOptions): EventAppender;
+  /** The run's last stored `sequence` (0 when none is stored), so a new owner continues the numbering. */
+  lastSequence(run: Pick<EventRunRef, "id" | "plan">): Promise<number>;
+  read(run: EventReadRun, options: ReadOptions): Promise<EventPage>;
+  /**
+   * Feeds the run's events to `onEvent` as they are stored, from the cursor on, until
+   * `signal` aborts. `json` is the event serialized as the API shows it
+   * (`JSON.stringify(event)`), taken from the stored bytes without re-encoding.
+   * A callback that returns a promise pauses the feed until it settles.
+   */
+  subscribe(run: EventReadRun, options: SubscribeOptions, onEvent: EventCallback, signal: AbortSignal): Promise<void>;
+  purge(run: EventRunRef): Promise<void>;
+}
+
+/** An event could not be stored (publish failed or was not acknowledged). */
+export class EventWriteError extends Error {
+  readonly sequence: number;
+  constructor(sequence: number, cause: unknown) {
+    super(`Event ${sequence} could not be stored: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = "EventWriteError";
+    this.sequence = sequence;
+  }
+}
