@@ -81,8 +81,8 @@ export async function buildApp(
   await app.register(eventRoutes(context));
   await app.register(agentRoutes(context));
   await app.register(apiKeyRoutes(context));
-  await app.register(envValueRoutes(context, context.envValues));
-  await app.register(fileRoutes(context, { ...context.config.files, files: context.files }));
+  await app.register(envValueRoutes(context));
+  await app.register(fileRoutes(context));
   await app.register(openapiRoutes(context));
   return { app, context };
 }

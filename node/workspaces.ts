@@ -9,7 +9,7 @@ export function renderWorkspace(doc: WorkspaceDoc) {
  * change applies to runs created afterwards only (decisions §1).
  */
 export async function setWorkspacePlan(store: MongoStore, workspaceId: string, plan: Plan) {
-  await store.workspaces.updateOne({ _id: workspaceId }, { $set: { plan } });
+  await store.setWorkspacePlan(workspaceId, plan);
   const workspace = await store.getWorkspace(workspaceId);
   return workspace ? renderWorkspace(workspace) : null;
 }

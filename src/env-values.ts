@@ -3,7 +3,7 @@ import type { Collection, Db } from "mongodb";
 import type { Clock } from "./clock.js";
 import { ApiError, invalid } from "./errors.js";
 import { KEY_BYTES, open, seal } from "./event-crypto.js";
-import { guard } from "./mongo-store.js";
+import { guard } from "./mongo-guard.js";
 
 /**
  * Environment values (decisions §3): named secrets of a workspace, encrypted at rest with

@@ -6,7 +6,7 @@ import type { Clock } from "./clock.js";
 import { BlobKeyring, collect, isSealedBlob, once, openBlob, sealBlob } from "./blob-crypto.js";
 import { ApiError } from "./errors.js";
 import { Ids } from "./ids.js";
-import { StoreUnavailableError, guard, isDuplicateKey } from "./mongo-store.js";
+import { StoreUnavailableError, guard, isDuplicateKey } from "./mongo-guard.js";
 
 /**
  * Uploaded files (decisions §6): bytes in the JetStream object store `runs_files` under

@@ -38,6 +38,7 @@ export * from "./address-guard.js";
 export * from "./transient.js";
 
 // Adapters: MongoDB and NATS JetStream.
+export * from "./mongo-guard.js";
 export * from "./mongo-store.js";
 export * from "./insert-batcher.js";
 export * from "./nats.js";

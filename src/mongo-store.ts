@@ -1,4 +1,4 @@
-import { MongoClient, MongoError, type Collection, type Db, type Document, type Filter, type UpdateFilter } from "mongodb";
+import { MongoClient, type Collection, type Db, type Filter, type UpdateFilter } from "mongodb";
 import {
   type AgentDoc,
   type ApiKeyDoc,
@@ -12,61 +12,7 @@ import {
 } from "./documents.js";
 import { InsertBatcher } from "./insert-batcher.js";
 import { FencedError, type RunStore } from "./contracts.js";
-
-/** The store could not be reached or answered with a transient failure. */
-export class StoreUnavailableError extends Error {
-  constructor(cause: unknown) {
-    super("store unavailable", { cause });
-    this.name = "StoreUnavailableError";
-  }
-}
-
-
-
-const DUPLICATE_KEY = 11000;
-
-/** A unique index refused an insert. */
-export function isDuplicateKey(err: unknown): boolean {
-  return err instanceof MongoError && (err.code === DUPLICATE_KEY || /duplicate key/i.test(err.message));
-}
-
-/** Driver errors that mean "try again later" rather than "your request is wrong". */
-function isTransient(err: unknown): boolean {
-  if (!(err instanceof MongoError)) return false;
-  const name = err.name;
-  return (
-    name === "MongoServerSelectionError" ||
-    name === "MongoNetworkError" ||
-    name === "MongoNetworkTimeoutError" ||
-    name === "MongoTopologyClosedError" ||
-    name === "MongoNotConnectedError" ||
-    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
-  );
-}
-
-/**
- * Translates driver failures once: transient ones become StoreUnavailableError. Every
- * adapter over the store (documents, files, environment values) goes through it.
- */
-export async function guard<T>(work: () => Promise<T>): Promise<T> {
-  try {
-    return await work();
-  } catch (err) {
-    if (isTransient(err)) throw new StoreUnavailableError(err);
-    throw err;
-  }
-}
-
-/** Inserts `doc` unless a unique index refuses it; false when it did. */
-async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, doc: T): Promise<boolean> {
-  try {
-    await guard(() => inserts.insert(doc));
-    return true;
-  } catch (err) {
-    if (isDuplicateKey(err)) return false;
-    throw err;
-  }
-}
+import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
 
 /**
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
@@ -169,6 +115,10 @@ export class MongoStore implements RunStore {
 
   getWorkspace(id: string): Promise<WorkspaceDoc | null> {
     return guard(() => this.workspaces.findOne({ _id: id }));
+  }
+
+  setWorkspacePlan(id: string, plan: WorkspaceDoc["plan"]): Promise<unknown> {
+    return guard(() => this.workspaces.updateOne({ _id: id }, { $set: { plan } }));
   }
 
   countWorkspaces(): Promise<number> {
@@ -283,10 +233,6 @@ export class MongoStore implements RunStore {
   }
 
   // ---- runs and turns ---------------------------------------------------------------
-
-  insertRun(doc: RunDoc): Promise<unknown> {
-    return guard(() => this.runs.insertOne(doc));
-  }
 
   /** Inserts a run unless one with its id exists; false when it did. */
   insertRunOnce(doc: RunDoc): Promise<boolean> {

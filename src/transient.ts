@@ -2,7 +2,7 @@ import { errors as natsErrors } from "@nats-io/transport-node";
 import { JetStreamApiError, JetStreamError } from "@nats-io/jetstream";
 import { ApiError } from "./errors.js";
 import { EventWriteError } from "./event-types.js";
-import { StoreUnavailableError } from "./mongo-store.js";
+import { StoreUnavailableError } from "./mongo-guard.js";
 
 /**
  * Failures that pass once NATS, JetStream or the store are back. Callers answer them

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, ConfigurationError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, EnvValues, invalid, list, parseLimit, parseWith, unixSeconds } from "../../src/index.js";
+import { ApiError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, invalid, list, parseLimit, parseWith, unixSeconds } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { requireScope } from "../auth.js";
 import { RateClass } from "../rate-limits.js";
@@ -32,14 +32,11 @@ function parseReveal(raw: unknown): boolean {
 
 /**
  * Environment values (decisions §3), scopes env_vars:read / env_vars:write, and
- * env_vars:reveal for `?reveal=true`. `values` defaults to one over the service store and
- * `RUNS_MASTER_KEY`; pass the composition root's instance when there is one.
+ * env_vars:reveal for `?reveal=true`.
  */
-export function envValueRoutes(ctx: GatewayContext, values?: EnvValues) {
+export function envValueRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    if (!ctx.config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
-    const store = values ?? new EnvValues(ctx.store.db, ctx.config.masterKey, ctx.clock);
-    await store.provision();
+    const store = ctx.envValues;
 
     app.put<NameParams>(ONE, { config: { scope: "env_vars:write" } }, async (request) => {
       const auth = authOf(request);

@@ -2,9 +2,7 @@ import { createHash } from "node:crypto";
 import type { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import multipart from "@fastify/multipart";
-import { jetstream } from "@nats-io/jetstream";
-import { Objm } from "@nats-io/obj";
-import { ApiError, type Config, ConfigurationError, decideUpload, decisionError, type FileDoc, FILES_BUCKET, FileStore, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { ApiError, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { retryAfterSeconds } from "../unavailable.js";
@@ -21,33 +19,8 @@ import { retryAfterSeconds } from "../unavailable.js";
  * Idempotency (spec POST /api/v1/files): see `decideUpload` in src/file-store.ts.
  */
 
-export const DEFAULT_UPLOAD_LIMITS: UploadLimits = {
-  maxFileBytes: 512 * 1024 * 1024,
-  takeoverMs: 30_000,
-  timeLimitMs: 20 * 60_000,
-};
-
 const MAX_FILENAME_CHARS = 255;
 const MEDIA_TYPE = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=("[^"]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
-
-function positiveInt(raw: string | undefined, fallback: number, name: string): number {
-  if (raw === undefined || raw === "") return fallback;
-  const value = Number(raw);
-  if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) throw new ConfigurationError(`${name}: must be a positive whole number`);
-  return value;
-}
-
-/**
- * Upload limits from the environment: `RUNS_MAX_FILE_BYTES` (default 512 MiB),
- * `RUNS_UPLOAD_TAKEOVER_MS` (30000), `RUNS_UPLOAD_TIME_LIMIT_MS` (1200000).
- */
-export function uploadLimitsFrom(env: NodeJS.ProcessEnv): UploadLimits {
-  return {
-    maxFileBytes: positiveInt(env.RUNS_MAX_FILE_BYTES, DEFAULT_UPLOAD_LIMITS.maxFileBytes, "RUNS_MAX_FILE_BYTES"),
-    takeoverMs: positiveInt(env.RUNS_UPLOAD_TAKEOVER_MS, DEFAULT_UPLOAD_LIMITS.takeoverMs, "RUNS_UPLOAD_TAKEOVER_MS"),
-    timeLimitMs: positiveInt(env.RUNS_UPLOAD_TIME_LIMIT_MS, DEFAULT_UPLOAD_LIMITS.timeLimitMs, "RUNS_UPLOAD_TIME_LIMIT_MS"),
-  };
-}
 
 export function renderFile(file: FileDoc) {
   return {
@@ -123,22 +96,11 @@ function refuse(reply: FastifyReply, err: ApiError): FastifyReply {
   return sendError(reply, err);
 }
 
-/** Limits from `ctx.config.files` when the config carries them, else from the environment. */
-function configuredLimits(config: Config): Partial<UploadLimits> {
-  return (config as Config & { files?: Partial<UploadLimits> }).files ?? uploadLimitsFrom(process.env);
-}
-
-/**
- * The files routes. `options` overrides the limits (else `config.files`, else the
- * environment); `files` is the composition root's FileStore when it has one, otherwise
- * one is opened on the `runs_files` bucket that `provisionNats` created.
- */
-export function fileRoutes(ctx: GatewayContext, options: Partial<UploadLimits> & { files?: FileStore } = {}) {
+/** The files routes, with the upload limits of `ctx.config.files` (RUNS_MAX_FILE_BYTES …). */
+export function fileRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    const { files: given, ...overrides } = options;
-    const limits: UploadLimits = { ...DEFAULT_UPLOAD_LIMITS, ...configuredLimits(ctx.config), ...overrides };
-    const files = given ?? new FileStore(ctx.store.db, await new Objm(jetstream(ctx.nc)).open(FILES_BUCKET), ctx.clock);
-    await files.provision();
+    const limits: UploadLimits = ctx.config.files;
+    const files = ctx.files;
 
     // Scoped to this plugin. The multipart parser does not read the body itself, so the
     // app's 16 MiB bodyLimit does not apply; the file's size is capped by `receive`

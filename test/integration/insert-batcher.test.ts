@@ -2,7 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { MongoClient, type Collection } from "mongodb";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
 import { InsertBatcher } from "../../src/insert-batcher.js";
-import { isDuplicateKey } from "../../src/mongo-store.js";
+import { isDuplicateKey } from "../../src/mongo-guard.js";
 
 interface Doc {
   _id: string;

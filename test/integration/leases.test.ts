@@ -93,7 +93,7 @@ test.serial("fencing - a write with a stale epoch matches nothing once a newer o
     queued_turn_id: null,
     event_seq: 0,
   };
-  await store.insertRun(run);
+  await store.insertRunOnce(run);
   await store.updateRunFenced(run._id, 5, { tags: ["ok"] });
   t.truthy(await store.claimRun(run._id, 9), "the newer owner claims it");
   t.is(await store.claimRun(run._id, 7), null, "an older epoch cannot claim it back");

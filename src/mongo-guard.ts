@@ -1,0 +1,64 @@
+/**
+ * The MongoDB driver's failures, translated once for every adapter over the store:
+ * transient ones become {@link StoreUnavailableError} (answered 503), a unique index's
+ * refusal is recognised, and an insert can be "once".
+ */
+import { MongoError, type Document } from "mongodb";
+import type { InsertBatcher } from "./insert-batcher.js";
+
+/** The store could not be reached or answered with a transient failure. */
+export class StoreUnavailableError extends Error {
+  constructor(cause: unknown) {
+    super("store unavailable", { cause });
+    this.name = "StoreUnavailableError";
+  }
+}
+
+const DUPLICATE_KEY = 11000;
+
+/**
+ * A unique index refused an insert. MongoDB and FerretDB both send code 11000, for a
+ * single insert and for each refused document of a batch (checked on FerretDB 1.24);
+ * the insert batcher keeps that code on the error it gives each caller.
+ */
+export function isDuplicateKey(err: unknown): boolean {
+  return err instanceof MongoError && err.code === DUPLICATE_KEY;
+}
+
+/** Driver errors that mean "try again later" rather than "your request is wrong". */
+function isTransient(err: unknown): boolean {
+  if (!(err instanceof MongoError)) return false;
+  const name = err.name;
+  return (
+    name === "MongoServerSelectionError" ||
+    name === "MongoNetworkError" ||
+    name === "MongoNetworkTimeoutError" ||
+    name === "MongoTopologyClosedError" ||
+    name === "MongoNotConnectedError" ||
+    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
+  );
+}
+
+/**
+ * Translates driver failures once: transient ones become StoreUnavailableError. Every
+ * adapter over the store (documents, files, environment values) goes through it.
+ */
+export async function guard<T>(work: () => Promise<T>): Promise<T> {
+  try {
+    return await work();
+  } catch (err) {
+    if (isTransient(err)) throw new StoreUnavailableError(err);
+    throw err;
+  }
+}
+
+/** Inserts `doc` unless a unique index refuses it; false when it did. */
+export async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, doc: T): Promise<boolean> {
+  try {
+    await guard(() => inserts.insert(doc));
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
+}
