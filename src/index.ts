@@ -46,5 +46,6 @@ export * from "./js-publisher.js";
 export * from "./event-types.js";
 export * from "./event-envelope.js";
 export * from "./event-log.js";
+export * from "./upload-decisions.js";
 export * from "./file-store.js";
 export * from "./env-values.js";
