@@ -46,6 +46,7 @@ export * from "./js-publisher.js";
 export * from "./event-types.js";
 export * from "./event-envelope.js";
 export * from "./event-log.js";
+export * from "./byte-streams.js";
 export * from "./upload-decisions.js";
 export * from "./file-store.js";
 export * from "./env-values.js";
