@@ -1,16 +1,11 @@
 /**
- * Runs ONE turn of a run with pi-agent-core's `Agent`: builds the model, tools and
- * user message from the deployment config and the turn input, reports every agent
- * event as a {@link RuntimeEvent}, delivers steering, and maps the end of the agent
- * loop to a turn outcome.
+ * Runs ONE turn of a run with pi-agent-core's `Agent`: builds the model
+ * (model-resolution.ts), tools and user message (user-message.ts) from the deployment
+ * config and the turn input, reports every agent event as a {@link RuntimeEvent}
+ * (agent-events.ts), delivers steering, and maps the end of the agent loop to a turn
+ * outcome (provider-failures.ts for a failed model call).
  *
  * Decisions (the failure codes themselves are the catalogue in src/turn-errors.ts):
- * - Events (decisions §5): every AgentEvent becomes one RuntimeEvent with the same
- *   `type`, except `message_update`, which takes its inner assistant event's type
- *   (text_delta, toolcall_delta, …). `data` is the rest of the event's fields, never
- *   the `partial` message of update events. `agent_end` carries `{messageCount}`
- *   instead of the messages: each of them was already reported by its message_end.
- *   Data may share objects with the agent's state: serialise it inside `onEvent`.
  * - Tools: `config.tools` absent means all built-in tools; `[]` means none. A message's
  *   tool calls run one after another (they share one workspace).
  * - A missing API key fails the turn before the model is called with
@@ -18,9 +13,8 @@
  *   rejected; the fix is an environment value. `openai-compatible` endpoints may need
  *   no key (local servers); they get a placeholder key when none is configured, and a
  *   server that wants one answers 401 → provider_authentication_failed.
- * - A failed assistant message is translated to a turn error code in one function,
- *   {@link providerFailure}; an exception thrown by the loop is agent_execution_failed.
- *   Tool failures are error tool results for the model, never turn failures.
+ * - An exception thrown by the loop is agent_execution_failed. Tool failures are error
+ *   tool results for the model, never turn failures.
  * - Steering: steer messages are delivered at the agent's next step boundary. A steer
  *   still queued when the loop ends gets one more step (`agent.continue()`), so an
  *   accepted steer is never silently dropped; once the turn has ended (or is being
@@ -28,24 +22,13 @@
  *   Steers the agent never saw (the turn failed or was aborted first) are appended to
  *   the transcript, so the run's history keeps what the user said.
  */
-import { Agent, type AgentEvent, type AgentMessage, type StreamFn } from "@mariozechner/pi-agent-core";
-import { type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, type ModelRef, NetworkPolicyError, newReference, type OutputPart, providerErrorCode, providerOffered, type RuntimeEvent, SCRIPTED_MODEL, type TurnError, turnError, TurnErrorCode } from "../src/index.js";
-import {
-  getModels,
-  getProviders,
-  type AssistantMessage,
-  type ImageContent,
-  type KnownProvider,
-  type Model,
-  type TextContent,
-  type UserMessage,
-} from "@mariozechner/pi-ai";
-import {
-  createScriptedStreamFn,
-  scriptedErrorStatus,
-  scriptedModel,
-  type ScriptedModelOptions,
-} from "./scripted-model.js";
+import { Agent, type AgentEvent, type AgentMessage } from "@mariozechner/pi-agent-core";
+import { type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode } from "../src/index.js";
+import type { AssistantMessage, TextContent, UserMessage } from "@mariozechner/pi-ai";
+import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
+import { toRuntimeEvent } from "./agent-events.js";
+import { providerFailure, sanitizeErrorText } from "./provider-failures.js";
+import { buildUserMessage, inputText } from "./user-message.js";
 import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS } from "./workspace-tools.js";
 import type { Sandbox, SandboxFailure } from "./sandbox.js";
 import { limitsOf } from "./sandbox-limits.js";
@@ -126,293 +109,6 @@ export function startTurn(req: TurnRunRequest): RunningTurn {
   const turn = new TurnExecution(req);
   const result = turn.run().catch((error: unknown) => turn.crashed(error));
   return { steer: (text) => turn.steer(text), abort: () => turn.abort(), result };
-}
-
-// ---------------------------------------------------------------------------------
-// Models
-
-export type ResolvedModel = { model: Model<any>; streamFn?: StreamFn } | { error: string };
-
-/**
- * Resolves a config model reference: `faux/scripted` (with a fresh scripted stream
- * function built from `scripted`; one per turn), `<provider>/<model-id>` from pi-ai's
- * registry (the model id may itself contain `/`), or an `openai-compatible` endpoint.
- * An unknown model answers `{error}` naming it.
- */
-export function resolveModel(ref: ModelRef, scripted: ScriptedModelOptions = {}): ResolvedModel {
-  if (typeof ref !== "string") {
-    if (ref.provider !== "openai-compatible") return { error: `Unknown model provider "${String(ref.provider)}"` };
-    if (!ref.model) return { error: "An openai-compatible model needs a model name" };
-    try {
-      new URL(ref.base_url);
-    } catch {
-      return { error: `The base_url "${ref.base_url}" of the openai-compatible model is not a URL` };
-    }
-    const model: Model<"openai-completions"> = {
-      id: ref.model,
-      name: ref.model,
-      api: "openai-completions",
-      provider: OPENAI_COMPATIBLE,
-      baseUrl: ref.base_url,
-      reasoning: false,
-      input: ["text"],
-      cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 },
-      contextWindow: 128_000,
-      maxTokens: 16_384,
-    };
-    return { model };
-  }
-  if (ref === SCRIPTED_MODEL) return { model: scriptedModel, streamFn: createScriptedStreamFn(scripted) };
-  const slash = ref.indexOf("/");
-  if (slash <= 0 || slash === ref.length - 1) {
-    return { error: `Unknown model "${ref}": expected "<provider>/<model-id>"` };
-  }
-  const provider = ref.slice(0, slash);
-  const modelId = ref.slice(slash + 1);
-  if (!(getProviders() as string[]).includes(provider)) {
-    return { error: `Unknown model "${ref}": no registry holds provider "${provider}"` };
-  }
-  const model = getModels(provider as KnownProvider).find((candidate) => candidate.id === modelId);
-  if (!model) return { error: `Unknown model "${ref}": provider "${provider}" has no model "${modelId}"` };
-  return { model };
-}
-
-const OPENAI_COMPATIBLE = "openai-compatible";
-/** Sent to openai-compatible endpoints when no key is configured (local servers ignore it). */
-const PLACEHOLDER_API_KEY = "none";
-
-// ---------------------------------------------------------------------------------
-// Events
-
-/** One agent event as a runtime event (decisions §5); see the module comment. */
-export function toRuntimeEvent(event: AgentEvent): RuntimeEvent {
-  switch (event.type) {
-    case "agent_start":
-    case "turn_start":
-      return { type: event.type, data: {} };
-    case "agent_end":
-      return { type: event.type, data: { messageCount: event.messages.length } };
-    case "turn_end":
-      return { type: event.type, data: { message: event.message, toolResults: event.toolResults } };
-    case "message_start":
-      // Providers keep filling the object they announced here; report it as it was.
-      return { type: event.type, data: { message: structuredClone(event.message) } };
-    case "message_end":
-      return { type: event.type, data: { message: event.message } };
-    case "message_update": {
-      const { type, ...rest } = event.assistantMessageEvent as { type: string; partial?: unknown };
-      delete rest.partial;
-      return { type, data: rest };
-    }
-    case "tool_execution_start":
-      return { type: event.type, data: { toolCallId: event.toolCallId, toolName: event.toolName, args: event.args } };
-    case "tool_execution_update":
-      return {
-        type: event.type,
-        data: {
-          toolCallId: event.toolCallId,
-          toolName: event.toolName,
-          args: event.args,
-          partialResult: event.partialResult,
-        },
-      };
-    case "tool_execution_end":
-      return {
-        type: event.type,
-        data: { toolCallId: event.toolCallId, toolName: event.toolName, result: event.result, isError: event.isError },
-      };
-    default:
-      return assertNever(event);
-  }
-}
-
-// ---------------------------------------------------------------------------------
-// Failures
-
-const STATUS_PATTERNS = [
-  /^\s*(\d{3})\b/, // OpenAI and Anthropic SDKs: "429 Rate limit reached…"
-  /\bstatus(?:\s*code)?\s*[:=]?\s*(\d{3})\b/i, // "got status: 503", "status code 401"
-  /"code"\s*:\s*(\d{3})\b/, // JSON error bodies (Google)
-  /\bHTTP(?:\/[\d.]+)?\s+(\d{3})\b/i,
-];
-const TRANSPORT_PATTERN =
-  /ECONNRESET|ECONNREFUSED|ETIMEDOUT|ENOTFOUND|EAI_AGAIN|EPIPE|UND_ERR|socket hang up|fetch failed|connection error|network error|other side closed|request timed out/i;
-
-/**
- * The one translation of a failed assistant message (stopReason "error") into a
- * turn error code and message: the scripted model's status, else an HTTP status
- * parsed from the provider's error message, else a transport failure, else
- * provider_failure.
- */
-export function providerFailure(message: AssistantMessage): { code: TurnErrorCode; message: string } {
-  const text = sanitizeErrorText(message.errorMessage ?? "");
-  const scripted = scriptedErrorStatus(message);
-  if (scripted !== undefined) return { code: providerErrorCode(scripted), message: text };
-  const status = parseStatus(message.errorMessage ?? "");
-  // A tenant's own endpoint: its answer is summarised, never echoed (it could carry
-  // whatever the endpoint wants stored and shown, or reflect what it was sent).
-  if (message.provider === OPENAI_COMPATIBLE) {
-    if (status !== undefined) return { code: providerErrorCode(status), message: `The model endpoint answered HTTP ${status}.` };
-    if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) return { code: TurnErrorCode.provider_transport_failed, message: "The model endpoint could not be reached." };
-    return { code: TurnErrorCode.provider_failure, message: "The model endpoint's answer could not be used." };
-  }
-  if (status !== undefined) return { code: providerErrorCode(status), message: withProvider(message, text) };
-  if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) {
-    return { code: TurnErrorCode.provider_transport_failed, message: withProvider(message, text) };
-  }
-  return { code: TurnErrorCode.provider_failure, message: withProvider(message, text) };
-}
-
-function withProvider(message: AssistantMessage, text: string): string {
-  return text ? `${message.provider}: ${text}` : "";
-}
-
-function parseStatus(text: string): number | undefined {
-  for (const pattern of STATUS_PATTERNS) {
-    const match = pattern.exec(text);
-    if (!match) continue;
-    const status = Number(match[1]);
-    if (status >= 400 && status <= 599) return status;
-  }
-  return undefined;
-}
-
-const MAX_ERROR_MESSAGE_CHARS = 1000;
-
-/** Error text safe to store and show: likely secrets redacted, control characters removed, length capped. */
-export function sanitizeErrorText(text: string): string {
-  const cleaned = text
-    .replace(/\b(?:sk|rk|pk|xai|gsk)[-_][A-Za-z0-9_-]{12,}/g, "[redacted]")
-    .replace(/\bAIza[0-9A-Za-z_-]{20,}/g, "[redacted]")
-    .replace(/(Bearer\s+)[^\s"']+/gi, "$1[redacted]")
-    .replace(/((?:api[-_]?key|token|secret|password)["']?\s*[:=]\s*["']?)[^\s"',}]+/gi, "$1[redacted]")
-    .replace(/[\u0000-\u0008\u000b-\u001f\u007f]/g, "")
-    .trim();
-  return cleaned.length > MAX_ERROR_MESSAGE_CHARS ? `${cleaned.slice(0, MAX_ERROR_MESSAGE_CHARS)}…` : cleaned;
-}
-
-// ---------------------------------------------------------------------------------
-// Input
-
-const IMAGE_MEDIA_TYPES: ReadonlySet<string> = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
-const IMAGE_EXTENSIONS: Readonly<Record<string, string>> = {
-  png: "image/png",
-  jpg: "image/jpeg",
-  jpeg: "image/jpeg",
-  gif: "image/gif",
-  webp: "image/webp",
-};
-const TEXT_EXTENSIONS: ReadonlySet<string> = new Set(
-  (
-    "txt text md markdown rst adoc tex log csv tsv json jsonl ndjson yaml yml toml ini cfg conf env properties " +
-    "xml html htm css scss sass less svg js mjs cjs jsx ts mts cts tsx vue svelte py rb go rs java kt kts scala " +
-    "swift c h cc cpp cxx hpp cs php pl lua r sh bash zsh fish ps1 sql graphql gql proto diff patch dockerfile " +
-    "makefile gitignore editorconfig"
-  ).split(" "),
-);
-const TEXT_MEDIA_TYPE =
-  /^text\/|[/+](?:json|xml|yaml|x-yaml|toml|csv)$|^application\/(?:javascript|ecmascript|typescript|x-typescript|x-sh|x-shellscript|sql|graphql|x-ndjson|ndjson|x-python|x-ruby|x-perl|x-httpd-php)$/;
-
-type FileKind = { kind: "text"; text: string } | { kind: "image"; mimeType: string } | { kind: "binary" };
-
-/**
- * What an inline file is. Text: a text-like media type (text/*, JSON, XML, YAML…),
- * or a text file extension, or — when the media type is absent or
- * application/octet-stream — content that decodes as UTF-8 without NUL bytes.
- * Images: png, jpeg, gif, webp by media type, or by extension when the media type
- * is absent or generic. Everything else is binary and described, not included.
- */
-export function classifyFile(bytes: Buffer, mediaType: string | undefined, filename: string | undefined): FileKind {
-  const type = mediaType?.split(";")[0].trim().toLowerCase() || undefined;
-  const extension = fileExtension(filename);
-  const generic = type === undefined || type === "application/octet-stream";
-  if (type && IMAGE_MEDIA_TYPES.has(type)) return { kind: "image", mimeType: type };
-  const decoded = decodeUtf8(bytes);
-  if (type && TEXT_MEDIA_TYPE.test(type)) return { kind: "text", text: decoded ?? bytes.toString("utf8") };
-  if (generic && extension && IMAGE_EXTENSIONS[extension]) return { kind: "image", mimeType: IMAGE_EXTENSIONS[extension] };
-  if (extension && TEXT_EXTENSIONS.has(extension) && decoded !== undefined) return { kind: "text", text: decoded };
-  if (generic && decoded !== undefined) return { kind: "text", text: decoded };
-  return { kind: "binary" };
-}
-
-function fileExtension(filename: string | undefined): string | undefined {
-  if (!filename) return undefined;
-  const base = filename.split(/[\\/]/).pop()!.toLowerCase();
-  const dot = base.lastIndexOf(".");
-  return dot >= 0 ? base.slice(dot + 1) : base; // "Makefile", "Dockerfile" name themselves
-}
-
-function decodeUtf8(bytes: Buffer): string | undefined {
-  if (bytes.includes(0)) return undefined;
-  try {
-    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-  } catch {
-    return undefined;
-  }
-}
-
-/**
- * The user message for a turn's input. `input_text` parts become text; inline files
- * become `<file name="…">…</file>` text, image content (when the model accepts
- * images) or a short note saying what was left out.
- */
-export function buildUserMessage(input: readonly InputPart[], acceptsImages: boolean, timestamp: number): UserMessage {
-  const content: (TextContent | ImageContent)[] = [];
-  for (const part of input) {
-    if (part.type === "input_text") {
-      content.push({ type: "text", text: part.text });
-      continue;
-    }
-    const name = part.filename ?? part.file_id ?? "file";
-    if (part.file_data === undefined) {
-      content.push({ type: "text", text: `[file ${name} was not provided inline and is not included]` });
-      continue;
-    }
-    let data = part.file_data;
-    let mediaType = part.media_type;
-    const dataUrl = /^data:([^;,]*)(?:;[^,]*)?,/.exec(data);
-    if (dataUrl) {
-      data = data.slice(dataUrl[0].length);
-      mediaType ??= dataUrl[1] || undefined;
-    }
-    const bytes = Buffer.from(data, "base64");
-    const file = classifyFile(bytes, mediaType, part.filename);
-    switch (file.kind) {
-      case "text":
-        content.push({ type: "text", text: `<file name="${escapeAttribute(name)}">\n${file.text}\n</file>` });
-        break;
-      case "image":
-        if (acceptsImages) content.push({ type: "image", data: bytes.toString("base64"), mimeType: file.mimeType });
-        else {
-          content.push({
-            type: "text",
-            text: `[image ${name} (${file.mimeType}, ${bytes.length} bytes) omitted: the model does not accept images]`,
-          });
-        }
-        break;
-      case "binary":
-        content.push({
-          type: "text",
-          text: `[file ${name} (${mediaType ?? "unknown type"}, ${bytes.length} bytes) is binary and is not included]`,
-        });
-        break;
-      default:
-        assertNever(file);
-    }
-  }
-  if (content.length === 0) content.push({ type: "text", text: "" });
-  return { role: "user", content, timestamp };
-}
-
-function escapeAttribute(value: string): string {
-  return value.replace(/&/g, "&amp;").replace(/"/g, "&quot;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-}
-
-function inputText(input: readonly InputPart[]): string {
-  return input
-    .filter((part): part is Extract<InputPart, { type: "input_text" }> => part.type === "input_text")
-    .map((part) => part.text)
-    .join("\n");
 }
 
 // ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import { type Clock, type DeploymentDoc, DeploymentStatus, type MongoStore } from "../src/index.js";
-import { resolveModel } from "./agent-runner.js";
+import { resolveModel } from "./model-resolution.js";
 
 /**
  * Builds deployments asynchronously: `building` → `ready` (activating it when asked)

@@ -2,7 +2,7 @@ export { ActorHost, type HostResources } from "./actor-host.js";
 export { RunActor, type ActorResources } from "./run-actor.js";
 export { DeploymentBuilder } from "./deployment-builder.js";
 export { PartitionLeases } from "./partition-leases.js";
-export { resolveModel } from "./agent-runner.js";
+export { resolveModel } from "./model-resolution.js";
 export { WorkspaceCheckpoints, CheckpointError } from "./checkpoints.js";
 export { ActiveTurns } from "./active-turns.js";
 export { scrubProviderEnvironment } from "./credentials.js";

@@ -8,17 +8,10 @@ import path from "node:path";
 import type { AgentMessage, StreamFn } from "@mariozechner/pi-agent-core";
 import type { AssistantMessage, Context } from "@mariozechner/pi-ai";
 import type { AgentConfig, InputPart, RuntimeEvent, ScriptStep } from "../../src/domain.js";
-import {
-  buildUserMessage,
-  classifyFile,
-  providerFailure,
-  resolveModel,
-  sanitizeErrorText,
-  startTurn,
-  SteeringTargetEndedError,
-  type RunningTurn,
-  type TurnRunRequest,
-} from "../../actors/agent-runner.js";
+import { startTurn, SteeringTargetEndedError, type RunningTurn, type TurnRunRequest } from "../../actors/agent-runner.js";
+import { buildUserMessage, classifyFile } from "../../actors/user-message.js";
+import { providerFailure, sanitizeErrorText } from "../../actors/provider-failures.js";
+import { resolveModel } from "../../actors/model-resolution.js";
 import { listModels } from "../../src/models.js";
 import { scriptedModel } from "../../actors/scripted-model.js";
 import type { Sandbox } from "../../actors/sandbox.js";
