@@ -18,6 +18,7 @@ import { eventRoutes } from "./routes/events.js";
 import { envValueRoutes } from "./routes/env-values.js";
 import { fileRoutes } from "./routes/files.js";
 import { openapiRoutes } from "./routes/openapi.js";
+import { buildOpenApiDocument } from "./openapi.js";
 
 export async function buildApp(
   ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "finalTurns"> & { rateLimits: KV },
@@ -83,6 +84,6 @@ export async function buildApp(
   await app.register(apiKeyRoutes(context));
   await app.register(envValueRoutes(context));
   await app.register(fileRoutes(context));
-  await app.register(openapiRoutes(context));
+  await app.register(openapiRoutes(JSON.stringify(buildOpenApiDocument())));
   return { app, context };
 }

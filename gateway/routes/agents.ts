@@ -2,6 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { activationOf, AgentCreateSchema, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, Ids, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
+import { type Operation, route, limit, after, agentId, version } from "../operation.js";
 
 type AgentParams = { Params: { agentId: string } };
 type VersionParams = { Params: { agentId: string; version: string } };
@@ -24,14 +25,109 @@ async function loadDeployment(ctx: GatewayContext, agent: AgentDoc, raw: string)
   return deployment;
 }
 
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const AGENT_OPERATIONS = {
+  listModels: {
+    method: "get",
+    path: "/api/v1/models",
+    operationId: "listModels",
+    summary: "Models an agent config may name",
+    tag: "agents",
+    scope: "models:read",
+    success: { 200: { description: "The registry's models plus faux/scripted.", json: "ModelList" } },
+  },
+  createAgent: {
+    method: "post",
+    path: "/api/v1/agents",
+    operationId: "createAgent",
+    summary: "Create an agent",
+    tag: "agents",
+    scope: "agents:write",
+    body: { schema: "AgentCreateRequest", required: true },
+    success: { 201: { description: "The agent (no active version yet).", json: "Agent" } },
+  },
+  listAgents: {
+    method: "get",
+    path: "/api/v1/agents",
+    operationId: "listAgents",
+    summary: "List agents",
+    tag: "agents",
+    scope: "agents:read",
+    parameters: [limit(100, 20), after],
+    success: { 200: { description: "Agents.", json: "AgentList" } },
+    errors: { 400: ["invalid_request", "invalid_cursor"] },
+  },
+  getAgent: {
+    method: "get",
+    path: "/api/v1/agents/{agentId}",
+    operationId: "getAgent",
+    summary: "Retrieve an agent",
+    tag: "agents",
+    scope: "agents:read",
+    parameters: [agentId],
+    success: { 200: { description: "The agent.", json: "Agent" } },
+    errors: { 404: ["agent_not_found"] },
+  },
+  createDeployment: {
+    method: "post",
+    path: "/api/v1/agents/{agentId}/deployments",
+    operationId: "createDeployment",
+    summary: "Deploy a configuration as the next version",
+    description: "Answers at once with status building; the build makes it ready (activated when activate is true) or failed.",
+    tag: "agents",
+    scope: "agents:write",
+    rate: "expensive",
+    idempotencyKey: true,
+    parameters: [agentId],
+    body: { schema: "DeploymentRequest", required: true },
+    success: { 201: { description: "The deployment.", json: "Deployment" } },
+    errors: { 404: ["agent_not_found"], 409: ["idempotency_conflict"] },
+  },
+  listDeployments: {
+    method: "get",
+    path: "/api/v1/agents/{agentId}/deployments",
+    operationId: "listDeployments",
+    summary: "List an agent's deployments",
+    description: "By version, oldest first; `limit` (1–100, default 20) and `after` (a `next_cursor`) page through them.",
+    tag: "agents",
+    scope: "agents:read",
+    parameters: [agentId, limit(100, 20), after],
+    success: { 200: { description: "Deployments, one page.", json: "DeploymentList" } },
+    errors: { 400: ["invalid_request", "invalid_cursor"], 404: ["agent_not_found"] },
+  },
+  getDeployment: {
+    method: "get",
+    path: "/api/v1/agents/{agentId}/deployments/{version}",
+    operationId: "getDeployment",
+    summary: "Retrieve a deployment",
+    tag: "agents",
+    scope: "agents:read",
+    parameters: [agentId, version],
+    success: { 200: { description: "The deployment.", json: "Deployment" } },
+    errors: { 400: ["invalid_request"], 404: ["agent_not_found", "agent_version_not_found"] },
+  },
+  activateDeployment: {
+    method: "post",
+    path: "/api/v1/agents/{agentId}/deployments/{version}/activate",
+    operationId: "activateDeployment",
+    summary: "Make a version the agent's active one",
+    description: "A building version becomes active when ready; a failed one: 409 agent_version_not_ready.",
+    tag: "agents",
+    scope: "agents:write",
+    parameters: [agentId, version],
+    success: { 200: { description: "The agent.", json: "Agent" } },
+    errors: { 400: ["invalid_request"], 404: ["agent_not_found", "agent_version_not_found"], 409: ["agent_version_not_ready"] },
+  },
+} satisfies Record<string, Operation>;
+
 export function agentRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    app.get("/api/v1/models", { config: { scope: "models:read" } }, async () => {
+    route(app, AGENT_OPERATIONS.listModels, async () => {
       const data = listModels(ctx.config.ambientProviders).map((m) => ({ object: "model", ...m }));
       return list(data, false, null);
     });
 
-    app.post("/api/v1/agents", { config: { scope: "agents:write" } }, async (request, reply) => {
+    route(app, AGENT_OPERATIONS.createAgent, async (request, reply) => {
       const auth = authOf(request);
       const body = parseWith(AgentCreateSchema, request.body);
       const agent: AgentDoc = {
@@ -46,7 +142,7 @@ export function agentRoutes(ctx: GatewayContext) {
       return reply.status(201).send(renderAgent(agent));
     });
 
-    app.get<{ Querystring: { limit?: string; after?: string } }>("/api/v1/agents", { config: { scope: "agents:read" } }, async (request) => {
+    route<{ Querystring: { limit?: string; after?: string } }>(app, AGENT_OPERATIONS.listAgents, async (request) => {
       const auth = authOf(request);
       const limit = parseLimit(request.query.limit, 20, 100);
       const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "agents", auth.workspace._id);
@@ -61,12 +157,12 @@ export function agentRoutes(ctx: GatewayContext) {
       return list(page.map(renderAgent), agents.length > limit, next);
     });
 
-    app.get<AgentParams>("/api/v1/agents/:agentId", { config: { scope: "agents:read" } }, async (request) => {
+    route<AgentParams>(app, AGENT_OPERATIONS.getAgent, async (request) => {
       const auth = authOf(request);
       return renderAgent(await loadAgent(ctx, auth.workspace._id, request.params.agentId));
     });
 
-    app.post<AgentParams>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:write", rate: "expensive" } }, async (request, reply) => {
+    route<AgentParams>(app, AGENT_OPERATIONS.createDeployment, async (request, reply) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       const body = parseDeploymentRequest(request.body);
@@ -103,7 +199,7 @@ export function agentRoutes(ctx: GatewayContext) {
       return reply.status(201).send(renderDeployment(deployment));
     });
 
-    app.get<AgentParams & { Querystring: { limit?: string; after?: string } }>("/api/v1/agents/:agentId/deployments", { config: { scope: "agents:read" } }, async (request) => {
+    route<AgentParams & { Querystring: { limit?: string; after?: string } }>(app, AGENT_OPERATIONS.listDeployments, async (request) => {
       const auth = authOf(request);
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       const limit = parseLimit(request.query.limit, 20, 100);
@@ -118,15 +214,13 @@ export function agentRoutes(ctx: GatewayContext) {
       return list(page.map(renderDeployment), more, next);
     });
 
-    app.get<VersionParams>("/api/v1/agents/:agentId/deployments/:version", { config: { scope: "agents:read" } }, async (request) => {
+    route<VersionParams>(app, AGENT_OPERATIONS.getDeployment, async (request) => {
       const auth = authOf(request);
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       return renderDeployment(await loadDeployment(ctx, agent, request.params.version));
     });
 
-    app.post<VersionParams>(
-      "/api/v1/agents/:agentId/deployments/:version/activate",
-      { config: { scope: "agents:write" } },
+    route<VersionParams>(app, AGENT_OPERATIONS.activateDeployment,
       async (request) => {
         const auth = authOf(request);
         const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);

@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { ApiError, type ApiKeyDoc, invalid, keyIsUsable, list, newApiKey, parseWith, renderApiKey, scopeListProblem } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
+import { type Operation, route, keyId } from "../operation.js";
 
 export const DEFAULT_GRACE_PERIOD_S = 86_400;
 export const MAX_GRACE_PERIOD_S = 604_800;
@@ -55,14 +56,85 @@ async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>):
   return (await withUsage(ctx, [key]))[0]!;
 }
 
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const API_KEY_OPERATIONS = {
+  createApiKey: {
+    method: "post",
+    path: "/api/v1/api-keys",
+    operationId: "createApiKey",
+    summary: "Create an API key",
+    tag: "api-keys",
+    scope: "api_keys:manage",
+    rate: "expensive",
+    body: { schema: "ApiKeyCreateRequest", required: true },
+    success: { 201: { description: "The key with its one-time secret in key.", json: "ApiKey" } },
+  },
+  listApiKeys: {
+    method: "get",
+    path: "/api/v1/api-keys",
+    operationId: "listApiKeys",
+    summary: "List API keys",
+    tag: "api-keys",
+    scope: "api_keys:manage",
+    success: { 200: { description: "The workspace's keys, one page.", json: "ApiKeyList" } },
+  },
+  getApiKey: {
+    method: "get",
+    path: "/api/v1/api-keys/{keyId}",
+    operationId: "getApiKey",
+    summary: "Retrieve an API key",
+    tag: "api-keys",
+    scope: "api_keys:manage",
+    parameters: [keyId],
+    success: { 200: { description: "The key (no secret).", json: "ApiKey" } },
+    errors: { 400: ["invalid_request"], 404: ["not_found"] },
+  },
+  revokeApiKey: {
+    method: "post",
+    path: "/api/v1/api-keys/{keyId}/revoke",
+    operationId: "revokeApiKey",
+    summary: "Revoke an API key",
+    description: "Refused on every node within 5 seconds. Never rate limited; repeating it changes nothing.",
+    tag: "api-keys",
+    scope: "api_keys:manage",
+    rate: "exempt",
+    parameters: [keyId],
+    success: { 200: { description: "The revoked key.", json: "ApiKey" } },
+    errors: { 400: ["invalid_request"], 404: ["not_found"] },
+  },
+  rotateApiKey: {
+      method: "post",
+      path: "/api/v1/api-keys/{keyId}/rotate",
+      operationId: "rotateApiKey",
+      summary: "Rotate an API key",
+      description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict.",
+      tag: "api-keys",
+      scope: "api_keys:manage",
+      rate: "expensive",
+      parameters: [keyId],
+      body: { schema: "ApiKeyRotateRequest", required: true },
+      success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: "ApiKey" } },
+      errors: { 404: ["not_found"], 409: ["conflict"] },
+    },
+  rotateApiKeyUnversioned: {
+      method: "post",
+      path: "/api-keys/{keyId}/rotate",
+      operationId: "rotateApiKeyUnversioned",
+      summary: "Rotate an API key (also served without /api/v1)",
+      description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict.",
+      tag: "api-keys",
+      scope: "api_keys:manage",
+      rate: "expensive",
+      parameters: [keyId],
+      body: { schema: "ApiKeyRotateRequest", required: true },
+      success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: "ApiKey" } },
+      errors: { 404: ["not_found"], 409: ["conflict"] },
+    },
+} satisfies Record<string, Operation>;
+
 export function apiKeyRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    const scope = { config: { scope: "api_keys:manage" } };
-    const expensive = { config: { scope: "api_keys:manage", rate: "expensive" as const } };
-    // Revoking a key stays available under rate limiting.
-    const exempt = { config: { scope: "api_keys:manage", rate: "exempt" as const } };
-
-    app.post("/api/v1/api-keys", expensive, async (request, reply) => {
+    route(app, API_KEY_OPERATIONS.createApiKey, async (request, reply) => {
       const auth = authOf(request);
       const body = parseWith(CreateSchema, request.body);
       const scopes = checkScopes(body.scopes);
@@ -77,16 +149,16 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       return reply.status(201).send(renderApiKey(doc, ctx.clock.nowMs(), { secret }));
     });
 
-    app.get("/api/v1/api-keys", scope, async (request) => {
+    route(app, API_KEY_OPERATIONS.listApiKeys, async (request) => {
       const auth = authOf(request);
       const now = ctx.clock.nowMs();
       const keys = await withUsage(ctx, await ctx.store.listApiKeys(auth.workspace._id));
       return list(keys.map((k) => renderApiKey(k, now)), false, null);
     });
 
-    app.get<KeyParams>("/api/v1/api-keys/:keyId", scope, async (request) => renderApiKey(await loadKey(ctx, request), ctx.clock.nowMs()));
+    route<KeyParams>(app, API_KEY_OPERATIONS.getApiKey, async (request) => renderApiKey(await loadKey(ctx, request), ctx.clock.nowMs()));
 
-    app.post<KeyParams>("/api/v1/api-keys/:keyId/revoke", exempt, async (request) => {
+    route<KeyParams>(app, API_KEY_OPERATIONS.revokeApiKey, async (request) => {
       const key = await loadKey(ctx, request);
       const now = ctx.clock.nowMs();
       if (key.revoked_at === null) {
@@ -124,7 +196,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       ctx.auth.invalidate();
       return reply.status(201).send(renderApiKey(doc, now, { secret, oldKeyRevokesAtMs: oldRevokesAt }));
     };
-    app.post<KeyParams>("/api/v1/api-keys/:keyId/rotate", expensive, rotate);
-    app.post<KeyParams>("/api-keys/:keyId/rotate", expensive, rotate);
+    route<KeyParams>(app, API_KEY_OPERATIONS.rotateApiKey, rotate);
+    route<KeyParams>(app, API_KEY_OPERATIONS.rotateApiKeyUnversioned, rotate);
   };
 }

@@ -4,6 +4,7 @@ import { ApiError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFo
 import { authOf, type GatewayContext } from "../context.js";
 import { requireScope } from "../auth.js";
 import { RateClass } from "../rate-limits.js";
+import { type Operation, route, query, limit, after, envName } from "../operation.js";
 
 // The name is taken with a wildcard, not a `:name` parameter: Fastify answers 414 for a
 // parameter longer than its maxParamLength (100), and names may be 128 characters. A
@@ -30,6 +31,60 @@ function parseReveal(raw: unknown): boolean {
   throw invalid("reveal", "reveal must be true or false.");
 }
 
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const ENV_VALUE_OPERATIONS = {
+  putEnvironmentValue: {
+    method: "put",
+    path: "/api/v1/environment-values/{name}",
+    operationId: "putEnvironmentValue",
+    // Names may hold characters a path parameter would not match whole.
+    url: ONE,
+    summary: "Create or replace an environment value",
+    description: "Encrypted at rest; how provider credentials reach agents.",
+    tag: "environment-values",
+    scope: "env_vars:write",
+    parameters: [envName],
+    body: { schema: "EnvironmentValuePutRequest", required: true },
+    success: { 200: { description: "The value's name and timestamps (never the value).", json: "EnvironmentValue" } },
+  },
+  listEnvironmentValues: {
+    method: "get",
+    path: "/api/v1/environment-values",
+    operationId: "listEnvironmentValues",
+    summary: "List environment values",
+    tag: "environment-values",
+    scope: "env_vars:read",
+    parameters: [limit(100, 20), after],
+    success: { 200: { description: "Names and timestamps.", json: "EnvironmentValueList" } },
+    errors: { 400: ["invalid_request", "invalid_cursor"] },
+  },
+  getEnvironmentValue: {
+    method: "get",
+    path: "/api/v1/environment-values/{name}",
+    operationId: "getEnvironmentValue",
+    url: ONE,
+    summary: "Retrieve an environment value",
+    description: "The value only with reveal=true, which also requires the scope env_vars:reveal (else 403).",
+    tag: "environment-values",
+    scope: "env_vars:read",
+    parameters: [envName, query("reveal", "true: include value (scope env_vars:reveal).", { type: "string", enum: ["true", "false"] })],
+    success: { 200: { description: "The value's name and timestamps, and value when revealed.", json: "EnvironmentValue" } },
+    errors: { 400: ["invalid_request"], 404: ["not_found"] },
+  },
+  deleteEnvironmentValue: {
+    method: "delete",
+    path: "/api/v1/environment-values/{name}",
+    operationId: "deleteEnvironmentValue",
+    url: ONE,
+    summary: "Delete an environment value",
+    tag: "environment-values",
+    scope: "env_vars:write",
+    parameters: [envName],
+    success: { 200: { description: "Deleted.", json: "EnvironmentValueDeleted" } },
+    errors: { 400: ["invalid_request"], 404: ["not_found"] },
+  },
+} satisfies Record<string, Operation>;
+
 /**
  * Environment values (decisions §3), scopes env_vars:read / env_vars:write, and
  * env_vars:reveal for `?reveal=true`.
@@ -38,16 +93,14 @@ export function envValueRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     const store = ctx.envValues;
 
-    app.put<NameParams>(ONE, { config: { scope: "env_vars:write" } }, async (request) => {
+    route<NameParams>(app, ENV_VALUE_OPERATIONS.putEnvironmentValue, async (request) => {
       const auth = authOf(request);
       const body = parseWith(PutBodySchema, request.body);
       if (body.value === undefined) throw invalid("value", "value is required.");
       return renderEnvValue(await store.put(auth.workspace._id, request.params["*"], body.value));
     });
 
-    app.get<{ Querystring: { limit?: string; after?: string } }>(
-      "/api/v1/environment-values",
-      { config: { scope: "env_vars:read" } },
+    route<{ Querystring: { limit?: string; after?: string } }>(app, ENV_VALUE_OPERATIONS.listEnvironmentValues,
       async (request) => {
         const auth = authOf(request);
         const limit = parseLimit(request.query.limit, 20, 100);
@@ -60,9 +113,7 @@ export function envValueRoutes(ctx: GatewayContext) {
       },
     );
 
-    app.get<NameParams & { Querystring: { reveal?: string } }>(
-      ONE,
-      { config: { scope: "env_vars:read" } },
+    route<NameParams & { Querystring: { reveal?: string } }>(app, ENV_VALUE_OPERATIONS.getEnvironmentValue,
       async (request, reply) => {
         const auth = authOf(request);
         const reveal = parseReveal(request.query.reveal);
@@ -84,7 +135,7 @@ export function envValueRoutes(ctx: GatewayContext) {
       },
     );
 
-    app.delete<NameParams>(ONE, { config: { scope: "env_vars:write" } }, async (request) => {
+    route<NameParams>(app, ENV_VALUE_OPERATIONS.deleteEnvironmentValue, async (request) => {
       const auth = authOf(request);
       const name = request.params["*"];
       if (!(await store.delete(auth.workspace._id, name))) throw envValueNotFound(name);

@@ -3,6 +3,7 @@ import { ApiError, invalid, isFinalStatus, parseLimit, type RunDoc, type TurnDoc
 import { authOf, type GatewayContext } from "../context.js";
 import { closeEventStreams, eventRunOf, streamEvents } from "../sse.js";
 import { loadRun } from "../loaders.js";
+import { type Operation, route, query, limit, runId } from "../operation.js";
 
 /** decisions §5: `limit` of the event list. */
 export const EVENTS_LIMIT_DEFAULT = 100;
@@ -19,6 +20,35 @@ interface EventsQuery {
   limit?: unknown;
   stream?: unknown;
 }
+
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const EVENT_OPERATIONS = {
+  listRunEvents: {
+    method: "get",
+    path: "/api/v1/runs/{runId}/events",
+    operationId: "listRunEvents",
+    summary: "Retained events, as a page or a Server-Sent Events stream",
+    description:
+      "stream=true answers text/event-stream: `id: <event id>`, `event: <type>`, `data: <Event JSON>`, a blank line; `: ping` every 15 s; an error after the stream began is `event: error` with the Error body. With turn_id the stream ends after the turn's final platform event. Resume with Last-Event-ID (wins over after).",
+    tag: "events",
+    scope: "run:read",
+    parameters: [
+      runId,
+      query("turn_id", "Only this turn's events."),
+      query("after", "Event cursor (an event id); an event no longer retained: 410 event_cursor_expired; another run's: 400 invalid_cursor."),
+      limit(1000, 100),
+      query("stream", "true: a Server-Sent Events stream.", { type: "string", enum: ["true", "false"] }),
+      { name: "Last-Event-ID", in: "header", description: "Stream resume cursor (an event id).", schema: { type: "string" } },
+    ],
+    success: { 200: { description: "A page of events with history, or with stream=true the event stream.", json: "EventList", sse: true } },
+    errors: {
+      400: ["invalid_request", "invalid_cursor"],
+      404: ["run_not_found", "turn_not_found"],
+      410: ["run_expired", "event_cursor_expired"],
+      503: ["event_boundary_pending", "event_history_unavailable"],
+    },
+  },
+} satisfies Record<string, Operation>;
 
 /**
  * GET /api/v1/runs/{runId}/events (scope run:read): the run's retained events as a list
@@ -37,9 +67,7 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
   return async function (app: FastifyInstance) {
     app.addHook("preClose", async () => closeEventStreams(ctx));
 
-    app.get<{ Params: { runId: string }; Querystring: EventsQuery }>(
-      "/api/v1/runs/:runId/events",
-      { config: { scope: "run:read" } },
+    route<{ Params: { runId: string }; Querystring: EventsQuery }>(app, EVENT_OPERATIONS.listRunEvents,
       async (request, reply) => {
         const auth = authOf(request);
         const query = request.query;

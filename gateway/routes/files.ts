@@ -6,6 +6,7 @@ import { ApiError, decideUpload, decisionError, type FileDoc, invalid, type Rece
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { retryAfterSeconds } from "../unavailable.js";
+import { type Operation, route, fileId } from "../operation.js";
 
 /**
  * POST /api/v1/files and GET /api/v1/files/{fileId} (decisions §6).
@@ -96,6 +97,35 @@ function refuse(reply: FastifyReply, err: ApiError): FastifyReply {
   return sendError(reply, err);
 }
 
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const FILE_OPERATIONS = {
+  uploadFile: {
+    method: "post",
+    path: "/api/v1/files",
+    operationId: "uploadFile",
+    summary: "Upload a file for input_file",
+    description:
+      "A repeat after a finished upload returns the file unchanged; while the first still runs: 503 upload_in_progress with Retry-After; 409 conflict when the key was used for another file or its upload expired. At most 20 minutes (408 request_timeout) and 512 MiB (413).",
+    tag: "files",
+    scope: "files:write",
+    idempotencyKey: true,
+    body: { schema: "FileUploadRequest", required: true, multipart: true },
+    success: { 201: { description: "The stored file.", json: "File" } },
+    errors: { 408: ["request_timeout"], 409: ["conflict"], 503: ["upload_in_progress"] },
+  },
+  getFile: {
+    method: "get",
+    path: "/api/v1/files/{fileId}",
+    operationId: "getFile",
+    summary: "Retrieve a file's metadata",
+    tag: "files",
+    scope: "files:read",
+    parameters: [fileId],
+    success: { 200: { description: "The file.", json: "File" } },
+    errors: { 404: ["not_found"] },
+  },
+} satisfies Record<string, Operation>;
+
 /** The files routes, with the upload limits of `ctx.config.files` (RUNS_MAX_FILE_BYTES …). */
 export function fileRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
@@ -111,7 +141,7 @@ export function fileRoutes(ctx: GatewayContext) {
       isPartAFile: (fieldName) => fieldName === "file",
     });
 
-    app.post("/api/v1/files", { config: { scope: "files:write", rate: "expensive" } }, async (request, reply) => {
+    route(app, FILE_OPERATIONS.uploadFile, async (request, reply) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       if (!request.isMultipart()) throw invalid("file", "Send the file as multipart/form-data with a part named file.");
@@ -183,7 +213,7 @@ export function fileRoutes(ctx: GatewayContext) {
       }
     });
 
-    app.get<{ Params: { fileId: string } }>("/api/v1/files/:fileId", { config: { scope: "files:read" } }, async (request) => {
+    route<{ Params: { fileId: string } }>(app, FILE_OPERATIONS.getFile, async (request) => {
       const auth = authOf(request);
       const file = await files.get(auth.workspace._id, request.params.fileId);
       if (!file) throw new ApiError("not_found", { param: "fileId", message: `No file ${request.params.fileId}.` });

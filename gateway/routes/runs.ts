@@ -1,10 +1,11 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, startVersionOf, decodeCursor, type Disposition, encodeCursor, Ids, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
+import { ApiError, MAX_TAG_FILTERS, startVersionOf, decodeCursor, type Disposition, encodeCursor, Ids, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
 import { checkStreamQuota, streamEvents } from "../sse.js";
+import { type Operation, route, query, limit, after, runId, ref, RUN_READS } from "../operation.js";
 
 /** The identity of a POST /runs answer, kept in its idempotency record. */
 interface RunAnswer extends Record<string, unknown> {
@@ -41,9 +42,105 @@ function finalNotice(ctx: GatewayContext, turnId: string): { sub: Subscription; 
   };
 }
 
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const RUN_OPERATIONS = {
+  createRun: {
+    method: "post",
+    path: "/api/v1/runs",
+    operationId: "createRun",
+    summary: "Start a run or continue one",
+    description:
+      "Exactly one of agent (start) and run_id (continue). Default delivery waits up to 120 s for the turn: 200 when it is final, else 202 with Location. background: 202 after admission. stream: a Server-Sent Events stream of the turn's events ending after the event that makes it final.",
+    tag: "runs",
+    scope: "run:write",
+    idempotencyKey: true,
+    body: { schema: "RunRequest", required: true },
+    success: {
+      200: { description: "The turn is final (or, with stream: true, the event stream).", json: "Run", sse: true },
+      202: { description: "The turn is admitted and not final yet (or background: true). Read the Location until turn.status is final.", json: "Run", location: true },
+    },
+    errors: {
+      404: ["agent_not_found", "agent_version_not_found", "run_not_found"],
+      409: ["agent_version_not_ready", "idempotency_conflict", "steering_target_ended", "run_busy"],
+      410: ["run_expired"],
+      503: ["event_history_unavailable"],
+    },
+  },
+  listRuns: {
+    method: "get",
+    path: "/api/v1/runs",
+    operationId: "listRuns",
+    summary: "List runs",
+    tag: "runs",
+    scope: "run:read",
+    parameters: [
+      query("agent_id", "Runs of one agent."),
+      query("version", "Runs with at least one turn on this deployment version.", { type: "integer", minimum: 1 }),
+      query("state", "idle or busy runs.", { type: "string", enum: ["idle", "busy"] }),
+      {
+        name: "tag",
+        in: "query",
+        description: `Runs carrying every given tag (exact, case-sensitive); up to ${MAX_TAG_FILTERS} times. A filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag.`,
+        schema: { type: "array", items: ref("Tag"), maxItems: MAX_TAG_FILTERS },
+        style: "form",
+        explode: true,
+      },
+      query("created_after", "Runs created at or after this Unix time (seconds).", { type: "integer", minimum: 0 }),
+      query("created_before", "Runs created at or before this Unix time (seconds).", { type: "integer", minimum: 0 }),
+      limit(100, 20),
+      after,
+    ],
+    success: { 200: { description: "Run summaries, most recent activity first.", json: "RunList" } },
+    errors: { 400: ["invalid_request", "invalid_cursor"] },
+  },
+  getRun: {
+    method: "get",
+    path: "/api/v1/runs/{runId}",
+    operationId: "getRun",
+    summary: "Retrieve a run with one turn",
+    tag: "runs",
+    scope: "run:read",
+    parameters: [runId, query("turn_id", "Select this turn (default the latest).")],
+    success: { 200: { description: "The run with the selected turn.", json: "Run" } },
+    errors: { 400: ["invalid_request"], 404: ["run_not_found", "turn_not_found"], 410: ["run_expired"] },
+  },
+  deleteRun: {
+    method: "delete",
+    path: "/api/v1/runs/{runId}",
+    operationId: "deleteRun",
+    summary: "Delete an idle run",
+    description: "Fences new work; events, files and workspace are removed asynchronously; later reads are 404. A busy run: 409 run_busy.",
+    tag: "runs",
+    scope: "run:write",
+    idempotencyKey: true,
+    parameters: [runId],
+    success: { 200: { description: "Deleted.", json: "RunDeleted" } },
+    errors: { 400: ["invalid_request"], ...RUN_READS, 409: ["run_busy", "idempotency_conflict"] },
+  },
+  cancelRun: {
+    method: "post",
+    path: "/api/v1/runs/{runId}/cancel",
+    operationId: "cancelRun",
+    summary: "Cancel the active, queued or named turn",
+    description:
+      "Active turn: 202 with the turn cancelling. Queued turn: 200 cancelled. Finished turn or idle run: 200 with the existing result. Never rate limited.",
+    tag: "runs",
+    scope: "run:write",
+    rate: "exempt",
+    idempotencyKey: true,
+    parameters: [runId],
+    body: { schema: "CancelRequest", required: false },
+    success: {
+      200: { description: "The run as a retrieval returns it, the selected turn cancelled or already final.", json: "Run" },
+      202: { description: "The run with the selected turn cancelling while the runtime settles.", json: "Run" },
+    },
+    errors: { 404: ["run_not_found", "turn_not_found"], 409: ["idempotency_conflict"], 410: ["run_expired"] },
+  },
+} satisfies Record<string, Operation>;
+
 export function runRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    app.post("/api/v1/runs", { config: { scope: "run:write" } }, async (request, reply) => {
+    route(app, RUN_OPERATIONS.createRun, async (request, reply) => {
       const auth = authOf(request);
       const body = parseRunRequest(request.body);
       const key = idempotencyKeyOf(request)!;
@@ -97,7 +194,7 @@ export function runRoutes(ctx: GatewayContext) {
       }
     });
 
-    app.get<{ Querystring: Record<string, unknown> }>("/api/v1/runs", { config: { scope: "run:read" } }, async (request) => {
+    route<{ Querystring: Record<string, unknown> }>(app, RUN_OPERATIONS.listRuns, async (request) => {
       const auth = authOf(request);
       const workspaceId = auth.workspace._id;
       const query = request.query;
@@ -114,7 +211,7 @@ export function runRoutes(ctx: GatewayContext) {
       return list(page.runs.map(renderRunSummary), page.hasMore, next);
     });
 
-    app.delete<{ Params: { runId: string } }>("/api/v1/runs/:runId", { config: { scope: "run:write" } }, async (request) => {
+    route<{ Params: { runId: string } }>(app, RUN_OPERATIONS.deleteRun, async (request) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
@@ -136,9 +233,7 @@ export function runRoutes(ctx: GatewayContext) {
       return { id: runId, object: "run.deleted", deleted: true };
     });
 
-    app.get<{ Params: { runId: string }; Querystring: { turn_id?: string } }>(
-      "/api/v1/runs/:runId",
-      { config: { scope: "run:read" } },
+    route<{ Params: { runId: string }; Querystring: { turn_id?: string } }>(app, RUN_OPERATIONS.getRun,
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
@@ -149,10 +244,10 @@ export function runRoutes(ctx: GatewayContext) {
       },
     );
 
-    app.post<{ Params: { runId: string }; Body: { turn_id?: unknown } | undefined }>(
-      "/api/v1/runs/:runId/cancel",
-      // Cancelling stays available under rate limiting.
-      { config: { scope: "run:write", rate: "exempt" } },
+    // Cancelling stays available under rate limiting (its own budget: rate "exempt").
+    route<{ Params: { runId: string }; Body: { turn_id?: unknown } | undefined }>(
+      app,
+      RUN_OPERATIONS.cancelRun,
       async (request, reply) => {
         const auth = authOf(request);
         const key = idempotencyKeyOf(request)!;

@@ -2,6 +2,24 @@ import type { FastifyInstance } from "fastify";
 import { invalid, parseTags } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { loadRun } from "../loaders.js";
+import { type Operation, route, runId, RUN_READS } from "../operation.js";
+
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const TAG_OPERATIONS = {
+  updateRunTags: {
+    method: "post",
+    path: "/api/v1/runs/{runId}/tags",
+    operationId: "updateRunTags",
+    summary: "Add and remove tags",
+    description: "Set semantics; no Idempotency-Key. Does not extend retention.",
+    tag: "runs",
+    scope: "run:write",
+    parameters: [runId],
+    body: { schema: "TagsRequest", required: true },
+    success: { 200: { description: "The run's full tag list.", json: "RunTags" } },
+    errors: RUN_READS,
+  },
+} satisfies Record<string, Operation>;
 
 /**
  * `POST /api/v1/runs/{runId}/tags`: set semantics, no Idempotency-Key. The run's
@@ -9,7 +27,7 @@ import { loadRun } from "../loaders.js";
  */
 export function tagRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    app.post<{ Params: { runId: string } }>("/api/v1/runs/:runId/tags", { config: { scope: "run:write" } }, async (request) => {
+    route<{ Params: { runId: string } }>(app, TAG_OPERATIONS.updateRunTags, async (request) => {
       const auth = authOf(request);
       const body = request.body;
       if (typeof body !== "object" || body === null || Array.isArray(body)) throw invalid(null, "The body must be a JSON object with add and/or remove.");

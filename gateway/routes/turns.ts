@@ -2,6 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { ApiError, decodeCursor, encodeCursor, list, parseLimit, renderTurn } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { loadRun } from "../loaders.js";
+import { type Operation, route, limit, after, runId, turnId, RUN_READS } from "../operation.js";
 
 /** A turns cursor's position: a turn index, or the cursor is not one this list issued. */
 function turnIndexOf(k: string): number {
@@ -9,12 +10,36 @@ function turnIndexOf(k: string): number {
   return Number(k);
 }
 
+/** The routes of this file, declared once: registration and the OpenAPI document come from these. */
+export const TURN_OPERATIONS = {
+  listTurns: {
+    method: "get",
+    path: "/api/v1/runs/{runId}/turns",
+    operationId: "listTurns",
+    summary: "Turn history",
+    tag: "runs",
+    scope: "run:read",
+    parameters: [runId, limit(100, 20), after],
+    success: { 200: { description: "Turns, oldest first, queued and running ones included.", json: "TurnList" } },
+    errors: { 400: ["invalid_request", "invalid_cursor"], ...RUN_READS },
+  },
+  getTurn: {
+    method: "get",
+    path: "/api/v1/runs/{runId}/turns/{turnId}",
+    operationId: "getTurn",
+    summary: "One turn",
+    tag: "runs",
+    scope: "run:read",
+    parameters: [runId, turnId],
+    success: { 200: { description: "The turn.", json: "Turn" } },
+    errors: { 404: ["run_not_found", "turn_not_found"], 410: ["run_expired"] },
+  },
+} satisfies Record<string, Operation>;
+
 /** Turn history: read from the turn documents, never from events. */
 export function turnRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    app.get<{ Params: { runId: string }; Querystring: { limit?: string; after?: string } }>(
-      "/api/v1/runs/:runId/turns",
-      { config: { scope: "run:read" } },
+    route<{ Params: { runId: string }; Querystring: { limit?: string; after?: string } }>(app, TURN_OPERATIONS.listTurns,
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
@@ -28,9 +53,7 @@ export function turnRoutes(ctx: GatewayContext) {
       },
     );
 
-    app.get<{ Params: { runId: string; turnId: string } }>(
-      "/api/v1/runs/:runId/turns/:turnId",
-      { config: { scope: "run:read" } },
+    route<{ Params: { runId: string; turnId: string } }>(app, TURN_OPERATIONS.getTurn,
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);

@@ -1,0 +1,25 @@
+/** Every route the gateway serves, in the order of the OpenAPI document: each declared once in its route file. */
+import type { Operation } from "./operation.js";
+import { AGENT_OPERATIONS } from "./routes/agents.js";
+import { API_KEY_OPERATIONS } from "./routes/api-keys.js";
+import { ENV_VALUE_OPERATIONS } from "./routes/env-values.js";
+import { EVENT_OPERATIONS } from "./routes/events.js";
+import { FILE_OPERATIONS } from "./routes/files.js";
+import { HEALTH_OPERATIONS } from "./routes/health.js";
+import { OPENAPI_OPERATIONS } from "./routes/openapi.js";
+import { RUN_OPERATIONS } from "./routes/runs.js";
+import { TAG_OPERATIONS } from "./routes/tags.js";
+import { TURN_OPERATIONS } from "./routes/turns.js";
+
+export const OPERATIONS: Operation[] = [
+  RUN_OPERATIONS,
+  TAG_OPERATIONS,
+  TURN_OPERATIONS,
+  EVENT_OPERATIONS,
+  AGENT_OPERATIONS,
+  API_KEY_OPERATIONS,
+  FILE_OPERATIONS,
+  ENV_VALUE_OPERATIONS,
+  OPENAPI_OPERATIONS,
+  HEALTH_OPERATIONS,
+].flatMap((declared) => Object.values(declared));
