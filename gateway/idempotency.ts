@@ -49,7 +49,7 @@ export class IdempotencyRecords {
     private readonly staleMs = 5_000,
   ) {}
 
-  async claim<T extends Record<string, unknown>>(
+  private async claim<T extends Record<string, unknown>>(
     workspaceId: string,
     operation: string,
     key: string,
@@ -86,12 +86,39 @@ export class IdempotencyRecords {
     return { kind: "replay", id, result: existing.result as T, done: existing.state === "done" };
   }
 
-  complete(id: string, result: Record<string, unknown>): Promise<unknown> {
+  /**
+   * The one sequence of an idempotent operation: claims (workspace, operation, key);
+   * unless an earlier request with the key finished, runs `work` with the claim's
+   * identity (`fresh` allocated it, or the pending first request did) and records
+   * `record(result)` as done. A failure that `releaseOn` accepts (default: a refusal
+   * without effect, an API error below 500) frees the key for a retry; a failure to
+   * free it leaves the claim pending, which a retry re-drives after `staleMs`.
+   */
+  async once<T extends Record<string, unknown>>(
+    claim: { workspaceId: string; operation: string; key: string; fingerprint: unknown; fresh: () => T },
+    work: (identity: T, firstClaim: boolean) => Promise<T>,
+    options: { record?: (result: T) => Record<string, unknown>; releaseOn?: (err: unknown) => boolean } = {},
+  ): Promise<{ result: T; replayed: boolean }> {
+    const claimed = await this.claim(claim.workspaceId, claim.operation, claim.key, claim.fingerprint, claim.fresh);
+    if (claimed.kind === "replay" && claimed.done) return { result: claimed.result, replayed: true };
+    let result: T;
+    try {
+      result = await work(claimed.result, claimed.kind === "new");
+    } catch (err) {
+      const release = options.releaseOn ?? ((e: unknown) => e instanceof ApiError && e.status < 500);
+      if (release(err)) await this.release(claimed.id).catch(() => undefined);
+      throw err;
+    }
+    await this.complete(claimed.id, options.record ? options.record(result) : result);
+    return { result, replayed: false };
+  }
+
+  private complete(id: string, result: Record<string, unknown>): Promise<unknown> {
     return this.store.completeIdempotency(id, result);
   }
 
   /** Forgets a pending claim whose request failed before doing anything. */
-  release(id: string): Promise<unknown> {
+  private release(id: string): Promise<unknown> {
     return this.store.releaseIdempotency(id);
   }
 }

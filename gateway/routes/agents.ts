@@ -171,32 +171,33 @@ export function agentRoutes(ctx: GatewayContext) {
         throw invalid("config.model", `Model provider "${model.slice(0, model.indexOf("/"))}" authenticates with the service's own credentials and is not enabled on this service (RUNS_AMBIENT_PROVIDERS).`);
       }
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
-      const claim = await ctx.idempotency.claim<{ version?: number }>(auth.workspace._id, `deployments.create:${agent._id}`, key, body, () => ({}));
-      if (claim.kind === "replay" && typeof claim.result.version === "number") {
-        const existing = await ctx.store.getDeployment(agent._id, claim.result.version);
-        if (existing) return reply.status(201).send(renderDeployment(existing));
+      let created: DeploymentDoc | undefined;
+      const { result } = await ctx.idempotency.once<{ version?: number }>(
+        { workspaceId: auth.workspace._id, operation: `deployments.create:${agent._id}`, key, fingerprint: body, fresh: () => ({}) },
+        async () => {
+          created = await ctx.store.insertDeployment({
+            workspace_id: auth.workspace._id,
+            agent_id: agent._id,
+            status: DeploymentStatus.building,
+            upgrade_policy: body.upgrade_policy,
+            config: body.config,
+            activate: body.activate,
+            error: null,
+            created_at: ctx.clock.nowMs(),
+            ready_at: null,
+          });
+          return { version: created.version };
+        },
+        // Nothing was created when the insert failed: the key stays free for a retry.
+        { releaseOn: () => true },
+      );
+      if (created) {
+        ctx.builder.schedule(created);
+        return reply.status(201).send(renderDeployment(created));
       }
-      let deployment: DeploymentDoc;
-      try {
-        deployment = await ctx.store.insertDeployment({
-          workspace_id: auth.workspace._id,
-          agent_id: agent._id,
-          status: DeploymentStatus.building,
-          upgrade_policy: body.upgrade_policy,
-          config: body.config,
-          activate: body.activate,
-          error: null,
-          created_at: ctx.clock.nowMs(),
-          ready_at: null,
-        });
-      } catch (err) {
-        // Nothing was created: the key stays free for a retry.
-        await ctx.idempotency.release(claim.id).catch(() => undefined);
-        throw err;
-      }
-      await ctx.idempotency.complete(claim.id, { version: deployment.version });
-      ctx.builder.schedule(deployment);
-      return reply.status(201).send(renderDeployment(deployment));
+      const existing = result.version === undefined ? null : await ctx.store.getDeployment(agent._id, result.version);
+      if (!existing) throw new ApiError("runtime_unavailable", { retryAfterS: 1, message: "The deployment made under this Idempotency-Key cannot be read right now." });
+      return reply.status(201).send(renderDeployment(existing));
     });
 
     route<AgentParams & { Querystring: { limit?: string; after?: string } }>(app, AGENT_OPERATIONS.listDeployments, async (request) => {

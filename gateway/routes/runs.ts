@@ -160,25 +160,27 @@ export function runRoutes(ctx: GatewayContext) {
         await loadRun(ctx, workspaceId, body.run_id, "run_id");
       }
 
-      const claim = await ctx.idempotency.claim<RunAnswer>(workspaceId, "runs.create", key, runRequestFingerprint(body), () => ({
-        run_id: body.kind === "start" ? Ids.run() : body.run_id,
-        turn_id: Ids.turn(),
-      }));
-      let answer = claim.result;
-      // Subscribe before admission so a fast turn's final notice is not missed.
-      const waitFor = !body.background && !body.stream ? finalNotice(ctx, answer.turn_id) : undefined;
+      // Subscribed before admission (to the turn id the claim holds) so a fast turn's
+      // final notice is not missed.
+      let waitFor: ReturnType<typeof finalNotice> | undefined;
       try {
-        if (claim.kind === "new" || !claim.done) {
-          try {
-            answer = await admit(ctx, workspaceId, body, answer, startVersion, auth.workspace.plan, claim.kind === "new");
-          } catch (err) {
-            // Refused without effect (busy, unknown run): the key stays free for a retry.
-            if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
-            throw err;
-          }
-          const { view: _view, ...identity } = answer;
-          await ctx.idempotency.complete(claim.id, identity);
-        }
+        // Refused without effect (busy, unknown run): the key stays free for a retry.
+        const { result: answer } = await ctx.idempotency.once<RunAnswer>(
+          {
+            workspaceId,
+            operation: "runs.create",
+            key,
+            fingerprint: runRequestFingerprint(body),
+            fresh: () => ({ run_id: body.kind === "start" ? Ids.run() : body.run_id, turn_id: Ids.turn() }),
+          },
+          (identity, firstClaim) => {
+            if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.turn_id);
+            return admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
+          },
+          // The run as admission left it is answered, never stored with the key.
+          { record: ({ view: _view, ...identity }) => identity },
+        );
+        if (!waitFor && !body.background && !body.stream) waitFor = finalNotice(ctx, answer.turn_id);
         if (answer.error) {
           throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
         }
@@ -216,20 +218,15 @@ export function runRoutes(ctx: GatewayContext) {
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
       const runId = request.params.runId;
-      const claim = await ctx.idempotency.claim<{ run_id: string; deleted?: boolean }>(workspaceId, "runs.delete", key, { run_id: runId }, () => ({
-        run_id: runId,
-      }));
-      if (claim.kind === "new" || !claim.done) {
-        try {
+      // A refused delete (busy, unknown) leaves the key free for a later retry.
+      await ctx.idempotency.once<{ run_id: string; deleted?: boolean }>(
+        { workspaceId, operation: "runs.delete", key, fingerprint: { run_id: runId }, fresh: () => ({ run_id: runId }) },
+        async () => {
           await loadRun(ctx, workspaceId, runId);
           await ctx.router.send({ op: "delete", workspace_id: workspaceId, run_id: runId });
-        } catch (err) {
-          // A refused delete (busy, unknown) leaves the key free for a later retry.
-          if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
-          throw err;
-        }
-        await ctx.idempotency.complete(claim.id, { run_id: runId, deleted: true });
-      }
+          return { run_id: runId, deleted: true };
+        },
+      );
       return { id: runId, object: "run.deleted", deleted: true };
     });
 
@@ -259,20 +256,15 @@ export function runRoutes(ctx: GatewayContext) {
         const workspaceId = auth.workspace._id;
         const run = await loadRun(ctx, workspaceId, request.params.runId);
         if (turnId) await loadTurn(ctx, run, turnId);
-        const claim = await ctx.idempotency.claim<{ run_id: string; turn_id?: string; http_status?: number }>(workspaceId, "runs.cancel", key, { run_id: run._id, turn_id: turnId ?? null }, () => ({
-          run_id: run._id,
-        }));
-        let selected = claim.result.turn_id;
-        let status = claim.result.http_status ?? 200;
-        if (claim.kind === "new" || !claim.done) {
-          const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: turnId }).catch(async (err) => {
-            if (err instanceof ApiError && err.status < 500) await ctx.idempotency.release(claim.id);
-            throw err;
-          });
-          selected = result.turn_id;
-          status = result.http_status ?? 200;
-          await ctx.idempotency.complete(claim.id, { run_id: run._id, turn_id: selected, http_status: status });
-        }
+        const { result: cancelled } = await ctx.idempotency.once<{ run_id: string; turn_id?: string; http_status?: number }>(
+          { workspaceId, operation: "runs.cancel", key, fingerprint: { run_id: run._id, turn_id: turnId ?? null }, fresh: () => ({ run_id: run._id }) },
+          async () => {
+            const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: turnId });
+            return { run_id: run._id, turn_id: result.turn_id, http_status: result.http_status ?? 200 };
+          },
+        );
+        const selected = cancelled.turn_id;
+        const status = cancelled.http_status ?? 200;
         const fresh = await loadRun(ctx, workspaceId, run._id);
         const turn = await loadTurn(ctx, fresh, selected ?? fresh.latest_turn_id);
         // A 202 shows the turn as the cancel left it (cancelling), even when the agent
