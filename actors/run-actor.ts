@@ -2,7 +2,7 @@ import { rm } from "node:fs/promises";
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, admissionOutcome, DeploymentStatus, nextVersionFor, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, Ids, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
+import { type AbortReason, admissionOutcome, DeploymentStatus, nextVersionFor, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, type IdSource, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
 import { inputText, resolveFiles, withRetries } from "./turn-input.js";
@@ -19,6 +19,7 @@ import { fitTurnDocument } from "./transcript-bounds.js";
 export interface ActorResources {
   config: Pick<Config, "activeTurnLimit" | "allowPrivateModelEndpoints" | "ambientProviders" | "dataDir" | "retention" | "turnLimitMs">;
   clock: Clock;
+  ids: IdSource;
   store: RunStore;
   /** Live events and final notices go out on NATS subjects. */
   nc: Pick<NatsConnection, "publish">;
@@ -258,7 +259,7 @@ export class RunActor {
     const now = this.r.clock.nowMs();
     const status = turn ? interruptedStatus(turn.status) : undefined;
     if (turn && status) {
-      const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: Ids.reference() }) : null;
+      const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: this.r.ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
@@ -529,7 +530,7 @@ export class RunActor {
       await this.startExecution(run, turn);
     } catch (err) {
       if (err instanceof FencedError) throw err;
-      const reference = Ids.reference();
+      const reference = this.r.ids.reference();
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
       if (this.active?.turn._id === turn._id) return;
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference }));
@@ -539,13 +540,13 @@ export class RunActor {
   private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
     if (!deployment || deployment.status !== DeploymentStatus.ready) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: Ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: this.r.ids.reference() }));
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
     if (this.activeTurnCount(run.workspace_id, turn._id) > limit) {
       const error = turnError("concurrency_limit_reached", {
-        reference: Ids.reference(),
+        reference: this.r.ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
       });
       await this.finishTurn(turn, TurnStatus.failed, [], [], error);
@@ -555,7 +556,7 @@ export class RunActor {
     const workspaceDir = this.workspaceDir(run);
     const preparation = await prepareRunWorkspace(this.r, run, workspaceDir);
     if (preparation) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: Ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: this.r.ids.reference() }));
       return;
     }
     let input: InputPart[];
@@ -567,7 +568,7 @@ export class RunActor {
       );
     } catch (err) {
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: Ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }));
       return;
     }
     const running = (this.r.startTurn ?? startTurn)({
@@ -604,7 +605,7 @@ export class RunActor {
     const status = decision.status;
     const output = decision.output === "agent" ? result.output : [];
     const error: TurnError | null =
-      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: Ids.reference() });
+      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.r.ids.reference() });
     try {
       await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
     } catch (err) {
@@ -620,7 +621,7 @@ export class RunActor {
    * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
    */
   private async settleUnstored(turn: TurnDoc, cause: unknown): Promise<void> {
-    const reference = Ids.reference();
+    const reference = this.r.ids.reference();
     this.r.log.error({ err: cause, run_id: this.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
     const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
     for (let attempt = 0; attempt < 5 && !this.stopped; attempt++) {
@@ -656,7 +657,7 @@ export class RunActor {
       this.r.log.warn({ err, run_id: this.runId, turn_id: turn._id }, "event stream write failed");
       if (status === TurnStatus.completed) {
         status = TurnStatus.failed;
-        error = turnError("event_stream_write_failed", { reference: Ids.reference() });
+        error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
       }
     }
     if (turn.started_at !== null && !this.stopped && options.checkpoint !== false) {
@@ -671,7 +672,7 @@ export class RunActor {
         this.r.log.error({ err, run_id: this.runId, turn_id: turn._id }, "workspace checkpoint failed");
         if (status === TurnStatus.completed) {
           status = TurnStatus.failed;
-          error = turnError("workspace_checkpoint_failed", { reference: Ids.reference() });
+          error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
         }
       }
     }
@@ -682,7 +683,7 @@ export class RunActor {
     ({ output, transcript } = fitted);
     if (fitted.failure) {
       status = TurnStatus.failed;
-      error = turnError("platform_failure", { reference: Ids.reference(), message: fitted.failure });
+      error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure });
     }
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };

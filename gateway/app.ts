@@ -1,7 +1,7 @@
 /** The Fastify app: hooks, parsers, error answers and every route plugin. */
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import type { KV } from "@nats-io/kv";
-import { ApiError, fieldOfPath, Ids, invalid, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
+import { ApiError, fieldOfPath, invalid, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
 import { Authenticator, requireScope } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
@@ -26,7 +26,7 @@ export async function buildApp(
   const context: GatewayContext = {
     ...ctx,
     rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock),
-    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), 15_000, trackConnection(ctx.nc)),
+    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), 15_000, trackConnection(ctx.nc), ctx.clock),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
     finalTurns: new FinalTurnCache(),
@@ -37,7 +37,7 @@ export async function buildApp(
     // Any path segment reaches its route (an over-long id is then 404 with the contract's
     // body); the router's own 414 would answer in its own format. Node caps the URL anyway.
     routerOptions: { maxParamLength: 16_384 },
-    genReqId: () => Ids.reference().replace("ref_", "req_"),
+    genReqId: () => ctx.ids.reference().replace("ref_", "req_"),
   });
   app.decorateRequest("auth", null);
 
@@ -52,7 +52,7 @@ export async function buildApp(
     if (config?.scope) requireScope(request.auth, config.scope);
   });
 
-  app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request)));
+  app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));
   app.setNotFoundHandler((request, reply) =>
     sendError(reply, new ApiError("not_found", { message: `No route ${request.method} ${request.url.split("?")[0]}.` })),
   );

@@ -6,7 +6,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, type Clock, type Config, type DeploymentBuilds, type DeploymentLookup, type EnvValues, type EventLog, type FileStore, Ids, invalid, isTransientFailure, type MongoStore, type SandboxStatus, StoreUnavailableError } from "../src/index.js";
+import { ApiError, type Clock, type Config, type DeploymentBuilds, type DeploymentLookup, type EnvValues, type EventLog, type FileStore, type IdSource, invalid, isTransientFailure, type MongoStore, type SandboxStatus, StoreUnavailableError } from "../src/index.js";
 import type { AuthContext, Authenticator } from "./auth.js";
 import type { CommandRouter } from "./router.js";
 import type { IdempotencyRecords } from "./idempotency.js";
@@ -18,6 +18,7 @@ import { RateClass, type RateDecision, type RateLimiter } from "./rate-limits.js
 export interface GatewayContext {
   config: Config;
   clock: Clock;
+  ids: IdSource;
   store: MongoStore;
   nc: NatsConnection;
   log: Logger;
@@ -60,7 +61,7 @@ export function authOf(request: FastifyRequest): AuthContext {
   return request.auth;
 }
 
-export function toApiError(err: unknown, log: Logger, request: FastifyRequest): ApiError {
+export function toApiError(err: unknown, log: Logger, request: FastifyRequest, ids: IdSource): ApiError {
   if (err instanceof ApiError) return err;
   if (isTransientFailure(err)) {
     log.warn({ err: err instanceof StoreUnavailableError ? err.cause : err, reqId: request.id }, "temporarily unavailable");
@@ -73,7 +74,7 @@ export function toApiError(err: unknown, log: Logger, request: FastifyRequest): 
   if (typeof e.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500) {
     return invalid(null, e.message ?? "The request is invalid.");
   }
-  const reference = Ids.reference();
+  const reference = ids.reference();
   log.error({ err, reference, reqId: request.id, url: request.url }, "internal error");
   return new ApiError("internal_error", { reference });
 }

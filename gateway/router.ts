@@ -1,6 +1,6 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
+import { ApiError, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects, systemClock } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();
@@ -19,17 +19,18 @@ export class CommandRouter {
     private readonly log: Logger,
     private readonly requestTimeoutMs = 15_000,
     private readonly connection: ConnectionState = { connected: true },
+    private readonly clock: Clock = systemClock,
   ) {}
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
     const subject = Subjects.command(partitionOf(cmd.run_id, this.partitions));
     const payload = encoder.encode(JSON.stringify(cmd));
-    const deadline = Date.now() + this.retryMs;
+    const deadline = this.clock.nowMs() + this.retryMs;
     let delayMs = 25;
     for (let attempt = 0; attempt < 200; attempt++) {
       if (!this.connection.connected) {
         // NATS is down: wait for the reconnect within the retry budget, never for a request timeout.
-        if (Date.now() + delayMs > deadline) break;
+        if (this.clock.nowMs() + delayMs > deadline) break;
         await new Promise((resolve) => setTimeout(resolve, delayMs));
         delayMs = Math.min(500, delayMs * 2);
         continue;
@@ -52,7 +53,7 @@ export class CommandRouter {
       if (reply && "code" in reply) {
         throw new ApiError(reply.code, { message: reply.message, param: reply.param ?? null });
       }
-      if (Date.now() + delayMs > deadline) break;
+      if (this.clock.nowMs() + delayMs > deadline) break;
       await new Promise((resolve) => setTimeout(resolve, delayMs));
       delayMs = Math.min(500, delayMs * 2);
     }

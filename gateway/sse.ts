@@ -1,6 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ApiError, type EventReadRun, EventSource, Ids, isFinalStatus, type Plan, type RunDoc, type RunEvent, Subjects } from "../src/index.js";
+import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type RunEvent, Subjects } from "../src/index.js";
 import type { GatewayContext } from "./context.js";
 
 /** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
@@ -222,7 +222,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   const checkGrace = () => {
     graceTimer = undefined;
     if (signal.aborted) return;
-    const idleMs = Date.now() - lastProgressMs;
+    const idleMs = ctx.clock.nowMs() - lastProgressMs;
     if (idleMs < finalGraceMs) {
       graceTimer = setTimeout(checkGrace, finalGraceMs - idleMs);
       return;
@@ -232,7 +232,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   };
   const armGrace = () => {
     if (!finalKnown || signal.aborted) return;
-    lastProgressMs = Date.now();
+    lastProgressMs = ctx.clock.nowMs();
     graceTimer ??= setTimeout(checkGrace, finalGraceMs);
   };
   const finalSub = endTurnId !== undefined && !finalKnown ? ctx.nc.subscribe(Subjects.turnFinal(endTurnId), { max: 1 }) : undefined;
@@ -300,7 +300,7 @@ function writeError(res: ServerResponse, error: ApiError): void {
 
 function toStreamError(ctx: GatewayContext, err: unknown, request: FastifyRequest): ApiError {
   if (err instanceof ApiError) return err;
-  const reference = Ids.reference();
+  const reference = ctx.ids.reference();
   ctx.log.error({ err, reference, reqId: request.id, url: request.url }, "event stream failed");
   return new ApiError("internal_error", { reference });
 }

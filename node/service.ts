@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
+import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
 import { ActiveTurns, ActorHost, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
@@ -58,6 +58,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       {
         config,
         clock,
+        ids: Ids,
         store,
         nc,
         events,
@@ -82,6 +83,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
     const built = await buildApp({
       config,
       clock,
+      ids: Ids,
       store,
       nc,
       log,

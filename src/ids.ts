@@ -28,6 +28,9 @@ export function newId(prefix: string, nowMs: number = Date.now()): string {
   return `${prefix}_${time}${randomBase62(14)}`;
 }
 
+/** Where ids come from: {@link Ids} in the service, injected so that tests may choose them. */
+export type IdSource = typeof Ids;
+
 export const Ids = {
   workspace: () => newId("ws"),
   agent: () => newId("agt"),

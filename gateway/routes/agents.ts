@@ -1,5 +1,5 @@
 import type { FastifyInstance } from "fastify";
-import { activationOf, AgentCreateSchema, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, Ids, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
+import { activationOf, AgentCreateSchema, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { type Operation, route, limit, after, agentId, version } from "../operation.js";
@@ -131,7 +131,7 @@ export function agentRoutes(ctx: GatewayContext) {
       const auth = authOf(request);
       const body = parseWith(AgentCreateSchema, request.body);
       const agent: AgentDoc = {
-        _id: Ids.agent(),
+        _id: ctx.ids.agent(),
         workspace_id: auth.workspace._id,
         name: body.name,
         description: body.description ?? null,

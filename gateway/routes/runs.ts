@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, MAX_TAG_FILTERS, startVersionOf, decodeCursor, type Disposition, encodeCursor, Ids, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
+import { ApiError, MAX_TAG_FILTERS, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -171,7 +171,7 @@ export function runRoutes(ctx: GatewayContext) {
             operation: "runs.create",
             key,
             fingerprint: runRequestFingerprint(body),
-            fresh: () => ({ run_id: body.kind === "start" ? Ids.run() : body.run_id, turn_id: Ids.turn() }),
+            fresh: () => ({ run_id: body.kind === "start" ? ctx.ids.run() : body.run_id, turn_id: ctx.ids.turn() }),
           },
           (identity, firstClaim) => {
             if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.turn_id);
@@ -323,13 +323,13 @@ async function admit(
  * whole wait.
  */
 async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notice: ReturnType<typeof finalNotice>): Promise<void> {
-  const deadline = Date.now() + ctx.config.waitTimeoutMs;
+  const deadline = ctx.clock.nowMs() + ctx.config.waitTimeoutMs;
   try {
     for (let i = 0; i < 10_000; i++) {
       const turn = await loadTurn(ctx, run, turnId);
       // Settled once the run moved on too (the notice follows both writes, DESIGN §4).
       if (isFinalStatus(turn.status) && (await ctx.store.getRun(run._id))?.active_turn_id !== turnId) return;
-      const left = deadline - Date.now();
+      const left = deadline - ctx.clock.nowMs();
       if (left <= 0) return;
       if (await notice.arrivedWithin(Math.min(left, 3_000))) return;
     }

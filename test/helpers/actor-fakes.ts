@@ -11,6 +11,7 @@ import pino from "pino";
 import { SteeringTargetEndedError, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "../../actors/agent-runner.js";
 import { type ActorResources } from "../../actors/run-actor.js";
 import { DeploymentCache } from "../../src/deployments.js";
+import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
 import { FencedError, type RunStore } from "../../src/contracts.js";
 import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
@@ -267,6 +268,7 @@ export async function actorWorld(): Promise<ActorWorld> {
       turnLimitMs: 60_000,
     },
     clock,
+    ids: Ids,
     store,
     nc: { publish: (subject: string) => void published.push(subject) },
     events,
