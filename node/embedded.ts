@@ -130,7 +130,7 @@ export async function runningEmbedded(dataDir: string): Promise<EmbeddedInfo | u
 export async function startEmbedded(dataDir: string, log: Logger): Promise<Embedded> {
   const secrets = await loadOrCreateSecrets(dataDir);
   await endLeftovers(dataDir, log);
-  const natsPort = await pickPort(Number(process.env.RUNS_EMBEDDED_NATS_PORT ?? DEFAULT_EMBEDDED_NATS_PORT));
+  let natsPort = await pickPort(Number(process.env.RUNS_EMBEDDED_NATS_PORT ?? DEFAULT_EMBEDDED_NATS_PORT));
   // The store has no authentication: it listens on a Unix socket in a folder only the
   // service's user can enter, never on a TCP port anything on the host could reach.
   const storeDir = path.join(dataDir, "ferretdb");
@@ -147,16 +147,27 @@ export async function startEmbedded(dataDir: string, log: Logger): Promise<Embed
     await rm(embeddedInfoFile(dataDir), { force: true });
   };
   try {
-    started.push(
-      await startNatsServer({
-        port: natsPort,
-        storeDir: path.join(dataDir, "nats"),
-        logFile: path.join(dataDir, "logs", "nats-server.log"),
-        servicePassword: secrets.nats_password,
-        tapPassword: secrets.nats_tap_password,
-        serverName: "runs-embedded",
-      }),
-    );
+    // The port was free when picked; another program may take it before nats-server
+    // binds it. Then another free port is tried (the port is a preference, as above).
+    for (let attempt = 1; ; attempt++) {
+      try {
+        started.push(
+          await startNatsServer({
+            port: natsPort,
+            storeDir: path.join(dataDir, "nats"),
+            logFile: path.join(dataDir, "logs", "nats-server.log"),
+            servicePassword: secrets.nats_password,
+            tapPassword: secrets.nats_tap_password,
+            serverName: "runs-embedded",
+          }),
+        );
+        break;
+      } catch (err) {
+        if (attempt >= 3 || !/address already in use/i.test((err as Error).message)) throw err;
+        log.warn({ port: natsPort }, "the NATS port was taken before nats-server could bind it; trying another");
+        natsPort = await freePort();
+      }
+    }
     started.push(
       await startFerretDb({
         port: 0,

@@ -52,17 +52,28 @@ export function portIsFree(port: number): Promise<boolean> {
 /** Where a server listens: a loopback TCP port or a Unix socket path. */
 type Endpoint = { port: number } | { path: string };
 
-async function waitForPort(endpoint: Endpoint, child: ChildProcess, name: string, timeoutMs: number): Promise<void> {
+/**
+ * Waits until the server answers on `endpoint`. With `banner`, the first bytes it sends
+ * must match: a TCP port can be held by another program that took it first (then the
+ * server exits, saying so in its log, instead of being mistaken for ready).
+ */
+async function waitForPort(endpoint: Endpoint, child: ChildProcess, name: string, timeoutMs: number, banner?: RegExp): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (child.exitCode !== null) throw new Error(`${name} exited with code ${child.exitCode} while starting`);
     const open = await new Promise<boolean>((resolve) => {
       const socket = "path" in endpoint ? net.connect({ path: endpoint.path }) : net.connect({ port: endpoint.port, host: "127.0.0.1" });
-      socket.once("connect", () => {
+      const done = (ok: boolean) => {
+        clearTimeout(timer);
         socket.destroy();
-        resolve(true);
+        resolve(ok);
+      };
+      const timer = setTimeout(() => done(false), 2_000);
+      socket.once("connect", () => {
+        if (!banner) done(true);
       });
-      socket.once("error", () => resolve(false));
+      socket.once("data", (data) => done(banner ? banner.test(data.toString("utf8")) : true));
+      socket.once("error", () => done(false));
     });
     if (open) return;
     await new Promise((resolve) => setTimeout(resolve, 100));
@@ -121,9 +132,11 @@ async function launch(
   env: NodeJS.ProcessEnv,
   endpoint: Endpoint,
   logFile: string,
+  banner?: RegExp,
 ): Promise<ServerProcess> {
   await mkdir(path.dirname(logFile), { recursive: true });
   const log = await open(logFile, "a");
+  const logStart = (await log.stat()).size;
   // Its own process group, so a terminal's Ctrl-C reaches only us and we stop the
   // servers after the service has let go of them; a kill reaches the whole group.
   const child = spawn("/bin/sh", ["-c", WATCHDOG, "sh", bin, ...args], { env, stdio: ["pipe", log.fd, log.fd], detached: true });
@@ -147,12 +160,20 @@ async function launch(
     clearTimeout(timer);
   };
   try {
-    await waitForPort(endpoint, child, name, 30_000);
+    await waitForPort(endpoint, child, name, 30_000, banner);
   } catch (err) {
     await stop();
-    throw new Error(`${(err as Error).message}; see ${logFile}`);
+    const said = await lastLogLine(logFile, logStart);
+    throw new Error(`${(err as Error).message}${said ? ` (its log: "${said}")` : ""}; see ${logFile}`);
   }
   return { name, port: "port" in endpoint ? endpoint.port : 0, child, pid: await childRunning(child.pid!, bin), stop, kill: killGroup };
+}
+
+/** The last line a server wrote to its log since `from`, cut to 300 characters ("" if none). */
+async function lastLogLine(logFile: string, from: number): Promise<string> {
+  const text = await readFile(logFile, "utf8").catch(() => "");
+  const lines = text.slice(from).split("\n").map((line) => line.trim()).filter(Boolean);
+  return (lines.at(-1) ?? "").slice(0, 300);
 }
 
 export interface NatsServerOptions {
@@ -170,7 +191,10 @@ export interface NatsServerOptions {
 export function startNatsServer(options: NatsServerOptions): Promise<ServerProcess> {
   const args = ["-c", NATS_CONF, "-a", "127.0.0.1", "-p", String(options.port), "-sd", options.storeDir, "-n", options.serverName ?? `runs-${options.port}`, ...(options.args ?? [])];
   const env = { ...process.env, RUNS_NATS_PASSWORD: options.servicePassword, RUNS_NATS_TAP_PASSWORD: options.tapPassword };
-  return launch("nats-server", toolPath("nats-server"), args, env, { port: options.port }, options.logFile);
+  const serverName = options.serverName ?? `runs-${options.port}`;
+  // A NATS server greets with INFO, naming itself: ours, not another on the port.
+  const banner = new RegExp(`^INFO .*"server_name":${JSON.stringify(serverName).replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}`);
+  return launch("nats-server", toolPath("nats-server"), args, env, { port: options.port }, options.logFile, banner);
 }
 
 export interface FerretDbOptions {

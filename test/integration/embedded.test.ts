@@ -6,7 +6,8 @@ import { MongoClient } from "mongodb";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { freePort, portIsFree, PROJECT_ROOT } from "../../node/servers.js";
+import { freePort, portIsFree, PROJECT_ROOT, startNatsServer } from "../../node/servers.js";
+import net from "node:net";
 import { Api } from "../helpers/servers.js";
 
 const exec = promisify(execFile);
@@ -209,4 +210,21 @@ test("cli - admin create-workspace rejects a bad plan with usage and exit 2", as
   t.is(e.code, 2);
   t.regex(e.stderr, /--plan must be solo or business/);
   t.notRegex(e.stderr, /at .*\.ts:\d+/, "no stack trace");
+});
+
+test("servers - a port another program holds is not taken for nats-server's: the start fails with the reason from its log", async (t) => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "runs-port-held-"));
+  // Something else listens (and greets) on the port first.
+  const squatter = net.createServer((socket) => socket.end("HELLO\r\n"));
+  await new Promise<void>((resolve) => squatter.listen(0, "127.0.0.1", () => resolve()));
+  const port = (squatter.address() as net.AddressInfo).port;
+  try {
+    const error = await t.throwsAsync(
+      startNatsServer({ port, storeDir: path.join(dir, "store"), logFile: path.join(dir, "nats.log"), servicePassword: "s", tapPassword: "t" }),
+    );
+    t.regex(error!.message, /nats-server exited with code 1 while starting \(its log: ".*address already in use/);
+  } finally {
+    squatter.close();
+    await rm(dir, { recursive: true, force: true });
+  }
 });
