@@ -56,6 +56,24 @@ async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>):
   return (await withUsage(ctx, [key]))[0]!;
 }
 
+/** Rotation is served at two paths (decisions §2): one declaration, two routes. */
+function rotateOperation(path: string, operationId: string, summary: string): Operation {
+  return {
+    method: "post",
+    path,
+    operationId,
+    summary,
+    description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict.",
+    tag: "api-keys",
+    scope: "api_keys:manage",
+    rate: "expensive",
+    parameters: [keyId],
+    body: { schema: "ApiKeyRotateRequest", required: true },
+    success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: "ApiKey" } },
+    errors: { 404: ["not_found"], 409: ["conflict"] },
+  };
+}
+
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
 export const API_KEY_OPERATIONS = {
   createApiKey: {
@@ -102,34 +120,8 @@ export const API_KEY_OPERATIONS = {
     success: { 200: { description: "The revoked key.", json: "ApiKey" } },
     errors: { 400: ["invalid_request"], 404: ["not_found"] },
   },
-  rotateApiKey: {
-      method: "post",
-      path: "/api/v1/api-keys/{keyId}/rotate",
-      operationId: "rotateApiKey",
-      summary: "Rotate an API key",
-      description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict.",
-      tag: "api-keys",
-      scope: "api_keys:manage",
-      rate: "expensive",
-      parameters: [keyId],
-      body: { schema: "ApiKeyRotateRequest", required: true },
-      success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: "ApiKey" } },
-      errors: { 404: ["not_found"], 409: ["conflict"] },
-    },
-  rotateApiKeyUnversioned: {
-      method: "post",
-      path: "/api-keys/{keyId}/rotate",
-      operationId: "rotateApiKeyUnversioned",
-      summary: "Rotate an API key (also served without /api/v1)",
-      description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict.",
-      tag: "api-keys",
-      scope: "api_keys:manage",
-      rate: "expensive",
-      parameters: [keyId],
-      body: { schema: "ApiKeyRotateRequest", required: true },
-      success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: "ApiKey" } },
-      errors: { 404: ["not_found"], 409: ["conflict"] },
-    },
+  rotateApiKey: rotateOperation("/api/v1/api-keys/{keyId}/rotate", "rotateApiKey", "Rotate an API key"),
+  rotateApiKeyUnversioned: rotateOperation("/api-keys/{keyId}/rotate", "rotateApiKeyUnversioned", "Rotate an API key (also served without /api/v1)"),
 } satisfies Record<string, Operation>;
 
 export function apiKeyRoutes(ctx: GatewayContext) {
