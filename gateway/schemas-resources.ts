@@ -1,0 +1,173 @@
+/** Body schemas of agents, deployments, models, API keys, files, environment values and the operations routes (see gateway/schema-registry.ts). */
+import { z } from "zod";
+import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, SCOPES } from "../src/index.js";
+import { named, unixSeconds } from "./schema-registry.js";
+
+// ---------------------------------------------------------------------------------
+// Agents, deployments, models
+
+export const AgentConfigSchema = named("AgentConfig", SourceAgentConfigSchema);
+export const DeploymentRequestSchema = named("DeploymentRequest", SourceDeploymentRequestSchema);
+
+export const AgentCreateRequestSchema = named("AgentCreateRequest", AgentCreateSchema);
+
+export const AgentSchema = named(
+  "Agent",
+  z.object({
+    id: z.string().regex(/^agt_/),
+    object: z.literal("agent"),
+    name: z.string(),
+    description: z.string().nullable(),
+    active_version: z.int().min(1).nullable(),
+    created_at: unixSeconds(),
+  }),
+);
+
+export const DeploymentSchema = named(
+  "Deployment",
+  z.object({
+    object: z.literal("deployment"),
+    agent_id: z.string(),
+    version: z.int().min(1),
+    status: z.enum(["building", "ready", "failed"]),
+    upgrade_policy: z.enum(["automatic", "new_run_only"]),
+    config: AgentConfigSchema,
+    error: z.object({ code: z.string(), message: z.string() }).nullable(),
+    created_at: unixSeconds(),
+    ready_at: unixSeconds().nullable(),
+  }),
+);
+
+export const ModelSchema = named(
+  "Model",
+  z.object({
+    object: z.literal("model"),
+    id: z.string().describe("Use as config.model."),
+    provider: z.string(),
+    name: z.string(),
+    input: z.array(z.string()),
+  }),
+);
+
+// ---------------------------------------------------------------------------------
+// API keys
+
+const scope = z.enum(SCOPES);
+const label = z.string().max(80).nullable();
+
+export const ApiKeySchema = named(
+  "ApiKey",
+  z.object({
+    id: z.uuid(),
+    object: z.literal("api_key"),
+    key_prefix: z.string(),
+    key: z.string().optional().describe("The secret: only when the key is created or rotated."),
+    label,
+    scopes: z.array(z.string()).describe("Active keys hold only canonical scopes; revoked keys keep the scopes they were issued with."),
+    mode: z.enum(["live", "test"]),
+    created_at: unixSeconds(),
+    last_used_at: unixSeconds().nullable(),
+    revoked_at: unixSeconds().nullable(),
+    updated_at: unixSeconds(),
+    old_key_revokes_at: z.iso.datetime().optional().describe("Only on rotation: when the old key stops working."),
+  }),
+);
+
+/** Mirror of gateway/routes/api-keys.ts's private CreateSchema, with the scope rules of src/scopes.ts. */
+export const ApiKeyCreateRequestSchema = named(
+  "ApiKeyCreateRequest",
+  z
+    .object({
+      label: label.optional(),
+      scopes: z.array(scope).min(1).max(SCOPES.length).describe("Unique; a write or reveal scope requires its read scope."),
+    })
+    .strict(),
+);
+
+/** Mirror of gateway/routes/api-keys.ts's private RotateSchema. */
+export const ApiKeyRotateRequestSchema = named(
+  "ApiKeyRotateRequest",
+  z
+    .object({
+      label: label.optional(),
+      scopes: z.array(scope).min(1).max(SCOPES.length).optional().describe("Omit to keep the current key's scopes."),
+      mode: z.literal("live").optional(),
+      gracePeriodSeconds: z.int().min(0).max(604_800).optional().describe("Default 86400."),
+    })
+    .strict(),
+);
+
+// ---------------------------------------------------------------------------------
+// Files and environment values
+
+export const FileSchema = named(
+  "File",
+  z.object({
+    id: z.string().regex(/^file_/),
+    object: z.literal("file"),
+    filename: z.string(),
+    media_type: z.string(),
+    bytes: z.int().min(0),
+    sha256: z.string().regex(/^[0-9a-f]{64}$/),
+    created_at: unixSeconds(),
+  }),
+);
+
+export const FileUploadRequestSchema = named(
+  "FileUploadRequest",
+  z
+    .object({
+      filename: z.string().min(1).max(255).optional().describe("Default: the file part's filename. Must come before the file part."),
+      media_type: z.string().max(255).optional().describe("Default: the file part's Content-Type. Must come before the file part."),
+      file: z.string().describe("The file (binary part); at most 512 MiB."),
+    })
+    .strict(),
+  "multipart/form-data: optional fields filename and media_type, then one part named file.",
+);
+
+export const EnvValueSchema = named(
+  "EnvironmentValue",
+  z.object({
+    object: z.literal("environment_value"),
+    name: z.string(),
+    value: z.string().optional().describe("Only with ?reveal=true (scope env_vars:reveal)."),
+    created_at: unixSeconds(),
+    updated_at: unixSeconds(),
+  }),
+);
+
+/** Mirror of gateway/routes/env-values.ts's PutBodySchema with the rules of src/env-values.ts. */
+export const EnvValuePutRequestSchema = named(
+  "EnvironmentValuePutRequest",
+  z.object({ value: z.string().describe("At most 64 KiB (UTF-8).") }).strict(),
+);
+
+export const EnvValueDeletedSchema = named(
+  "EnvironmentValueDeleted",
+  z.object({ name: z.string(), object: z.literal("environment_value.deleted"), deleted: z.literal(true) }),
+);
+
+// ---------------------------------------------------------------------------------
+// Operations
+
+export const HealthSchema = named("Health", z.object({ status: z.literal("ok") }));
+export const ReadinessSchema = named(
+  "Readiness",
+  z.object({
+    status: z.enum(["ready", "unavailable"]),
+    nats: z.boolean(),
+    store: z.boolean(),
+    actors: z.boolean(),
+    sandbox: z
+      .object({
+        mode: z.enum(["bwrap", "off"]).describe("off: RUNS_SANDBOX=off, tool commands run unconfined (local development only)."),
+        limits: z.enum(["cgroup-v2", "cgroup-v1", "rlimit", "none"]).describe("How the sandboxes' resource limits are enforced."),
+        uid: z.int().nullable().describe("Host uid the sandboxes run as."),
+        egress: z.boolean().describe("Whether deployments with network.allow can run (socat present)."),
+        running: z.int().min(0),
+        max: z.int().min(1),
+      })
+      .optional()
+      .describe("Nodes with the actor role: the tool sandbox."),
+  }),
+);

@@ -1,0 +1,184 @@
+/** Body schemas of errors, runs, turns and events (see gateway/schema-registry.ts). */
+import { z } from "zod";
+import { Disposition, ErrorType, MAX_INLINE_FILE_BYTES, MAX_TAG_LENGTH, MAX_TAGS, RunState, TURN_ERROR_CATALOGUE, TurnStatus } from "../src/index.js";
+import { named, unixSeconds } from "./schema-registry.js";
+
+// ---------------------------------------------------------------------------------
+// Errors
+
+export const ErrorBodySchema = named(
+  "Error",
+  z.object({
+    error: z.object({
+      message: z.string().describe("Explanation for people."),
+      type: z.enum(Object.values(ErrorType) as [string, ...string[]]),
+      param: z.string().nullable().describe("The offending parameter (body field, query parameter, path parameter or header), or null."),
+      code: z.string().describe("Stable machine-readable code; see x-error-codes at the document root for the catalogue."),
+      retryable: z.boolean().describe("Whether sending the same request again can succeed."),
+      reference: z.string().optional().describe("Identifier (`ref_…`) to give support; logged with the same value."),
+    }),
+  }),
+  "The error body of every 4xx and 5xx JSON answer.",
+);
+
+// ---------------------------------------------------------------------------------
+// Runs and turns
+
+const TAG_PATTERN = "^(?=[\\s\\S]*\\S)[^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]+$";
+
+export const TagSchema = named(
+  "Tag",
+  z
+    .string()
+    .min(1)
+    .max(MAX_TAG_LENGTH)
+    .regex(new RegExp(TAG_PATTERN, "u"))
+    .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters."),
+);
+
+export const InputTextPartSchema = named("InputTextPart", z.object({ type: z.literal("input_text"), text: z.string() }));
+export const InputFileRefPartSchema = named(
+  "InputFileRefPart",
+  z.object({ type: z.literal("input_file"), file_id: z.string().regex(/^file_/).describe("Id of an uploaded file (POST /api/v1/files).") }),
+);
+export const InputFileInlinePartSchema = named(
+  "InputFileInlinePart",
+  z.object({
+    type: z.literal("input_file"),
+    filename: z.string().min(1).max(255),
+    file_data: z.string().describe(`Base64 file content, at most ${MAX_INLINE_FILE_BYTES} bytes decoded (larger: 413 payload_too_large).`),
+    media_type: z.string().optional(),
+  }),
+);
+export const InputPartSchema = named(
+  "InputPart",
+  z.union([InputTextPartSchema, InputFileRefPartSchema, InputFileInlinePartSchema]),
+  "An input part as stored with a turn (a string input is stored as one input_text part).",
+);
+
+export const OutputPartSchema = named("OutputPart", z.object({ type: z.literal("output_text"), text: z.string() }));
+
+const turnErrorCodes = Object.keys(TURN_ERROR_CATALOGUE).join(", ");
+export const TurnErrorSchema = named(
+  "TurnError",
+  z.object({
+    code: z.string().describe(`Stable reason; new codes may be added. Known: ${turnErrorCodes}.`),
+    source: z.enum(["provider", "extension", "runtime", "platform", "configuration"]),
+    message: z.string(),
+    retryable: z.boolean(),
+    reference: z.string(),
+  }),
+  "Why a turn failed or stopped; stored with the turn, independent of event retention.",
+);
+
+const turnStatus = z.enum(Object.values(TurnStatus) as [string, ...string[]]);
+
+export const TurnSchema = named(
+  "Turn",
+  z.object({
+    id: z.string().regex(/^turn_/),
+    object: z.literal("turn"),
+    status: turnStatus.describe("Final statuses: completed, failed, cancelled, incomplete."),
+    agent_version: z.int().min(1).describe("Deployment version that executes the turn; pinned at admission."),
+    input: z.array(InputPartSchema),
+    output: z.array(OutputPartSchema).describe("Empty until final, except failed and incomplete (partial output)."),
+    error: TurnErrorSchema.nullable().describe("null unless status is failed or incomplete."),
+    created_at: unixSeconds(),
+    started_at: unixSeconds().nullable(),
+    completed_at: unixSeconds().nullable(),
+    duration_ms: z.int().min(0).nullable(),
+  }),
+);
+
+const runState = z.enum(Object.values(RunState) as [string, ...string[]]);
+const runFields = {
+  id: z.string().regex(/^run_/),
+  object: z.literal("run"),
+  agent_id: z.string().regex(/^agt_/),
+  state: runState,
+  tags: z.array(z.string()).describe("Sorted; empty when none."),
+  created_at: unixSeconds(),
+  last_activity_at: unixSeconds(),
+};
+
+export const RunSchema = named(
+  "Run",
+  z.object({
+    ...runFields,
+    agent_version: z.int().min(1).describe("The selected turn's agent_version."),
+    disposition: z
+      .enum(Object.values(Disposition) as [string, ...string[]])
+      .optional()
+      .describe("Only on POST /api/v1/runs answers: created, continued, queued or steered."),
+    turn: TurnSchema.describe("The selected turn (latest unless turn_id is given)."),
+  }),
+);
+
+export const RunSummarySchema = named(
+  "RunSummary",
+  z.object({ ...runFields, agent_version: z.int().min(1).describe("The version the run's workspace is on.") }),
+  "A run in a list: no turn.",
+);
+
+export const RunTagsSchema = named("RunTags", z.object({ object: z.literal("run_tags"), run_id: z.string(), tags: z.array(z.string()) }));
+
+export const RunDeletedSchema = named("RunDeleted", z.object({ id: z.string(), object: z.literal("run.deleted"), deleted: z.literal(true) }));
+
+export const RunRequestSchema = named(
+  "RunRequest",
+  z
+    .object({
+      agent: z.string().min(1).optional().describe("Starts a new run on this agent. Exactly one of agent and run_id (neither: 400 param agent; both: 400 param run_id)."),
+      run_id: z.string().min(1).optional().describe("Continues this run."),
+      version: z.int().min(1).optional().describe("Only with agent: start on exactly this deployment version without activating it."),
+      input: z.union([z.string(), z.array(z.looseObject({ type: z.enum(["input_text", "input_file"]) })).min(1).max(32)]).describe(
+        "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts, 4 MiB of text and 4 MiB of inline files (decoded) in all: 413 payload_too_large past those.",
+      ),
+      background: z.boolean().nullable().optional().describe("Answer 202 as soon as the turn is admitted."),
+      stream: z.boolean().nullable().optional().describe("Answer with a Server-Sent Events stream. Not together with background (400 param stream)."),
+      on_busy: z.enum(["queue", "steer", "reject"]).nullable().optional().describe("Only with run_id; default queue."),
+      tags: z.array(TagSchema).optional().describe(`Only with agent; at most ${MAX_TAGS} distinct tags.`),
+    })
+    .strict(),
+);
+
+export const CancelRequestSchema = named(
+  "CancelRequest",
+  z.object({ turn_id: z.string().min(1).optional().describe("The turn to cancel; default the active turn, else the queued one.") }).strict(),
+);
+
+export const TagsRequestSchema = named(
+  "TagsRequest",
+  z
+    .object({
+      add: z.array(TagSchema).optional(),
+      remove: z.array(TagSchema).optional(),
+    })
+    .strict()
+    .describe(`At least one of add and remove; no tag in both. The run's resulting list holds at most ${MAX_TAGS} tags (over it: 400 param add).`),
+);
+
+// ---------------------------------------------------------------------------------
+// Events
+
+export const EventSchema = named(
+  "Event",
+  z.object({
+    id: z.string().describe("Opaque event id (`evt_…`); also a cursor."),
+    sequence: z.int().min(1).describe("Position in the run."),
+    source: z.enum(["runtime", "platform"]),
+    type: z.string().describe("Discriminator with source; unknown types must be accepted."),
+    run_id: z.string(),
+    turn_id: z.string().nullable(),
+    created_at: unixSeconds(),
+    data: z.unknown().describe("Type-specific; additive fields may appear. A turn's final platform event carries data.run, the final Run."),
+  }),
+);
+
+export const EventHistorySchema = named(
+  "EventHistory",
+  z.object({
+    status: z.enum(["complete", "partial", "expired", "empty"]).nullable().describe("null for a read with after."),
+    retention_days: z.number().min(0).nullable().describe("null while the run has no event stream yet."),
+  }),
+);
