@@ -80,7 +80,7 @@ export class Authenticator {
     if (inFlight) return inFlight;
     const generation = this.generation;
     const loaded = (async () => {
-      const key = await this.store.findApiKeyByHash(hash);
+      const key = await this.store.keys.findByHash(hash);
       const workspace = key ? await this.store.getWorkspace(key.workspace_id) : null;
       const entry: CacheEntry = { key, workspace, fetchedMs: now };
       if (generation === this.generation) {
@@ -102,7 +102,7 @@ export class Authenticator {
     const last = this.lastUsedWrites.get(key._id) ?? key.last_used_at ?? 0;
     if (now - last < LAST_USED_EVERY_MS) return;
     this.lastUsedWrites.set(key._id, now);
-    void this.store.recordKeyUse(key._id, now).catch(() => undefined);
+    void this.store.keys.recordUse(key._id, now).catch(() => undefined);
   }
 }
 

@@ -24,6 +24,6 @@ export async function createWorkspace(store: MongoStore, input: { plan: Plan; na
   };
   await store.insertWorkspace(workspace);
   const { doc, secret } = newApiKey({ workspaceId: workspace._id, label: "admin", scopes: [...SCOPES], nowMs: input.nowMs });
-  await store.insertApiKey(doc);
+  await store.keys.insert(doc);
   return { workspace: renderWorkspace(workspace), api_key: renderApiKey(doc, input.nowMs, { secret }) };
 }

@@ -39,6 +39,7 @@ export * from "./transient.js";
 
 // Adapters: MongoDB and NATS JetStream.
 export * from "./mongo-guard.js";
+export * from "./api-key-store.js";
 export * from "./mongo-store.js";
 export * from "./insert-batcher.js";
 export * from "./nats.js";

@@ -1,7 +1,6 @@
 import { MongoClient, type Collection, type Db, type Filter, type UpdateFilter } from "mongodb";
 import {
   type AgentDoc,
-  type ApiKeyDoc,
   type DeploymentDoc,
   DeploymentStatus,
   type IdempotencyDoc,
@@ -11,6 +10,7 @@ import {
   type WorkspaceDoc,
 } from "./documents.js";
 import { InsertBatcher } from "./insert-batcher.js";
+import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
 import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
 
@@ -20,18 +20,14 @@ import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mong
  */
 export class MongoStore implements RunStore {
   readonly workspaces: Collection<WorkspaceDoc>;
-  readonly apiKeys: Collection<ApiKeyDoc>;
+  /** API keys and their use (src/api-key-store.ts). */
+  readonly keys: ApiKeyStore;
   readonly agents: Collection<AgentDoc>;
   readonly deployments: Collection<DeploymentDoc>;
   readonly runs: Collection<RunDoc>;
   readonly turns: Collection<TurnDoc>;
   readonly idempotency: Collection<IdempotencyDoc>;
   readonly tombstones: Collection<TombstoneDoc>;
-  /**
-   * `last_used_at` of keys, apart from the key documents: FerretDB updates are
-   * read-modify-write, so a usage write must never race a revocation on one document.
-   */
-  readonly apiKeyUsage: Collection<{ _id: string; last_used_at: number }>;
   /** Admission's inserts, group-committed: many concurrent starts share one command. */
   private readonly runInserts: InsertBatcher<RunDoc>;
   private readonly turnInserts: InsertBatcher<TurnDoc>;
@@ -51,14 +47,13 @@ export class MongoStore implements RunStore {
     readonly idOnlyFilters: boolean,
   ) {
     this.workspaces = db.collection("workspaces");
-    this.apiKeys = db.collection("api_keys");
+    this.keys = new ApiKeyStore(db);
     this.agents = db.collection("agents");
     this.deployments = db.collection("deployments");
     this.runs = db.collection("runs");
     this.turns = db.collection("turns");
     this.idempotency = db.collection("idempotency");
     this.tombstones = db.collection("tombstones");
-    this.apiKeyUsage = db.collection("api_key_usage");
     this.runInserts = new InsertBatcher(this.runs);
     this.turnInserts = new InsertBatcher(this.turns);
     this.idempotencyInserts = new InsertBatcher(this.idempotency);
@@ -91,8 +86,7 @@ export class MongoStore implements RunStore {
   /** Creates collections and indexes; safe to run on every start and from several nodes. */
   async provision(): Promise<void> {
     await guard(async () => {
-      await this.apiKeys.createIndex({ hash: 1 }, { unique: true, name: "hash_unique" });
-      await this.apiKeys.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+      await this.keys.provision();
       await this.agents.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
       await this.deployments.createIndex({ agent_id: 1, version: -1 }, { name: "agent_version" });
       await this.deployments.createIndex({ status: 1 }, { name: "status" });
@@ -123,40 +117,6 @@ export class MongoStore implements RunStore {
 
   countWorkspaces(): Promise<number> {
     return guard(() => this.workspaces.countDocuments({}, { limit: 1 }));
-  }
-
-  // ---- api keys ---------------------------------------------------------------------
-
-  insertApiKey(doc: ApiKeyDoc): Promise<unknown> {
-    return guard(() => this.apiKeys.insertOne(doc));
-  }
-
-  findApiKeyByHash(hash: string): Promise<ApiKeyDoc | null> {
-    return guard(() => this.apiKeys.findOne({ hash }));
-  }
-
-  async getApiKey(workspaceId: string, id: string): Promise<ApiKeyDoc | null> {
-    // By `_id` alone (the one filter FerretDB answers from its key), workspace checked here.
-    const key = await guard(() => this.apiKeys.findOne({ _id: id }));
-    return key && key.workspace_id === workspaceId ? key : null;
-  }
-
-  listApiKeys(workspaceId: string): Promise<ApiKeyDoc[]> {
-    return guard(() => this.apiKeys.find({ workspace_id: workspaceId }).sort({ created_at: -1, _id: -1 }).toArray());
-  }
-
-  recordKeyUse(id: string, atMs: number): Promise<unknown> {
-    return guard(() => this.apiKeyUsage.updateOne({ _id: id }, { $set: { last_used_at: atMs } }, { upsert: true }));
-  }
-
-  /** `last_used_at` by key id, for rendering keys. */
-  async keyUsage(ids: string[]): Promise<Map<string, number>> {
-    const docs = await guard(() => this.apiKeyUsage.find({ _id: { $in: ids } }).toArray());
-    return new Map(docs.map((d) => [d._id, d.last_used_at]));
-  }
-
-  updateApiKey(id: string, set: Partial<ApiKeyDoc>): Promise<unknown> {
-    return guard(() => this.apiKeys.updateOne({ _id: id }, { $set: set }));
   }
 
   // ---- agents and deployments -------------------------------------------------------

@@ -43,7 +43,7 @@ type KeyParams = { Params: { keyId: string } };
 
 /** Keys with their `last_used_at`, which is kept apart from the key documents. */
 async function withUsage(ctx: GatewayContext, keys: ApiKeyDoc[]): Promise<ApiKeyDoc[]> {
-  const usage = await ctx.store.keyUsage(keys.map((k) => k._id));
+  const usage = await ctx.store.keys.lastUses(keys.map((k) => k._id));
   return keys.map((k) => ({ ...k, last_used_at: usage.get(k._id) ?? k.last_used_at }));
 }
 
@@ -51,7 +51,7 @@ async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>):
   const auth = authOf(request);
   const id = request.params.keyId;
   if (!UUID.test(id)) throw invalid("keyId", "keyId must be a UUID.");
-  const key = await ctx.store.getApiKey(auth.workspace._id, id);
+  const key = await ctx.store.keys.get(auth.workspace._id, id);
   if (!key) throw new ApiError("not_found", { param: "keyId", message: "No such API key." });
   return (await withUsage(ctx, [key]))[0]!;
 }
@@ -137,14 +137,14 @@ export function apiKeyRoutes(ctx: GatewayContext) {
         scopes,
         nowMs: ctx.clock.nowMs(),
       });
-      await ctx.store.insertApiKey(doc);
+      await ctx.store.keys.insert(doc);
       return reply.status(201).send(renderApiKey(doc, ctx.clock.nowMs(), { secret }));
     });
 
     route(app, API_KEY_OPERATIONS.listApiKeys, async (request) => {
       const auth = authOf(request);
       const now = ctx.clock.nowMs();
-      const keys = await withUsage(ctx, await ctx.store.listApiKeys(auth.workspace._id));
+      const keys = await withUsage(ctx, await ctx.store.keys.list(auth.workspace._id));
       return list(keys.map((k) => renderApiKey(k, now)), false, null);
     });
 
@@ -154,7 +154,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       const key = await loadKey(ctx, request);
       const now = ctx.clock.nowMs();
       if (key.revoked_at === null) {
-        await ctx.store.updateApiKey(key._id, { revoked_at: now, updated_at: now });
+        await ctx.store.keys.update(key._id, { revoked_at: now, updated_at: now });
         key.revoked_at = now;
         key.updated_at = now;
         ctx.auth.invalidate();
@@ -182,9 +182,9 @@ export function apiKeyRoutes(ctx: GatewayContext) {
         scopes,
         nowMs: now,
       });
-      await ctx.store.insertApiKey(doc);
+      await ctx.store.keys.insert(doc);
       const oldRevokesAt = old.revokes_at === null ? revokesAt : Math.min(old.revokes_at, revokesAt);
-      await ctx.store.updateApiKey(old._id, { revokes_at: oldRevokesAt, updated_at: now });
+      await ctx.store.keys.update(old._id, { revokes_at: oldRevokesAt, updated_at: now });
       ctx.auth.invalidate();
       return reply.status(201).send(renderApiKey(doc, now, { secret, oldKeyRevokesAtMs: oldRevokesAt }));
     };
