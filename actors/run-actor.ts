@@ -1,51 +1,14 @@
 import { rm } from "node:fs/promises";
-import type { Logger } from "pino";
-import type { NatsConnection } from "@nats-io/transport-node";
-import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, admissionOutcome, DeploymentStatus, nextVersionFor, settleDecision, cancelOutcome, cancelTarget, type Clock, type CommandReply, type Config, Disposition, editTags, type EnvValues, type EventAppender, type EventLog, FencedError, type FileStore, finalEventType, type IdSource, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, type RunStore, type DeploymentLookup, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
-import { SteeringTargetEndedError, startTurn, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "./agent-runner.js";
-import { CheckpointError, type WorkspaceCheckpoints } from "./checkpoints.js";
-import { inputText, resolveFiles, withRetries } from "./turn-input.js";
-import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
-import type { ActiveTurns } from "./active-turns.js";
-import type { Sandbox } from "./sandbox.js";
-import { apiKeyResolver } from "./credentials.js";
-import { fitTurnDocument } from "./transcript-bounds.js";
+import { admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { SteeringTargetEndedError } from "./agent-runner.js";
+import { inputText } from "./turn-input.js";
+import { workspaceDirOf } from "./run-workspace.js";
+import { TurnExecution } from "./turn-execution.js";
+import type { ActorResources } from "./actor-resources.js";
 
-/**
- * What every actor of a node shares, as the contracts the actor needs (node/service.ts
- * hands in the real ones; test/unit/run-actor.test.ts, fakes).
- */
-export interface ActorResources {
-  config: Pick<Config, "activeTurnLimit" | "allowPrivateModelEndpoints" | "ambientProviders" | "dataDir" | "retention" | "turnLimitMs">;
-  clock: Clock;
-  ids: IdSource;
-  store: RunStore;
-  /** Live events and final notices go out on NATS subjects. */
-  nc: Pick<NatsConnection, "publish">;
-  events: EventLog;
-  log: Logger;
-  deployments: DeploymentLookup;
-  checkpoints: Pick<WorkspaceCheckpoints, "save" | "restore" | "remove">;
-  activeTurns: Pick<ActiveTurns, "count" | "started" | "ended">;
-  files: Pick<FileStore, "getMany" | "read">;
-  envValues: Pick<EnvValues, "resolveForTurn">;
-  /** The node's tool sandbox. */
-  sandbox: Sandbox;
-  /** Node-wide state: while draining, queued turns are left for the next owner. */
-  node: { draining: boolean };
-  /** Runs a turn's agent loop; {@link startTurn} unless a test parks turns at will. */
-  startTurn?: (request: TurnRunRequest) => RunningTurn;
-}
+export type { ActorResources } from "./actor-resources.js";
 
 
-interface ActiveExecution {
-  turn: TurnDoc;
-  running: RunningTurn;
-  /** Why the agent was aborted, when it was. */
-  abortReason?: AbortReason;
-  limitTimer: NodeJS.Timeout;
-}
 
 
 
@@ -66,19 +29,14 @@ const fail = (code: Extract<CommandReply, { code: string }>["code"], message?: s
 export class RunActor {
   private mailbox: Promise<unknown> = Promise.resolve();
   private run: RunDoc | null = null;
-  private active: ActiveExecution | undefined;
   private appender: EventAppender | undefined;
-  /** Agent session of the run: concatenated transcripts of its finished turns. */
-  private session: AgentMessage[] | undefined;
   private stopped = false;
   /** Stopped because a finished turn could not be stored: the host recovers the run. */
   private unsettled = false;
-  /** The last turn whose final write succeeded, for a retry of what follows it. */
-  private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
-  /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
-  private countedTurn: { workspaceId: string; turnId: string } | undefined;
   /** Commands in the mailbox: a run being admitted is not idle even before its turn starts. */
   private pendingCommands = 0;
+  /** The executing turn, the session, and how a finished turn is stored (actors/turn-execution.ts). */
+  private readonly turns: TurnExecution;
   lastUsedMs: number;
 
   constructor(
@@ -88,10 +46,30 @@ export class RunActor {
     private readonly r: ActorResources,
   ) {
     this.lastUsedMs = r.clock.nowMs();
+    // What the turn's execution may see and do of this actor (same mailbox, same state).
+    const actor = this;
+    this.turns = new TurnExecution({
+      r,
+      runId,
+      epoch,
+      get stopped() {
+        return actor.stopped;
+      },
+      get run() {
+        return actor.run;
+      },
+      emit: (turnId, source, type, data) => this.emit(turnId, source, type, data),
+      appender: () => this.appender!,
+      enqueue: (work) => this.enqueue(work),
+      stop: (reason) => this.stop(reason),
+      markUnsettled: () => {
+        this.unsettled = true;
+      },
+    });
   }
 
   get isIdle(): boolean {
-    return this.pendingCommands === 0 && this.active === undefined && (this.run === null || this.run.state === RunState.idle);
+    return this.pendingCommands === 0 && this.turns.active === undefined && (this.run === null || this.run.state === RunState.idle);
   }
 
   /** Whether this actor has loaded (and so claimed) its run. */
@@ -101,7 +79,7 @@ export class RunActor {
 
   /** Whether an agent is executing a turn of this run on this node now. */
   get hasActiveTurn(): boolean {
-    return this.active !== undefined && !this.stopped;
+    return this.turns.active !== undefined && !this.stopped;
   }
 
   get isStopped(): boolean {
@@ -151,10 +129,10 @@ export class RunActor {
     return this.guarded(async () => {
       const run = await this.activate();
       if (!run || run.expires_at > this.r.clock.nowMs()) return;
-      if (this.active) {
-        this.active.abortReason = "shutdown";
-        this.active.running.abort();
-        this.active = undefined;
+      if (this.turns.active) {
+        this.turns.active.abortReason = "shutdown";
+        this.turns.active.running.abort();
+        this.turns.active = undefined;
       }
       await this.removeRun(run, "expired");
     });
@@ -179,11 +157,11 @@ export class RunActor {
   stop(reason: string): void {
     if (this.stopped) return;
     this.stopped = true;
-    this.turnEnded();
-    if (this.active) {
-      this.active.abortReason = "shutdown";
-      clearTimeout(this.active.limitTimer);
-      this.active.running.abort();
+    this.turns.turnEnded();
+    if (this.turns.active) {
+      this.turns.active.abortReason = "shutdown";
+      clearTimeout(this.turns.active.limitTimer);
+      this.turns.active.running.abort();
     }
     this.r.log.info({ run_id: this.runId, reason }, "run actor stopped");
   }
@@ -193,7 +171,7 @@ export class RunActor {
    * worker_execution_interrupted) with its partial output, and resolves once stored.
    */
   async interrupt(): Promise<void> {
-    const execution = this.active;
+    const execution = this.turns.active;
     if (!execution || this.stopped) return;
     if (!execution.abortReason) execution.abortReason = "shutdown";
     execution.running.abort();
@@ -230,7 +208,7 @@ export class RunActor {
     }
     this.run = run;
     await this.openEvents(run);
-    if (run.state === RunState.busy && !this.active) await this.recoverActiveTurn(run, run.active_turn_id);
+    if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
     return this.run;
   }
 
@@ -263,10 +241,10 @@ export class RunActor {
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
-      await this.afterTurn(run, { ...turn, ...final }, now);
+      await this.turns.afterTurn(run, { ...turn, ...final }, now);
       return;
     }
-    await this.afterTurn(run, null, now);
+    await this.turns.afterTurn(run, null, now);
   }
 
   // ---- admission ----------------------------------------------------------------
@@ -328,8 +306,8 @@ export class RunActor {
       return ok({ run_id: run._id, turn_id: cmd.turn_id, disposition: Disposition.created });
     }
     this.run = run;
-    this.session = [];
-    await this.execute(run, turn);
+    this.turns.session = [];
+    await this.turns.execute(run, turn);
     return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created, run: renderRun(run, turn, Disposition.created) });
   }
 
@@ -368,8 +346,8 @@ export class RunActor {
   }
 
   private async continueRun(run: RunDoc, cmd: Extract<RunCommand, { op: "continue" }>): Promise<CommandReply> {
-    if (this.active?.turn.steer_ids.includes(cmd.turn_id)) {
-      return ok({ run_id: run._id, turn_id: this.active.turn._id, disposition: Disposition.steered });
+    if (this.turns.active?.turn.steer_ids.includes(cmd.turn_id)) {
+      return ok({ run_id: run._id, turn_id: this.turns.active.turn._id, disposition: Disposition.steered });
     }
     // A resent continuation names a turn this actor admitted already: answer as before.
     if (cmd.turn_id === run.latest_turn_id || cmd.turn_id === run.queued_turn_id) {
@@ -380,7 +358,7 @@ export class RunActor {
       state: run.state,
       hasQueued: run.queued_turn_id !== null,
       onBusy: cmd.on_busy,
-      activeStatus: this.active && !this.active.abortReason ? this.active.turn.status : undefined,
+      activeStatus: this.turns.active && !this.turns.active.abortReason ? this.turns.active.turn.status : undefined,
     });
     switch (outcome) {
       case "busy":
@@ -401,7 +379,7 @@ export class RunActor {
     if (known && known.run_id === run._id) {
       return ok({ run_id: run._id, turn_id: known._id, disposition: known.disposition });
     }
-    if (this.active?.turn.steer_ids.includes(id)) return ok({ run_id: run._id, turn_id: this.active.turn._id, disposition: Disposition.steered });
+    if (this.turns.active?.turn.steer_ids.includes(id)) return ok({ run_id: run._id, turn_id: this.turns.active.turn._id, disposition: Disposition.steered });
     return undefined;
   }
 
@@ -429,13 +407,13 @@ export class RunActor {
     else Object.assign(set, { state: RunState.busy, active_turn_id: turn._id });
     await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
-    if (!queue) await this.execute(run, turn);
+    if (!queue) await this.turns.execute(run, turn);
     const disposition = queue ? Disposition.queued : Disposition.continued;
     return ok({ run_id: run._id, turn_id: turn._id, disposition, run: renderRun(run, turn, disposition) });
   }
 
   private async steer(run: RunDoc, steerId: string, input: InputPart[]): Promise<CommandReply> {
-    const active = this.active!;
+    const active = this.turns.active!;
     try {
       active.running.steer(inputText(input));
     } catch (err) {
@@ -465,21 +443,21 @@ export class RunActor {
       await this.r.store.updateRunFenced(run._id, this.epoch, { queued_turn_id: null });
       run.queued_turn_id = null;
       this.emit(turn._id, "platform", finalEventType(TurnStatus.cancelled), { run: renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 }) });
-      this.publishFinal(turn._id);
+      this.turns.publishFinal(turn._id);
     } else if (outcome.to === TurnStatus.cancelling) {
       await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelling });
       this.emit(turn._id, "platform", "turn.cancelling", {});
-      if (this.active?.turn._id === turn._id) {
-        this.active.turn.status = TurnStatus.cancelling;
-        this.active.abortReason = "cancel";
-        this.active.running.abort();
+      if (this.turns.active?.turn._id === turn._id) {
+        this.turns.active.turn.status = TurnStatus.cancelling;
+        this.turns.active.abortReason = "cancel";
+        this.turns.active.running.abort();
       }
     }
     return ok({ run_id: run._id, turn_id: turn._id, http_status: outcome.httpStatus });
   }
 
   private async deleteRun(run: RunDoc): Promise<CommandReply> {
-    if (run.state !== RunState.idle || this.active) return fail("run_busy", "A busy run must be cancelled and settle before it is deleted.");
+    if (run.state !== RunState.idle || this.turns.active) return fail("run_busy", "A busy run must be cancelled and settle before it is deleted.");
     await this.removeRun(run, "deleted");
     return ok({ run_id: run._id });
   }
@@ -518,246 +496,6 @@ export class RunActor {
     return workspaceDirOf(this.r.config.dataDir, run._id);
   }
 
-  /**
-   * Starts the agent for an in_progress turn; completion comes back through the
-   * mailbox. Never throws: an admitted turn that cannot start ends failed instead of
-   * staying in_progress with no agent behind it.
-   */
-  private async execute(run: RunDoc, turn: TurnDoc): Promise<void> {
-    // A stopped actor starts nothing: the partition's next owner recovers the turn.
-    if (this.stopped) return;
-    try {
-      await this.startExecution(run, turn);
-    } catch (err) {
-      if (err instanceof FencedError) throw err;
-      const reference = this.r.ids.reference();
-      this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
-      if (this.active?.turn._id === turn._id) return;
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference }));
-    }
-  }
 
-  private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
-    const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
-    if (!deployment || deployment.status !== DeploymentStatus.ready) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: this.r.ids.reference() }));
-      return;
-    }
-    const limit = this.r.config.activeTurnLimit[run.plan];
-    if (this.activeTurnCount(run.workspace_id, turn._id) > limit) {
-      const error = turnError("concurrency_limit_reached", {
-        reference: this.r.ids.reference(),
-        message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
-      });
-      await this.finishTurn(turn, TurnStatus.failed, [], [], error);
-      return;
-    }
-    const session = await this.loadSession(run);
-    const workspaceDir = this.workspaceDir(run);
-    const preparation = await prepareRunWorkspace(this.r, run, workspaceDir);
-    if (preparation) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: this.r.ids.reference() }));
-      return;
-    }
-    let input: InputPart[];
-    let credentials: Record<string, string>;
-    try {
-      // A store or object-store hiccup is retried briefly before the turn fails.
-      [input, credentials] = await withRetries(() =>
-        Promise.all([resolveFiles(this.r.files, run.workspace_id, turn.input), this.r.envValues.resolveForTurn(run.workspace_id)]),
-      );
-    } catch (err) {
-      this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }));
-      return;
-    }
-    const running = (this.r.startTurn ?? startTurn)({
-      config: deployment.config,
-      workspaceDir,
-      sandbox: this.r.sandbox,
-      allowPrivateModelEndpoints: this.r.config.allowPrivateModelEndpoints,
-      history: session,
-      input,
-      getApiKey: apiKeyResolver(credentials, deployment.config.model),
-      ambientProviders: this.r.config.ambientProviders,
-      onEvent: (event) => {
-        if (!this.stopped) this.emit(turn._id, "runtime", event.type, event.data);
-      },
-    });
-    const limitTimer = setTimeout(() => {
-      if (this.active?.turn._id !== turn._id) return;
-      this.active.abortReason = "duration_limit";
-      running.abort();
-    }, this.r.config.turnLimitMs);
-    limitTimer.unref();
-    const execution: ActiveExecution = { turn, running, limitTimer };
-    this.active = execution;
-    void running.result.then((result) => this.enqueue(() => this.onFinished(execution, result)));
-  }
-
-  private async onFinished(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
-    clearTimeout(execution.limitTimer);
-    // The agent stopped: the turn no longer executes here, whatever is stored next.
-    if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
-    if (this.stopped || this.active !== execution) return;
-    this.active = undefined;
-    const decision = settleDecision(execution.abortReason, result.outcome);
-    const status = decision.status;
-    const output = decision.output === "agent" ? result.output : [];
-    const error: TurnError | null =
-      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.r.ids.reference() });
-    try {
-      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
-    } catch (err) {
-      if (err instanceof FencedError) this.stop("fenced");
-      else await this.settleUnstored(execution.turn, err);
-    }
-  }
-
-  /**
-   * The finished turn (or the run after it) could not be stored. No run may stay busy
-   * because a write failed: the turn is stored `failed` without its result, retried for
-   * a while; if even that cannot be written (the store is down), the actor stops as
-   * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
-   */
-  private async settleUnstored(turn: TurnDoc, cause: unknown): Promise<void> {
-    const reference = this.r.ids.reference();
-    this.r.log.error({ err: cause, run_id: this.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
-    const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
-    for (let attempt = 0; attempt < 5 && !this.stopped; attempt++) {
-      try {
-        const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
-        // The turn itself was stored: only the run's move to its next state is left.
-        if (stored && this.run) await this.afterTurn(this.run, stored.turn, stored.now);
-        else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false });
-        return;
-      } catch (err) {
-        if (err instanceof FencedError) return this.stop("fenced");
-        this.r.log.warn({ err, run_id: this.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
-        await new Promise((resolve) => setTimeout(resolve, 500 * 2 ** attempt));
-      }
-    }
-    this.unsettled = true;
-    this.stop("a finished turn could not be stored");
-  }
-
-  /** One fenced write makes the turn final, then the run moves on. */
-  private async finishTurn(
-    turn: TurnDoc,
-    status: TurnStatus,
-    output: TurnDoc["output"],
-    transcript: AgentMessage[],
-    error: TurnError | null,
-    options: { checkpoint?: boolean } = {},
-  ): Promise<void> {
-    // The turn's runtime events are stored before it is final.
-    try {
-      await this.appender!.flush();
-    } catch (err) {
-      this.r.log.warn({ err, run_id: this.runId, turn_id: turn._id }, "event stream write failed");
-      if (status === TurnStatus.completed) {
-        status = TurnStatus.failed;
-        error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
-      }
-    }
-    if (turn.started_at !== null && !this.stopped && options.checkpoint !== false) {
-      try {
-        const run = this.run;
-        if (run && (await this.r.checkpoints.save(run._id, this.workspaceDir(run), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
-          await this.r.store.updateRunFenced(run._id, this.epoch, { checkpointed: true });
-          run.checkpointed = true;
-        }
-      } catch (err) {
-        if (!(err instanceof CheckpointError)) throw err;
-        this.r.log.error({ err, run_id: this.runId, turn_id: turn._id }, "workspace checkpoint failed");
-        if (status === TurnStatus.completed) {
-          status = TurnStatus.failed;
-          error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
-        }
-      }
-    }
-    // The turn document must stay under the store's limit: a transcript too large even
-    // compacted is not stored, and the turn fails rather than leaving the run busy.
-    const fitted = fitTurnDocument(turn.input, output, transcript);
-    if (fitted.compacted) this.r.log.warn({ run_id: this.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
-    ({ output, transcript } = fitted);
-    if (fitted.failure) {
-      status = TurnStatus.failed;
-      error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure });
-    }
-    const now = this.r.clock.nowMs();
-    const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
-    await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
-    this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
-    this.turnEnded();
-    if (this.session) this.session.push(...transcript);
-    if (error) this.r.log.warn({ run_id: this.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
-    const run = this.run;
-    if (run) await this.afterTurn(run, { ...turn, ...final }, now);
-  }
-
-  /**
-   * After the active turn ended: record its final event, start the queued turn or go
-   * idle, and only then tell waiters (they read the run when notified).
-   */
-  private async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
-    const queued = run.queued_turn_id ? await this.r.store.getTurn(run.queued_turn_id) : null;
-    const waiting = queued && queued.status === TurnStatus.queued ? queued : null;
-    // While the node drains, a queued turn stays queued for the next owner to start.
-    const next = this.r.node.draining ? null : waiting;
-    const set: Partial<RunDoc> = {
-      active_turn_id: next?._id ?? null,
-      queued_turn_id: next ? null : (waiting?._id ?? null),
-      state: next || waiting ? RunState.busy : RunState.idle,
-      last_activity_at: now,
-      expires_at: now + run.retention_s * 1000,
-    };
-    // Once per turn, also when a failed write of the run makes settleUnstored come back here.
-    const emitted = this.storedFinal?.turnId === finished?._id && this.storedFinal?.finalEmitted === true;
-    if (finished && !emitted) {
-      this.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
-      if (this.storedFinal?.turnId === finished._id) this.storedFinal.finalEmitted = true;
-    }
-    if (next) this.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
-    await this.appender!.flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
-    set.event_seq = this.appender!.nextSequence - 1;
-    await this.r.store.updateRunFenced(run._id, this.epoch, set);
-    Object.assign(run, set);
-    if (finished) this.publishFinal(finished._id);
-    if (next) {
-      await this.r.store.updateTurnFenced(next._id, this.epoch, { status: TurnStatus.in_progress, started_at: now });
-      next.status = TurnStatus.in_progress;
-      next.started_at = now;
-      await this.execute(run, next);
-    }
-  }
-
-
-  /** Registers the turn as executing on this node and counts the workspace's executing turns. */
-  private activeTurnCount(workspaceId: string, turnId: string): number {
-    this.countedTurn = { workspaceId, turnId };
-    this.r.activeTurns.started(workspaceId, turnId);
-    return this.r.activeTurns.count(workspaceId);
-  }
-
-  /** The executing turn no longer counts against the workspace's active-turn limit. */
-  private turnEnded(): void {
-    const counted = this.countedTurn;
-    if (!counted) return;
-    this.countedTurn = undefined;
-    this.r.activeTurns.ended(counted.workspaceId, counted.turnId);
-  }
-
-  private async loadSession(run: RunDoc): Promise<AgentMessage[]> {
-    if (!this.session) {
-      const turns = await this.r.store.listTurns(run._id, { withTranscript: true });
-      this.session = turns.filter((t) => isFinalStatus(t.status)).flatMap((t) => t.transcript as AgentMessage[]);
-    }
-    return this.session;
-  }
-
-  private publishFinal(turnId: string): void {
-    this.r.nc.publish(Subjects.turnFinal(turnId), "");
-  }
 }
 

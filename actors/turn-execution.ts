@@ -1,0 +1,297 @@
+/**
+ * A run's turn execution on its owning actor: starting the agent for an in_progress
+ * turn, and storing how it ended (one fenced write of the turn, then the run moves to
+ * its next turn or goes idle, then waiters are told). It runs inside the actor's
+ * mailbox (every method is called from it or enqueues itself there), so it shares
+ * the actor's single-writer guarantee; {@link ExecutionHost} is what it may see and
+ * do of the actor.
+ */
+import type { AgentMessage } from "@mariozechner/pi-agent-core";
+import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
+import { startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
+import { CheckpointError } from "./checkpoints.js";
+import { apiKeyResolver } from "./credentials.js";
+import type { ActorResources } from "./actor-resources.js";
+import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
+import { fitTurnDocument } from "./transcript-bounds.js";
+import { resolveFiles, withRetries } from "./turn-input.js";
+
+export interface ActiveExecution {
+  turn: TurnDoc;
+  running: RunningTurn;
+  /** Why the agent was aborted, when it was. */
+  abortReason?: AbortReason;
+  limitTimer: NodeJS.Timeout;
+}
+
+/** The actor as its turn execution sees it. */
+export interface ExecutionHost {
+  readonly r: ActorResources;
+  readonly runId: string;
+  readonly epoch: number;
+  /** The actor stopped (partition lost, fenced): nothing more is written. */
+  readonly stopped: boolean;
+  /** The run as the actor holds it (null once removed). */
+  readonly run: RunDoc | null;
+  emit(turnId: string | null, source: "runtime" | "platform", type: string, data: unknown): number;
+  appender(): EventAppender;
+  enqueue<T>(work: () => Promise<T>): Promise<T>;
+  stop(reason: string): void;
+  /** A finished turn could not be stored: the host recovers the run. */
+  markUnsettled(): void;
+}
+
+export class TurnExecution {
+  /** The turn whose agent runs on this node now. */
+  active: ActiveExecution | undefined;
+  /** Agent session of the run: concatenated transcripts of its finished turns. */
+  session: AgentMessage[] | undefined;
+  /** The last turn whose final write succeeded, for a retry of what follows it. */
+  private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
+  /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
+  private countedTurn: { workspaceId: string; turnId: string } | undefined;
+
+  constructor(private readonly host: ExecutionHost) {}
+
+  /**
+   * Starts the agent for an in_progress turn; completion comes back through the
+   * mailbox. Never throws: an admitted turn that cannot start ends failed instead of
+   * staying in_progress with no agent behind it.
+   */
+  async execute(run: RunDoc, turn: TurnDoc): Promise<void> {
+    // A stopped actor starts nothing: the partition's next owner recovers the turn.
+    if (this.host.stopped) return;
+    try {
+      await this.startExecution(run, turn);
+    } catch (err) {
+      if (err instanceof FencedError) throw err;
+      const reference = this.host.r.ids.reference();
+      this.host.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
+      if (this.active?.turn._id === turn._id) return;
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference }));
+    }
+  }
+
+  private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
+    const deployment = await this.host.r.deployments.get(run.agent_id, turn.agent_version);
+    if (!deployment || deployment.status !== DeploymentStatus.ready) {
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: this.host.r.ids.reference() }));
+      return;
+    }
+    const limit = this.host.r.config.activeTurnLimit[run.plan];
+    if (this.activeTurnCount(run.workspace_id, turn._id) > limit) {
+      const error = turnError("concurrency_limit_reached", {
+        reference: this.host.r.ids.reference(),
+        message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
+      });
+      await this.finishTurn(turn, TurnStatus.failed, [], [], error);
+      return;
+    }
+    const session = await this.loadSession(run);
+    const workspaceDir = workspaceDirOf(this.host.r.config.dataDir, run._id);
+    const preparation = await prepareRunWorkspace(this.host.r, run, workspaceDir);
+    if (preparation) {
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: this.host.r.ids.reference() }));
+      return;
+    }
+    let input: InputPart[];
+    let credentials: Record<string, string>;
+    try {
+      // A store or object-store hiccup is retried briefly before the turn fails.
+      [input, credentials] = await withRetries(() =>
+        Promise.all([resolveFiles(this.host.r.files, run.workspace_id, turn.input), this.host.r.envValues.resolveForTurn(run.workspace_id)]),
+      );
+    } catch (err) {
+      this.host.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: this.host.r.ids.reference() }));
+      return;
+    }
+    const running = (this.host.r.startTurn ?? startTurn)({
+      config: deployment.config,
+      workspaceDir,
+      sandbox: this.host.r.sandbox,
+      allowPrivateModelEndpoints: this.host.r.config.allowPrivateModelEndpoints,
+      history: session,
+      input,
+      getApiKey: apiKeyResolver(credentials, deployment.config.model),
+      ambientProviders: this.host.r.config.ambientProviders,
+      onEvent: (event) => {
+        if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
+      },
+    });
+    const limitTimer = setTimeout(() => {
+      if (this.active?.turn._id !== turn._id) return;
+      this.active.abortReason = "duration_limit";
+      running.abort();
+    }, this.host.r.config.turnLimitMs);
+    limitTimer.unref();
+    const execution: ActiveExecution = { turn, running, limitTimer };
+    this.active = execution;
+    void running.result.then((result) => this.host.enqueue(() => this.onFinished(execution, result)));
+  }
+
+  private async onFinished(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
+    clearTimeout(execution.limitTimer);
+    // The agent stopped: the turn no longer executes here, whatever is stored next.
+    if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
+    if (this.host.stopped || this.active !== execution) return;
+    this.active = undefined;
+    const decision = settleDecision(execution.abortReason, result.outcome);
+    const status = decision.status;
+    const output = decision.output === "agent" ? result.output : [];
+    const error: TurnError | null =
+      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.host.r.ids.reference() });
+    try {
+      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
+    } catch (err) {
+      if (err instanceof FencedError) this.host.stop("fenced");
+      else await this.settleUnstored(execution.turn, err);
+    }
+  }
+
+  /**
+   * The finished turn (or the run after it) could not be stored. No run may stay busy
+   * because a write failed: the turn is stored `failed` without its result, retried for
+   * a while; if even that cannot be written (the store is down), the actor stops as
+   * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
+   */
+  private async settleUnstored(turn: TurnDoc, cause: unknown): Promise<void> {
+    const reference = this.host.r.ids.reference();
+    this.host.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
+    const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
+    for (let attempt = 0; attempt < 5 && !this.host.stopped; attempt++) {
+      try {
+        const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
+        // The turn itself was stored: only the run's move to its next state is left.
+        if (stored && this.host.run) await this.afterTurn(this.host.run, stored.turn, stored.now);
+        else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false });
+        return;
+      } catch (err) {
+        if (err instanceof FencedError) return this.host.stop("fenced");
+        this.host.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
+        await new Promise((resolve) => setTimeout(resolve, 500 * 2 ** attempt));
+      }
+    }
+    this.host.markUnsettled();
+    this.host.stop("a finished turn could not be stored");
+  }
+
+  /** One fenced write makes the turn final, then the run moves on. */
+  async finishTurn(
+    turn: TurnDoc,
+    status: TurnStatus,
+    output: TurnDoc["output"],
+    transcript: AgentMessage[],
+    error: TurnError | null,
+    options: { checkpoint?: boolean } = {},
+  ): Promise<void> {
+    // The turn's runtime events are stored before it is final.
+    try {
+      await this.host.appender().flush();
+    } catch (err) {
+      this.host.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id }, "event stream write failed");
+      if (status === TurnStatus.completed) {
+        status = TurnStatus.failed;
+        error = turnError("event_stream_write_failed", { reference: this.host.r.ids.reference() });
+      }
+    }
+    if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false) {
+      try {
+        const run = this.host.run;
+        if (run && (await this.host.r.checkpoints.save(run._id, workspaceDirOf(this.host.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
+          await this.host.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
+          run.checkpointed = true;
+        }
+      } catch (err) {
+        if (!(err instanceof CheckpointError)) throw err;
+        this.host.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
+        if (status === TurnStatus.completed) {
+          status = TurnStatus.failed;
+          error = turnError("workspace_checkpoint_failed", { reference: this.host.r.ids.reference() });
+        }
+      }
+    }
+    // The turn document must stay under the store's limit: a transcript too large even
+    // compacted is not stored, and the turn fails rather than leaving the run busy.
+    const fitted = fitTurnDocument(turn.input, output, transcript);
+    if (fitted.compacted) this.host.r.log.warn({ run_id: this.host.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
+    ({ output, transcript } = fitted);
+    if (fitted.failure) {
+      status = TurnStatus.failed;
+      error = turnError("platform_failure", { reference: this.host.r.ids.reference(), message: fitted.failure });
+    }
+    const now = this.host.r.clock.nowMs();
+    const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
+    await this.host.r.store.updateTurnFenced(turn._id, this.host.epoch, final);
+    this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
+    this.turnEnded();
+    if (this.session) this.session.push(...transcript);
+    if (error) this.host.r.log.warn({ run_id: this.host.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
+    const run = this.host.run;
+    if (run) await this.afterTurn(run, { ...turn, ...final }, now);
+  }
+
+  /**
+   * After the active turn ended: record its final event, start the queued turn or go
+   * idle, and only then tell waiters (they read the run when notified).
+   */
+  async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
+    const queued = run.queued_turn_id ? await this.host.r.store.getTurn(run.queued_turn_id) : null;
+    const waiting = queued && queued.status === TurnStatus.queued ? queued : null;
+    // While the node drains, a queued turn stays queued for the next owner to start.
+    const next = this.host.r.node.draining ? null : waiting;
+    const set: Partial<RunDoc> = {
+      active_turn_id: next?._id ?? null,
+      queued_turn_id: next ? null : (waiting?._id ?? null),
+      state: next || waiting ? RunState.busy : RunState.idle,
+      last_activity_at: now,
+      expires_at: now + run.retention_s * 1000,
+    };
+    // Once per turn, also when a failed write of the run makes settleUnstored come back here.
+    const emitted = this.storedFinal?.turnId === finished?._id && this.storedFinal?.finalEmitted === true;
+    if (finished && !emitted) {
+      this.host.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
+      if (this.storedFinal?.turnId === finished._id) this.storedFinal.finalEmitted = true;
+    }
+    if (next) this.host.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
+    await this.host.appender().flush().catch((err) => this.host.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
+    set.event_seq = this.host.appender().nextSequence - 1;
+    await this.host.r.store.updateRunFenced(run._id, this.host.epoch, set);
+    Object.assign(run, set);
+    if (finished) this.publishFinal(finished._id);
+    if (next) {
+      await this.host.r.store.updateTurnFenced(next._id, this.host.epoch, { status: TurnStatus.in_progress, started_at: now });
+      next.status = TurnStatus.in_progress;
+      next.started_at = now;
+      await this.execute(run, next);
+    }
+  }
+
+
+  /** Registers the turn as executing on this node and counts the workspace's executing turns. */
+  private activeTurnCount(workspaceId: string, turnId: string): number {
+    this.countedTurn = { workspaceId, turnId };
+    this.host.r.activeTurns.started(workspaceId, turnId);
+    return this.host.r.activeTurns.count(workspaceId);
+  }
+
+  /** The executing turn no longer counts against the workspace's active-turn limit. */
+  turnEnded(): void {
+    const counted = this.countedTurn;
+    if (!counted) return;
+    this.countedTurn = undefined;
+    this.host.r.activeTurns.ended(counted.workspaceId, counted.turnId);
+  }
+
+  async loadSession(run: RunDoc): Promise<AgentMessage[]> {
+    if (!this.session) {
+      const turns = await this.host.r.store.listTurns(run._id, { withTranscript: true });
+      this.session = turns.filter((t) => isFinalStatus(t.status)).flatMap((t) => t.transcript as AgentMessage[]);
+    }
+    return this.session;
+  }
+
+  publishFinal(turnId: string): void {
+    this.host.r.nc.publish(Subjects.turnFinal(turnId), "");
+  }
+}
