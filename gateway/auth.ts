@@ -1,6 +1,9 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { FastifyRequest } from "fastify";
-import { ApiError, type ApiKeyDoc, type Clock, hashSecret, keyIsUsable, type MongoStore, Subjects, type WorkspaceDoc } from "../src/index.js";
+import { ApiError, type ApiKeyDoc, type ApiKeyStore, type Clock, hashSecret, keyIsUsable, type MongoStore, Subjects, type WorkspaceDoc } from "../src/index.js";
+
+/** What authentication reads: a key by its hash (and records its use), and its workspace. */
+export type AuthStore = Pick<MongoStore, "getWorkspace"> & { keys: Pick<ApiKeyStore, "findByHash" | "recordUse"> };
 
 /** Who is calling: the key's workspace and scopes. */
 export interface AuthContext {
@@ -33,7 +36,7 @@ export class Authenticator {
   private sub: Subscription | undefined;
 
   constructor(
-    private readonly store: MongoStore,
+    private readonly store: AuthStore,
     private readonly clock: Clock,
     private readonly cacheMs: number,
     private readonly nc?: NatsConnection,

@@ -13,7 +13,7 @@ import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
 import type { EventLog, EventSource, RunEvent } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
-import { newId } from "../../src/ids.js";
+import { Ids, newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
 import type { Plan, TurnStatus } from "../../src/domain.js";
 import type { RunDoc, TurnDoc } from "../../src/documents.js";
@@ -287,7 +287,7 @@ async function until(predicate: () => Promise<boolean>, timeoutMs = 10_000): Pro
  * for what the service's route does not expose (ping interval, endWithTurnId, failures).
  */
 async function sseApp(t: ExecutionContext<Context>, events: EventLog, options: Parameters<typeof streamEvents>[4] = {}): Promise<{ app: FastifyInstance; url: string }> {
-  const ctx = { events, clock: systemClock, store: t.context.service.store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } } } as unknown as GatewayContext;
+  const ctx = { events, clock: systemClock, ids: Ids, store: t.context.service.store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } } } as unknown as GatewayContext;
   const app = Fastify();
   app.addHook("preClose", async () => closeEventStreams(ctx));
   app.setErrorHandler((err, _request, reply) => {

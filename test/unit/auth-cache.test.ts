@@ -1,10 +1,9 @@
 import test from "ava";
 import type { FastifyRequest } from "fastify";
-import { Authenticator } from "../../gateway/auth.js";
+import { Authenticator, type AuthStore } from "../../gateway/auth.js";
 import { hashSecret } from "../../src/api-keys.js";
 import { ApiError } from "../../src/errors.js";
 import type { ApiKeyDoc, WorkspaceDoc } from "../../src/documents.js";
-import type { MongoStore } from "../../src/mongo-store.js";
 
 const SECRET = "sk_test_secret";
 const workspace: WorkspaceDoc = { _id: "ws_1", name: "w", plan: "solo", created_at: 0 };
@@ -16,19 +15,21 @@ function fakeStore() {
     mode: "test", created_at: 0, updated_at: 0, last_used_at: Date.now(), revoked_at: null, revokes_at: null,
   };
   const state = { lookups: 0, hold: false, waiting: [] as Array<() => void>, key };
-  const store = {
-    async findApiKeyByHash(hash: string) {
-      state.lookups++;
-      const snapshot = { ...state.key };
-      if (state.hold) await new Promise<void>((resolve) => state.waiting.push(resolve));
-      return hash === state.key.hash ? snapshot : null;
+  const store: AuthStore = {
+    keys: {
+      async findByHash(hash: string) {
+        state.lookups++;
+        const snapshot = { ...state.key };
+        if (state.hold) await new Promise<void>((resolve) => state.waiting.push(resolve));
+        return hash === state.key.hash ? snapshot : null;
+      },
+      async recordUse() {},
     },
     async getWorkspace() {
       return workspace;
     },
-    async recordKeyUse() {},
   };
-  return { state, store: store as unknown as MongoStore, release: () => state.waiting.splice(0).forEach((r) => r()) };
+  return { state, store, release: () => state.waiting.splice(0).forEach((r) => r()) };
 }
 
 const request = { headers: { authorization: `Bearer ${SECRET}` } } as FastifyRequest;
