@@ -7,6 +7,12 @@ import type { ActiveTurns } from "./active-turns.js";
 import type { Sandbox } from "./sandbox.js";
 
 /**
+ * Steps a test may park an actor at: a start's turn stored but not its run; a finished
+ * turn about to be written final; the run about to move on after a turn.
+ */
+export type ActorStep = "start:turn_stored" | "turn:finishing" | "turn:run_moving_on";
+
+/**
  * What every actor of a node shares, as the contracts the actor needs (node/service.ts
  * hands in the real ones; test/unit/run-actor.test.ts, fakes).
  */
@@ -28,6 +34,11 @@ export interface ActorResources {
   sandbox: Sandbox;
   /** Node-wide state: while draining, queued turns are left for the next owner. */
   node: { draining: boolean };
+  /**
+   * Called at the actor's steps between two writes, and awaited: a test parks the actor
+   * there to race commands, takeovers and failures against it. Unset in the service.
+   */
+  at?: (step: ActorStep, where: { runId: string; turnId?: string }) => Promise<void> | void;
   /** Runs a turn's agent loop; startTurn (agent-runner.ts) unless a test parks turns at will. */
   startTurn?: (request: TurnRunRequest) => RunningTurn;
 }

@@ -10,6 +10,7 @@ import path from "node:path";
 import pino from "pino";
 import { SteeringTargetEndedError, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "../../actors/agent-runner.js";
 import { type ActorResources } from "../../actors/run-actor.js";
+import type { ActorStep } from "../../actors/actor-resources.js";
 import { DeploymentCache } from "../../src/deployments.js";
 import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
@@ -225,6 +226,30 @@ export class ParkedTurns {
   }
 }
 
+/** Where a test holds the actor: `park(step)` blocks the next time the actor reaches `step`. */
+export class ParkedSteps {
+  private readonly parked = new Map<ActorStep, { reached: () => void; release: Promise<void> }>();
+
+  /** The hook to hand the actor (ActorResources.at). */
+  readonly at = async (step: ActorStep): Promise<void> => {
+    const spot = this.parked.get(step);
+    if (!spot) return;
+    this.parked.delete(step);
+    spot.reached();
+    await spot.release;
+  };
+
+  /** Parks the actor the next time it reaches `step`; `reached` resolves when it is there. */
+  park(step: ActorStep): { reached: Promise<void>; release: () => void } {
+    let reached!: () => void;
+    let release!: () => void;
+    const reachedP = new Promise<void>((resolve) => (reached = resolve));
+    const releaseP = new Promise<void>((resolve) => (release = resolve));
+    this.parked.set(step, { reached, release: releaseP });
+    return { reached: reachedP, release };
+  }
+}
+
 /** A clock the test moves. */
 export class TestClock {
   constructor(public now = Date.UTC(2026, 10, 24, 12)) {}
@@ -238,6 +263,7 @@ export interface ActorWorld {
   store: MemoryRunStore;
   events: MemoryEventLog;
   turns: ParkedTurns;
+  steps: ParkedSteps;
   clock: TestClock;
   /** Subjects published on NATS (live events, final notices). */
   published: string[];
@@ -251,6 +277,7 @@ export async function actorWorld(): Promise<ActorWorld> {
   const store = new MemoryRunStore();
   const events = new MemoryEventLog();
   const turns = new ParkedTurns();
+  const steps = new ParkedSteps();
   const clock = new TestClock();
   const published: string[] = [];
   const checkpoints = { saved: 0, removed: [] as string[] };
@@ -297,6 +324,7 @@ export async function actorWorld(): Promise<ActorWorld> {
     sandbox: await sandboxOff,
     node: { draining: false },
     startTurn: turns.start,
+    at: steps.at,
   };
-  return { resources, store, events, turns, clock, published, checkpoints };
+  return { resources, store, events, turns, steps, clock, published, checkpoints };
 }

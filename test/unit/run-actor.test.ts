@@ -318,3 +318,65 @@ test("run-actor - an expired run answers run_expired and the sweeper removes it 
   t.false(w.store.runs.has(RUN));
   t.is(w.store.tombstones.get(RUN)?.reason, "expired");
 });
+
+test("run-actor - race: a paused owner whose partition moved cannot store its finished turn: the new owner's claim fences the turn too, and the turn ends once", async (t) => {
+  const w = await world();
+  const stale = w.actor(1);
+  await stale.command(startCmd());
+  // The old owner's agent finishes while it does not know its partition moved.
+  const spot = w.steps.park("turn:finishing");
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "late" }] });
+  await spot.reached;
+  const owner = w.actor(2);
+  await owner.recover();
+  t.is(w.store.turns.get("turn_1")!.status, "incomplete", "the new owner recovered the turn it found in progress");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+
+  spot.release();
+  await new Promise((resolve) => setImmediate(resolve));
+  t.deepEqual(await stale.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] }), { ok: false, not_owner: true });
+  t.true(stale.isStopped, "the refused write stopped the old owner");
+  t.is(w.store.turns.get("turn_1")!.status, "incomplete", "the old owner's result did not overwrite it");
+  t.deepEqual(w.store.turns.get("turn_1")!.output, []);
+  const finals = w.events.events(RUN).filter((e) => e.turn_id === "turn_1" && /^turn\.(completed|failed|cancelled|incomplete)$/.test(e.type));
+  t.deepEqual(finals.map((e) => e.type), ["turn.incomplete"], "one final event for the turn");
+});
+
+test("run-actor - race: a cancel that arrives while a finished turn moves the run on waits for it, then answers 200 on the final turn", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  const spot = w.steps.park("turn:run_moving_on");
+  w.turns.last.finish({ outcome: "completed" });
+  await spot.reached;
+  t.is(w.store.turns.get("turn_1")!.status, "completed", "the turn is final");
+  t.is(w.store.runs.get(RUN)!.state, "busy", "the run has not moved on yet");
+  let answered = false;
+  const cancel = actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, turn_id: "turn_1" }).then((reply) => ((answered = true), reply));
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  t.false(answered, "the cancel waits in the mailbox behind the turn's settlement");
+  spot.release();
+  const reply = okReply(await cancel);
+  t.is(reply.http_status, 200);
+  t.is(w.store.turns.get("turn_1")!.status, "completed", "a cancel of a final turn changes nothing");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
+test("run-actor - race: a start parked between its turn and its run is not visible as a run; a resend of it after the actor stopped is admitted once", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  const spot = w.steps.park("start:turn_stored");
+  const pending = first.command(startCmd());
+  await spot.reached;
+  t.true(w.store.turns.has("turn_1"), "the turn is stored first");
+  t.false(w.store.runs.has(RUN), "the run is not stored yet: no run points at a missing turn, ever");
+  spot.release();
+  okReply(await pending);
+  // The gateway resends (its reply was lost); a new owner answers from the store.
+  first.stop("partition lost");
+  const owner = w.actor(2);
+  const again = okReply(await owner.command(startCmd("turn_1", { fresh: false })));
+  t.is(again.turn_id, "turn_1");
+  t.is(w.store.turns.size, 1);
+  t.deepEqual(w.events.types(RUN).filter((type) => type === "run.created"), ["run.created"]);
+});
