@@ -53,6 +53,10 @@ export class TurnExecution {
 
   constructor(private readonly host: ExecutionHost) {}
 
+  private get r(): ActorResources {
+    return this.host.r;
+  }
+
   /**
    * Starts the agent for an in_progress turn; completion comes back through the
    * mailbox. Never throws: an admitted turn that cannot start ends failed instead of
@@ -65,33 +69,33 @@ export class TurnExecution {
       await this.startExecution(run, turn);
     } catch (err) {
       if (err instanceof FencedError) throw err;
-      const reference = this.host.r.ids.reference();
-      this.host.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
+      const reference = this.r.ids.reference();
+      this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
       if (this.active?.turn._id === turn._id) return;
       await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference }));
     }
   }
 
   private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
-    const deployment = await this.host.r.deployments.get(run.agent_id, turn.agent_version);
+    const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
     if (!deployment || deployment.status !== DeploymentStatus.ready) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: this.host.r.ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: this.r.ids.reference() }));
       return;
     }
-    const limit = this.host.r.config.activeTurnLimit[run.plan];
+    const limit = this.r.config.activeTurnLimit[run.plan];
     if (this.activeTurnCount(run.workspace_id, turn._id) > limit) {
       const error = turnError("concurrency_limit_reached", {
-        reference: this.host.r.ids.reference(),
+        reference: this.r.ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
       });
       await this.finishTurn(turn, TurnStatus.failed, [], [], error);
       return;
     }
     const session = await this.loadSession(run);
-    const workspaceDir = workspaceDirOf(this.host.r.config.dataDir, run._id);
-    const preparation = await prepareRunWorkspace(this.host.r, run, workspaceDir);
+    const workspaceDir = workspaceDirOf(this.r.config.dataDir, run._id);
+    const preparation = await prepareRunWorkspace(this.r, run, workspaceDir);
     if (preparation) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: this.host.r.ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: this.r.ids.reference() }));
       return;
     }
     let input: InputPart[];
@@ -99,22 +103,22 @@ export class TurnExecution {
     try {
       // A store or object-store hiccup is retried briefly before the turn fails.
       [input, credentials] = await withRetries(() =>
-        Promise.all([resolveFiles(this.host.r.files, run.workspace_id, turn.input), this.host.r.envValues.resolveForTurn(run.workspace_id)]),
+        Promise.all([resolveFiles(this.r.files, run.workspace_id, turn.input), this.r.envValues.resolveForTurn(run.workspace_id)]),
       );
     } catch (err) {
-      this.host.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: this.host.r.ids.reference() }));
+      this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
+      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }));
       return;
     }
-    const running = (this.host.r.startTurn ?? startTurn)({
+    const running = (this.r.startTurn ?? startTurn)({
       config: deployment.config,
       workspaceDir,
-      sandbox: this.host.r.sandbox,
-      allowPrivateModelEndpoints: this.host.r.config.allowPrivateModelEndpoints,
+      sandbox: this.r.sandbox,
+      allowPrivateModelEndpoints: this.r.config.allowPrivateModelEndpoints,
       history: session,
       input,
       getApiKey: apiKeyResolver(credentials, deployment.config.model),
-      ambientProviders: this.host.r.config.ambientProviders,
+      ambientProviders: this.r.config.ambientProviders,
       onEvent: (event) => {
         if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
       },
@@ -123,7 +127,7 @@ export class TurnExecution {
       if (this.active?.turn._id !== turn._id) return;
       this.active.abortReason = "duration_limit";
       running.abort();
-    }, this.host.r.config.turnLimitMs);
+    }, this.r.config.turnLimitMs);
     limitTimer.unref();
     const execution: ActiveExecution = { turn, running, limitTimer };
     this.active = execution;
@@ -140,7 +144,7 @@ export class TurnExecution {
     const status = decision.status;
     const output = decision.output === "agent" ? result.output : [];
     const error: TurnError | null =
-      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.host.r.ids.reference() });
+      decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.r.ids.reference() });
     try {
       await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
     } catch (err) {
@@ -156,8 +160,8 @@ export class TurnExecution {
    * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
    */
   private async settleUnstored(turn: TurnDoc, cause: unknown): Promise<void> {
-    const reference = this.host.r.ids.reference();
-    this.host.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
+    const reference = this.r.ids.reference();
+    this.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
     const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
     for (let attempt = 0; attempt < 5 && !this.host.stopped; attempt++) {
       try {
@@ -168,7 +172,7 @@ export class TurnExecution {
         return;
       } catch (err) {
         if (err instanceof FencedError) return this.host.stop("fenced");
-        this.host.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
+        this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
         await new Promise((resolve) => setTimeout(resolve, 500 * 2 ** attempt));
       }
     }
@@ -189,45 +193,45 @@ export class TurnExecution {
     try {
       await this.host.appender().flush();
     } catch (err) {
-      this.host.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id }, "event stream write failed");
+      this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id }, "event stream write failed");
       if (status === TurnStatus.completed) {
         status = TurnStatus.failed;
-        error = turnError("event_stream_write_failed", { reference: this.host.r.ids.reference() });
+        error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
       }
     }
     if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false) {
       try {
         const run = this.host.run;
-        if (run && (await this.host.r.checkpoints.save(run._id, workspaceDirOf(this.host.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
-          await this.host.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
+        if (run && (await this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
+          await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
           run.checkpointed = true;
         }
       } catch (err) {
         if (!(err instanceof CheckpointError)) throw err;
-        this.host.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
+        this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
         if (status === TurnStatus.completed) {
           status = TurnStatus.failed;
-          error = turnError("workspace_checkpoint_failed", { reference: this.host.r.ids.reference() });
+          error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
         }
       }
     }
     // The turn document must stay under the store's limit: a transcript too large even
     // compacted is not stored, and the turn fails rather than leaving the run busy.
     const fitted = fitTurnDocument(turn.input, output, transcript);
-    if (fitted.compacted) this.host.r.log.warn({ run_id: this.host.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
+    if (fitted.compacted) this.r.log.warn({ run_id: this.host.runId, turn_id: turn._id }, "turn transcript compacted to fit its document");
     ({ output, transcript } = fitted);
     if (fitted.failure) {
       status = TurnStatus.failed;
-      error = turnError("platform_failure", { reference: this.host.r.ids.reference(), message: fitted.failure });
+      error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure });
     }
-    const now = this.host.r.clock.nowMs();
+    const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
-    await this.host.r.at?.("turn:finishing", { runId: this.host.runId, turnId: turn._id });
-    await this.host.r.store.updateTurnFenced(turn._id, this.host.epoch, final);
+    await this.r.at?.("turn:finishing", { runId: this.host.runId, turnId: turn._id });
+    await this.r.store.updateTurnFenced(turn._id, this.host.epoch, final);
     this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
     this.turnEnded();
     if (this.session) this.session.push(...transcript);
-    if (error) this.host.r.log.warn({ run_id: this.host.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
+    if (error) this.r.log.warn({ run_id: this.host.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
     const run = this.host.run;
     if (run) await this.afterTurn(run, { ...turn, ...final }, now);
   }
@@ -237,10 +241,10 @@ export class TurnExecution {
    * idle, and only then tell waiters (they read the run when notified).
    */
   async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
-    const queued = run.queued_turn_id ? await this.host.r.store.getTurn(run.queued_turn_id) : null;
+    const queued = run.queued_turn_id ? await this.r.store.getTurn(run.queued_turn_id) : null;
     const waiting = queued && queued.status === TurnStatus.queued ? queued : null;
     // While the node drains, a queued turn stays queued for the next owner to start.
-    const next = this.host.r.node.draining ? null : waiting;
+    const next = this.r.node.draining ? null : waiting;
     const set: Partial<RunDoc> = {
       active_turn_id: next?._id ?? null,
       queued_turn_id: next ? null : (waiting?._id ?? null),
@@ -255,14 +259,14 @@ export class TurnExecution {
       if (this.storedFinal?.turnId === finished._id) this.storedFinal.finalEmitted = true;
     }
     if (next) this.host.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
-    await this.host.appender().flush().catch((err) => this.host.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
+    await this.host.appender().flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     set.event_seq = this.host.appender().nextSequence - 1;
-    await this.host.r.at?.("turn:run_moving_on", { runId: run._id, turnId: finished?._id });
-    await this.host.r.store.updateRunFenced(run._id, this.host.epoch, set);
+    await this.r.at?.("turn:run_moving_on", { runId: run._id, turnId: finished?._id });
+    await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
     Object.assign(run, set);
     if (finished) this.publishFinal(finished._id);
     if (next) {
-      await this.host.r.store.updateTurnFenced(next._id, this.host.epoch, { status: TurnStatus.in_progress, started_at: now });
+      await this.r.store.updateTurnFenced(next._id, this.host.epoch, { status: TurnStatus.in_progress, started_at: now });
       next.status = TurnStatus.in_progress;
       next.started_at = now;
       await this.execute(run, next);
@@ -273,8 +277,8 @@ export class TurnExecution {
   /** Registers the turn as executing on this node and counts the workspace's executing turns. */
   private activeTurnCount(workspaceId: string, turnId: string): number {
     this.countedTurn = { workspaceId, turnId };
-    this.host.r.activeTurns.started(workspaceId, turnId);
-    return this.host.r.activeTurns.count(workspaceId);
+    this.r.activeTurns.started(workspaceId, turnId);
+    return this.r.activeTurns.count(workspaceId);
   }
 
   /** The executing turn no longer counts against the workspace's active-turn limit. */
@@ -282,18 +286,18 @@ export class TurnExecution {
     const counted = this.countedTurn;
     if (!counted) return;
     this.countedTurn = undefined;
-    this.host.r.activeTurns.ended(counted.workspaceId, counted.turnId);
+    this.r.activeTurns.ended(counted.workspaceId, counted.turnId);
   }
 
   async loadSession(run: RunDoc): Promise<AgentMessage[]> {
     if (!this.session) {
-      const turns = await this.host.r.store.listTurns(run._id, { withTranscript: true });
+      const turns = await this.r.store.listTurns(run._id, { withTranscript: true });
       this.session = turns.filter((t) => isFinalStatus(t.status)).flatMap((t) => t.transcript as AgentMessage[]);
     }
     return this.session;
   }
 
   publishFinal(turnId: string): void {
-    this.host.r.nc.publish(Subjects.turnFinal(turnId), "");
+    this.r.nc.publish(Subjects.turnFinal(turnId), "");
   }
 }
