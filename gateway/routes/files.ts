@@ -108,6 +108,7 @@ export const FILE_OPERATIONS = {
       "A repeat after a finished upload returns the file unchanged; while the first still runs: 503 upload_in_progress with Retry-After; 409 conflict when the key was used for another file or its upload expired. At most 20 minutes (408 request_timeout) and 512 MiB (413).",
     tag: "files",
     scope: "files:write",
+    rate: "expensive",
     idempotencyKey: true,
     body: { schema: "FileUploadRequest", required: true, multipart: true },
     success: { 201: { description: "The stored file.", json: "File" } },

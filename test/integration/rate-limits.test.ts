@@ -103,6 +103,26 @@ test.serial("rate limits - expensive operations have their own lower limit; anot
   t.is((await other.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).status, 201);
 });
 
+test.serial("rate limits - a file upload is an expensive operation (decisions §7): the third in a window is 429", async (t) => {
+  const [a] = t.context.nodes;
+  const ws = await newWorkspace(a!);
+  await freshWindow();
+  const boundary = "----runs-rate-upload";
+  const statuses: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const body = `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="n${i}.txt"\r\nContent-Type: text/plain\r\n\r\nnote ${i}\r\n--${boundary}--\r\n`;
+    const res = await fetch(`${a!.url}/api/v1/files`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${ws.key}`, "idempotency-key": `rate-upload-${i}`, "content-type": `multipart/form-data; boundary=${boundary}` },
+      body,
+      signal: AbortSignal.timeout(30_000),
+    });
+    await res.arrayBuffer();
+    statuses.push(res.status);
+  }
+  t.deepEqual(statuses, [201, 201, 429], "RUNS_RATE_EXPENSIVE_SOLO is 2 here");
+});
+
 test.serial("keys - a key revoked through one node is refused by the other within 5 seconds", async (t) => {
   const [a, b] = t.context.nodes;
   await freshWindow();

@@ -124,3 +124,12 @@ test("openapi - POST /api/v1/runs answers 200/202 Run, SSE, and 202 carries Loca
   t.truthy(doc.paths["/api/v1/files"].post.requestBody.content["multipart/form-data"]);
   t.truthy(doc.paths["/api/v1/runs/{runId}/events"].get.responses["200"].content["text/event-stream"]);
 });
+
+test("openapi - rate classes as decisions §7 says: file upload, deployment create, key create/rotate are expensive; cancel and key revocation are exempt; nothing else is either", (t) => {
+  const byClass = (rate: string) =>
+    OPERATIONS.filter((op) => op.rate === rate)
+      .map((op) => op.operationId)
+      .sort();
+  t.deepEqual(byClass("expensive"), ["createApiKey", "createDeployment", "rotateApiKey", "rotateApiKeyUnversioned", "uploadFile"]);
+  t.deepEqual(byClass("exempt"), ["cancelRun", "revokeApiKey"]);
+});
