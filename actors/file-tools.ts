@@ -33,12 +33,12 @@ const readParameters = Type.Object({
  * sandbox until the command time limit or a cancel).
  */
 const READ_SCRIPT = `exec 2>/dev/null; f=$1
-[ -e "$f" ] || exit ${10}
-[ -d "$f" ] && exit ${11}
-[ -f "$f" ] || exit ${12}
-[ -r "$f" ] || exit ${13}
+[ -e "$f" ] || exit ${Exit.missing}
+[ -d "$f" ] && exit ${Exit.directory}
+[ -f "$f" ] || exit ${Exit.special}
+[ -r "$f" ] || exit ${Exit.unreadable}
 n=$(head -c 8192 -- "$f" | tr -dc '\\000' | wc -c)
-[ "$n" -eq 0 ] || { stat -c %s -- "$f"; exit ${14}; }
+[ "$n" -eq 0 ] || { stat -c %s -- "$f"; exit ${Exit.binary}; }
 wc -l < "$f" || exit 13
 tail -n "+$2" -- "$f" | head -n "$3" | head -c "$4"`;
 
@@ -100,9 +100,9 @@ const writeParameters = Type.Object({
 
 /** Writes standard input to `$1`, creating parent directories. */
 const WRITE_SCRIPT = `exec 2>&1; f=$1
-case "$f" in */*) mkdir -p -- "\${f%/*}" || exit ${21};; esac
-[ -d "$f" ] && exit ${11}
-cat > "$f" || exit ${21}`;
+case "$f" in */*) mkdir -p -- "\${f%/*}" || exit ${Exit.writeFailed};; esac
+[ -d "$f" ] && exit ${Exit.directory}
+cat > "$f" || exit ${Exit.writeFailed}`;
 
 export function writeTool(runner: ToolRunner): AgentTool<typeof writeParameters> {
   return {
@@ -143,11 +143,11 @@ const editParameters = Type.Object({
 
 /** Prints the whole of a readable regular file `$1`, refusing anything bigger than `$2` bytes. */
 const CAT_SCRIPT = `exec 2>/dev/null; f=$1
-[ -e "$f" ] || exit ${10}
-[ -d "$f" ] && exit ${11}
-[ -f "$f" ] || exit ${12}
-[ -r "$f" ] || exit ${13}
-[ "$(stat -c %s -- "$f")" -le "$2" ] || exit ${16}
+[ -e "$f" ] || exit ${Exit.missing}
+[ -d "$f" ] && exit ${Exit.directory}
+[ -f "$f" ] || exit ${Exit.special}
+[ -r "$f" ] || exit ${Exit.unreadable}
+[ "$(stat -c %s -- "$f")" -le "$2" ] || exit ${Exit.tooLarge}
 cat -- "$f"`;
 
 export function editTool(runner: ToolRunner): AgentTool<typeof editParameters> {
@@ -167,7 +167,7 @@ export function editTool(runner: ToolRunner): AgentTool<typeof editParameters> {
         outputBytes: MAX_EDIT_BYTES + 1,
       });
       const code = requireExit(read, runner, `Reading ${params.path}`);
-      if (code === 16) throw new Error(`${params.path} is larger than ${formatBytes(MAX_EDIT_BYTES)}; edit it with bash`);
+      if (code === Exit.tooLarge) throw new Error(`${params.path} is larger than ${formatBytes(MAX_EDIT_BYTES)}; edit it with bash`);
       if (code !== 0) throw fileError(code, params.path, read);
       const content = read.output.toString("utf8");
       const first = content.indexOf(params.old_text);
@@ -201,8 +201,8 @@ const lsParameters = Type.Object({
 
 /** NUL-separated entries of directory `$1`, each its type letter (find's %y) then its name. */
 const LS_SCRIPT = `exec 2>/dev/null; d=$1
-[ -e "$d" ] || exit ${10}
-[ -d "$d" ] || exit ${15}
+[ -e "$d" ] || exit ${Exit.missing}
+[ -d "$d" ] || exit ${Exit.notDirectory}
 find "$d/" -mindepth 1 -maxdepth 1 -printf '%y%f\\0' | head -c "$2"`;
 
 export function lsTool(runner: ToolRunner): AgentTool<typeof lsParameters> {

@@ -181,7 +181,7 @@ export class ToolRunner {
 }
 
 /** A file script's failure exit codes, shared by the scripts and their callers. */
-export const Exit = { missing: 10, directory: 11, special: 12, unreadable: 13, binary: 14, notDirectory: 15, writeFailed: 21 } as const;
+export const Exit = { missing: 10, directory: 11, special: 12, unreadable: 13, binary: 14, notDirectory: 15, tooLarge: 16, writeFailed: 21 } as const;
 
 export function fileError(code: number, p: string, outcome: SandboxOutcome): Error {
   const shown = JSON.stringify(p);
