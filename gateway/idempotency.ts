@@ -91,13 +91,15 @@ export class IdempotencyRecords {
    * unless an earlier request with the key finished, runs `work` with the claim's
    * identity (`fresh` allocated it, or the pending first request did) and records
    * `record(result)` as done. A failure that `releaseOn` accepts (default: a refusal
-   * without effect, an API error below 500) frees the key for a retry; a failure to
-   * free it leaves the claim pending, which a retry re-drives after `staleMs`.
+   * without effect, an API error below 500) frees the key for a retry. If freeing it
+   * fails (the store is away), that failure is answered (503), unless `quietRelease`:
+   * then the original failure is, and the pending claim is re-driven by a retry after
+   * `staleMs`.
    */
   async once<T extends Record<string, unknown>>(
     claim: { workspaceId: string; operation: string; key: string; fingerprint: unknown; fresh: () => T },
     work: (identity: T, firstClaim: boolean) => Promise<T>,
-    options: { record?: (result: T) => Record<string, unknown>; releaseOn?: (err: unknown) => boolean } = {},
+    options: { record?: (result: T) => Record<string, unknown>; releaseOn?: (err: unknown) => boolean; quietRelease?: boolean } = {},
   ): Promise<{ result: T; replayed: boolean }> {
     const claimed = await this.claim(claim.workspaceId, claim.operation, claim.key, claim.fingerprint, claim.fresh);
     if (claimed.kind === "replay" && claimed.done) return { result: claimed.result, replayed: true };
@@ -106,7 +108,10 @@ export class IdempotencyRecords {
       result = await work(claimed.result, claimed.kind === "new");
     } catch (err) {
       const release = options.releaseOn ?? ((e: unknown) => e instanceof ApiError && e.status < 500);
-      if (release(err)) await this.release(claimed.id).catch(() => undefined);
+      if (release(err)) {
+        if (options.quietRelease) await this.release(claimed.id).catch(() => undefined);
+        else await this.release(claimed.id);
+      }
       throw err;
     }
     await this.complete(claimed.id, options.record ? options.record(result) : result);

@@ -189,7 +189,7 @@ export function agentRoutes(ctx: GatewayContext) {
           return { version: created.version };
         },
         // Nothing was created when the insert failed: the key stays free for a retry.
-        { releaseOn: () => true },
+        { releaseOn: () => true, quietRelease: true },
       );
       if (created) {
         ctx.builder.schedule(created);
