@@ -1,5 +1,6 @@
-import { createHmac, randomBytes } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import nacl from "tweetnacl";
+import { deriveLabelledKey, masterKeyBytes } from "./event-crypto.js";
 
 /**
  * Encryption of stored objects (uploaded files, workspace checkpoints): tweetnacl
@@ -39,8 +40,7 @@ export class BlobKeyring {
   readonly keyId: number;
 
   constructor(masterKeyBase64: string, keyId = 1) {
-    this.master = Buffer.from(masterKeyBase64, "base64");
-    if (this.master.length !== nacl.secretbox.keyLength) throw new Error("The master key must be 32 bytes of base64.");
+    this.master = masterKeyBytes(masterKeyBase64, "object");
     this.keyId = keyId;
   }
 
@@ -48,7 +48,7 @@ export class BlobKeyring {
     const id = `${kind}:${workspaceId}`;
     let key = this.cache.get(id);
     if (!key) {
-      key = new Uint8Array(createHmac("sha256", this.master).update(`runs-${kind}:${workspaceId}`).digest());
+      key = deriveLabelledKey(this.master, kind, workspaceId);
       if (this.cache.size > 10_000) this.cache.clear();
       this.cache.set(id, key);
     }

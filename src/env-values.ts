@@ -1,8 +1,7 @@
-import { createHmac } from "node:crypto";
 import type { Collection, Db } from "mongodb";
 import type { Clock } from "./clock.js";
 import { ApiError, invalid } from "./errors.js";
-import { KEY_BYTES, open, seal } from "./event-crypto.js";
+import { deriveLabelledKey, KEY_BYTES, open, seal } from "./event-crypto.js";
 import { guard } from "./mongo-guard.js";
 
 /**
@@ -50,7 +49,7 @@ export class EnvValueDecryptError extends Error {
  * A label distinct from the event keys', so an event key never opens a value and back.
  */
 export function deriveEnvKey(master: Uint8Array, workspaceId: string): Uint8Array {
-  return new Uint8Array(createHmac("sha256", master).update(`runs-env:${workspaceId}`, "utf8").digest());
+  return deriveLabelledKey(master, "env", workspaceId);
 }
 
 /** 400 param `name` unless `name` matches {@link ENV_NAME_PATTERN}. */

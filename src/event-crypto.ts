@@ -29,11 +29,7 @@ export class EventKeyring {
 
   /** `masterKeyBase64` must decode to exactly 32 bytes. */
   constructor(masterKeyBase64: string) {
-    const master = Buffer.from(masterKeyBase64, "base64");
-    if (master.length !== KEY_BYTES || master.toString("base64").replace(/=+$/, "") !== masterKeyBase64.trim().replace(/=+$/, "")) {
-      throw new Error(`The events master key must be ${KEY_BYTES} bytes of base64.`);
-    }
-    this.master = master;
+    this.master = masterKeyBytes(masterKeyBase64, "events");
   }
 
   keyFor(workspaceId: string): Uint8Array {
@@ -47,7 +43,25 @@ export class EventKeyring {
 }
 
 export function deriveWorkspaceKey(master: Uint8Array, workspaceId: string): Uint8Array {
-  return new Uint8Array(createHmac("sha256", master).update(`runs-events:${workspaceId}`, "utf8").digest());
+  return deriveLabelledKey(master, "events", workspaceId);
+}
+
+/**
+ * A workspace's key for one kind of stored data: HMAC-SHA256(master, "runs-<label>:" +
+ * workspaceId). Each kind has its own label (events, env, files, checkpoints), so a key
+ * of one kind never opens another's data.
+ */
+export function deriveLabelledKey(master: Uint8Array, label: string, workspaceId: string): Uint8Array {
+  return new Uint8Array(createHmac("sha256", master).update(`runs-${label}:${workspaceId}`, "utf8").digest());
+}
+
+/** RUNS_MASTER_KEY as bytes; throws unless it is exactly 32 bytes of canonical base64. */
+export function masterKeyBytes(masterKeyBase64: string, what: string): Buffer {
+  const master = Buffer.from(masterKeyBase64, "base64");
+  if (master.length !== KEY_BYTES || master.toString("base64").replace(/=+$/, "") !== masterKeyBase64.trim().replace(/=+$/, "")) {
+    throw new Error(`The ${what} master key must be ${KEY_BYTES} bytes of base64.`);
+  }
+  return master;
 }
 
 /**
