@@ -171,8 +171,23 @@ async function launch(
 
 /** The last line a server wrote to its log since `from`, cut to 300 characters ("" if none). */
 async function lastLogLine(logFile: string, from: number): Promise<string> {
-  const text = await readFile(logFile, "utf8").catch(() => "");
-  const lines = text.slice(from).split("\n").map((line) => line.trim()).filter(Boolean);
+  // Only what this start wrote (`from` is a byte offset), and at most its last 64 KiB: a
+  // log kept across many starts is never read whole.
+  let text = "";
+  try {
+    const file = await open(logFile, "r");
+    try {
+      const size = (await file.stat()).size;
+      const start = Math.max(from, size - 64 * 1024);
+      const { buffer, bytesRead } = await file.read({ buffer: Buffer.alloc(Math.max(0, size - start)), position: start });
+      text = buffer.subarray(0, bytesRead).toString("utf8");
+    } finally {
+      await file.close();
+    }
+  } catch {
+    return "";
+  }
+  const lines = text.split("\n").map((line) => line.trim()).filter(Boolean);
   return (lines.at(-1) ?? "").slice(0, 300);
 }
 
