@@ -296,7 +296,7 @@ export class RunActor {
     run.event_seq = this.appender.nextSequence - 1;
     // The turn next: a run never points at a turn that is not stored.
     await this.r.store.insertTurnOnce(turn);
-    await this.r.at?.("start:turn_stored", { runId: run._id, turnId: turn._id });
+    if (this.r.at) await this.r.at("start:turn_stored", { runId: run._id, turnId: turn._id });
     if (!(await this.r.store.insertRunOnce(run))) {
       // An earlier attempt of this start (its reply lost, the partition moved here since)
       // admitted the run meanwhile, on the node that owned the partition then. This node

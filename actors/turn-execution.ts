@@ -226,7 +226,7 @@ export class TurnExecution {
     }
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
-    await this.r.at?.("turn:finishing", { runId: this.host.runId, turnId: turn._id });
+    if (this.r.at) await this.r.at("turn:finishing", { runId: this.host.runId, turnId: turn._id });
     await this.r.store.updateTurnFenced(turn._id, this.host.epoch, final);
     this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
     this.turnEnded();
@@ -261,7 +261,7 @@ export class TurnExecution {
     if (next) this.host.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
     await this.host.appender().flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     set.event_seq = this.host.appender().nextSequence - 1;
-    await this.r.at?.("turn:run_moving_on", { runId: run._id, turnId: finished?._id });
+    if (this.r.at) await this.r.at("turn:run_moving_on", { runId: run._id, turnId: finished?._id });
     await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
     Object.assign(run, set);
     if (finished) this.publishFinal(finished._id);
