@@ -1,6 +1,6 @@
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
-import type { Clock } from "../src/index.js";
+import type { Clock, Timer } from "../src/index.js";
 
 /** What a node announces for one workspace: its executing turns there, valid until `expires_at`. */
 interface Announcement {
@@ -32,7 +32,7 @@ export class ActiveTurns {
   private readonly announced = new Set<string>();
   private readonly dirty = new Set<string>();
   private readonly node: string;
-  private refresher: NodeJS.Timeout | undefined;
+  private refresher: Timer | undefined;
   private stopWatch: (() => void) | undefined;
   private stopped = false;
 
@@ -51,22 +51,25 @@ export class ActiveTurns {
   /** Starts following the other nodes' announcements (they arrive within milliseconds) and refreshing this node's. */
   start(): void {
     this.watch();
-    this.refresher = setInterval(() => {
-      for (const ws of this.local.keys()) this.announce(ws);
-    }, Math.max(100, Math.floor(this.ttlMs / 3)));
-    this.refresher.unref();
+    this.refresher = this.clock.every(
+      Math.max(100, Math.floor(this.ttlMs / 3)),
+      () => {
+        for (const ws of this.local.keys()) this.announce(ws);
+      },
+      { keepAlive: false },
+    );
   }
 
   /** Stops watching and withdraws this node's announcements (bounded). */
   async stop(): Promise<void> {
     this.stopped = true;
-    clearInterval(this.refresher);
+    this.refresher?.cancel();
     this.stopWatch?.();
     // Writes in flight first, so none lands after the withdrawal.
     const withdraw = Promise.all(this.writing.values()).then(() =>
       Promise.all([...this.announced].map((ws) => this.kv.delete(this.key(ws)).catch(() => undefined))),
     );
-    await Promise.race([withdraw, new Promise((resolve) => setTimeout(resolve, 2_000).unref())]);
+    await Promise.race([withdraw, this.clock.sleep(2_000, { keepAlive: false })]);
     this.local.clear();
     this.announced.clear();
   }
@@ -140,7 +143,7 @@ export class ActiveTurns {
         }
         if (this.stopped) return;
         // Unreferenced: a watch retrying on a closed connection must not keep the process alive.
-        await new Promise((resolve) => setTimeout(resolve, Math.min(5_000, 250 * 2 ** Math.min(attempt, 4))).unref());
+        await this.clock.sleep(Math.min(5_000, 250 * 2 ** Math.min(attempt, 4)), { keepAlive: false });
       }
     };
     void loop();

@@ -1,5 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects } from "../src/index.js";
+import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
 import { PartitionLeases } from "./partition-leases.js";
 import { RunActor, type ActorResources } from "./run-actor.js";
@@ -28,10 +28,10 @@ export class ActorHost {
   private readonly actors = new Map<string, RunActor>();
   private readonly subs = new Map<number, Subscription>();
   private readonly leases: PartitionLeases;
-  private passivateTimer: NodeJS.Timeout | undefined;
-  private sweepTimer: NodeJS.Timeout | undefined;
+  private passivateTimer: Timer | undefined;
+  private sweepTimer: Timer | undefined;
   private sweeping = false;
-  private orphanTimer: NodeJS.Timeout | undefined;
+  private orphanTimer: Timer | undefined;
   private adopting = false;
   private admitting = true;
 
@@ -57,12 +57,10 @@ export class ActorHost {
 
   async start(): Promise<void> {
     await this.leases.start();
-    this.passivateTimer = setInterval(() => this.passivate(), 30_000);
-    this.passivateTimer.unref();
-    this.sweepTimer = setInterval(() => void this.sweep(), this.r.config.sweepIntervalMs);
-    this.sweepTimer.unref();
-    this.orphanTimer = setInterval(() => void this.adoptOrphans(), Math.max(1_000, this.r.config.leaseTtlMs));
-    this.orphanTimer.unref();
+    const upkeep = { keepAlive: false };
+    this.passivateTimer = this.r.clock.every(30_000, () => this.passivate(), upkeep);
+    this.sweepTimer = this.r.clock.every(this.r.config.sweepIntervalMs, () => void this.sweep(), upkeep);
+    this.orphanTimer = this.r.clock.every(Math.max(1_000, this.r.config.leaseTtlMs), () => void this.adoptOrphans(), upkeep);
   }
 
   /**
@@ -120,6 +118,17 @@ export class ActorHost {
     }
   }
 
+  /** Turns this node executes now and turns queued behind them (for /metrics). */
+  turnCounts(): { active: number; queued: number } {
+    let active = 0;
+    let queued = 0;
+    for (const actor of this.actors.values()) {
+      if (actor.hasActiveTurn) active++;
+      if (actor.hasQueuedTurn) queued++;
+    }
+    return { active, queued };
+  }
+
   /** Number of partitions held (for readiness). */
   get heldCount(): number {
     return this.leases.heldPartitions().length;
@@ -134,12 +143,12 @@ export class ActorHost {
     this.admitting = false;
     this.r.node.draining = true;
     this.leases.stopClaiming();
-    if (this.passivateTimer) clearInterval(this.passivateTimer);
-    if (this.sweepTimer) clearInterval(this.sweepTimer);
-    if (this.orphanTimer) clearInterval(this.orphanTimer);
+    this.passivateTimer?.cancel();
+    this.sweepTimer?.cancel();
+    this.orphanTimer?.cancel();
     const deadline = this.r.clock.nowMs() + this.r.config.drainMs;
     while (this.busyActors().length > 0 && this.r.clock.nowMs() < deadline) {
-      await new Promise((resolve) => setTimeout(resolve, 100));
+      await this.r.clock.sleep(100);
     }
     const remaining = this.busyActors();
     if (remaining.length) this.r.log.warn({ turns: remaining.length }, "drain time over: interrupting active turns");

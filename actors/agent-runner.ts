@@ -23,7 +23,7 @@
  *   the transcript, so the run's history keeps what the user said.
  */
 import { Agent, type AgentEvent, type AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode } from "../src/index.js";
+import { type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
 import type { AssistantMessage, TextContent, UserMessage } from "@mariozechner/pi-ai";
 import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
 import { toRuntimeEvent } from "./agent-events.js";
@@ -77,6 +77,8 @@ export interface TurnRunResult {
   transcript: AgentMessage[];
   /** Set when the outcome is failed. */
   error?: TurnError;
+  /** What the turn's model calls used; absent when no model was called. */
+  usage?: TurnUsage;
 }
 
 export interface RunningTurn {
@@ -250,7 +252,8 @@ class TurnExecution {
     const turnMessages = agent.state.messages.slice(historyLength);
     const undelivered = this.steers.filter((message) => !this.ended.has(message));
     const transcript = [...turnMessages, ...undelivered];
-    return this.conclude(turnMessages, transcript, thrown);
+    // Every model call of the turn counts, also the partial one of a cancelled or failed turn.
+    return { ...this.conclude(turnMessages, transcript, thrown), usage: turnUsage(turnMessages, hasPrices(model.cost)) };
   }
 
   /** The result when preparing the turn itself threw (a bug, or an injected resolver failing). */

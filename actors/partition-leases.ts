@@ -1,6 +1,6 @@
 import type { KV } from "@nats-io/kv";
 import type { Logger } from "pino";
-import { type Clock, rendezvousOwner } from "../src/index.js";
+import { type Clock, rendezvousOwner, type Timer } from "../src/index.js";
 
 interface LeaseValue {
   node: string;
@@ -29,7 +29,7 @@ export interface LeaseEvents {
  */
 export class PartitionLeases {
   private readonly held = new Map<number, Held>();
-  private timer: NodeJS.Timeout | undefined;
+  private timer: Timer | undefined;
   private ticking: Promise<void> | undefined;
   private stopped = false;
   private draining = false;
@@ -57,7 +57,7 @@ export class PartitionLeases {
   async start(): Promise<void> {
     await this.tick();
     const interval = Math.max(200, Math.floor(this.ttlMs / 3));
-    this.timer = setInterval(() => void this.tick(), interval);
+    this.timer = this.clock.every(interval, () => void this.tick());
   }
 
   /** Stops claiming; partitions are released by `releaseAll`. */
@@ -67,7 +67,7 @@ export class PartitionLeases {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    if (this.timer) clearInterval(this.timer);
+    this.timer?.cancel();
     await this.ticking;
   }
 
@@ -81,7 +81,7 @@ export class PartitionLeases {
     const boundMs = Math.min(2_000, this.ttlMs);
     await Promise.all([...this.held.keys()].map((partition) => this.release(partition, boundMs)));
     try {
-      await withTimeout(this.nodes.delete(this.nodeId), boundMs);
+      await withTimeout(this.nodes.delete(this.nodeId), boundMs, this.clock);
     } catch (err) {
       this.log.warn({ err: String(err) }, "could not remove node heartbeat");
     }
@@ -104,7 +104,7 @@ export class PartitionLeases {
     // leader) or a request stalled on a dead server must not let the leases lapse.
     await this.renewAll(now);
     if (this.draining) return;
-    await withTimeout(this.nodes.put(this.nodeId, JSON.stringify({ expires_at: now + this.ttlMs })), this.ttlMs / 3);
+    await withTimeout(this.nodes.put(this.nodeId, JSON.stringify({ expires_at: now + this.ttlMs })), this.ttlMs / 3, this.clock);
     const live = await this.liveNodes(now);
     for (let p = 0; p < this.partitions; p++) {
       const desired = rendezvousOwner(p, live) === this.nodeId;
@@ -134,10 +134,10 @@ export class PartitionLeases {
   private async renewAll(now: number): Promise<void> {
     for (const [partition, held] of [...this.held]) {
       try {
-        held.revision = await withTimeout(this.leases.update(key(partition), this.leaseValue(now), held.revision), this.ttlMs / 3);
+        held.revision = await withTimeout(this.leases.update(key(partition), this.leaseValue(now), held.revision), this.ttlMs / 3, this.clock);
       } catch (err) {
         // A timed-out update may have landed; if the lease still names this node, it is ours.
-        const entry = await withTimeout(this.leases.get(key(partition)), this.ttlMs / 3).catch(() => null);
+        const entry = await withTimeout(this.leases.get(key(partition)), this.ttlMs / 3, this.clock).catch(() => null);
         if (entry?.operation === "PUT" && entry.json<LeaseValue>().node === this.nodeId && entry.revision >= held.revision) {
           held.revision = entry.revision;
           continue;
@@ -177,7 +177,7 @@ export class PartitionLeases {
     this.held.delete(partition);
     await this.events.lost(partition);
     try {
-      await withTimeout(this.leases.delete(key(partition), { previousSeq: held.revision }), boundMs);
+      await withTimeout(this.leases.delete(key(partition), { previousSeq: held.revision }), boundMs, this.clock);
     } catch (err) {
       this.log.warn({ partition, err: String(err) }, "lease release failed");
     }
@@ -185,12 +185,12 @@ export class PartitionLeases {
 }
 
 /** Rejects when `work` takes longer than `ms` (the request itself is not cancelled). */
-function withTimeout<T>(work: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
+function withTimeout<T>(work: Promise<T>, ms: number, clock: Clock): Promise<T> {
+  let timer: Timer | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`lease request timed out after ${ms} ms`)), ms);
+    timer = clock.after(ms, () => reject(new Error(`lease request timed out after ${ms} ms`)));
   });
-  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
+  return Promise.race([work, timeout]).finally(() => timer?.cancel());
 }
 
 function key(partition: number): string {

@@ -27,6 +27,8 @@ const fail = (code: Extract<CommandReply, { code: string }>["code"], message?: s
  * every store write is fenced by the partition epoch.
  */
 export class RunActor {
+  /** The node's resources; once the run is known, with a logger that names its workspace. */
+  private r: ActorResources;
   private mailbox: Promise<unknown> = Promise.resolve();
   private run: RunDoc | null = null;
   private appender: EventAppender | undefined;
@@ -43,13 +45,16 @@ export class RunActor {
     readonly runId: string,
     readonly partition: number,
     readonly epoch: number,
-    private readonly r: ActorResources,
+    private readonly resources: ActorResources,
   ) {
-    this.lastUsedMs = r.clock.nowMs();
+    this.r = resources;
+    this.lastUsedMs = resources.clock.nowMs();
     // What the turn's execution may see and do of this actor (same mailbox, same state).
     const actor = this;
     this.turns = new TurnExecution({
-      r,
+      get r() {
+        return actor.r;
+      },
       runId,
       epoch,
       get stopped() {
@@ -68,6 +73,12 @@ export class RunActor {
     });
   }
 
+  /** Holds the run's document; log lines about it carry its workspace from now on. */
+  private hold(run: RunDoc): void {
+    this.run = run;
+    if (this.r === this.resources) this.r = { ...this.resources, log: this.resources.log.child({ workspace_id: run.workspace_id }) };
+  }
+
   get isIdle(): boolean {
     return this.pendingCommands === 0 && this.turns.active === undefined && (this.run === null || this.run.state === RunState.idle);
   }
@@ -75,6 +86,11 @@ export class RunActor {
   /** Whether this actor has loaded (and so claimed) its run. */
   get holdsRun(): boolean {
     return this.run !== null && !this.stopped;
+  }
+
+  /** Whether the run has a turn queued behind its active one. */
+  get hasQueuedTurn(): boolean {
+    return !this.stopped && this.run !== null && this.run.queued_turn_id !== null;
   }
 
   /** Whether an agent is executing a turn of this run on this node now. */
@@ -160,7 +176,7 @@ export class RunActor {
     this.turns.turnEnded();
     if (this.turns.active) {
       this.turns.active.abortReason = "shutdown";
-      clearTimeout(this.turns.active.limitTimer);
+      this.turns.active.limitTimer.cancel();
       this.turns.active.running.abort();
     }
     this.r.log.info({ run_id: this.runId, reason }, "run actor stopped");
@@ -206,7 +222,7 @@ export class RunActor {
       if (existing) throw new FencedError(this.runId);
       return null;
     }
-    this.run = run;
+    this.hold(run);
     await this.openEvents(run);
     if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
     return this.run;
@@ -306,7 +322,7 @@ export class RunActor {
       await this.activate();
       return ok({ run_id: run._id, turn_id: cmd.turn_id, disposition: Disposition.created });
     }
-    this.run = run;
+    this.hold(run);
     this.turns.session = [];
     await this.turns.execute(run, turn);
     return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created, run: renderRun(run, turn, Disposition.created) });

@@ -19,7 +19,7 @@ import {
   type ToolCall,
   type Usage,
 } from "@mariozechner/pi-ai";
-import { SCRIPTED_LISTING, type ScriptStep } from "../src/index.js";
+import { SCRIPTED_LISTING, type ScriptStep, type ScriptUsage } from "../src/index.js";
 
 export const SCRIPTED_API = "faux-scripted";
 export const SCRIPTED_PROVIDER = SCRIPTED_LISTING.provider;
@@ -55,6 +55,15 @@ const EMPTY_USAGE: Usage = {
   totalTokens: 0,
   cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 },
 };
+
+/** A step's `usage` as pi-ai reports a call's usage (no prices: faux/scripted costs nothing). */
+function scriptedUsage(usage: ScriptUsage): Usage {
+  const input = usage.input ?? 0;
+  const output = usage.output ?? 0;
+  const cacheRead = usage.cache_read ?? 0;
+  const cacheWrite = usage.cache_write ?? 0;
+  return { input, output, cacheRead, cacheWrite, totalTokens: input + output + cacheRead + cacheWrite, cost: { ...EMPTY_USAGE.cost } };
+}
 
 // Chunks of 3–5 "tokens" of 4 characters, like pi-ai's faux provider.
 const MIN_CHUNK_TOKENS = 3;
@@ -92,7 +101,7 @@ export function createScriptedStreamFn(options: ScriptedModelOptions = {}): Stre
       api: model.api,
       provider: model.provider,
       model: model.id,
-      usage: EMPTY_USAGE,
+      usage: step?.usage ? scriptedUsage(step.usage) : EMPTY_USAGE,
       stopReason: "stop",
       timestamp: Date.now(),
     };

@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus } from "../src/index.js";
+import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, NO_USAGE, type TurnUsage } from "../src/index.js";
 import { startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -21,7 +21,7 @@ export interface ActiveExecution {
   running: RunningTurn;
   /** Why the agent was aborted, when it was. */
   abortReason?: AbortReason;
-  limitTimer: NodeJS.Timeout;
+  limitTimer: Timer;
 }
 
 /** The actor as its turn execution sees it. */
@@ -102,7 +102,7 @@ export class TurnExecution {
     let credentials: Record<string, string>;
     try {
       // A store or object-store hiccup is retried briefly before the turn fails.
-      [input, credentials] = await withRetries(() =>
+      [input, credentials] = await withRetries(this.r.clock, () =>
         Promise.all([resolveFiles(this.r.files, run.workspace_id, turn.input), this.r.envValues.resolveForTurn(run.workspace_id)]),
       );
     } catch (err) {
@@ -123,19 +123,22 @@ export class TurnExecution {
         if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
       },
     });
-    const limitTimer = setTimeout(() => {
-      if (this.active?.turn._id !== turn._id) return;
-      this.active.abortReason = "duration_limit";
-      running.abort();
-    }, this.r.config.turnLimitMs);
-    limitTimer.unref();
+    const limitTimer = this.r.clock.after(
+      this.r.config.turnLimitMs,
+      () => {
+        if (this.active?.turn._id !== turn._id) return;
+        this.active.abortReason = "duration_limit";
+        running.abort();
+      },
+      { keepAlive: false },
+    );
     const execution: ActiveExecution = { turn, running, limitTimer };
     this.active = execution;
     void running.result.then((result) => this.host.enqueue(() => this.onFinished(execution, result)));
   }
 
   private async onFinished(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
-    clearTimeout(execution.limitTimer);
+    execution.limitTimer.cancel();
     // The agent stopped: the turn no longer executes here, whatever is stored next.
     if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
     if (this.host.stopped || this.active !== execution) return;
@@ -146,7 +149,7 @@ export class TurnExecution {
     const error: TurnError | null =
       decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.r.ids.reference() });
     try {
-      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error);
+      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error, { usage: result.usage });
     } catch (err) {
       if (err instanceof FencedError) this.host.stop("fenced");
       else await this.settleUnstored(execution.turn, err);
@@ -173,7 +176,7 @@ export class TurnExecution {
       } catch (err) {
         if (err instanceof FencedError) return this.host.stop("fenced");
         this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
-        await new Promise((resolve) => setTimeout(resolve, 500 * 2 ** attempt));
+        await this.r.clock.sleep(500 * 2 ** attempt);
       }
     }
     this.host.markUnsettled();
@@ -187,7 +190,7 @@ export class TurnExecution {
     output: TurnDoc["output"],
     transcript: AgentMessage[],
     error: TurnError | null,
-    options: { checkpoint?: boolean } = {},
+    options: { checkpoint?: boolean; usage?: TurnUsage } = {},
   ): Promise<void> {
     // The turn's runtime events are stored before it is final.
     try {
@@ -225,7 +228,7 @@ export class TurnExecution {
       error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure });
     }
     const now = this.r.clock.nowMs();
-    const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now) };
+    const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now), usage: options.usage ?? NO_USAGE };
     if (this.r.at) await this.r.at("turn:finishing", { runId: this.host.runId, turnId: turn._id });
     await this.r.store.updateTurnFenced(turn._id, this.host.epoch, final);
     this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
@@ -241,7 +244,11 @@ export class TurnExecution {
    * idle, and only then tell waiters (they read the run when notified).
    */
   async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
-    const queued = run.queued_turn_id ? await this.r.store.getTurn(run.queued_turn_id) : null;
+    // The turn to start next: the queued one, or, when an earlier move-on wrote the run but
+    // could not start that turn (a failed turn write; settleUnstored comes back here), the
+    // one the run already names active.
+    const nextId = run.queued_turn_id ?? (run.active_turn_id !== null && run.active_turn_id !== finished?._id ? run.active_turn_id : null);
+    const queued = nextId ? await this.r.store.getTurn(nextId) : null;
     const waiting = queued && queued.status === TurnStatus.queued ? queued : null;
     // While the node drains, a queued turn stays queued for the next owner to start.
     const next = this.r.node.draining ? null : waiting;
@@ -252,6 +259,11 @@ export class TurnExecution {
       last_activity_at: now,
       expires_at: now + run.retention_s * 1000,
     };
+    // The run's usage takes each final turn's once (this runs again after a failed write of the run).
+    if (finished?.usage && run.usage_turn_id !== finished._id) {
+      set.usage = addUsage(run.usage ?? NO_USAGE, finished.usage);
+      set.usage_turn_id = finished._id;
+    }
     // Once per turn, also when a failed write of the run makes settleUnstored come back here.
     const emitted = this.storedFinal?.turnId === finished?._id && this.storedFinal?.finalEmitted === true;
     if (finished && !emitted) {

@@ -2,7 +2,7 @@
  * A turn's input as the agent gets it: uploaded files inlined within the turn's file
  * budget, steering text from input parts, and the short retries around reading them.
  */
-import { type FileStore, type InputPart, isTransientFailure, MAX_TURN_FILE_BYTES } from "../src/index.js";
+import { type Clock, type FileStore, type InputPart, isTransientFailure, MAX_TURN_FILE_BYTES } from "../src/index.js";
 
 /**
  * Uploaded files named by `file_id` become inline parts for the agent (the stored
@@ -49,13 +49,13 @@ export function inputText(input: InputPart[]): string {
 }
 
 /** Runs `work`, retrying transient failures up to three times with a short backoff. */
-export async function withRetries<T>(work: () => Promise<T>): Promise<T> {
+export async function withRetries<T>(clock: Clock, work: () => Promise<T>): Promise<T> {
   for (let attempt = 0; ; attempt++) {
     try {
       return await work();
     } catch (err) {
       if (attempt >= 3 || !isTransientFailure(err)) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 200 * 2 ** attempt));
+      await clock.sleep(200 * 2 ** attempt);
     }
   }
 }

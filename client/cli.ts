@@ -4,95 +4,29 @@
  *
  * Output: people get short lines by default; `--json` prints one JSON document (the
  * resource the call returned; `events --follow --json` prints one event per line). While a
- * turn is awaited, progress goes to stderr only when stderr is a terminal. Exit codes: 0
+ * turn is awaited or streamed, progress goes to stderr only when stderr is a terminal. Exit codes: 0
  * success; 1 an API error (`runs: <code>: <message>`), or a waited turn that did not
  * complete; 2 bad usage (with the usage text).
  */
+import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { DEFAULT_BASE_URL, RunsApiError, RunsClient, isFinalEventOf } from "./client.js";
 import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
+import { CLIENT_USAGE, COMMANDS, type FlagSpec, type Parsed, parseArgs, suggestion, UsageError, usageOf } from "./cli-args.js";
 
-export const CLIENT_USAGE = `usage: runs <command> [options]
+export { CLIENT_USAGE, UsageError, usageOf } from "./cli-args.js";
 
-runs:
-  runs start --agent ID [--version N] [--tag T]... [--wait|--background|--stream] INPUT...
-  runs continue RUN_ID [--on-busy queue|steer|reject] [--wait|--background|--stream] INPUT...
-  runs get RUN_ID [--turn TURN_ID]
-  runs list [--agent ID] [--version N] [--state idle|busy] [--tag T]... [--limit N] [--after CURSOR]
-  runs turns RUN_ID
-  runs events RUN_ID [--turn TURN_ID] [--after EVENT_ID] [--follow]
-  runs cancel RUN_ID [--turn TURN_ID]
-  runs delete RUN_ID
-  runs tag RUN_ID [--add T]... [--remove T]...
-agents:
-  runs agents [list]
-  runs agents create NAME [--description TEXT]
-  runs agents get AGENT_ID
-  runs deploy AGENT_ID (--model MODEL | --config JSON | --config-file PATH) [--no-activate]
-              [--upgrade-policy automatic|new_run_only] [--no-wait]
-  runs models
-admin:
-  runs admin create-workspace --plan solo|business [--name NAME]
-
-Every command takes --json (one JSON document on stdout). start, continue, cancel and
-delete take --idempotency-key KEY (default: a new one per command) to repeat a command
-safely. INPUT "-" reads the input from stdin. --wait (the default) waits for the turn:
-the server's wait, then polling; Ctrl-C stops waiting and leaves the turn running.
-
-Environment: RUNS_URL (default http://127.0.0.1:8080), RUNS_API_KEY.`;
-
-/** Bad usage: exit 2 with the usage text, never a stack trace. */
-export class UsageError extends Error {}
+/** Where the command writes (process.stdout and stderr are these); structural, so the package's types need no @types/node. */
+export interface TextSink {
+  write(text: string): unknown;
+}
+export type Environment = Record<string, string | undefined>;
 
 export interface CliIo {
-  stdout: NodeJS.WritableStream;
-  stderr: NodeJS.WritableStream & { isTTY?: boolean };
-  stdin: NodeJS.ReadableStream;
-  env: NodeJS.ProcessEnv;
-}
-
-type FlagKind = "string" | "boolean" | "multi";
-type FlagSpec = Record<string, FlagKind>;
-interface Parsed {
-  flags: Record<string, string | boolean | string[] | undefined>;
-  positionals: string[];
-}
-
-/** `--name value`, `--name=value`, repeatable flags, `--` ends the flags. */
-export function parseArgs(args: string[], spec: FlagSpec): Parsed {
-  const all: FlagSpec = { json: "boolean", ...spec };
-  const flags: Parsed["flags"] = {};
-  const positionals: string[] = [];
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i];
-    if (arg === "--") {
-      positionals.push(...args.slice(i + 1));
-      break;
-    }
-    if (!arg.startsWith("--") || arg === "-") {
-      positionals.push(arg);
-      continue;
-    }
-    const eq = arg.indexOf("=");
-    const name = arg.slice(2, eq === -1 ? undefined : eq);
-    const kind = all[name];
-    if (!kind) throw new UsageError(`unknown option --${name}`);
-    if (kind === "boolean") {
-      if (eq !== -1) throw new UsageError(`--${name} takes no value`);
-      flags[name] = true;
-      continue;
-    }
-    let value: string | undefined;
-    if (eq !== -1) value = arg.slice(eq + 1);
-    else {
-      value = args[++i];
-      if (value === undefined || (value.startsWith("--") && value.length > 2)) throw new UsageError(`--${name} needs a value`);
-    }
-    if (kind === "multi") flags[name] = [...((flags[name] as string[] | undefined) ?? []), value];
-    else if (flags[name] !== undefined) throw new UsageError(`--${name} given twice`);
-    else flags[name] = value;
-  }
-  return { flags, positionals };
+  stdout: TextSink;
+  stderr: TextSink & { isTTY?: boolean };
+  stdin: AsyncIterable<string | Uint8Array>;
+  env: Environment;
 }
 
 function str(p: Parsed, name: string): string | undefined {
@@ -126,9 +60,63 @@ function delivery(p: Parsed): Delivery {
 
 const DELIVERY_FLAGS: FlagSpec = { wait: "boolean", background: "boolean", stream: "boolean", "idempotency-key": "string" };
 
-/** Runs one API command; resolves with the exit code. */
+/**
+ * The whole `runs` command line but `admin` (node/cli.ts adds it): help, version, one API
+ * command; resolves with the exit code (0, 1 an API error, 2 bad usage with the usage text).
+ */
+export async function runCli(args: string[], io: CliIo): Promise<number> {
+  const first = args[0];
+  if (first === undefined || first === "--help" || first === "-h" || first === "help") {
+    (first === undefined ? io.stderr : io.stdout).write(`${first === undefined ? "runs: no command given\n\n" : ""}${CLIENT_USAGE}\n`);
+    return first === undefined ? 2 : 0;
+  }
+  if (first === "--version" || first === "-V") {
+    io.stdout.write(`${clientVersion()}\n`);
+    return 0;
+  }
+  try {
+    return await runClientCommand(args, io);
+  } catch (err) {
+    if (err instanceof UsageError) {
+      io.stderr.write(`runs: ${err.message}\n\n${usageOf(err.command)}\n`);
+      return 2;
+    }
+    const described = describeClientError(err, io.env);
+    if (!described) throw err;
+    io.stderr.write(`runs: ${described}\n`);
+    return 1;
+  }
+}
+
+/** The client package's version (client/package.json; beside dist/ once built). */
+export function clientVersion(): string {
+  for (const candidate of ["./package.json", "../package.json"]) {
+    try {
+      const pkg = JSON.parse(readFileSync(new URL(candidate, import.meta.url), "utf8")) as { name?: string; version?: string };
+      if (pkg.name === "runs-client" && pkg.version) return pkg.version;
+    } catch {
+      // not here
+    }
+  }
+  return "unknown";
+}
+
+/** Runs one API command; resolves with the exit code. Bad usage throws a UsageError naming the command. */
 export async function runClientCommand(args: string[], io: CliIo): Promise<number> {
   const [command, ...rest] = args;
+  if (command !== undefined && COMMANDS.includes(command) && (rest.includes("--help") || rest.includes("-h"))) {
+    io.stdout.write(`${usageOf(command)}\n`);
+    return 0;
+  }
+  try {
+    return await runCommand(command, rest, args, io);
+  } catch (err) {
+    if (err instanceof UsageError && err.command === undefined && command !== undefined && COMMANDS.includes(command)) err.command = command;
+    throw err;
+  }
+}
+
+async function runCommand(command: string | undefined, rest: string[], args: string[], io: CliIo): Promise<number> {
   const out = new Output(io);
   const client = () => clientFrom(io.env);
   switch (command) {
@@ -227,11 +215,11 @@ export async function runClientCommand(args: string[], io: CliIo): Promise<numbe
       return 0;
     }
     default:
-      throw new UsageError(command === undefined ? "no command given" : `unknown command: ${args.join(" ")}`);
+      throw new UsageError(command === undefined ? "no command given" : `unknown command: ${args.join(" ")}${suggestion(command, COMMANDS)}`);
   }
 }
 
-function clientFrom(env: NodeJS.ProcessEnv): RunsClient {
+function clientFrom(env: Environment): RunsClient {
   const apiKey = env.RUNS_API_KEY;
   if (!apiKey) throw new UsageError("RUNS_API_KEY is not set");
   return new RunsClient({ baseUrl: env.RUNS_URL || undefined, apiKey });
@@ -287,14 +275,25 @@ async function stream(client: RunsClient, request: CreateRunRequest, idempotency
   let last: RunEvent | undefined;
   let printed = false;
   let endsWithNewline = true;
-  for await (const event of client.streamRun(request, { idempotencyKey })) {
-    last = event;
-    if (event.type === "text_delta" && typeof event.data?.delta === "string" && !json) {
-      out.write(event.data.delta);
-      printed = true;
-      endsWithNewline = event.data.delta.endsWith("\n");
+  // On a terminal: what the turn is doing until its text begins (queued, started, a tool running).
+  const progress = out.progress("streaming");
+  try {
+    for await (const event of client.streamRun(request, { idempotencyKey })) {
+      last = event;
+      if (!printed) {
+        if (event.source === "platform") progress.label(`${event.turn_id ?? ""} ${event.type}`);
+        else if (event.type === "tool_execution_start") progress.label(`${event.turn_id ?? ""} running ${String(event.data?.toolName ?? "a tool")}`);
+      }
+      if (event.type === "text_delta" && typeof event.data?.delta === "string" && !json) {
+        progress.stop();
+        out.write(event.data.delta);
+        printed = true;
+        endsWithNewline = event.data.delta.endsWith("\n");
+      }
+      if (isFinalEventOf(event, event.turn_id ?? undefined) && event.data?.run) final = event.data.run as Run;
     }
-    if (isFinalEventOf(event, event.turn_id ?? undefined) && event.data?.run) final = event.data.run as Run;
+  } finally {
+    progress.stop();
   }
   if (printed && !endsWithNewline) out.write("\n");
   // A stream that ended without its final event (for example resumed after it): read the turn.
@@ -489,7 +488,7 @@ class Output {
  * The line after `runs: ` for an error of an API command: `<code>: <message>` for an API
  * error, a plain sentence when the service could not be reached; undefined otherwise.
  */
-export function describeClientError(err: unknown, env: NodeJS.ProcessEnv = process.env): string | undefined {
+export function describeClientError(err: unknown, env: Environment = process.env): string | undefined {
   if (err instanceof RunsApiError) return `${err.code}: ${err.message}`;
   if (err instanceof TypeError && err.message === "fetch failed") {
     const cause = (err as { cause?: { code?: string; message?: string } }).cause;

@@ -603,6 +603,8 @@ export class RunsClient {
     let failures = 0;
     for (let connection = 0; ; connection++) {
       const res = await connect(lastId);
+      // 204: a resumed turn stream whose turn ended with the last event received; nothing more comes.
+      if (res.status === 204) return;
       let received = 0;
       let cut: unknown;
       try {

@@ -4,8 +4,14 @@
  * tolerated (runs-api.md, Versioning 3).
  */
 
-/** A turn's status (runs-api.md, Turn status). The client stands alone, so this repeats
- * the server's list (src/domain.ts); test/unit/client-types.test.ts keeps the two equal. */
+import type { components, operations } from "./wire.js";
+
+/** The document's schemas, generated into wire.ts (`npm run gen:client`): the one source of these types. */
+type Schemas = components["schemas"];
+
+/** A turn's status (runs-api.md, Turn status). */
+export type TurnStatus = Schemas["Turn"]["status"];
+/** The statuses as values; the compiler holds them to the document's list, no more and no fewer. */
 export const TurnStatus = {
   queued: "queued",
   in_progress: "in_progress",
@@ -14,239 +20,59 @@ export const TurnStatus = {
   failed: "failed",
   cancelled: "cancelled",
   incomplete: "incomplete",
-} as const;
-export type TurnStatus = (typeof TurnStatus)[keyof typeof TurnStatus];
+} as const satisfies { [S in TurnStatus]: S };
 
 /** Final statuses never change (runs-api.md, Turn status). */
 export function isFinalTurnStatus(status: string): boolean {
   return status === "completed" || status === "failed" || status === "cancelled" || status === "incomplete";
 }
 
-export type RunState = "idle" | "busy";
-export type Disposition = "created" | "continued" | "queued" | "steered";
-export type OnBusy = "queue" | "steer" | "reject";
+export type RunState = Schemas["Run"]["state"];
+export type Disposition = NonNullable<Schemas["Run"]["disposition"]>;
+export type OnBusy = NonNullable<Schemas["RunRequest"]["on_busy"]>;
 
-export interface InputTextPart {
-  type: "input_text";
-  text: string;
-}
-export interface InputFilePart {
-  type: "input_file";
-  /** From {@link RunsClient.uploadFile}. */
-  file_id?: string;
-  /** Inline small file (at most 4 MiB decoded): filename with base64 file_data. */
-  filename?: string;
-  file_data?: string;
-}
-export type InputPart = InputTextPart | InputFilePart;
-export type RunInput = string | InputPart[];
+export type InputTextPart = Schemas["InputTextPart"];
+export type InputFilePart = Schemas["InputFileRefPart"] | Schemas["InputFileInlinePart"];
+export type InputPart = Schemas["InputPart"];
+export type RunInput = Schemas["RunRequest"]["input"];
+export type OutputPart = Schemas["OutputPart"];
+export type OutputTextPart = OutputPart;
+export type TurnError = Schemas["TurnError"];
+export type Turn = Schemas["Turn"];
+export type Run = Schemas["Run"];
+export type RunSummary = Schemas["RunSummary"];
+export type RunTags = Schemas["RunTags"];
+export type RunDeleted = Schemas["RunDeleted"];
 
-export interface OutputTextPart {
-  type: "output_text";
-  text: string;
-}
-/** Output parts other than text keep the shape type plus content. */
-export type OutputPart = OutputTextPart | { type: string; [field: string]: unknown };
+/** A page of a list: the shape every list answer has (here the runs list's), with its items. */
+export type List<T> = Omit<operations["listRuns"]["responses"][200]["content"]["application/json"], "data"> & { data: T[] };
 
-export interface TurnError {
-  code: string;
-  source: "provider" | "extension" | "runtime" | "platform" | "configuration" | string;
-  message: string;
-  retryable: boolean;
-  reference?: string;
-}
-
-export interface Turn {
-  id: string;
-  object: "turn";
-  status: TurnStatus;
-  agent_version: number;
-  input: InputPart[];
-  output: OutputPart[];
-  error: TurnError | null;
-  /** Unix seconds. */
-  created_at: number;
-  started_at: number | null;
-  completed_at: number | null;
-  duration_ms: number | null;
-}
-
-export interface Run {
-  id: string;
-  object: "run";
-  agent_id: string;
-  agent_version: number;
-  state: RunState;
-  /** Only on the answer to a start or continue. */
-  disposition?: Disposition;
-  tags: string[];
-  created_at: number;
-  last_activity_at: number;
-  /** The selected turn: latest, or the one named by turn_id. */
-  turn: Turn;
-}
-
-export interface RunSummary {
-  id: string;
-  object: "run";
-  agent_id: string;
-  agent_version: number;
-  state: RunState;
-  tags: string[];
-  created_at: number;
-  last_activity_at: number;
-}
-
-export interface RunTags {
-  object: "run_tags";
-  run_id: string;
-  tags: string[];
-}
-
-export interface RunDeleted {
-  id: string;
-  object: "run.deleted";
-  deleted: true;
-}
-
-export interface List<T> {
-  object: "list";
-  data: T[];
-  has_more: boolean;
-  next_cursor: string | null;
-}
-
-export type HistoryStatus = "complete" | "partial" | "expired" | "empty";
-
-export interface EventList extends List<RunEvent> {
-  history: { status: HistoryStatus | null; retention_days: number | null };
-}
+export type HistoryStatus = NonNullable<Schemas["EventHistory"]["status"]>;
 
 /**
  * One event. `source` and `type` are the discriminators; consumers must accept unknown
  * types. `text_delta` carries `data.delta`; the platform event that makes a turn final
  * (`turn.completed`, `turn.failed`, `turn.cancelled`, `turn.incomplete`) carries `data.run`.
+ * The document types `data` as unknown (it is type-specific); here it may be read by field.
  */
-export interface RunEvent {
-  id: string;
-  sequence: number;
-  source: "runtime" | "platform" | string;
-  type: string;
-  run_id: string;
-  turn_id: string | null;
-  created_at: number;
-  data: any;
-}
+export type RunEvent = Omit<Schemas["Event"], "data"> & { data: any };
 /** Alias of {@link RunEvent}. */
 export type Event = RunEvent;
 
-export interface Agent {
-  id: string;
-  object: "agent";
-  name: string;
-  description: string | null;
-  active_version: number | null;
-  created_at: number;
-}
+export type EventList = List<RunEvent> & { history: Schemas["EventHistory"] };
 
-export type DeploymentStatus = "building" | "ready" | "failed";
-export type UpgradePolicy = "automatic" | "new_run_only";
-
-export interface AgentConfig {
-  model: string | { provider: "openai-compatible"; base_url: string; model: string; api_key_env?: string };
-  instructions?: string;
-  tools?: string[];
-  limits?: { command_timeout_s?: number };
-  script?: unknown[];
-  tokens_per_second?: number;
-  [field: string]: unknown;
-}
-
-export interface Deployment {
-  object: "deployment";
-  agent_id: string;
-  version: number;
-  status: DeploymentStatus;
-  upgrade_policy: UpgradePolicy;
-  config: AgentConfig;
-  error: unknown;
-  created_at: number;
-  ready_at: number | null;
-}
-
-export interface Model {
-  object: "model";
-  id?: string;
-  provider?: string;
-  [field: string]: unknown;
-}
-
-export type Scope =
-  | "models:read"
-  | "files:read"
-  | "files:write"
-  | "agents:read"
-  | "agents:write"
-  | "run:read"
-  | "run:write"
-  | "env_vars:read"
-  | "env_vars:write"
-  | "env_vars:reveal"
-  | "api_keys:manage";
-
-export interface ApiKey {
-  id: string;
-  object: "api_key";
-  key_prefix: string;
-  /** The secret: only when a key is created or rotated. */
-  key?: string;
-  label: string | null;
-  scopes: string[];
-  mode: "live" | "test";
-  created_at: number;
-  last_used_at: number | null;
-  revoked_at: number | null;
-  updated_at: number;
-  /** Only on rotation (date-time). */
-  old_key_revokes_at?: string;
-}
-
-export interface EnvironmentValue {
-  object: "environment_value";
-  name: string;
-  /** Only with reveal (scope env_vars:reveal). */
-  value?: unknown;
-  created_at: number;
-  updated_at: number;
-}
-
-export interface EnvironmentValueDeleted {
-  name: string;
-  object: "environment_value.deleted";
-  deleted: true;
-}
-
-export interface FileObject {
-  id: string;
-  object: "file";
-  filename: string;
-  media_type: string;
-  bytes: number;
-  /** Lowercase hex. */
-  sha256: string;
-  created_at: number;
-}
-
-export interface ErrorBody {
-  error: {
-    message: string;
-    type: string;
-    param: string | null;
-    code: string;
-    retryable?: boolean;
-    reference?: string;
-  };
-}
+export type Agent = Schemas["Agent"];
+export type DeploymentStatus = Schemas["Deployment"]["status"];
+export type UpgradePolicy = Schemas["Deployment"]["upgrade_policy"];
+export type AgentConfig = Schemas["AgentConfig"];
+export type Deployment = Schemas["Deployment"];
+export type Model = Schemas["Model"];
+export type Scope = Schemas["ApiKey"]["scopes"][number];
+export type ApiKey = Schemas["ApiKey"];
+export type EnvironmentValue = Schemas["EnvironmentValue"];
+export type EnvironmentValueDeleted = Schemas["EnvironmentValueDeleted"];
+export type FileObject = Schemas["File"];
+export type ErrorBody = Schemas["Error"];
 
 // ---- requests ----
 

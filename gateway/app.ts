@@ -1,5 +1,7 @@
 /** The Fastify app: hooks, parsers, error answers and every route plugin. */
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import { STATUS_CODES } from "node:http";
+import type { Socket } from "node:net";
 import type { KV } from "@nats-io/kv";
 import { ApiError, fieldOfPath, invalid, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
 import { Authenticator, requireScope } from "./auth.js";
@@ -18,18 +20,49 @@ import { eventRoutes } from "./routes/events.js";
 import { envValueRoutes } from "./routes/env-values.js";
 import { fileRoutes } from "./routes/files.js";
 import { openapiRoutes } from "./routes/openapi.js";
+import { consoleRoutes } from "./routes/console.js";
 import { buildOpenApiDocument } from "./openapi.js";
+import { GatewayMetrics } from "./metrics.js";
+import { openStreamCount } from "./sse.js";
+import { acceptedRequestId, REQUEST_ID_HEADER } from "./request-id.js";
+
+/**
+ * A request that is not valid HTTP (bad request line or headers, headers too large, too
+ * slow to arrive) never reaches a route: Node's parser refuses it. It is answered in the
+ * contract's error format like every other refusal, then the connection closes.
+ */
+function answerClientError(err: Error & { code?: string }, socket: Socket): void {
+  if (err.code === "ECONNRESET" || socket.destroyed || !socket.writable) return;
+  const error =
+    err.code === "ERR_HTTP_REQUEST_TIMEOUT"
+      ? new ApiError("request_timeout", { message: "The request did not arrive in time." })
+      : invalid(null, err.code === "HPE_HEADER_OVERFLOW" ? "The request's headers are larger than the server accepts." : "The request is not valid HTTP.");
+  const body = JSON.stringify(error.toBody());
+  socket.end(
+    `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+  );
+}
+
+/** A scrape waits at most this long for the store's ping. */
+const STORE_PING_BOUND_MS = 1_000;
 
 export async function buildApp(
-  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "finalTurns"> & { rateLimits: KV },
+  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "finalTurns" | "metrics"> & { rateLimits: KV },
 ): Promise<{ app: FastifyInstance; context: GatewayContext }> {
+  const connection = trackConnection(ctx.nc);
   const context: GatewayContext = {
     ...ctx,
     rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock),
-    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), 15_000, trackConnection(ctx.nc), ctx.clock),
+    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, 15_000, connection),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
     finalTurns: new FinalTurnCache(),
+    metrics: new GatewayMetrics({
+      turns: ctx.turnCounts,
+      sseStreams: () => openStreamCount(context),
+      natsConnected: () => connection.connected && !ctx.nc.isClosed(),
+      storeReachable: () => Promise.race([ctx.store.ping(), ctx.clock.sleep(STORE_PING_BOUND_MS).then(() => false)]),
+    }),
   };
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,
@@ -37,9 +70,15 @@ export async function buildApp(
     // Any path segment reaches its route (an over-long id is then 404 with the contract's
     // body); the router's own 414 would answer in its own format. Node caps the URL anyway.
     routerOptions: { maxParamLength: 16_384 },
-    genReqId: () => ctx.ids.reference().replace("ref_", "req_"),
+    clientErrorHandler: answerClientError,
+    genReqId: (req) => acceptedRequestId(req.headers[REQUEST_ID_HEADER]) ?? ctx.ids.reference().replace("ref_", "req_"),
   });
   app.decorateRequest("auth", null);
+  // First, so every answer (401s, 404s, hijacked event streams) carries the id and is counted.
+  app.addHook("onRequest", async (request, reply) => {
+    reply.header(REQUEST_ID_HEADER, request.id);
+  });
+  context.metrics.instrument(app);
 
   // Every /api route authenticates unless marked public, then checks its scope.
   app.addHook("onRequest", async (request, reply) => {
@@ -85,5 +124,6 @@ export async function buildApp(
   await app.register(envValueRoutes(context));
   await app.register(fileRoutes(context));
   await app.register(openapiRoutes(JSON.stringify(buildOpenApiDocument())));
+  await app.register(consoleRoutes());
   return { app, context };
 }

@@ -11,6 +11,7 @@ import type { AuthContext, Authenticator } from "./auth.js";
 import type { CommandRouter } from "./router.js";
 import type { IdempotencyRecords } from "./idempotency.js";
 import type { FinalTurnCache } from "./final-turns.js";
+import type { GatewayMetrics } from "./metrics.js";
 import { retryAfterSeconds } from "./unavailable.js";
 import { RateClass, type RateDecision, type RateLimiter } from "./rate-limits.js";
 
@@ -38,6 +39,9 @@ export interface GatewayContext {
   actorsReady?: () => boolean;
   /** This node's tool sandbox (for /readyz); undefined for gateway-only nodes. */
   sandboxStatus?: () => SandboxStatus;
+  /** This node's executing and queued turns (for /metrics); undefined for gateway-only nodes. */
+  turnCounts?: () => { active: number; queued: number };
+  metrics: GatewayMetrics;
 }
 
 declare module "fastify" {

@@ -80,7 +80,7 @@ export class IdempotencyRecords {
     }
     // Wait for the first request's answer; bounded, then take over with its ids.
     for (let i = 0; i < 100 && existing.state === "pending" && this.clock.nowMs() - existing.created_at < this.staleMs; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await this.clock.sleep(50);
       existing = (await this.store.getIdempotency(id)) ?? existing;
     }
     return { kind: "replay", id, result: existing.result as T, done: existing.state === "done" };

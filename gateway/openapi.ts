@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { z } from "zod";
 import { ERROR_CATALOGUE, type ErrorCode } from "../src/index.js";
-import { idempotencyKey, ref, type Operation, type Success } from "./operation.js";
+import { idempotencyKey, ref, type Operation, type Parameter, type Success } from "./operation.js";
 import { OPERATIONS } from "./operations.js";
 import { errorCatalogue, schemas } from "./schemas.js";
 
@@ -10,8 +10,9 @@ import { errorCatalogue, schemas } from "./schemas.js";
  *
  * Bodies come from the zod schemas of gateway/schemas.ts, emitted once as JSON Schema
  * draft 2020-12 under `components.schemas`. Operations are the routes' own declarations
- * (gateway/operations.ts lists them; each is declared once, beside its handler), with every
- * status the route can answer: the success answers, and for each error status the
+ * (gateway/operations.ts lists them; each is declared once, beside its handler): their
+ * parameters are the fields of the path and query schemas the routes validate with, and
+ * they list every status the route can answer: the success answers, and for each error status the
  * catalogue codes it can carry (in the response's description and, machine-readably, in
  * its `x-error-codes`). The root's `x-error-codes` is the whole catalogue of
  * src/errors.ts. test/integration/openapi.test.ts checks the operations against the
@@ -75,15 +76,23 @@ function headersFor(op: Operation, status: number, success?: Success): Record<st
 function successResponse(op: Operation, status: number, success: Success): Record<string, unknown> {
   const content: Record<string, unknown> = {};
   if (success.json === "__openapi") content["application/json"] = { schema: { type: "object" } };
-  else if (success.json) content["application/json"] = { schema: ref(success.json) };
+  else if (success.json) content["application/json"] = { schema: ref(nameOf(success.json)) };
+  if (success.text) content[success.text] = { schema: { type: "string" } };
+  const response: Record<string, unknown> = { description: success.description };
+  if (Object.keys(content).length > 0) response.content = content;
   if (success.sse) {
-    content["text/event-stream"] = {
-      schema: { type: "string", description: "Frames `id: <event id>\\nevent: <type>\\ndata: <Event JSON>\\n\\n`; `: ping` comments; `event: error` with an Error body before closing on a late error." },
-      "x-event-schema": ref("Event"),
+    // The stream is not a second entry of `content`: generators (openapi-typescript with
+    // openapi-fetch) would type the answer as JSON-or-string and the JSON fields would be
+    // unreachable. Asked for with stream=true, it is read as a stream (openapi-fetch:
+    // parseAs: "stream"); its media type is described here, in the shape of `content`.
+    response.description = `${success.description} With stream=true the answer is text/event-stream instead (x-stream-content; a generated client reads it as a stream, e.g. openapi-fetch's parseAs: "stream").`;
+    response["x-stream-content"] = {
+      "text/event-stream": {
+        schema: { type: "string", description: "Frames `id: <event id>\\nevent: <type>\\ndata: <Event JSON>\\n\\n`; `: ping` comments; `event: error` with an Error body before closing on a late error." },
+        "x-event-schema": ref("Event"),
+      },
     };
   }
-  if (success.text) content[success.text] = { schema: { type: "string" } };
-  const response: Record<string, unknown> = { description: success.description, content };
   const headers = headersFor(op, status, success);
   if (headers) response.headers = headers;
   return response;
@@ -100,8 +109,43 @@ function errorResponse(op: Operation, status: number, codes: ErrorCode[]): Recor
   return response;
 }
 
+/** The components.schemas name of a registered schema (a declaration naming an unregistered one is a mistake). */
+function nameOf(schema: z.ZodType): string {
+  const id = schemas.get(schema)?.id;
+  if (!id) throw new Error("An operation names a body schema that gateway/schema-registry.ts does not register.");
+  return id;
+}
+
+/** A request part's schema as a parameter's JSON Schema: what the handler receives (output), its description moved to the parameter. */
+function parameterSchema(schema: z.ZodType): { schema: Record<string, unknown>; description?: string } {
+  const { $schema: _s, description, ...rest } = z.toJSONSchema(schema, { target: "draft-2020-12", io: "output" }) as Record<string, unknown>;
+  return description === undefined ? { schema: rest } : { schema: rest, description: String(description) };
+}
+
+/** The documented parameters of an operation: its path and query schemas field by field, then the headers it reads. */
+export function parametersOf(op: Operation): Parameter[] {
+  const out: Parameter[] = [];
+  for (const [where, object] of [["path", op.params], ["query", op.query]] as const) {
+    for (const [name, field] of Object.entries(object?.shape ?? {}) as [string, z.ZodType][]) {
+      const { schema, description } = parameterSchema(field);
+      // A wildcard (Fastify's "*") is documented under the name the path gives it.
+      const documented = name === "*" ? (/\{([^}]+)\}$/.exec(op.path)?.[1] ?? name) : name;
+      const required = where === "path" || !field.safeParse(undefined).success;
+      out.push({
+        name: documented,
+        in: where,
+        ...(required ? { required } : {}),
+        ...(description === undefined ? {} : { description }),
+        schema,
+        ...(schema.type === "array" ? { style: "form", explode: true } : {}),
+      });
+    }
+  }
+  return [...out, ...(op.headers ?? [])];
+}
+
 function operationObject(op: Operation): Record<string, unknown> {
-  const parameters = [...(op.parameters ?? [])];
+  const parameters = parametersOf(op);
   if (op.idempotencyKey) parameters.push(idempotencyKey);
   const out: Record<string, unknown> = {
     operationId: op.operationId,
@@ -117,7 +161,7 @@ function operationObject(op: Operation): Record<string, unknown> {
   if (parameters.length) out.parameters = parameters;
   if (op.body) {
     const contentType = op.body.multipart ? "multipart/form-data" : "application/json";
-    const media: Record<string, unknown> = { schema: ref(op.body.schema) };
+    const media: Record<string, unknown> = { schema: ref(nameOf(op.body.schema)) };
     if (op.body.multipart) media.encoding = { file: { contentType: "application/octet-stream" } };
     out.requestBody = { required: op.body.required, content: { [contentType]: media } };
   }
@@ -144,32 +188,53 @@ export function componentSchemas(): Record<string, Record<string, unknown>> {
   return out;
 }
 
-function packageVersion(): string {
+/** The package's own manifest (beside the sources, or one folder up when built into dist/). */
+function packageManifest(): { version?: string; license?: string } {
   for (const candidate of ["../package.json", "../../package.json"]) {
     const url = new URL(candidate, import.meta.url);
     if (!existsSync(url)) continue;
-    const pkg = JSON.parse(readFileSync(url, "utf8")) as { name?: string; version?: string };
-    if (pkg.name === "runs" && pkg.version) return pkg.version;
+    const pkg = JSON.parse(readFileSync(url, "utf8")) as { name?: string; version?: string; license?: string };
+    if (pkg.name === "runs") return pkg;
   }
-  return "0.0.0";
+  return {};
+}
+
+function packageVersion(): string {
+  return packageManifest().version ?? "0.0.0";
+}
+
+function packageLicense(): string {
+  return packageManifest().license ?? "UNLICENSED";
 }
 
 /** Builds the document (pure apart from reading package.json's version). */
+/** The document's tags, in the order a reader meets them, with what each groups. */
+const TAG_DESCRIPTIONS = {
+  runs: "Start, continue, wait for, cancel, tag, list and delete runs; read a run's turns.",
+  events: "A run's retained, encrypted event log: pages, or a Server-Sent Events stream that resumes from an event id.",
+  agents: "Agents, their numbered deployments (model, instructions, tools) and which version is active; the model catalogue.",
+  "api-keys": "Scoped, rotatable API keys of the workspace.",
+  files: "Files uploaded once and given to turns as input.",
+  "environment-values": "Encrypted values a deployment's tools and model credentials may read by name.",
+  operations: "Liveness, readiness, metrics and this document; no key needed.",
+  console: "The web console's page and files; the page calls the API with the key a person gives it.",
+} as const;
+
 export function buildOpenApiDocument(): Record<string, unknown> {
   const paths: Record<string, Record<string, unknown>> = {};
   for (const op of OPERATIONS) (paths[op.path] ??= {})[op.method] = operationObject(op);
   return {
     openapi: "3.1.0",
-    jsonSchemaDialect: "https://json-schema.org/draft/2020-12/schema",
     info: {
       title: "Runs API",
       version: packageVersion(),
+      license: { name: packageLicense() },
       description:
         "Durable AI agent runs behind a REST API. Authenticate with Authorization: Bearer <API_KEY>; every resource is scoped to the key's workspace. Rate limits are per workspace across keys: authenticated answers carry X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (not 401, which is answered before the workspace is known); 429 and 503 carry Retry-After. Response objects list every field the service sends; new event types, event data fields and turn error codes may appear.",
     },
     servers: [{ url: "/" }],
     security: [{ bearer: [] }],
-    tags: ["runs", "events", "agents", "api-keys", "files", "environment-values", "operations"].map((name) => ({ name })),
+    tags: Object.entries(TAG_DESCRIPTIONS).map(([name, description]) => ({ name, description })),
     paths,
     components: {
       securitySchemes: { bearer: { type: "http", scheme: "bearer", description: "An API key: rk_live_…" } },

@@ -1,6 +1,7 @@
 /** Every route the gateway serves, in the order of the OpenAPI document: each declared once in its route file. */
 import type { Operation } from "./operation.js";
 import { AGENT_OPERATIONS } from "./routes/agents.js";
+import { CONSOLE_OPERATIONS } from "./routes/console.js";
 import { API_KEY_OPERATIONS } from "./routes/api-keys.js";
 import { ENV_VALUE_OPERATIONS } from "./routes/env-values.js";
 import { EVENT_OPERATIONS } from "./routes/events.js";
@@ -22,4 +23,5 @@ export const OPERATIONS: Operation[] = [
   ENV_VALUE_OPERATIONS,
   OPENAPI_OPERATIONS,
   HEALTH_OPERATIONS,
+  CONSOLE_OPERATIONS,
 ].flatMap((declared) => Object.values(declared));

@@ -1,6 +1,6 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects, systemClock } from "../src/index.js";
+import { ApiError, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();
@@ -17,9 +17,9 @@ export class CommandRouter {
     private readonly partitions: number,
     private readonly retryMs: number,
     private readonly log: Logger,
+    private readonly clock: Clock,
     private readonly requestTimeoutMs = 15_000,
     private readonly connection: ConnectionState = { connected: true },
-    private readonly clock: Clock = systemClock,
   ) {}
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
@@ -31,7 +31,7 @@ export class CommandRouter {
       if (!this.connection.connected) {
         // NATS is down: wait for the reconnect within the retry budget, never for a request timeout.
         if (this.clock.nowMs() + delayMs > deadline) break;
-        await new Promise((resolve) => setTimeout(resolve, delayMs));
+        await this.clock.sleep(delayMs);
         delayMs = Math.min(500, delayMs * 2);
         continue;
       }
@@ -54,7 +54,7 @@ export class CommandRouter {
         throw new ApiError(reply.code, { message: reply.message, param: reply.param ?? null });
       }
       if (this.clock.nowMs() + delayMs > deadline) break;
-      await new Promise((resolve) => setTimeout(resolve, delayMs));
+      await this.clock.sleep(delayMs);
       delayMs = Math.min(500, delayMs * 2);
     }
     this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id }, "no owner answered for the run's partition");

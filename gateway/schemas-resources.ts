@@ -1,6 +1,6 @@
 /** Body schemas of agents, deployments, models, API keys, files, environment values and the operations routes (see gateway/schema-registry.ts). */
 import { z } from "zod";
-import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, SCOPES } from "../src/index.js";
+import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, jsonBody, refuse, SCOPES, scopeListProblem } from "../src/index.js";
 import { named, unixSeconds } from "./schema-registry.js";
 
 // ---------------------------------------------------------------------------------
@@ -73,28 +73,34 @@ export const ApiKeySchema = named(
   }),
 );
 
-/** Mirror of gateway/routes/api-keys.ts's private CreateSchema, with the scope rules of src/scopes.ts. */
+/** Scopes a key is given: canonical, unique, a write or reveal scope with its read scope (src/scopes.ts). */
+const scopeList = z
+  .array(scope, { error: "must be an array of scopes." })
+  .superRefine((scopes, ctx) => {
+    const problem = scopeListProblem(scopes);
+    if (problem) refuse(ctx, "scopes", problem);
+  })
+  .meta({ minItems: 1, maxItems: SCOPES.length });
+
 export const ApiKeyCreateRequestSchema = named(
   "ApiKeyCreateRequest",
-  z
-    .object({
-      label: label.optional(),
-      scopes: z.array(scope).min(1).max(SCOPES.length).describe("Unique; a write or reveal scope requires its read scope."),
-    })
-    .strict(),
+  jsonBody({
+    label: label.optional(),
+    scopes: scopeList.describe("Unique; a write or reveal scope requires its read scope."),
+  }),
 );
 
-/** Mirror of gateway/routes/api-keys.ts's private RotateSchema. */
+/** The most a rotated key's predecessor keeps working (decisions §2). */
+export const MAX_GRACE_PERIOD_S = 604_800;
+
 export const ApiKeyRotateRequestSchema = named(
   "ApiKeyRotateRequest",
-  z
-    .object({
-      label: label.optional(),
-      scopes: z.array(scope).min(1).max(SCOPES.length).optional().describe("Omit to keep the current key's scopes."),
-      mode: z.literal("live").optional(),
-      gracePeriodSeconds: z.int().min(0).max(604_800).optional().describe("Default 86400."),
-    })
-    .strict(),
+  jsonBody({
+    label: label.optional(),
+    scopes: scopeList.optional().describe("Omit to keep the current key's scopes."),
+    mode: z.literal("live", { error: "Rotation always issues a live key; mode may only be live." }).optional(),
+    gracePeriodSeconds: z.int().min(0).max(MAX_GRACE_PERIOD_S).optional().describe("Default 86400."),
+  }),
 );
 
 // ---------------------------------------------------------------------------------
@@ -136,10 +142,10 @@ export const EnvValueSchema = named(
   }),
 );
 
-/** Mirror of gateway/routes/env-values.ts's PutBodySchema with the rules of src/env-values.ts. */
+/** Its size (at most 64 KiB) is checked where it is stored (src/env-values.ts). */
 export const EnvValuePutRequestSchema = named(
   "EnvironmentValuePutRequest",
-  z.object({ value: z.string().describe("At most 64 KiB (UTF-8).") }).strict(),
+  jsonBody({ value: z.string({ error: (issue) => (issue.input === undefined ? "is required." : "must be a string.") }).describe("At most 64 KiB (UTF-8).") }),
 );
 
 export const EnvValueDeletedSchema = named(

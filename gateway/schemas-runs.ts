@@ -1,6 +1,6 @@
 /** Body schemas of errors, runs, turns and events (see gateway/schema-registry.ts). */
 import { z } from "zod";
-import { Disposition, ErrorType, MAX_INLINE_FILE_BYTES, MAX_TAG_LENGTH, MAX_TAGS, RunState, TURN_ERROR_CATALOGUE, TurnStatus } from "../src/index.js";
+import { Disposition, ErrorType, jsonBody, MAX_INLINE_FILE_BYTES, MAX_TAGS, refuse, RunRequestBodySchema, RunState, TagSchema as SourceTagSchema, TURN_ERROR_CATALOGUE, TurnStatus } from "../src/index.js";
 import { named, unixSeconds } from "./schema-registry.js";
 
 // ---------------------------------------------------------------------------------
@@ -24,17 +24,7 @@ export const ErrorBodySchema = named(
 // ---------------------------------------------------------------------------------
 // Runs and turns
 
-const TAG_PATTERN = "^(?=[\\s\\S]*\\S)[^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]+$";
-
-export const TagSchema = named(
-  "Tag",
-  z
-    .string()
-    .min(1)
-    .max(MAX_TAG_LENGTH)
-    .regex(new RegExp(TAG_PATTERN, "u"))
-    .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters."),
-);
+export const TagSchema = named("Tag", SourceTagSchema);
 
 export const InputTextPartSchema = named("InputTextPart", z.object({ type: z.literal("input_text"), text: z.string() }));
 export const InputFileRefPartSchema = named(
@@ -71,6 +61,18 @@ export const TurnErrorSchema = named(
   "Why a turn failed or stopped; stored with the turn, independent of event retention.",
 );
 
+export const UsageSchema = named(
+  "Usage",
+  z.object({
+    input_tokens: z.int().min(0),
+    output_tokens: z.int().min(0),
+    cache_read_tokens: z.int().min(0),
+    cache_write_tokens: z.int().min(0),
+    cost_usd: z.number().min(0).nullable().describe("US dollars from the model registry's prices; null for a model without prices (faux/scripted, openai-compatible endpoints)."),
+  }),
+  "What model calls used: a turn's calls summed, or a run's turns summed.",
+);
+
 const turnStatus = z.enum(Object.values(TurnStatus) as [string, ...string[]]);
 
 export const TurnSchema = named(
@@ -87,6 +89,7 @@ export const TurnSchema = named(
     started_at: unixSeconds().nullable(),
     completed_at: unixSeconds().nullable(),
     duration_ms: z.int().min(0).nullable(),
+    usage: UsageSchema.nullable().describe("null until the turn is final; then its model calls' usage summed."),
   }),
 );
 
@@ -99,6 +102,7 @@ const runFields = {
   tags: z.array(z.string()).describe("Sorted; empty when none."),
   created_at: unixSeconds(),
   last_activity_at: unixSeconds(),
+  usage: UsageSchema.describe("The run's final turns' usage summed."),
 };
 
 export const RunSchema = named(
@@ -124,37 +128,25 @@ export const RunTagsSchema = named("RunTags", z.object({ object: z.literal("run_
 
 export const RunDeletedSchema = named("RunDeleted", z.object({ id: z.string(), object: z.literal("run.deleted"), deleted: z.literal(true) }));
 
-export const RunRequestSchema = named(
-  "RunRequest",
-  z
-    .object({
-      agent: z.string().min(1).optional().describe("Starts a new run on this agent. Exactly one of agent and run_id (neither: 400 param agent; both: 400 param run_id)."),
-      run_id: z.string().min(1).optional().describe("Continues this run."),
-      version: z.int().min(1).optional().describe("Only with agent: start on exactly this deployment version without activating it."),
-      input: z.union([z.string(), z.array(z.looseObject({ type: z.enum(["input_text", "input_file"]) })).min(1).max(32)]).describe(
-        "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts, 4 MiB of text and 4 MiB of inline files (decoded) in all: 413 payload_too_large past those.",
-      ),
-      background: z.boolean().nullable().optional().describe("Answer 202 as soon as the turn is admitted."),
-      stream: z.boolean().nullable().optional().describe("Answer with a Server-Sent Events stream. Not together with background (400 param stream)."),
-      on_busy: z.enum(["queue", "steer", "reject"]).nullable().optional().describe("Only with run_id; default queue."),
-      tags: z.array(TagSchema).optional().describe(`Only with agent; at most ${MAX_TAGS} distinct tags.`),
-    })
-    .strict(),
-);
+export const RunRequestSchema = named("RunRequest", RunRequestBodySchema);
 
 export const CancelRequestSchema = named(
   "CancelRequest",
-  z.object({ turn_id: z.string().min(1).optional().describe("The turn to cancel; default the active turn, else the queued one.") }).strict(),
+  jsonBody({ turn_id: z.string({ error: "must be a turn id." }).min(1, "must be a turn id.").optional().describe("The turn to cancel; default the active turn, else the queued one.") }),
 );
+
+/** At most this many tags in one edit's list (the run's resulting list is limited to MAX_TAGS). */
+const MAX_TAG_EDIT = 1000;
+const tagEdit = z.array(TagSchema, { error: "must be an array of tags." }).max(MAX_TAG_EDIT, `may hold at most ${MAX_TAG_EDIT} tags.`).optional();
 
 export const TagsRequestSchema = named(
   "TagsRequest",
-  z
-    .object({
-      add: z.array(TagSchema).optional(),
-      remove: z.array(TagSchema).optional(),
+  jsonBody({ add: tagEdit, remove: tagEdit })
+    .superRefine((body, ctx) => {
+      if (body.add === undefined && body.remove === undefined) return refuse(ctx, "add", "Give add, remove, or both.");
+      const both = body.add?.find((tag) => body.remove?.includes(tag));
+      if (both !== undefined) refuse(ctx, "tags", `The tag ${JSON.stringify(both)} is in both add and remove.`);
     })
-    .strict()
     .describe(`At least one of add and remove; no tag in both. The run's resulting list holds at most ${MAX_TAGS} tags (over it: 400 param add).`),
 );
 

@@ -1,6 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type RunEvent, Subjects } from "../src/index.js";
+import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type RunEvent, Subjects, type Timer } from "../src/index.js";
 import type { GatewayContext } from "./context.js";
 
 /** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
@@ -64,6 +64,13 @@ export function checkStreamQuota(ctx: GatewayContext, workspaceId: string, plan:
   if (open >= cap) {
     throw new ApiError("quota_exceeded", { message: `The workspace holds ${cap} open event streams on this node, its limit; close one first.` });
   }
+}
+
+/** Event streams open on this gateway, all workspaces (for /metrics). */
+export function openStreamCount(ctx: GatewayContext): number {
+  let open = 0;
+  for (const n of workspaceStreams.get(ctx)?.values() ?? []) open += n;
+  return open;
 }
 
 function countStream(ctx: GatewayContext, workspaceId: string, delta: 1 | -1): void {
@@ -155,6 +162,13 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     }
   }
 
+  if (nothingLeft) {
+    // 204 ends an EventSource for good (HTML: "fail the connection"); an empty 200 would make
+    // it reconnect every few seconds forever, each time counting against the rate limit.
+    await reply.code(204).send();
+    return;
+  }
+
   reply.hijack();
   const res = reply.raw;
   const headers: OutgoingHttpHeaders = {};
@@ -168,10 +182,6 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     connection: "keep-alive",
   });
   res.flushHeaders();
-  if (nothingLeft) {
-    res.end();
-    return;
-  }
 
   const controller = new AbortController();
   const { signal } = controller;
@@ -204,19 +214,19 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     }
   };
 
-  const ping = setInterval(() => {
+  const ping = ctx.clock.every(options.pingIntervalMs ?? SSE_PING_INTERVAL_MS, () => {
     // A client that is not reading does not need pings piling up in its buffer.
     if (!res.writableNeedDrain && !res.writableEnded) {
       flush();
       res.write(": ping\n\n");
     }
-  }, options.pingIntervalMs ?? SSE_PING_INTERVAL_MS);
+  });
 
   // When the stream ends with a turn: its final event normally ends it; the grace timer ends
   // it if that event never comes (lost or expired) once the turn is known to be final. One
   // timer checks the time of the last progress (re-arming a timer per event is costly).
   let finalKnown = endTurnAlreadyFinal;
-  let graceTimer: NodeJS.Timeout | undefined;
+  let graceTimer: Timer | undefined;
   let graceExpired = false;
   let lastProgressMs = 0;
   const checkGrace = () => {
@@ -224,7 +234,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     if (signal.aborted) return;
     const idleMs = ctx.clock.nowMs() - lastProgressMs;
     if (idleMs < finalGraceMs) {
-      graceTimer = setTimeout(checkGrace, finalGraceMs - idleMs);
+      graceTimer = ctx.clock.after(finalGraceMs - idleMs, checkGrace);
       return;
     }
     graceExpired = true;
@@ -233,7 +243,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   const armGrace = () => {
     if (!finalKnown || signal.aborted) return;
     lastProgressMs = ctx.clock.nowMs();
-    graceTimer ??= setTimeout(checkGrace, finalGraceMs);
+    graceTimer ??= ctx.clock.after(finalGraceMs, checkGrace);
   };
   const finalSub = endTurnId !== undefined && !finalKnown ? ctx.nc.subscribe(Subjects.turnFinal(endTurnId), { max: 1 }) : undefined;
   if (finalSub) {
@@ -273,8 +283,8 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     writeError(res, toStreamError(ctx, err, request));
   } finally {
     flush();
-    clearInterval(ping);
-    clearTimeout(graceTimer);
+    ping.cancel();
+    graceTimer?.cancel();
     finalSub?.unsubscribe();
     res.off("close", onClose);
     streams.delete(controller);

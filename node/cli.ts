@@ -1,7 +1,8 @@
+import { existsSync } from "node:fs";
 import path from "node:path";
 import type { MongoStore, Plan } from "../src/index.js";
 import type { ServerProcess } from "./servers.js";
-import { CLIENT_USAGE, describeClientError, runClientCommand, UsageError } from "../client/index.js";
+import { describeClientError, parseArgs, runCli, UsageError } from "../client/index.js";
 
 // The admin command's modules (store driver, server processes) load only for `admin`:
 // the API commands start about twice as fast without them.
@@ -16,51 +17,71 @@ const adminModules = async () => {
 };
 
 const ADMIN_USAGE = `usage:
-  runs admin create-workspace --plan solo|business [--name NAME]
+  runs admin create-workspace --plan solo|business [--name NAME] [--create]
   runs admin set-plan WORKSPACE_ID --plan solo|business   (applies to runs created afterwards)
 
 The store is MONGODB_URI when set, otherwise the embedded default's store under
-RUNS_DATA_DIR (default .runs/), whether or not \`npm start\` is running.`;
+RUNS_DATA_DIR (default .runs/), whether or not \`npm start\` is running. The command says
+which store it uses. It never makes a new, empty store unless --create is given (the first
+workspace of a new deployment): a wrong RUNS_DATA_DIR or MONGODB_URI is refused instead of
+answered with a key the running service would not know.`;
 
 /** Bad usage of an admin command: answered with the admin usage text. */
 class AdminUsageError extends UsageError {}
 
-function flag(args: string[], name: string): string | undefined {
-  const i = args.indexOf(`--${name}`);
-  if (i === -1) return undefined;
-  const value = args[i + 1];
-  if (value === undefined || value.startsWith("--")) throw new AdminUsageError(`--${name} needs a value`);
-  return value;
+/** The store is not the one the service uses, or not there yet: said plainly, exit 2. */
+class NoStoreError extends Error {}
+
+/** A MongoDB URI as it may be shown: host and database, never its credentials. */
+function withoutCredentials(uri: string): string {
+  return uri.replace(/\/\/[^@/]*@/, "//***@");
 }
 
-/** Opens the store the service would use; starts a private FerretDB on the data dir when needed. */
-async function openStore(): Promise<{ store: MongoStore; close: () => Promise<void> }> {
+/**
+ * Opens the store the service would use (a private FerretDB on the data folder when the
+ * service is not running), says which on stderr, and refuses an empty or missing one
+ * unless `create`.
+ */
+async function openStore(create: boolean): Promise<{ store: MongoStore; close: () => Promise<void> }> {
   const { loadConfig, runningEmbedded, freePort, startFerretDb, MongoStore } = await adminModules();
   const config = loadConfig();
   let uri = config.mongoUri;
+  let where: string;
   let ferret: ServerProcess | undefined;
-  if (!uri) {
+  if (uri) {
+    where = `MONGODB_URI ${withoutCredentials(uri)}, database ${config.mongoDb}`;
+  } else {
     const running = await runningEmbedded(config.dataDir);
-    if (running) uri = running.mongo_uri;
-    else {
+    if (running) {
+      uri = running.mongo_uri;
+      where = `the running service's embedded store in ${config.dataDir}`;
+    } else {
+      const storeDir = path.join(config.dataDir, "ferretdb");
+      if (!existsSync(storeDir) && !create) {
+        throw new NoStoreError(`no store in ${config.dataDir} (RUNS_DATA_DIR): is that the folder npm start uses? Run from the service's folder or set RUNS_DATA_DIR; --create makes a new store there.`);
+      }
       const port = await freePort();
-      ferret = await startFerretDb({
-        port,
-        dataDir: path.join(config.dataDir, "ferretdb"),
-        logFile: path.join(config.dataDir, "logs", "ferretdb-admin.log"),
-      });
+      ferret = await startFerretDb({ port, dataDir: storeDir, logFile: path.join(config.dataDir, "logs", "ferretdb-admin.log") });
       uri = `mongodb://127.0.0.1:${port}/`;
+      where = `the embedded store in ${config.dataDir} (the service is not running)`;
     }
   }
+  process.stderr.write(`runs: store: ${where}\n`);
   const store = await MongoStore.connect(uri, config.mongoDb);
-  await store.provision();
-  return {
-    store,
-    close: async () => {
-      await store.close();
-      await ferret?.stop();
-    },
+  const close = async () => {
+    await store.close();
+    await ferret?.stop();
   };
+  try {
+    if (!create && (await store.countWorkspaces()) === 0) {
+      throw new NoStoreError(`the store (${where}) has no workspace: not the service's store? --create makes its first workspace there.`);
+    }
+    await store.provision();
+  } catch (err) {
+    await close();
+    throw err;
+  }
+  return { store, close };
 }
 
 /** Checked without loading src/ (whose Plan has the same two values). */
@@ -68,13 +89,14 @@ const isPlan = (value: string | undefined): value is Plan => value === "solo" ||
 
 async function main(args: string[]): Promise<void> {
   if (args[0] === "admin" && args[1] === "create-workspace") {
-    const plan = flag(args, "plan");
+    const p = adminArgs(args.slice(2), { plan: "string", name: "string", create: "boolean" });
+    const plan = p.flags.plan as string | undefined;
     if (!isPlan(plan)) throw new AdminUsageError("--plan must be solo or business");
-    const name = flag(args, "name");
-    const { store, close } = await openStore();
+    if (p.positionals.length) throw new AdminUsageError(`unexpected argument: ${p.positionals[0]}`);
+    const { store, close } = await openStore(p.flags.create === true);
     const { createWorkspace } = await adminModules();
     try {
-      const created = await createWorkspace(store, { plan, name, nowMs: Date.now() });
+      const created = await createWorkspace(store, { plan, name: p.flags.name as string | undefined, nowMs: Date.now() });
       process.stdout.write(`${JSON.stringify(created, null, 2)}\n`);
     } finally {
       await close();
@@ -82,34 +104,55 @@ async function main(args: string[]): Promise<void> {
     return;
   }
   if (args[0] === "admin" && args[1] === "set-plan") {
-    const workspaceId = args[2];
-    if (!workspaceId || workspaceId.startsWith("--")) throw new AdminUsageError("set-plan needs a workspace id");
-    const plan = flag(args, "plan");
+    const p = adminArgs(args.slice(2), { plan: "string" });
+    const workspaceId = p.positionals[0];
+    if (!workspaceId) throw new AdminUsageError("set-plan needs a workspace id");
+    const plan = p.flags.plan as string | undefined;
     if (!isPlan(plan)) throw new AdminUsageError("--plan must be solo or business");
-    const { store, close } = await openStore();
+    const { store, close } = await openStore(false);
     const { setWorkspacePlan } = await adminModules();
     try {
       const workspace = await setWorkspacePlan(store, workspaceId, plan);
       if (!workspace) throw new AdminUsageError(`no workspace ${workspaceId}`);
-      process.stdout.write(`${JSON.stringify({ workspace }, null, 2)}
-`);
+      process.stdout.write(`${JSON.stringify({ workspace }, null, 2)}\n`);
     } finally {
       await close();
     }
     return;
   }
-  if (args[0] === "admin") throw new AdminUsageError(`unknown command: ${args.join(" ")}`);
-  if (args.length === 0) throw new UsageError("no command given");
-  if (args[0] === "help" || args[0] === "--help" || args[0] === "-h") {
-    process.stdout.write(`${CLIENT_USAGE}\n`);
-    return;
+  if (args[0] === "admin") {
+    if (args.includes("--help") || args.includes("-h") || args.length === 1) {
+      process.stdout.write(`${ADMIN_USAGE}\n`);
+      return;
+    }
+    throw new AdminUsageError(`unknown command: ${args.join(" ")}`);
   }
-  process.exitCode = await runClientCommand(args, { stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, env: process.env });
+  process.exitCode = await runCli(args, { stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, env: process.env });
 }
 
+/** The admin commands' options, parsed like every command's; their mistakes answered with the admin usage. */
+function adminArgs(args: string[], spec: Parameters<typeof parseArgs>[1]) {
+  if (args.includes("--help") || args.includes("-h")) throw new AdminHelp();
+  try {
+    return parseArgs(args, spec);
+  } catch (err) {
+    throw err instanceof UsageError && !(err instanceof AdminUsageError) ? new AdminUsageError(err.message) : err;
+  }
+}
+
+class AdminHelp extends Error {}
+
 main(process.argv.slice(2)).catch(async (err) => {
-  if (err instanceof UsageError) {
-    process.stderr.write(`runs: ${err.message}\n\n${err instanceof AdminUsageError ? ADMIN_USAGE : CLIENT_USAGE}\n`);
+  if (err instanceof AdminHelp) {
+    process.stdout.write(`${ADMIN_USAGE}\n`);
+    return;
+  }
+  if (err instanceof AdminUsageError) {
+    process.stderr.write(`runs: ${err.message}\n\n${ADMIN_USAGE}\n`);
+    process.exit(2);
+  }
+  if (err instanceof NoStoreError) {
+    process.stderr.write(`runs: ${err.message}\n`);
     process.exit(2);
   }
   const apiError = describeClientError(err);

@@ -1,4 +1,6 @@
 import pino from "pino";
+import pinoPretty from "pino-pretty";
+import { type BannerFacts, startupBanner } from "./banner.js";
 import { ConfigurationError, loadConfig, systemClock } from "../src/index.js";
 import { startEmbedded, type Embedded } from "./embedded.js";
 import { MissingToolError } from "./servers.js";
@@ -9,7 +11,7 @@ import { SandboxUnavailableError } from "../actors/index.js";
 /** `npm start`: the service, with an embedded nats-server and FerretDB unless NATS_URL / MONGODB_URI are set. */
 async function main(): Promise<void> {
   const config = loadConfig();
-  const log = pino({ level: config.logLevel });
+  const log = logger(config.logLevel);
   let embedded: Embedded | undefined;
   let service: RunningService | undefined;
 
@@ -61,14 +63,28 @@ async function main(): Promise<void> {
   }
   if (stopping) return;
 
+  let created: BannerFacts["created"];
   if (embedded && (await service.store.countWorkspaces()) === 0) {
-    const created = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
-    process.stdout.write(
-      `\nCreated a development workspace ${created.workspace.id}.\n` +
-        `Its API key (all scopes), shown only this once:\n\n  ${created.api_key.key as string}\n\n`,
-    );
+    const made = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
+    created = { workspaceId: made.workspace.id, plan: made.workspace.plan, key: made.api_key.key as string };
   }
-  process.stdout.write(`runs is serving on ${service.url}\n`);
+  const app = service.app;
+  // One write: the lines stay together, apart from the log lines around them.
+  process.stdout.write(
+    startupBanner({
+      url: service.url,
+      console: app?.hasRoute({ method: "GET", url: "/" }) ?? false,
+      docs: app?.hasRoute({ method: "GET", url: "/docs" }) ?? false,
+      dataDir: config.dataDir,
+      embeddedNatsUrl: embedded?.natsUrl,
+      created,
+    }),
+  );
+}
+
+/** JSON lines for machines; on a terminal, pino-pretty's readable lines. */
+function logger(level: string) {
+  return process.stdout.isTTY ? pino({ level }, pinoPretty({ colorize: true, sync: true, translateTime: "SYS:HH:MM:ss.l" })) : pino({ level });
 }
 
 main().catch((err) => {

@@ -42,7 +42,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   useCursorKey(config.masterKey);
   const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
   const blobKeys = new BlobKeyring(config.masterKey);
-  const files = new FileStore(store.db, nats.files, clock, blobKeys);
+  const files = new FileStore(store.db, nats.files, clock, Ids, blobKeys);
   await files.provision();
   const envValues = new EnvValues(store.db, config.masterKey, clock);
   await envValues.provision();
@@ -95,6 +95,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       envValues,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
       sandboxStatus: sandbox ? () => sandbox.status() : undefined,
+      turnCounts: host ? () => host.turnCounts() : undefined,
     });
     app = built.app;
     await app.listen({ port: config.port, host: config.host });

@@ -23,7 +23,7 @@ export async function createWorkspace(store: MongoStore, input: { plan: Plan; na
     created_at: input.nowMs,
   };
   await store.insertWorkspace(workspace);
-  const { doc, secret } = newApiKey({ workspaceId: workspace._id, label: "admin", scopes: [...SCOPES], nowMs: input.nowMs });
+  const { doc, secret } = newApiKey({ workspaceId: workspace._id, label: "admin", scopes: [...SCOPES], nowMs: input.nowMs, ids: Ids });
   await store.keys.insert(doc);
   return { workspace: renderWorkspace(workspace), api_key: renderApiKey(doc, input.nowMs, { secret }) };
 }

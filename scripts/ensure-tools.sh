@@ -189,6 +189,11 @@ build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
   BUILD_TMP=""
 }
 
+# Said once, before the long part: the first build takes minutes, later starts none.
+if [[ "$(printf '%s\n' "$STALE" | grep -c .)" == "${#TOOLS[@]}" ]]; then
+  say "building the local servers once (nats-server, nats, ferretdb into .tools/bin): about 3 minutes; later starts take under a second"
+fi
+
 while IFS='|' read -r name dir modpath pkg; do
   [[ -n "$name" ]] || continue
   ver="$(pinned_version "$dir" "$modpath")"

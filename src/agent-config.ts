@@ -1,16 +1,19 @@
 import { z } from "zod";
 import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
-import { ApiError, invalid } from "./errors.js";
+import { parseWith, refuse } from "./request-schemas.js";
 import { validateAllowPattern } from "./address-guard.js";
 import { ENV_NAME_PATTERN } from "./env-values.js";
 
 /** Bounds of `config.limits` (the sandbox's defaults are in actors/sandbox-limits.ts and the README). */
 const limit = (min: number, max: number, what: string) => z.int().min(min).max(max).optional().describe(what);
 
+const tokenCount = z.int().min(0).max(1_000_000_000);
+/** What the step's model call reports as used (faux/scripted only: a way to test usage accounting). */
+const ScriptUsageSchema = z.object({ input: tokenCount.optional(), output: tokenCount.optional(), cache_read: tokenCount.optional(), cache_write: tokenCount.optional() }).strict().optional();
 const ScriptStepSchema = z.union([
-  z.object({ text: z.string() }).strict(),
-  z.object({ tool_call: z.object({ name: z.string().min(1), arguments: z.record(z.string(), z.unknown()) }).strict() }).strict(),
-  z.object({ error: z.object({ message: z.string(), status: z.int().min(100).max(599).optional() }).strict() }).strict(),
+  z.object({ text: z.string(), usage: ScriptUsageSchema }).strict(),
+  z.object({ tool_call: z.object({ name: z.string().min(1), arguments: z.record(z.string(), z.unknown()) }).strict(), usage: ScriptUsageSchema }).strict(),
+  z.object({ error: z.object({ message: z.string(), status: z.int().min(100).max(599).optional() }).strict(), usage: ScriptUsageSchema }).strict(),
 ]);
 
 /** A deployment's agent configuration (decisions §3); also the OpenAPI schema. */
@@ -63,48 +66,40 @@ export const AgentConfigSchema = z
   })
   .strict();
 
-/** `POST /api/v1/agents/{agentId}/deployments` body; also the OpenAPI schema. */
+/**
+ * `POST /api/v1/agents/{agentId}/deployments` body; also the OpenAPI schema. Its faults
+ * name their whole dotted path (`config.network.allow.0`); `script` belongs to the
+ * scripted model only.
+ */
 export const DeploymentRequestSchema = z
   .object({
     config: AgentConfigSchema,
     upgrade_policy: z.enum(["automatic", "new_run_only"]).optional().describe("Default automatic."),
     activate: z.boolean().optional().describe("Default true: becomes active when ready."),
   })
-  .strict();
+  .strict()
+  .superRefine(({ config }, ctx) => {
+    if (config.model !== SCRIPTED_MODEL && config.script !== undefined) {
+      return refuse(ctx, "config.script", `script is only for the ${SCRIPTED_MODEL} model.`);
+    }
+    for (const [i, pattern] of (config.network?.allow ?? []).entries()) {
+      const problem = validateAllowPattern(pattern);
+      if (problem) return refuse(ctx, `config.network.allow.${i}`, `config.network.allow.${i}: ${problem}`);
+    }
+    const tools = config.tools ?? [];
+    if (new Set(tools).size !== tools.length) refuse(ctx, "config.tools", "Each tool may appear once.");
+  });
 
 export type DeploymentRequest = { config: AgentConfig; upgrade_policy: "automatic" | "new_run_only"; activate: boolean };
 
-/** Turns the first zod issue into a 400 naming the offending field by its dotted path. */
-export function zodToApiError(error: z.ZodError, prefix = ""): ApiError {
-  const issue = error.issues[0]!;
-  let path = issue.path.map(String);
-  if (issue.code === "unrecognized_keys") path = [...path, issue.keys[0]!];
-  const param = [prefix, ...path].filter(Boolean).join(".") || null;
-  const message = issue.code === "unrecognized_keys" ? `Unknown field ${param}.` : `${param ?? "body"}: ${issue.message}`;
-  return invalid(param, message);
+/** A validated deployment request with its defaults applied. */
+export function toDeploymentRequest(parsed: z.output<typeof DeploymentRequestSchema>): DeploymentRequest {
+  return { config: parsed.config as AgentConfig, upgrade_policy: parsed.upgrade_policy ?? "automatic", activate: parsed.activate ?? true };
 }
 
-export function parseWith<T>(schema: z.ZodType<T>, value: unknown, prefix = ""): T {
-  if (value === undefined) value = {};
-  const parsed = schema.safeParse(value);
-  if (!parsed.success) throw zodToApiError(parsed.error, prefix);
-  return parsed.data;
-}
-
-/** Validates a deployment request; `script` and pacing belong to the scripted model only. */
+/** Validates a deployment request (for callers outside a route). */
 export function parseDeploymentRequest(body: unknown): DeploymentRequest {
-  const parsed = parseWith(DeploymentRequestSchema, body);
-  const config = parsed.config as AgentConfig;
-  if (config.model !== SCRIPTED_MODEL && config.script !== undefined) {
-    throw invalid("config.script", `script is only for the ${SCRIPTED_MODEL} model.`);
-  }
-  for (const [i, pattern] of (config.network?.allow ?? []).entries()) {
-    const problem = validateAllowPattern(pattern);
-    if (problem) throw invalid(`config.network.allow.${i}`, `config.network.allow.${i}: ${problem}`);
-  }
-  const tools = config.tools ?? [];
-  if (new Set(tools).size !== tools.length) throw invalid("config.tools", "Each tool may appear once.");
-  return { config, upgrade_policy: parsed.upgrade_policy ?? "automatic", activate: parsed.activate ?? true };
+  return toDeploymentRequest(parseWith(DeploymentRequestSchema, body, "path"));
 }
 
 export const AgentCreateSchema = z

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import type { ApiKeyDoc } from "./documents.js";
-import { Ids } from "./ids.js";
+import type { IdSource } from "./ids.js";
 import { unixSeconds } from "./clock.js";
 
 export function hashSecret(secret: string): string {
@@ -8,13 +8,13 @@ export function hashSecret(secret: string): string {
 }
 
 /** A new key document and its one-time secret. */
-export function newApiKey(input: { workspaceId: string; label: string | null; scopes: string[]; nowMs: number }): {
+export function newApiKey(input: { workspaceId: string; label: string | null; scopes: string[]; nowMs: number; ids: IdSource }): {
   doc: ApiKeyDoc;
   secret: string;
 } {
-  const secret = Ids.apiKeySecret();
+  const secret = input.ids.apiKeySecret();
   const doc: ApiKeyDoc = {
-    _id: Ids.apiKeyId(),
+    _id: input.ids.apiKeyId(),
     workspace_id: input.workspaceId,
     hash: hashSecret(secret),
     key_prefix: secret.slice(0, 12),
@@ -40,7 +40,20 @@ export function keyIsUsable(doc: ApiKeyDoc, nowMs: number): boolean {
 /** The API key object of the spec; `secret` only at create and rotate. */
 export function renderApiKey(doc: ApiKeyDoc, nowMs: number, extra: { secret?: string; oldKeyRevokesAtMs?: number } = {}) {
   const revokedMs = doc.revoked_at ?? (doc.revokes_at !== null && doc.revokes_at <= nowMs ? doc.revokes_at : null);
-  const out: Record<string, unknown> = {
+  const out: {
+    id: string;
+    object: "api_key";
+    key_prefix: string;
+    label: string | null;
+    scopes: string[];
+    mode: ApiKeyDoc["mode"];
+    created_at: number;
+    last_used_at: number | null;
+    revoked_at: number | null;
+    updated_at: number;
+    key?: string;
+    old_key_revokes_at?: string;
+  } = {
     id: doc._id,
     object: "api_key",
     key_prefix: doc.key_prefix,

@@ -3,6 +3,9 @@ import os from "node:os";
 import path from "node:path";
 
 const DAY_S = 86_400;
+const ROLES = ["gateway", "actors"] as const;
+/** pino's levels. */
+const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
 const intFromEnv = (fallback: number, min = 0) =>
   z.coerce.number().int().min(min).optional().transform((v) => v ?? fallback);
@@ -18,7 +21,18 @@ const EnvSchema = z.object({
   MONGODB_DB: z.string().default("runs"),
   RUNS_MASTER_KEY: z.string().optional(),
   RUNS_NODE_ID: z.string().optional(),
-  RUNS_ROLES: z.string().default("gateway,actors"),
+  RUNS_ROLES: z
+    .string()
+    .default("gateway,actors")
+    .transform((value, ctx) => {
+      const roles = value.split(",").map((r) => r.trim()).filter(Boolean);
+      const unknown = roles.filter((r) => !(ROLES as readonly string[]).includes(r));
+      if (unknown.length > 0 || roles.length === 0) {
+        ctx.addIssue({ code: "custom", message: `${unknown.length > 0 ? `unknown role ${JSON.stringify(unknown[0])}` : "no role"}; allowed: ${ROLES.join(", ")} (comma-separated)` });
+        return z.NEVER;
+      }
+      return new Set(roles);
+    }),
   RUNS_PARTITIONS: intFromEnv(64, 1),
   RUNS_WAIT_TIMEOUT_MS: intFromEnv(120_000, 0),
   RUNS_TURN_LIMIT_MS: intFromEnv(12 * 3600_000, 1),
@@ -61,7 +75,7 @@ const EnvSchema = z.object({
   RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
   RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: z.enum(["0", "1", "true", "false"]).default("0"),
   RUNS_AMBIENT_PROVIDERS: z.string().default(""),
-  LOG_LEVEL: z.string().default("info"),
+  LOG_LEVEL: z.enum(LOG_LEVELS, { error: (issue) => `${JSON.stringify(issue.input)} is not a log level; allowed: ${LOG_LEVELS.join(", ")}` }).default("info"),
 });
 
 export interface RetentionConfig {
@@ -134,7 +148,7 @@ export interface Config {
    * (RUNS_AMBIENT_PROVIDERS); every tenant then uses those credentials.
    */
   ambientProviders: ReadonlySet<string>;
-  logLevel: string;
+  logLevel: (typeof LOG_LEVELS)[number];
 }
 
 /** A setting is missing or wrong: `npm start` says so in one line and exits 3. */
@@ -161,7 +175,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       throw new ConfigurationError(`${name}: holds a placeholder from an example file (change-me, REPLACE…); set a random secret`);
     }
   }
-  const roles = new Set(e.RUNS_ROLES.split(",").map((r) => r.trim()));
+  const roles = e.RUNS_ROLES;
   return {
     port: e.PORT,
     host: e.HOST,

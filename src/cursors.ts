@@ -44,14 +44,3 @@ export function decodeCursor(raw: string, scope: string, owner: string, param = 
   }
   return cursor;
 }
-
-/** `limit` query parameter: a whole number in [1, max], default `fallback`. */
-export function parseLimit(raw: unknown, fallback: number, max: number): number {
-  if (raw === undefined) return fallback;
-  const text = String(raw);
-  const value = Number(text);
-  if (!/^[0-9]+$/.test(text) || !Number.isSafeInteger(value) || value < 1 || value > max) {
-    throw invalid("limit", `limit must be a whole number from 1 to ${max}.`);
-  }
-  return value;
-}

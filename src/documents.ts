@@ -1,4 +1,4 @@
-import type { AgentConfig, Disposition, InputPart, OutputPart, Plan, RunState, TurnError, TurnStatus } from "./domain.js";
+import type { AgentConfig, Disposition, InputPart, OutputPart, Plan, RunState, TurnError, TurnStatus, TurnUsage } from "./domain.js";
 
 /**
  * Shapes of the durable documents. Times are Unix milliseconds inside the store and
@@ -87,6 +87,9 @@ export interface RunDoc {
   checkpointed?: boolean;
   /** Sequence of the run's last recorded event, 0 when none (events are numbered by the owner). */
   event_seq: number;
+  /** The sum of its final turns' usage, and the last turn added to it (each is added once). */
+  usage?: TurnUsage;
+  usage_turn_id?: string;
 }
 
 export interface TurnDoc {
@@ -106,6 +109,8 @@ export interface TurnDoc {
   duration_ms: number | null;
   /** Messages this turn added to the agent session (the session is their concatenation). */
   transcript: unknown[];
+  /** What the turn's model calls used; set when the turn becomes final. */
+  usage?: TurnUsage;
   /** How the turn was admitted (replayed when a gateway resends the command). */
   disposition: Disposition;
   /** Ids of the steer requests that added input to this turn. */

@@ -43,7 +43,8 @@ export type Plan = (typeof Plan)[keyof typeof Plan];
 export type InputPart =
   | { type: "input_text"; text: string }
   /** A file part: by upload id, or inline with filename and base64 file_data. */
-  | { type: "input_file"; file_id?: string; filename?: string; file_data?: string; media_type?: string };
+  | { type: "input_file"; file_id: string; filename?: undefined; file_data?: undefined; media_type?: undefined }
+  | { type: "input_file"; file_id?: undefined; filename: string; file_data: string; media_type?: string };
 
 export type OutputPart = { type: "output_text"; text: string };
 
@@ -61,11 +62,33 @@ export interface TurnError {
 export const BUILTIN_TOOLS = ["bash", "read", "write", "edit", "ls"] as const;
 export type BuiltinTool = (typeof BUILTIN_TOOLS)[number];
 
+/** Tokens a scripted step reports as its model call's usage (tests of usage accounting). */
+export interface ScriptUsage {
+  input?: number;
+  output?: number;
+  cache_read?: number;
+  cache_write?: number;
+}
+
 /** One step of the `faux/scripted` model: the Nth model call of a turn answers with step N. */
-export type ScriptStep =
+export type ScriptStep = (
   | { text: string }
   | { tool_call: { name: string; arguments: Record<string, unknown> } }
-  | { error: { message: string; status?: number } };
+  | { error: { message: string; status?: number } }
+) & { usage?: ScriptUsage };
+
+/**
+ * What a turn's model calls used, summed (a run's: summed over its turns). Cost in US
+ * dollars from the model registry's prices; null when the model has none (faux/scripted,
+ * openai-compatible endpoints) — for a run, null when none of its turns had a price.
+ */
+export interface TurnUsage {
+  input_tokens: number;
+  output_tokens: number;
+  cache_read_tokens: number;
+  cache_write_tokens: number;
+  cost_usd: number | null;
+}
 
 export type ModelRef = string | { provider: "openai-compatible"; base_url: string; model: string; api_key_env?: string };
 

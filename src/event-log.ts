@@ -11,7 +11,7 @@ import type { EventKeyring } from "./event-crypto.js";
 import { decodeEventId, type EventPosition } from "./event-ids.js";
 import { AsyncPublisher } from "./js-publisher.js";
 import { eventStreamName, eventSubject } from "./nats.js";
-import { systemClock, type Clock } from "./clock.js";
+import type { Clock } from "./clock.js";
 import { HistoryStatus, historyStatus } from "./history-status.js";
 import { JetStreamAppender } from "./event-appender.js";
 import { decodeEnvelope, decodeStoredOrUnavailable, eventJson, headerSeq, SEQ_HEADER, type StoredEnvelope, toRunEvent, unavailable, withUnavailable } from "./event-envelope.js";
@@ -38,7 +38,7 @@ export interface JetStreamEventLogOptions {
   js: JetStreamClient;
   jsm: JetStreamManager;
   keyring: EventKeyring;
-  clock?: Clock;
+  clock: Clock;
 }
 
 export class JetStreamEventLog implements EventLog {
@@ -49,11 +49,11 @@ export class JetStreamEventLog implements EventLog {
   private readonly publisher: AsyncPublisher;
 
   constructor(options: JetStreamEventLogOptions) {
-    this.publisher = new AsyncPublisher(options.nc);
+    this.publisher = new AsyncPublisher(options.nc, options.clock);
     this.js = options.js;
     this.jsm = options.jsm;
     this.keyring = options.keyring;
-    this.clock = options.clock ?? systemClock;
+    this.clock = options.clock;
   }
 
   /**

@@ -5,7 +5,7 @@ import type { ObjectStore } from "@nats-io/obj";
 import type { Clock } from "./clock.js";
 import { BlobKeyring, collect, isSealedBlob, once, openBlob, sealBlob } from "./blob-crypto.js";
 import { ApiError } from "./errors.js";
-import { Ids } from "./ids.js";
+import type { IdSource } from "./ids.js";
 import { StoreUnavailableError, guard, isDuplicateKey } from "./mongo-guard.js";
 import { fromStream, toStream } from "./byte-streams.js";
 import { decideUpload, decisionError, type FileUploadDoc, UploadState } from "./upload-decisions.js";
@@ -100,6 +100,7 @@ export class FileStore {
     db: Db,
     private readonly objects: ObjectStore,
     private readonly clock: Clock,
+    private readonly ids: IdSource,
     /** Seals file contents per workspace (src/blob-crypto.ts); without it they are stored in clear. */
     private readonly keys?: BlobKeyring,
   ) {
@@ -198,7 +199,7 @@ export class FileStore {
       const decision = decideUpload(record, fingerprint, now, takeoverMs);
       if (decision.kind === "need_fingerprint") throw new Error("unreachable: fingerprint given");
       if (decision.kind === "in_progress" || decision.kind === "conflict") throw decisionError(decision)!;
-      const fileId = Ids.file();
+      const fileId = this.ids.file();
       const fresh = { state: UploadState.uploading, file_id: fileId, fingerprint, heartbeat_at: now, started_at: now };
       if (decision.kind === "replay") {
         const file = await this.get(workspaceId, decision.fileId);
@@ -253,7 +254,7 @@ export class FileStore {
 
     let ticking = false;
     const heartbeatMs = Math.min(5_000, Math.max(100, Math.floor(limits.takeoverMs / 5)));
-    const heartbeat = setInterval(() => {
+    const heartbeat = this.clock.every(heartbeatMs, () => {
       if (ticking || stopped) return;
       ticking = true;
       void this.beat(session, bytes !== beatBytes)
@@ -270,11 +271,11 @@ export class FileStore {
         .finally(() => {
           ticking = false;
         });
-    }, heartbeatMs);
+    });
     const remainingMs = Math.max(0, session.startedAt + limits.timeLimitMs - this.clock.nowMs());
-    const deadline = setTimeout(() => {
+    const deadline = this.clock.after(remainingMs, () => {
       stop(new ApiError("request_timeout", { message: `A file upload may run at most ${Math.round(limits.timeLimitMs / 1000)} seconds.` }));
-    }, remainingMs);
+    });
 
     const chunks = source[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
     const body = new ReadableStream<Uint8Array>({
@@ -313,8 +314,8 @@ export class FileStore {
       // The object store (JetStream) failed: the gateway answers 503 runtime_unavailable.
       throw new StoreUnavailableError(err);
     } finally {
-      clearInterval(heartbeat);
-      clearTimeout(deadline);
+      heartbeat.cancel();
+      deadline.cancel();
     }
     if (stopped) {
       await this.objects.delete(session.fileId).catch(() => undefined);

@@ -6,11 +6,13 @@
 
 // The domain and its pure decisions.
 export * from "./domain.js";
+export * from "./usage.js";
 export * from "./errors.js";
 export * from "./turn-errors.js";
 export * from "./turn-state.js";
 export * from "./scopes.js";
 export * from "./agent-config.js";
+export * from "./request-schemas.js";
 export * from "./run-request.js";
 export * from "./run-list.js";
 export * from "./cursors.js";

@@ -1,3 +1,4 @@
+import type { Clock, Timer } from "./clock.js";
 import { createInbox, type MsgHdrs, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 
 /** What JetStream acknowledged for one stored message. */
@@ -56,7 +57,7 @@ export class AsyncPublisher {
   private readonly prefix: string;
   private readonly sub: Subscription;
   private readonly waiting = new Map<string, Waiting>();
-  private readonly sweeper: NodeJS.Timeout;
+  private readonly sweeper: Timer;
   private counter = 0;
   private closed = false;
   private readonly timeoutMs: number;
@@ -66,6 +67,7 @@ export class AsyncPublisher {
 
   constructor(
     private readonly nc: NatsConnection,
+    private readonly clock: Clock,
     options: AsyncPublisherOptions = {},
   ) {
     this.timeoutMs = options.timeoutMs ?? 5_000;
@@ -74,21 +76,20 @@ export class AsyncPublisher {
     this.retryDelayMs = options.retryDelayMs ?? 250;
     this.prefix = `${createInbox()}.`;
     this.sub = nc.subscribe(`${this.prefix}*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
-    this.sweeper = setInterval(() => this.expire(), Math.min(250, this.timeoutMs));
-    this.sweeper.unref();
+    this.sweeper = clock.every(Math.min(250, this.timeoutMs), () => this.expire(), { keepAlive: false });
     void nc.closed().then(() => this.close());
   }
 
   /** Stores `payload` on `subject`; `headers` must not be reused for another message. */
   async publish(subject: string, payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> {
     headers.set("Nats-Msg-Id", msgId);
-    const giveUpAt = Date.now() + this.retryForMs;
+    const giveUpAt = this.clock.nowMs() + this.retryForMs;
     for (let attempt = 1; ; attempt++) {
       const result = await this.once(subject, payload, headers);
       if (!(result instanceof PublishError)) return result;
       const pause = Math.min(this.retryDelayMs * attempt, 1_000);
-      if (!result.retryable || attempt >= this.attempts || this.closed || Date.now() + pause >= giveUpAt) throw result;
-      await new Promise((resolve) => setTimeout(resolve, pause));
+      if (!result.retryable || attempt >= this.attempts || this.closed || this.clock.nowMs() + pause >= giveUpAt) throw result;
+      await this.clock.sleep(pause);
     }
   }
 
@@ -96,7 +97,7 @@ export class AsyncPublisher {
   close(): void {
     if (this.closed) return;
     this.closed = true;
-    clearInterval(this.sweeper);
+    this.sweeper.cancel();
     if (!this.nc.isClosed()) this.sub.unsubscribe();
     for (const [token, w] of this.waiting) {
       this.waiting.delete(token);
@@ -108,7 +109,7 @@ export class AsyncPublisher {
     if (this.closed) return Promise.resolve(new PublishError("the publisher is closed", false));
     const token = (++this.counter).toString(36);
     return new Promise((settle) => {
-      this.waiting.set(token, { deadline: Date.now() + this.timeoutMs, settle });
+      this.waiting.set(token, { deadline: this.clock.nowMs() + this.timeoutMs, settle });
       try {
         this.nc.publish(subject, payload, { reply: this.prefix + token, headers });
       } catch (err) {
@@ -127,7 +128,7 @@ export class AsyncPublisher {
   }
 
   private expire(): void {
-    const now = Date.now();
+    const now = this.clock.nowMs();
     for (const [token, w] of this.waiting) {
       if (w.deadline > now) continue;
       this.waiting.delete(token);

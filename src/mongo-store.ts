@@ -19,15 +19,18 @@ import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mong
  * no transactions, no TTL indexes, and only inserts rely on unique indexes.
  */
 export class MongoStore implements RunStore {
-  readonly workspaces: Collection<WorkspaceDoc>;
   /** API keys and their use (src/api-key-store.ts). */
   readonly keys: ApiKeyStore;
-  readonly agents: Collection<AgentDoc>;
-  readonly deployments: Collection<DeploymentDoc>;
-  readonly runs: Collection<RunDoc>;
-  readonly turns: Collection<TurnDoc>;
-  readonly idempotency: Collection<IdempotencyDoc>;
-  readonly tombstones: Collection<TombstoneDoc>;
+  // The collections are this adapter's own: every read and write goes through a method
+  // that translates driver failures (src/mongo-guard.ts). Tests that must look at or
+  // tamper with documents open their own connection (test/helpers/raw-db.ts).
+  private readonly workspaces: Collection<WorkspaceDoc>;
+  private readonly agents: Collection<AgentDoc>;
+  private readonly deployments: Collection<DeploymentDoc>;
+  private readonly runs: Collection<RunDoc>;
+  private readonly turns: Collection<TurnDoc>;
+  private readonly idempotency: Collection<IdempotencyDoc>;
+  private readonly tombstones: Collection<TombstoneDoc>;
   /** Admission's inserts, group-committed: many concurrent starts share one command. */
   private readonly runInserts: InsertBatcher<RunDoc>;
   private readonly turnInserts: InsertBatcher<TurnDoc>;
@@ -35,6 +38,7 @@ export class MongoStore implements RunStore {
 
   private constructor(
     private readonly client: MongoClient,
+    /** The database, for the adapters of its other collections (files, environment values), composed at the root. */
     readonly db: Db,
     /**
      * FerretDB (SQLite) answers only a bare `_id` filter from its key; any other

@@ -1,13 +1,14 @@
 import { unixSeconds } from "./clock.js";
 import { isFinalStatus, type Disposition } from "./domain.js";
 import type { AgentDoc, DeploymentDoc, RunDoc, TurnDoc } from "./documents.js";
+import { NO_USAGE } from "./usage.js";
 
 const secondsOrNull = (ms: number | null) => (ms === null ? null : unixSeconds(ms));
 
 export function renderTurn(turn: TurnDoc) {
   return {
     id: turn._id,
-    object: "turn",
+    object: "turn" as const,
     status: turn.status,
     agent_version: turn.agent_version,
     input: turn.input,
@@ -17,6 +18,8 @@ export function renderTurn(turn: TurnDoc) {
     started_at: secondsOrNull(turn.started_at),
     completed_at: secondsOrNull(turn.completed_at),
     duration_ms: turn.duration_ms,
+    // Final turns stored without usage (interrupted, cancelled while queued) used nothing here.
+    usage: turn.usage ?? (isFinalStatus(turn.status) ? NO_USAGE : null),
   };
 }
 
@@ -32,38 +35,39 @@ export function runState(run: RunDoc, turn: TurnDoc): RunDoc["state"] {
 }
 
 export function renderRun(run: RunDoc, turn: TurnDoc, disposition?: Disposition) {
-  const out: Record<string, unknown> = {
+  const out = {
     id: run._id,
-    object: "run",
+    object: "run" as const,
     agent_id: run.agent_id,
     agent_version: turn.agent_version,
     state: runState(run, turn),
     tags: [...run.tags].sort(),
     created_at: unixSeconds(run.created_at),
     last_activity_at: unixSeconds(run.last_activity_at),
+    usage: run.usage ?? NO_USAGE,
     turn: renderTurn(turn),
   };
-  if (disposition) out.disposition = disposition;
-  return out;
+  return disposition ? { ...out, disposition } : out;
 }
 
 export function renderRunSummary(run: RunDoc) {
   return {
     id: run._id,
-    object: "run",
+    object: "run" as const,
     agent_id: run.agent_id,
     agent_version: run.agent_version,
     state: run.state,
     tags: [...run.tags].sort(),
     created_at: unixSeconds(run.created_at),
     last_activity_at: unixSeconds(run.last_activity_at),
+    usage: run.usage ?? NO_USAGE,
   };
 }
 
 export function renderAgent(agent: AgentDoc) {
   return {
     id: agent._id,
-    object: "agent",
+    object: "agent" as const,
     name: agent.name,
     description: agent.description,
     active_version: agent.active_version,
@@ -73,7 +77,7 @@ export function renderAgent(agent: AgentDoc) {
 
 export function renderDeployment(d: DeploymentDoc) {
   return {
-    object: "deployment",
+    object: "deployment" as const,
     agent_id: d.agent_id,
     version: d.version,
     status: d.status,
@@ -86,5 +90,5 @@ export function renderDeployment(d: DeploymentDoc) {
 }
 
 export function list<T>(data: T[], hasMore: boolean, nextCursor: string | null) {
-  return { object: "list", data, has_more: hasMore, next_cursor: hasMore ? nextCursor : null };
+  return { object: "list" as const, data, has_more: hasMore, next_cursor: hasMore ? nextCursor : null };
 }

@@ -2,7 +2,9 @@ import type { Filter } from "mongodb";
 import type { RunDoc } from "./documents.js";
 import { invalid } from "./errors.js";
 import type { MongoStore } from "./mongo-store.js";
-import { tagProblem } from "./run-request.js";
+import { z } from "zod";
+import { TagSchema } from "./run-request.js";
+import { queryInt, queryOnce } from "./request-schemas.js";
 
 export const MAX_TAG_FILTERS = 5;
 
@@ -15,42 +17,28 @@ export interface RunListFilters {
   createdBeforeS?: number;
 }
 
-/** Validates GET /api/v1/runs query parameters (tag may repeat up to 5 times). */
-export function parseRunListQuery(query: Record<string, unknown>): RunListFilters {
-  const one = (name: string): string | undefined => {
-    const value = query[name];
-    if (value === undefined) return undefined;
-    if (Array.isArray(value) || typeof value !== "string") throw invalid(name, `${name} may be given once.`);
-    return value;
-  };
-  const unix = (name: string): number | undefined => {
-    const raw = one(name);
-    if (raw === undefined) return undefined;
-    if (!/^[0-9]{1,12}$/.test(raw)) throw invalid(name, `${name} must be a Unix timestamp in seconds.`);
-    return Number(raw);
-  };
-  const filters: RunListFilters = { tags: [] };
-  const agentId = one("agent_id");
-  if (agentId !== undefined) filters.agentId = agentId;
-  const version = one("version");
-  if (version !== undefined) {
-    if (!/^[1-9][0-9]{0,15}$/.test(version)) throw invalid("version", "version must be a positive whole number.");
-    filters.version = Number(version);
-  }
-  const state = one("state");
-  if (state !== undefined) {
-    if (state !== "idle" && state !== "busy") throw invalid("state", "state must be idle or busy.");
-    filters.state = state;
-  }
-  const rawTags = query.tag === undefined ? [] : Array.isArray(query.tag) ? query.tag : [query.tag];
-  if (rawTags.length > MAX_TAG_FILTERS) throw invalid("tag", `At most ${MAX_TAG_FILTERS} tag filters are allowed.`);
-  for (const tag of rawTags) {
-    const problem = tagProblem(tag);
-    if (problem) throw invalid("tag", `${problem}: ${JSON.stringify(tag)}`);
-  }
-  filters.tags = [...new Set(rawTags as string[])];
-  filters.createdAfterS = unix("created_after");
-  filters.createdBeforeS = unix("created_before");
+const unixSeconds = (what: string) => queryInt(0, 999_999_999_999, "must be a Unix timestamp in seconds.").optional().describe(what);
+
+/** GET /api/v1/runs filters (tag may repeat up to 5 times); paging is added by the route. */
+export const RunListQuerySchema = z.object({
+  agent_id: queryOnce().optional().describe("Runs of one agent."),
+  version: queryInt(1, Number.MAX_SAFE_INTEGER, "must be a positive whole number.").optional().describe("Runs with at least one turn on this deployment version."),
+  state: z.enum(["idle", "busy"], { error: "must be idle or busy." }).optional().describe("idle or busy runs."),
+  tag: z
+    .preprocess((value) => (value === undefined ? [] : Array.isArray(value) ? value : [value]), z.array(TagSchema).max(MAX_TAG_FILTERS, `at most ${MAX_TAG_FILTERS} tag filters are allowed.`))
+    .describe(`Runs carrying every given tag (exact, case-sensitive); up to ${MAX_TAG_FILTERS} times. A filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag.`),
+  created_after: unixSeconds("Runs created at or after this Unix time (seconds)."),
+  created_before: unixSeconds("Runs created at or before this Unix time (seconds)."),
+});
+
+/** The filters of a validated query. */
+export function runListFilters(query: z.output<typeof RunListQuerySchema>): RunListFilters {
+  const filters: RunListFilters = { tags: [...new Set(query.tag)] };
+  if (query.agent_id !== undefined) filters.agentId = query.agent_id;
+  if (query.version !== undefined) filters.version = query.version;
+  if (query.state !== undefined) filters.state = query.state;
+  filters.createdAfterS = query.created_after;
+  filters.createdBeforeS = query.created_before;
   return filters;
 }
 

@@ -1,10 +1,12 @@
-import { ApiError, invalid } from "./errors.js";
+import { z } from "zod";
 import type { InputPart } from "./domain.js";
 import { OnBusy } from "./commands.js";
+import { jsonBody, parseWith, refuse } from "./request-schemas.js";
 
 /**
- * Pure validation of `POST /api/v1/runs` bodies (spec rules 1–15, decisions §4).
- * Returns the normalized request or throws an ApiError naming the parameter.
+ * `POST /api/v1/runs` bodies (spec rules 1–15, decisions §4): the schema the route
+ * declares (validation and the OpenAPI document), and the normalized request the
+ * runtime takes.
  */
 
 export const MAX_TAGS = 20;
@@ -44,32 +46,15 @@ export type ContinueRequest = {
 
 export type RunRequest = StartRequest | ContinueRequest;
 
-const KNOWN_FIELDS = new Set(["agent", "run_id", "version", "input", "background", "stream", "on_busy", "tags"]);
+const TAG_PATTERN = "^(?=[\\s\\S]*\\S)[^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]+$";
 
-// Control characters (C0, DEL, C1) and the Unicode line/paragraph separators.
-const CONTROL = /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/;
-
-/** Why a string is not a valid tag, or undefined. Tags are never trimmed or interpreted. */
-export function tagProblem(tag: unknown): string | undefined {
-  if (typeof tag !== "string") return "a tag must be a string";
-  const length = [...tag].length;
-  if (length < 1 || length > MAX_TAG_LENGTH) return `a tag must be 1 to ${MAX_TAG_LENGTH} characters`;
-  if (tag.trim() === "") return "a tag must not be whitespace only";
-  if (CONTROL.test(tag)) return "a tag must not contain control characters";
-  return undefined;
-}
-
-/** Validates a tag list for `param`; returns the distinct tags, sorted. */
-export function parseTags(value: unknown, param: string, max = MAX_TAGS): string[] {
-  if (!Array.isArray(value)) throw invalid(param, `${param} must be an array of strings`);
-  for (const tag of value) {
-    const problem = tagProblem(tag);
-    if (problem) throw invalid(param, `${problem}: ${JSON.stringify(tag)}`);
-  }
-  const distinct = [...new Set(value as string[])].sort();
-  if (distinct.length > max) throw invalid(param, `at most ${max} distinct tags are allowed`);
-  return distinct;
-}
+/** A tag: 1 to 64 characters (code points), not whitespace only, no control characters (C0, DEL, C1, U+2028/9); never trimmed or interpreted. */
+export const TagSchema = z
+  .string({ error: "a tag must be a string." })
+  .min(1, `a tag must be 1 to ${MAX_TAG_LENGTH} characters.`)
+  .max(MAX_TAG_LENGTH, `a tag must be 1 to ${MAX_TAG_LENGTH} characters.`)
+  .regex(new RegExp(TAG_PATTERN, "u"), "a tag must not be whitespace only nor contain control characters.")
+  .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters.");
 
 function base64DecodedBytes(data: string): number | undefined {
   if (!/^[A-Za-z0-9+/]*={0,2}$/.test(data) || data.length % 4 === 1) return undefined;
@@ -77,104 +62,133 @@ function base64DecodedBytes(data: string): number | undefined {
   return Math.floor((data.length * 3) / 4) - padding;
 }
 
-function checkTextBytes(bytes: number): void {
-  if (bytes > MAX_TURN_TEXT_BYTES) {
-    throw new ApiError("payload_too_large", { param: "input", message: "The text of one input may hold at most 4 MiB; upload larger texts as files with POST /api/v1/files." });
-  }
-}
+const TEXT_TOO_LARGE = "The text of one input may hold at most 4 MiB; upload larger texts as files with POST /api/v1/files.";
 
-/** A string becomes one input_text part; arrays are checked part by part. */
-export function parseInput(value: unknown): InputPart[] {
-  if (value === undefined || value === null) throw invalid("input", "input is required");
-  if (typeof value === "string") {
-    checkTextBytes(Buffer.byteLength(value));
-    return [{ type: "input_text", text: value }];
-  }
-  if (!Array.isArray(value)) throw invalid("input", "input must be a string or an array of input parts");
-  if (value.length === 0) throw invalid("input", "input must hold at least one part");
-  if (value.length > MAX_INPUT_PARTS) throw invalid("input", `input may hold at most ${MAX_INPUT_PARTS} parts`);
-  let inlineBytes = 0;
-  let textBytes = 0;
-  return value.map((part, i): InputPart => {
-    const where = `input[${i}]`;
-    if (typeof part !== "object" || part === null || Array.isArray(part)) throw invalid("input", `${where} must be an object`);
-    const p = part as Record<string, unknown>;
-    if (p.type === "input_text") {
-      if (typeof p.text !== "string") throw invalid("input", `${where}.text must be a string`);
-      textBytes += Buffer.byteLength(p.text);
-      checkTextBytes(textBytes);
-      return { type: "input_text", text: p.text };
+// Parts may carry other fields (ignored and not stored).
+const InputTextRequestSchema = z.looseObject({ type: z.literal("input_text"), text: z.string({ error: "must be a string." }) });
+
+const InputFileRequestSchema = z
+  .looseObject({
+    type: z.literal("input_file"),
+    file_id: z.string({ error: "must be a file id." }).regex(/^file_/, "must be a file id.").optional().describe("Id of an uploaded file (POST /api/v1/files)."),
+    filename: z.string().min(1).max(255).optional(),
+    file_data: z.string({ error: "must be base64." }).optional().describe(`Base64 file content, at most ${MAX_INLINE_FILE_BYTES} bytes decoded (larger: 413 payload_too_large).`),
+    media_type: z.string().optional(),
+  })
+  .superRefine((part, ctx) => {
+    if (part.file_id !== undefined) return;
+    if (part.filename === undefined || part.file_data === undefined) {
+      ctx.addIssue({ code: "custom", message: "needs file_id, or filename with file_data.", path: [] });
+    } else if (base64DecodedBytes(part.file_data) === undefined) {
+      ctx.addIssue({ code: "custom", message: "is not valid base64.", path: ["file_data"] });
     }
-    if (p.type === "input_file") {
-      if (p.file_id !== undefined) {
-        if (typeof p.file_id !== "string" || !p.file_id.startsWith("file_")) throw invalid("input", `${where}.file_id must be a file id`);
-        return { type: "input_file", file_id: p.file_id };
-      }
-      if (typeof p.filename !== "string" || p.filename.length === 0 || p.filename.length > 255) {
-        throw invalid("input", `${where} needs file_id, or filename with file_data`);
-      }
-      if (typeof p.file_data !== "string") throw invalid("input", `${where}.file_data must be base64`);
-      const bytes = base64DecodedBytes(p.file_data);
-      if (bytes === undefined) throw invalid("input", `${where}.file_data is not valid base64`);
-      if (bytes > MAX_INLINE_FILE_BYTES) {
-        throw new ApiError("payload_too_large", { param: "input", message: `An inline file may hold at most 4 MiB; upload larger files with POST /api/v1/files.` });
-      }
-      inlineBytes += bytes;
-      if (inlineBytes > MAX_TURN_INLINE_BYTES) {
-        throw new ApiError("payload_too_large", { param: "input", message: `The inline files of one input may hold at most 4 MiB together; upload larger files with POST /api/v1/files.` });
-      }
-      const out: InputPart = { type: "input_file", filename: p.filename, file_data: p.file_data };
-      if (typeof p.media_type === "string") out.media_type = p.media_type;
-      return out;
-    }
-    throw invalid("input", `${where}.type must be input_text or input_file`);
+  })
+  .describe("An uploaded file by file_id, or an inline file: filename and file_data (media_type optional).");
+
+const InputPartRequestSchema = z.discriminatedUnion("type", [InputTextRequestSchema, InputFileRequestSchema], {
+  error: (issue) => (typeof issue.input !== "object" || issue.input === null || Array.isArray(issue.input) ? "must be an object." : "must be input_text or input_file."),
+});
+
+/** A turn's input as sent: a string (one input_text part) or up to 32 parts, with byte budgets across them. */
+export const InputSchema = z
+  .union(
+    [
+      z.string().superRefine((text, ctx) => {
+        if (Buffer.byteLength(text) > MAX_TURN_TEXT_BYTES) refuse(ctx, "input", TEXT_TOO_LARGE, "payload_too_large");
+      }),
+      z
+        .array(InputPartRequestSchema)
+        .min(1, "must hold at least one part.")
+        .max(MAX_INPUT_PARTS, `may hold at most ${MAX_INPUT_PARTS} parts.`)
+        .superRefine((parts, ctx) => {
+          let textBytes = 0;
+          let inlineBytes = 0;
+          for (const part of parts) {
+            if (part.type === "input_text") textBytes += Buffer.byteLength(part.text);
+            else if (part.file_id === undefined) {
+              const bytes = base64DecodedBytes(part.file_data!)!;
+              if (bytes > MAX_INLINE_FILE_BYTES) {
+                return refuse(ctx, "input", "An inline file may hold at most 4 MiB; upload larger files with POST /api/v1/files.", "payload_too_large");
+              }
+              inlineBytes += bytes;
+            }
+          }
+          if (textBytes > MAX_TURN_TEXT_BYTES) return refuse(ctx, "input", TEXT_TOO_LARGE, "payload_too_large");
+          if (inlineBytes > MAX_TURN_INLINE_BYTES) {
+            refuse(ctx, "input", "The inline files of one input may hold at most 4 MiB together; upload larger files with POST /api/v1/files.", "payload_too_large");
+          }
+        }),
+    ],
+    { error: (issue) => (issue.input === undefined ? "is required." : "must be a string or an array of input parts.") },
+  )
+  .describe(
+    "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts, 4 MiB of text and 4 MiB of inline files (decoded) in all: 413 payload_too_large past those.",
+  );
+
+/** Normalizes a validated input: a string becomes one input_text part; only known fields are kept. */
+export function inputParts(input: z.output<typeof InputSchema>): InputPart[] {
+  if (typeof input === "string") return [{ type: "input_text", text: input }];
+  return input.map((part): InputPart => {
+    if (part.type === "input_text") return { type: "input_text", text: part.text };
+    if (part.file_id !== undefined) return { type: "input_file", file_id: part.file_id };
+    const out: InputPart = { type: "input_file", filename: part.filename!, file_data: part.file_data! };
+    if (part.media_type !== undefined) out.media_type = part.media_type;
+    return out;
   });
 }
 
-function optionalBoolean(body: Record<string, unknown>, name: string): boolean {
-  const value = body[name];
-  if (value === undefined || value === null) return false;
-  if (typeof value !== "boolean") throw invalid(name, `${name} must be a boolean`);
-  return value;
-}
+const flag = (what: string) => z.boolean({ error: "must be a boolean." }).nullable().optional().describe(what);
 
-export function parseRunRequest(raw: unknown): RunRequest {
-  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw invalid(null, "The body must be a JSON object.");
-  const body = raw as Record<string, unknown>;
-  for (const field of Object.keys(body)) {
-    if (!KNOWN_FIELDS.has(field)) throw invalid(field, `Unknown field ${field}.`);
-  }
+/** `POST /api/v1/runs` body (spec rules 1–15, decisions §4): validated by the route, normalized by {@link toRunRequest}. */
+export const RunRequestBodySchema = jsonBody({
+  agent: z
+    .string({ error: "must be an agent id." })
+    .min(1, "must be an agent id.")
+    .nullable()
+    .optional()
+    .describe("Starts a new run on this agent. Exactly one of agent and run_id (neither: 400 param agent; both: 400 param run_id)."),
+  run_id: z.string({ error: "must be a run id." }).min(1, "must be a run id.").nullable().optional().describe("Continues this run."),
+  version: z
+    .int({ error: "must be a positive whole number." })
+    .min(1, "must be a positive whole number.")
+    .optional()
+    .describe("Only with agent: start on exactly this deployment version without activating it."),
+  input: InputSchema,
+  background: flag("Answer 202 as soon as the turn is admitted."),
+  stream: flag("Answer with a Server-Sent Events stream. Not together with background (400 param stream)."),
+  on_busy: z.enum(OnBusy, { error: "must be queue, steer or reject." }).nullable().optional().describe("Only with run_id; default queue."),
+  tags: z.array(TagSchema, { error: "must be an array of strings." }).optional().describe(`Only with agent; at most ${MAX_TAGS} distinct tags.`),
+}).superRefine((body, ctx) => {
   const hasAgent = body.agent !== undefined && body.agent !== null;
   const hasRun = body.run_id !== undefined && body.run_id !== null;
-  if (!hasAgent && !hasRun) throw invalid("agent", "Give agent to start a run or run_id to continue one.");
-  if (hasAgent && hasRun) throw invalid("run_id", "Give either agent or run_id, not both.");
-  const background = optionalBoolean(body, "background");
-  const stream = optionalBoolean(body, "stream");
-  if (background && stream) throw invalid("stream", "background and stream cannot both be true.");
-
+  if (!hasAgent && !hasRun) return refuse(ctx, "agent", "Give agent to start a run or run_id to continue one.");
+  if (hasAgent && hasRun) return refuse(ctx, "run_id", "Give either agent or run_id, not both.");
+  if (body.background && body.stream) return refuse(ctx, "stream", "background and stream cannot both be true.");
   if (hasRun) {
-    if (typeof body.run_id !== "string" || body.run_id.length === 0) throw invalid("run_id", "run_id must be a run id.");
-    if (body.version !== undefined) throw invalid("version", "version applies only when starting a run with agent.");
-    if (body.tags !== undefined) throw invalid("tags", "tags apply only when starting a run; use POST /api/v1/runs/{runId}/tags.");
-    let onBusy: OnBusy = OnBusy.queue;
-    if (body.on_busy !== undefined && body.on_busy !== null) {
-      if (typeof body.on_busy !== "string" || !(body.on_busy in OnBusy)) throw invalid("on_busy", "on_busy must be queue, steer or reject.");
-      onBusy = body.on_busy as OnBusy;
-    }
-    return { kind: "continue", run_id: body.run_id, input: parseInput(body.input), on_busy: onBusy, background, stream };
+    if (body.version !== undefined) return refuse(ctx, "version", "version applies only when starting a run with agent.");
+    if (body.tags !== undefined) return refuse(ctx, "tags", "tags apply only when starting a run; use POST /api/v1/runs/{runId}/tags.");
+  } else {
+    if (body.on_busy !== undefined) return refuse(ctx, "on_busy", "on_busy applies only when continuing a run.");
+    if (new Set(body.tags).size > MAX_TAGS) refuse(ctx, "tags", `at most ${MAX_TAGS} distinct tags are allowed.`);
   }
+});
 
-  if (typeof body.agent !== "string" || body.agent.length === 0) throw invalid("agent", "agent must be an agent id.");
-  if (body.on_busy !== undefined) throw invalid("on_busy", "on_busy applies only when continuing a run.");
-  let version: number | undefined;
-  if (body.version !== undefined) {
-    if (typeof body.version !== "number" || !Number.isSafeInteger(body.version) || body.version < 1) {
-      throw invalid("version", "version must be a positive whole number.");
-    }
-    version = body.version;
+/** A validated body as the runtime takes it: start or continue, input as parts, tags distinct and sorted, defaults applied. */
+export function toRunRequest(body: z.output<typeof RunRequestBodySchema>): RunRequest {
+  const background = body.background ?? false;
+  const stream = body.stream ?? false;
+  const input = inputParts(body.input);
+  if (body.run_id !== undefined && body.run_id !== null) {
+    return { kind: "continue", run_id: body.run_id, input, on_busy: body.on_busy ?? OnBusy.queue, background, stream };
   }
-  const tags = body.tags === undefined ? [] : parseTags(body.tags, "tags");
-  return { kind: "start", agent: body.agent, version, input: parseInput(body.input), tags, background, stream };
+  const tags = [...new Set(body.tags ?? [])].sort();
+  return { kind: "start", agent: body.agent!, version: body.version, input, tags, background, stream };
+}
+
+/** Validates and normalizes a `POST /api/v1/runs` body (for callers outside a route). */
+export function parseRunRequest(raw: unknown): RunRequest {
+  if (raw === undefined) raw = null;
+  return toRunRequest(parseWith(RunRequestBodySchema, raw));
 }
 
 /** The idempotency fingerprint: the normalized request without delivery flags. */

@@ -1,11 +1,10 @@
 import type { FastifyInstance } from "fastify";
-import { activationOf, AgentCreateSchema, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, invalid, list, listModels, parseDeploymentRequest, parseLimit, parseWith, providerOffered, renderAgent, renderDeployment } from "../../src/index.js";
+import { z } from "zod";
+import { activationOf, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, invalid, list, listModels, providerOffered, renderAgent, renderDeployment, toDeploymentRequest } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
-import { type Operation, route, limit, after, agentId, version } from "../operation.js";
-
-type AgentParams = { Params: { agentId: string } };
-type VersionParams = { Params: { agentId: string; version: string } };
+import { type Operation, page, route, agentId, version } from "../operation.js";
+import { AgentCreateRequestSchema, AgentListSchema, AgentSchema, DeploymentListSchema, DeploymentRequestSchema, DeploymentSchema, ModelListSchema } from "../schemas.js";
 
 async function loadAgent(ctx: GatewayContext, workspaceId: string, agentId: string): Promise<AgentDoc> {
   const agent = await ctx.store.getAgent(workspaceId, agentId);
@@ -13,14 +12,8 @@ async function loadAgent(ctx: GatewayContext, workspaceId: string, agentId: stri
   return agent;
 }
 
-function parseVersion(raw: string): number {
-  const version = Number(raw);
-  if (!/^[1-9][0-9]{0,15}$/.test(raw) || !Number.isSafeInteger(version)) throw invalid("version", "version must be a positive whole number.");
-  return version;
-}
-
-async function loadDeployment(ctx: GatewayContext, agent: AgentDoc, raw: string): Promise<DeploymentDoc> {
-  const deployment = await ctx.store.getDeployment(agent._id, parseVersion(raw));
+async function loadDeployment(ctx: GatewayContext, agent: AgentDoc, version: number): Promise<DeploymentDoc> {
+  const deployment = await ctx.store.getDeployment(agent._id, version);
   if (!deployment) throw new ApiError("agent_version_not_found", { param: "version" });
   return deployment;
 }
@@ -34,7 +27,7 @@ export const AGENT_OPERATIONS = {
     summary: "Models an agent config may name",
     tag: "agents",
     scope: "models:read",
-    success: { 200: { description: "The registry's models plus faux/scripted.", json: "ModelList" } },
+    success: { 200: { description: "The registry's models plus faux/scripted.", json: ModelListSchema } },
   },
   createAgent: {
     method: "post",
@@ -43,8 +36,8 @@ export const AGENT_OPERATIONS = {
     summary: "Create an agent",
     tag: "agents",
     scope: "agents:write",
-    body: { schema: "AgentCreateRequest", required: true },
-    success: { 201: { description: "The agent (no active version yet).", json: "Agent" } },
+    body: { schema: AgentCreateRequestSchema, required: true },
+    success: { 201: { description: "The agent (no active version yet).", json: AgentSchema } },
   },
   listAgents: {
     method: "get",
@@ -53,8 +46,8 @@ export const AGENT_OPERATIONS = {
     summary: "List agents",
     tag: "agents",
     scope: "agents:read",
-    parameters: [limit(100, 20), after],
-    success: { 200: { description: "Agents.", json: "AgentList" } },
+    query: z.object(page(100, 20)),
+    success: { 200: { description: "Agents.", json: AgentListSchema } },
     errors: { 400: ["invalid_request", "invalid_cursor"] },
   },
   getAgent: {
@@ -64,8 +57,8 @@ export const AGENT_OPERATIONS = {
     summary: "Retrieve an agent",
     tag: "agents",
     scope: "agents:read",
-    parameters: [agentId],
-    success: { 200: { description: "The agent.", json: "Agent" } },
+    params: z.object(agentId),
+    success: { 200: { description: "The agent.", json: AgentSchema } },
     errors: { 404: ["agent_not_found"] },
   },
   createDeployment: {
@@ -78,9 +71,9 @@ export const AGENT_OPERATIONS = {
     scope: "agents:write",
     rate: "expensive",
     idempotencyKey: true,
-    parameters: [agentId],
-    body: { schema: "DeploymentRequest", required: true },
-    success: { 201: { description: "The deployment.", json: "Deployment" } },
+    params: z.object(agentId),
+    body: { schema: DeploymentRequestSchema, required: true, params: "path" },
+    success: { 201: { description: "The deployment.", json: DeploymentSchema } },
     errors: { 404: ["agent_not_found"], 409: ["idempotency_conflict"] },
   },
   listDeployments: {
@@ -91,8 +84,9 @@ export const AGENT_OPERATIONS = {
     description: "By version, oldest first; `limit` (1–100, default 20) and `after` (a `next_cursor`) page through them.",
     tag: "agents",
     scope: "agents:read",
-    parameters: [agentId, limit(100, 20), after],
-    success: { 200: { description: "Deployments, one page.", json: "DeploymentList" } },
+    params: z.object(agentId),
+    query: z.object(page(100, 20)),
+    success: { 200: { description: "Deployments, one page.", json: DeploymentListSchema } },
     errors: { 400: ["invalid_request", "invalid_cursor"], 404: ["agent_not_found"] },
   },
   getDeployment: {
@@ -102,8 +96,8 @@ export const AGENT_OPERATIONS = {
     summary: "Retrieve a deployment",
     tag: "agents",
     scope: "agents:read",
-    parameters: [agentId, version],
-    success: { 200: { description: "The deployment.", json: "Deployment" } },
+    params: z.object({ ...agentId, ...version }),
+    success: { 200: { description: "The deployment.", json: DeploymentSchema } },
     errors: { 400: ["invalid_request"], 404: ["agent_not_found", "agent_version_not_found"] },
   },
   activateDeployment: {
@@ -114,8 +108,8 @@ export const AGENT_OPERATIONS = {
     description: "A building version becomes active when ready; a failed one: 409 agent_version_not_ready.",
     tag: "agents",
     scope: "agents:write",
-    parameters: [agentId, version],
-    success: { 200: { description: "The agent.", json: "Agent" } },
+    params: z.object({ ...agentId, ...version }),
+    success: { 200: { description: "The agent.", json: AgentSchema } },
     errors: { 400: ["invalid_request"], 404: ["agent_not_found", "agent_version_not_found"], 409: ["agent_version_not_ready"] },
   },
 } satisfies Record<string, Operation>;
@@ -123,13 +117,13 @@ export const AGENT_OPERATIONS = {
 export function agentRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     route(app, AGENT_OPERATIONS.listModels, async () => {
-      const data = listModels(ctx.config.ambientProviders).map((m) => ({ object: "model", ...m }));
+      const data = listModels(ctx.config.ambientProviders).map((m) => ({ object: "model" as const, ...m }));
       return list(data, false, null);
     });
 
     route(app, AGENT_OPERATIONS.createAgent, async (request, reply) => {
       const auth = authOf(request);
-      const body = parseWith(AgentCreateSchema, request.body);
+      const body = request.body;
       const agent: AgentDoc = {
         _id: ctx.ids.agent(),
         workspace_id: auth.workspace._id,
@@ -142,9 +136,9 @@ export function agentRoutes(ctx: GatewayContext) {
       return reply.status(201).send(renderAgent(agent));
     });
 
-    route<{ Querystring: { limit?: string; after?: string } }>(app, AGENT_OPERATIONS.listAgents, async (request) => {
+    route(app, AGENT_OPERATIONS.listAgents, async (request) => {
       const auth = authOf(request);
-      const limit = parseLimit(request.query.limit, 20, 100);
+      const limit = request.query.limit;
       const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "agents", auth.workspace._id);
       const agents = await ctx.store.listAgents(
         auth.workspace._id,
@@ -157,15 +151,15 @@ export function agentRoutes(ctx: GatewayContext) {
       return list(page.map(renderAgent), agents.length > limit, next);
     });
 
-    route<AgentParams>(app, AGENT_OPERATIONS.getAgent, async (request) => {
+    route(app, AGENT_OPERATIONS.getAgent, async (request) => {
       const auth = authOf(request);
       return renderAgent(await loadAgent(ctx, auth.workspace._id, request.params.agentId));
     });
 
-    route<AgentParams>(app, AGENT_OPERATIONS.createDeployment, async (request, reply) => {
+    route(app, AGENT_OPERATIONS.createDeployment, async (request, reply) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
-      const body = parseDeploymentRequest(request.body);
+      const body = toDeploymentRequest(request.body);
       const model = body.config.model;
       if (typeof model === "string" && !providerOffered(model.slice(0, model.indexOf("/")), ctx.config.ambientProviders)) {
         throw invalid("config.model", `Model provider "${model.slice(0, model.indexOf("/"))}" authenticates with the service's own credentials and is not enabled on this service (RUNS_AMBIENT_PROVIDERS).`);
@@ -200,10 +194,10 @@ export function agentRoutes(ctx: GatewayContext) {
       return reply.status(201).send(renderDeployment(existing));
     });
 
-    route<AgentParams & { Querystring: { limit?: string; after?: string } }>(app, AGENT_OPERATIONS.listDeployments, async (request) => {
+    route(app, AGENT_OPERATIONS.listDeployments, async (request) => {
       const auth = authOf(request);
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
-      const limit = parseLimit(request.query.limit, 20, 100);
+      const limit = request.query.limit;
       const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "deployments", agent._id);
       const afterVersion = after ? Number(after.k) : 0;
       if (!Number.isSafeInteger(afterVersion) || afterVersion < 0) throw new ApiError("invalid_cursor", { param: "after", message: "The cursor is not valid." });
@@ -215,13 +209,13 @@ export function agentRoutes(ctx: GatewayContext) {
       return list(page.map(renderDeployment), more, next);
     });
 
-    route<VersionParams>(app, AGENT_OPERATIONS.getDeployment, async (request) => {
+    route(app, AGENT_OPERATIONS.getDeployment, async (request) => {
       const auth = authOf(request);
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       return renderDeployment(await loadDeployment(ctx, agent, request.params.version));
     });
 
-    route<VersionParams>(app, AGENT_OPERATIONS.activateDeployment,
+    route(app, AGENT_OPERATIONS.activateDeployment,
       async (request) => {
         const auth = authOf(request);
         const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);

@@ -1,32 +1,12 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { ApiError, type ApiKeyDoc, invalid, keyIsUsable, list, newApiKey, parseWith, renderApiKey, scopeListProblem } from "../../src/index.js";
+import { ApiError, type ApiKeyDoc, keyIsUsable, list, newApiKey, renderApiKey } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
-import { type Operation, route, keyId } from "../operation.js";
+import { type Handler, type Operation, route, keyId } from "../operation.js";
+import { ApiKeyCreateRequestSchema, ApiKeyListSchema, ApiKeyRotateRequestSchema, ApiKeySchema, MAX_GRACE_PERIOD_S } from "../schemas.js";
 
 export const DEFAULT_GRACE_PERIOD_S = 86_400;
-export const MAX_GRACE_PERIOD_S = 604_800;
-
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
-const Label = z.string().max(80).nullable();
-const Scopes = z.array(z.string());
-
-const CreateSchema = z.object({ label: Label.optional(), scopes: Scopes }).strict();
-const RotateSchema = z
-  .object({
-    label: Label.optional(),
-    scopes: Scopes.optional(),
-    mode: z.string().optional(),
-    gracePeriodSeconds: z.number().int().min(0).max(MAX_GRACE_PERIOD_S).optional(),
-  })
-  .strict();
-
-function checkScopes(scopes: string[]): string[] {
-  const problem = scopeListProblem(scopes);
-  if (problem) throw invalid("scopes", problem);
-  return scopes;
-}
+export { MAX_GRACE_PERIOD_S };
 
 /**
  * A key may hand out only scopes it holds itself: `api_keys:manage` alone must not
@@ -39,7 +19,7 @@ function requireHeld(held: ReadonlySet<string>, scopes: readonly string[]): void
   }
 }
 
-type KeyParams = { Params: { keyId: string } };
+const KeyParams = z.object(keyId);
 
 /** Keys with their `last_used_at`, which is kept apart from the key documents. */
 async function withUsage(ctx: GatewayContext, keys: ApiKeyDoc[]): Promise<ApiKeyDoc[]> {
@@ -47,17 +27,15 @@ async function withUsage(ctx: GatewayContext, keys: ApiKeyDoc[]): Promise<ApiKey
   return keys.map((k) => ({ ...k, last_used_at: usage.get(k._id) ?? k.last_used_at }));
 }
 
-async function loadKey(ctx: GatewayContext, request: FastifyRequest<KeyParams>): Promise<ApiKeyDoc> {
+async function loadKey(ctx: GatewayContext, request: FastifyRequest, id: string): Promise<ApiKeyDoc> {
   const auth = authOf(request);
-  const id = request.params.keyId;
-  if (!UUID.test(id)) throw invalid("keyId", "keyId must be a UUID.");
   const key = await ctx.store.keys.get(auth.workspace._id, id);
   if (!key) throw new ApiError("not_found", { param: "keyId", message: "No such API key." });
   return (await withUsage(ctx, [key]))[0]!;
 }
 
 /** Rotation is served at two paths (decisions §2): one declaration, two routes. */
-function rotateOperation(path: string, operationId: string, summary: string): Operation {
+function rotateOperation(path: string, operationId: string, summary: string) {
   return {
     method: "post",
     path,
@@ -67,11 +45,11 @@ function rotateOperation(path: string, operationId: string, summary: string): Op
     tag: "api-keys",
     scope: "api_keys:manage",
     rate: "expensive",
-    parameters: [keyId],
-    body: { schema: "ApiKeyRotateRequest", required: true },
-    success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: "ApiKey" } },
+    params: KeyParams,
+    body: { schema: ApiKeyRotateRequestSchema, required: true },
+    success: { 201: { description: "The new key with its one-time secret and old_key_revokes_at.", json: ApiKeySchema } },
     errors: { 404: ["not_found"], 409: ["conflict"] },
-  };
+  } satisfies Operation;
 }
 
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
@@ -84,8 +62,8 @@ export const API_KEY_OPERATIONS = {
     tag: "api-keys",
     scope: "api_keys:manage",
     rate: "expensive",
-    body: { schema: "ApiKeyCreateRequest", required: true },
-    success: { 201: { description: "The key with its one-time secret in key.", json: "ApiKey" } },
+    body: { schema: ApiKeyCreateRequestSchema, required: true },
+    success: { 201: { description: "The key with its one-time secret in key.", json: ApiKeySchema } },
   },
   listApiKeys: {
     method: "get",
@@ -94,7 +72,7 @@ export const API_KEY_OPERATIONS = {
     summary: "List API keys",
     tag: "api-keys",
     scope: "api_keys:manage",
-    success: { 200: { description: "The workspace's keys, one page.", json: "ApiKeyList" } },
+    success: { 200: { description: "The workspace's keys, one page.", json: ApiKeyListSchema } },
   },
   getApiKey: {
     method: "get",
@@ -103,8 +81,8 @@ export const API_KEY_OPERATIONS = {
     summary: "Retrieve an API key",
     tag: "api-keys",
     scope: "api_keys:manage",
-    parameters: [keyId],
-    success: { 200: { description: "The key (no secret).", json: "ApiKey" } },
+    params: KeyParams,
+    success: { 200: { description: "The key (no secret).", json: ApiKeySchema } },
     errors: { 400: ["invalid_request"], 404: ["not_found"] },
   },
   revokeApiKey: {
@@ -116,8 +94,8 @@ export const API_KEY_OPERATIONS = {
     tag: "api-keys",
     scope: "api_keys:manage",
     rate: "exempt",
-    parameters: [keyId],
-    success: { 200: { description: "The revoked key.", json: "ApiKey" } },
+    params: KeyParams,
+    success: { 200: { description: "The revoked key.", json: ApiKeySchema } },
     errors: { 400: ["invalid_request"], 404: ["not_found"] },
   },
   rotateApiKey: rotateOperation("/api/v1/api-keys/{keyId}/rotate", "rotateApiKey", "Rotate an API key"),
@@ -128,14 +106,15 @@ export function apiKeyRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     route(app, API_KEY_OPERATIONS.createApiKey, async (request, reply) => {
       const auth = authOf(request);
-      const body = parseWith(CreateSchema, request.body);
-      const scopes = checkScopes(body.scopes);
+      const body = request.body;
+      const scopes = body.scopes;
       requireHeld(auth.scopes, scopes);
       const { doc, secret } = newApiKey({
         workspaceId: auth.workspace._id,
         label: body.label ?? null,
         scopes,
         nowMs: ctx.clock.nowMs(),
+        ids: ctx.ids,
       });
       await ctx.store.keys.insert(doc);
       return reply.status(201).send(renderApiKey(doc, ctx.clock.nowMs(), { secret }));
@@ -148,10 +127,10 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       return list(keys.map((k) => renderApiKey(k, now)), false, null);
     });
 
-    route<KeyParams>(app, API_KEY_OPERATIONS.getApiKey, async (request) => renderApiKey(await loadKey(ctx, request), ctx.clock.nowMs()));
+    route(app, API_KEY_OPERATIONS.getApiKey, async (request) => renderApiKey(await loadKey(ctx, request, request.params.keyId), ctx.clock.nowMs()));
 
-    route<KeyParams>(app, API_KEY_OPERATIONS.revokeApiKey, async (request) => {
-      const key = await loadKey(ctx, request);
+    route(app, API_KEY_OPERATIONS.revokeApiKey, async (request) => {
+      const key = await loadKey(ctx, request, request.params.keyId);
       const now = ctx.clock.nowMs();
       if (key.revoked_at === null) {
         await ctx.store.keys.update(key._id, { revoked_at: now, updated_at: now });
@@ -162,16 +141,12 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       return renderApiKey(key, now);
     });
 
-    const rotate = async (request: FastifyRequest<KeyParams>, reply: import("fastify").FastifyReply) => {
-      if (request.body === undefined || request.body === null || typeof request.body !== "object" || Array.isArray(request.body)) {
-        throw invalid(null, "The body must be a JSON object.");
-      }
-      const body = parseWith(RotateSchema, request.body);
-      if (body.mode !== undefined && body.mode !== "live") throw invalid("mode", "Rotation always issues a live key; mode may only be live.");
-      const old = await loadKey(ctx, request);
+    const rotate: Handler<ReturnType<typeof rotateOperation>> = async (request, reply) => {
+      const body = request.body;
+      const old = await loadKey(ctx, request, request.params.keyId);
       const now = ctx.clock.nowMs();
       if (!keyIsUsable(old, now)) throw new ApiError("conflict", { param: "keyId", message: "A revoked key cannot be rotated." });
-      const scopes = body.scopes === undefined ? old.scopes : checkScopes(body.scopes);
+      const scopes = body.scopes ?? old.scopes;
       // The rotated key's secret goes to the caller: it may not carry more than the caller holds.
       requireHeld(authOf(request).scopes, scopes);
       const graceS = body.gracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_S;
@@ -181,6 +156,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
         label: body.label === undefined ? old.label : body.label,
         scopes,
         nowMs: now,
+        ids: ctx.ids,
       });
       await ctx.store.keys.insert(doc);
       const oldRevokesAt = old.revokes_at === null ? revokesAt : Math.min(old.revokes_at, revokesAt);
@@ -188,7 +164,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       ctx.auth.invalidate();
       return reply.status(201).send(renderApiKey(doc, now, { secret, oldKeyRevokesAtMs: oldRevokesAt }));
     };
-    route<KeyParams>(app, API_KEY_OPERATIONS.rotateApiKey, rotate);
-    route<KeyParams>(app, API_KEY_OPERATIONS.rotateApiKeyUnversioned, rotate);
+    route(app, API_KEY_OPERATIONS.rotateApiKey, rotate);
+    route(app, API_KEY_OPERATIONS.rotateApiKeyUnversioned, rotate);
   };
 }

@@ -1,34 +1,25 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, invalid, list, parseLimit, parseWith, unixSeconds } from "../../src/index.js";
+import { ApiError, decodeCursor, encodeCursor, type EnvValueEntry, envValueNotFound, list, queryFlag, unixSeconds } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { requireScope } from "../auth.js";
 import { RateClass } from "../rate-limits.js";
-import { type Operation, route, query, limit, after, envName } from "../operation.js";
+import { type Operation, page, route, envName } from "../operation.js";
+import { EnvValueDeletedSchema, EnvValueListSchema, EnvValuePutRequestSchema, EnvValueSchema } from "../schemas.js";
 
-// The name is taken with a wildcard, not a `:name` parameter: Fastify answers 414 for a
-// parameter longer than its maxParamLength (100), and names may be 128 characters. A
-// name containing "/" fails the name pattern like any other bad name.
+// The name is taken with a wildcard (operation.ts, envName). A name containing "/" fails
+// the name pattern like any other bad name.
 const ONE = "/api/v1/environment-values/*";
-type NameParams = { Params: { "*": string } };
-
-const PutBodySchema = z.object({ value: z.unknown() }).strict();
+const NameParams = z.object(envName);
 
 export function renderEnvValue(entry: EnvValueEntry) {
-  const out: Record<string, unknown> = {
-    object: "environment_value",
+  const out = {
+    object: "environment_value" as const,
     name: entry.name,
     created_at: unixSeconds(entry.created_at),
     updated_at: unixSeconds(entry.updated_at),
   };
-  if (entry.value !== undefined) out.value = entry.value;
-  return out;
-}
-
-function parseReveal(raw: unknown): boolean {
-  if (raw === undefined || raw === "false") return false;
-  if (raw === "true") return true;
-  throw invalid("reveal", "reveal must be true or false.");
+  return entry.value === undefined ? out : { ...out, value: entry.value };
 }
 
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
@@ -43,9 +34,9 @@ export const ENV_VALUE_OPERATIONS = {
     description: "Encrypted at rest; how provider credentials reach agents.",
     tag: "environment-values",
     scope: "env_vars:write",
-    parameters: [envName],
-    body: { schema: "EnvironmentValuePutRequest", required: true },
-    success: { 200: { description: "The value's name and timestamps (never the value).", json: "EnvironmentValue" } },
+    params: NameParams,
+    body: { schema: EnvValuePutRequestSchema, required: true },
+    success: { 200: { description: "The value's name and timestamps (never the value).", json: EnvValueSchema } },
   },
   listEnvironmentValues: {
     method: "get",
@@ -54,8 +45,8 @@ export const ENV_VALUE_OPERATIONS = {
     summary: "List environment values",
     tag: "environment-values",
     scope: "env_vars:read",
-    parameters: [limit(100, 20), after],
-    success: { 200: { description: "Names and timestamps.", json: "EnvironmentValueList" } },
+    query: z.object(page(100, 20)),
+    success: { 200: { description: "Names and timestamps.", json: EnvValueListSchema } },
     errors: { 400: ["invalid_request", "invalid_cursor"] },
   },
   getEnvironmentValue: {
@@ -67,8 +58,9 @@ export const ENV_VALUE_OPERATIONS = {
     description: "The value only with reveal=true, which also requires the scope env_vars:reveal (else 403).",
     tag: "environment-values",
     scope: "env_vars:read",
-    parameters: [envName, query("reveal", "true: include value (scope env_vars:reveal).", { type: "string", enum: ["true", "false"] })],
-    success: { 200: { description: "The value's name and timestamps, and value when revealed.", json: "EnvironmentValue" } },
+    params: NameParams,
+    query: z.object({ reveal: queryFlag().describe("true: include value (scope env_vars:reveal).") }),
+    success: { 200: { description: "The value's name and timestamps, and value when revealed.", json: EnvValueSchema } },
     errors: { 400: ["invalid_request"], 404: ["not_found"] },
   },
   deleteEnvironmentValue: {
@@ -79,8 +71,8 @@ export const ENV_VALUE_OPERATIONS = {
     summary: "Delete an environment value",
     tag: "environment-values",
     scope: "env_vars:write",
-    parameters: [envName],
-    success: { 200: { description: "Deleted.", json: "EnvironmentValueDeleted" } },
+    params: NameParams,
+    success: { 200: { description: "Deleted.", json: EnvValueDeletedSchema } },
     errors: { 400: ["invalid_request"], 404: ["not_found"] },
   },
 } satisfies Record<string, Operation>;
@@ -93,17 +85,15 @@ export function envValueRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     const store = ctx.envValues;
 
-    route<NameParams>(app, ENV_VALUE_OPERATIONS.putEnvironmentValue, async (request) => {
+    route(app, ENV_VALUE_OPERATIONS.putEnvironmentValue, async (request) => {
       const auth = authOf(request);
-      const body = parseWith(PutBodySchema, request.body);
-      if (body.value === undefined) throw invalid("value", "value is required.");
-      return renderEnvValue(await store.put(auth.workspace._id, request.params["*"], body.value));
+      return renderEnvValue(await store.put(auth.workspace._id, request.params["*"], request.body.value));
     });
 
-    route<{ Querystring: { limit?: string; after?: string } }>(app, ENV_VALUE_OPERATIONS.listEnvironmentValues,
+    route(app, ENV_VALUE_OPERATIONS.listEnvironmentValues,
       async (request) => {
         const auth = authOf(request);
-        const limit = parseLimit(request.query.limit, 20, 100);
+        const limit = request.query.limit;
         const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "env_values", auth.workspace._id);
         const entries = await store.list(auth.workspace._id, limit + 1, after?.k);
         const page = entries.slice(0, limit);
@@ -113,10 +103,10 @@ export function envValueRoutes(ctx: GatewayContext) {
       },
     );
 
-    route<NameParams & { Querystring: { reveal?: string } }>(app, ENV_VALUE_OPERATIONS.getEnvironmentValue,
+    route(app, ENV_VALUE_OPERATIONS.getEnvironmentValue,
       async (request, reply) => {
         const auth = authOf(request);
-        const reveal = parseReveal(request.query.reveal);
+        const reveal = request.query.reveal;
         if (reveal) {
           requireScope(auth, "env_vars:reveal");
           // Revealing is an expensive operation (decisions §7), on top of the standard
@@ -135,11 +125,11 @@ export function envValueRoutes(ctx: GatewayContext) {
       },
     );
 
-    route<NameParams>(app, ENV_VALUE_OPERATIONS.deleteEnvironmentValue, async (request) => {
+    route(app, ENV_VALUE_OPERATIONS.deleteEnvironmentValue, async (request) => {
       const auth = authOf(request);
       const name = request.params["*"];
       if (!(await store.delete(auth.workspace._id, name))) throw envValueNotFound(name);
-      return { name, object: "environment_value.deleted", deleted: true };
+      return { name, object: "environment_value.deleted" as const, deleted: true as const };
     });
   };
 }

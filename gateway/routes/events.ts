@@ -1,9 +1,11 @@
 import type { FastifyInstance } from "fastify";
-import { ApiError, invalid, isFinalStatus, parseLimit, type RunDoc, type TurnDoc } from "../../src/index.js";
+import { z } from "zod";
+import { ApiError, isFinalStatus, queryFlag, queryId, queryLimit, type RunDoc, type TurnDoc } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { closeEventStreams, eventRunOf, streamEvents } from "../sse.js";
 import { loadRun } from "../loaders.js";
-import { type Operation, route, query, limit, runId } from "../operation.js";
+import { type Operation, route, runId } from "../operation.js";
+import { EventListSchema } from "../schemas.js";
 
 /** decisions §5: `limit` of the event list. */
 export const EVENTS_LIMIT_DEFAULT = 100;
@@ -14,13 +16,6 @@ export interface EventRoutesOptions {
   pingIntervalMs?: number;
 }
 
-interface EventsQuery {
-  turn_id?: unknown;
-  after?: unknown;
-  limit?: unknown;
-  stream?: unknown;
-}
-
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
 export const EVENT_OPERATIONS = {
   listRunEvents: {
@@ -29,18 +24,21 @@ export const EVENT_OPERATIONS = {
     operationId: "listRunEvents",
     summary: "Retained events, as a page or a Server-Sent Events stream",
     description:
-      "stream=true answers text/event-stream: `id: <event id>`, `event: <type>`, `data: <Event JSON>`, a blank line; `: ping` every 15 s; an error after the stream began is `event: error` with the Error body. With turn_id the stream ends after the turn's final platform event. Resume with Last-Event-ID (wins over after).",
+      "stream=true answers text/event-stream: `id: <event id>`, `event: <type>`, `data: <Event JSON>`, a blank line; `: ping` every 15 s; an error after the stream began is `event: error` with the Error body (a MessageEvent whose data is that JSON; EventSource's own connection error is a plain Event without data). With turn_id the stream ends after the turn's final platform event. Resume with Last-Event-ID (wins over after).",
     tag: "events",
     scope: "run:read",
-    parameters: [
-      runId,
-      query("turn_id", "Only this turn's events."),
-      query("after", "Event cursor (an event id); an event no longer retained: 410 event_cursor_expired; another run's: 400 invalid_cursor."),
-      limit(1000, 100),
-      query("stream", "true: a Server-Sent Events stream.", { type: "string", enum: ["true", "false"] }),
-      { name: "Last-Event-ID", in: "header", description: "Stream resume cursor (an event id).", schema: { type: "string" } },
-    ],
-    success: { 200: { description: "A page of events with history, or with stream=true the event stream.", json: "EventList", sse: true } },
+    params: z.object(runId),
+    query: z.object({
+      turn_id: queryId().optional().describe("Only this turn's events."),
+      after: queryId().optional().describe("Event cursor (an event id); an event no longer retained: 410 event_cursor_expired; another run's: 400 invalid_cursor."),
+      limit: queryLimit(EVENTS_LIMIT_MAX, EVENTS_LIMIT_DEFAULT),
+      stream: queryFlag().describe("true: a Server-Sent Events stream."),
+    }),
+    headers: [{ name: "Last-Event-ID", in: "header", description: "Stream resume cursor (an event id).", schema: { type: "string" } }],
+    success: {
+      200: { description: "A page of events with history, or with stream=true the event stream.", json: EventListSchema, sse: true },
+      204: { description: "stream=true with turn_id, resumed after that turn's final event: nothing more will come. An EventSource stops reconnecting on 204." },
+    },
     errors: {
       400: ["invalid_request", "invalid_cursor"],
       404: ["run_not_found", "turn_not_found"],
@@ -61,20 +59,16 @@ export const EVENT_OPERATIONS = {
  * events and ends after the platform event that makes the turn final — the same end as the
  * POST /api/v1/runs stream it resumes (decisions §5: "a turn's stream ends after the platform
  * event that makes the turn final"); resuming a turn that already ended after its last event
- * gives an empty stream that ends at once.
+ * is answered 204 No Content, on which an EventSource stops instead of reconnecting forever.
  */
 export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {}) {
   return async function (app: FastifyInstance) {
     app.addHook("preClose", async () => closeEventStreams(ctx));
 
-    route<{ Params: { runId: string }; Querystring: EventsQuery }>(app, EVENT_OPERATIONS.listRunEvents,
+    route(app, EVENT_OPERATIONS.listRunEvents,
       async (request, reply) => {
         const auth = authOf(request);
-        const query = request.query;
-        const stream = parseStreamFlag(query.stream);
-        const turnId = optionalId(query.turn_id, "turn_id");
-        const after = optionalId(query.after, "after");
-        const limit = parseLimit(query.limit, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX);
+        const { stream, turn_id: turnId, after, limit } = request.query;
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
         const turn = turnId === undefined ? undefined : await loadTurnOf(ctx, run, turnId);
 
@@ -99,7 +93,7 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
         }
         const last = page.events.at(-1);
         return {
-          object: "list",
+          object: "list" as const,
           data: page.events,
           has_more: page.hasMore,
           next_cursor: page.hasMore && last ? last.id : null,
@@ -114,18 +108,6 @@ async function loadTurnOf(ctx: GatewayContext, run: RunDoc, turnId: string): Pro
   const turn = await ctx.store.getTurn(turnId);
   if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turn_id" });
   return turn;
-}
-
-function parseStreamFlag(raw: unknown): boolean {
-  if (raw === undefined || raw === "false") return false;
-  if (raw === "true") return true;
-  throw invalid("stream", "stream must be true or false.");
-}
-
-function optionalId(raw: unknown, param: string): string | undefined {
-  if (raw === undefined) return undefined;
-  if (typeof raw !== "string" || raw === "") throw invalid(param, `${param} must be given once, not empty.`);
-  return raw;
 }
 
 /** An empty header counts as absent (EventSource sends none before its first event). */

@@ -1,12 +1,14 @@
 import { createHash } from "node:crypto";
 import type { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import { z } from "zod";
 import multipart from "@fastify/multipart";
-import { ApiError, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { ApiError, type Clock, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { retryAfterSeconds } from "../unavailable.js";
 import { type Operation, route, fileId } from "../operation.js";
+import { FileSchema, FileUploadRequestSchema } from "../schemas.js";
 
 /**
  * POST /api/v1/files and GET /api/v1/files/{fileId} (decisions §6).
@@ -26,7 +28,7 @@ const MEDIA_TYPE = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0
 export function renderFile(file: FileDoc) {
   return {
     id: file._id,
-    object: "file",
+    object: "file" as const,
     filename: file.filename,
     media_type: file.media_type,
     bytes: file.bytes,
@@ -50,17 +52,17 @@ function checkMediaType(value: string, param: string): string {
 }
 
 /** The sha256 and size of a repeated upload's body, read and dropped within `timeLimitMs`. */
-async function digestOf(source: Readable, timeLimitMs: number): Promise<{ sha256: string; bytes: number }> {
+async function digestOf(source: Readable, timeLimitMs: number, clock: Clock): Promise<{ sha256: string; bytes: number }> {
   const hash = createHash("sha256");
   let bytes = 0;
-  const timer = setTimeout(() => source.destroy(new ApiError("request_timeout")), timeLimitMs);
+  const timer = clock.after(timeLimitMs, () => source.destroy(new ApiError("request_timeout")));
   try {
     for await (const chunk of source) {
       hash.update(chunk as Buffer);
       bytes += (chunk as Buffer).length;
     }
   } finally {
-    clearTimeout(timer);
+    timer.cancel();
   }
   return { sha256: hash.digest("hex"), bytes };
 }
@@ -110,8 +112,8 @@ export const FILE_OPERATIONS = {
     scope: "files:write",
     rate: "expensive",
     idempotencyKey: true,
-    body: { schema: "FileUploadRequest", required: true, multipart: true },
-    success: { 201: { description: "The stored file.", json: "File" } },
+    body: { schema: FileUploadRequestSchema, required: true, multipart: true },
+    success: { 201: { description: "The stored file.", json: FileSchema } },
     errors: { 408: ["request_timeout"], 409: ["conflict"], 503: ["upload_in_progress"] },
   },
   getFile: {
@@ -121,8 +123,8 @@ export const FILE_OPERATIONS = {
     summary: "Retrieve a file's metadata",
     tag: "files",
     scope: "files:read",
-    parameters: [fileId],
-    success: { 200: { description: "The file.", json: "File" } },
+    params: z.object(fileId),
+    success: { 200: { description: "The file.", json: FileSchema } },
     errors: { 404: ["not_found"] },
   },
 } satisfies Record<string, Operation>;
@@ -189,7 +191,7 @@ export function fileRoutes(ctx: GatewayContext) {
           if (claim.kind === "replay") {
             // The first upload finished: the new body is hashed and dropped, never stored;
             // other content under the same key is a different file (spec: 409 conflict).
-            const repeat = await digestOf(part.file, limits.timeLimitMs);
+            const repeat = await digestOf(part.file, limits.timeLimitMs, ctx.clock);
             if (repeat.sha256 !== claim.file.sha256 || repeat.bytes !== claim.file.bytes) {
               throw new ApiError("conflict", { param: "Idempotency-Key", message: "This Idempotency-Key was used for a different file; upload again with a new key." });
             }
@@ -214,7 +216,7 @@ export function fileRoutes(ctx: GatewayContext) {
       }
     });
 
-    route<{ Params: { fileId: string } }>(app, FILE_OPERATIONS.getFile, async (request) => {
+    route(app, FILE_OPERATIONS.getFile, async (request) => {
       const auth = authOf(request);
       const file = await files.get(auth.workspace._id, request.params.fileId);
       if (!file) throw new ApiError("not_found", { param: "fileId", message: `No file ${request.params.fileId}.` });

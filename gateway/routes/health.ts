@@ -1,6 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import type { GatewayContext } from "../context.js";
 import { type Operation, route } from "../operation.js";
+import { HealthSchema, ReadinessSchema } from "../schemas.js";
 
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
 export const HEALTH_OPERATIONS = {
@@ -11,7 +12,9 @@ export const HEALTH_OPERATIONS = {
     summary: "Liveness",
     tag: "operations",
     scope: "public",
-    success: { 200: { description: "The process is alive.", json: "Health" } },
+    // Only the HTTP layer refuses these (gateway/app.ts answerClientError).
+    errors: { 400: ["invalid_request"] },
+    success: { 200: { description: "The process is alive.", json: HealthSchema } },
   },
   readyz: {
     method: "get",
@@ -20,9 +23,11 @@ export const HEALTH_OPERATIONS = {
     summary: "Readiness: NATS and the store reachable, node serving",
     tag: "operations",
     scope: "public",
+    // Only the HTTP layer refuses these (gateway/app.ts answerClientError).
+    errors: { 400: ["invalid_request"] },
     success: {
-      200: { description: "Ready.", json: "Readiness" },
-      503: { description: "Not ready (status unavailable, with which part is down).", json: "Readiness" },
+      200: { description: "Ready.", json: ReadinessSchema },
+      503: { description: "Not ready (status unavailable, with which part is down).", json: ReadinessSchema },
     },
   },
   metrics: {
@@ -32,21 +37,16 @@ export const HEALTH_OPERATIONS = {
     summary: "Prometheus metrics",
     tag: "operations",
     scope: "public",
-    success: { 200: { description: "Prometheus text exposition format (Content-Type: text/plain; version=0.0.4).", text: "text/plain" } },
+    // Only the HTTP layer refuses these (gateway/app.ts answerClientError).
+    errors: { 400: ["invalid_request"] },
+    success: { 200: { description: "Prometheus text exposition format (Content-Type: text/plain; version=0.0.4): requests and latency by route template and status, active and queued turns, open event streams, NATS and store health, event-loop lag, process metrics.", text: "text/plain" } },
   },
 } satisfies Record<string, Operation>;
 
-/** Liveness, readiness and a small Prometheus endpoint (decisions §8). */
+/** Liveness, readiness and the Prometheus endpoint (decisions §8; gateway/metrics.ts). */
 export function healthRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    const responses = new Map<string, number>();
-    app.addHook("onResponse", async (request, reply) => {
-      const route = request.routeOptions.url ?? "unmatched";
-      const key = `${request.method} ${route} ${reply.statusCode}`;
-      responses.set(key, (responses.get(key) ?? 0) + 1);
-    });
-
-    route(app, HEALTH_OPERATIONS.healthz, async () => ({ status: "ok" }));
+    route(app, HEALTH_OPERATIONS.healthz, async () => ({ status: "ok" as const }));
 
     route(app, HEALTH_OPERATIONS.readyz, async (_request, reply) => {
       const nats = !ctx.nc.isClosed() && !ctx.nc.isDraining();
@@ -58,15 +58,6 @@ export function healthRoutes(ctx: GatewayContext) {
       return reply.status(ready ? 200 : 503).send({ status: ready ? "ready" : "unavailable", nats, store, actors, ...(sandbox ? { sandbox } : {}) });
     });
 
-    route(app, HEALTH_OPERATIONS.metrics, async (_request, reply) => {
-      const lines = ["# HELP runs_http_responses_total HTTP responses by method, route and status.", "# TYPE runs_http_responses_total counter"];
-      for (const [key, count] of responses) {
-        const [method, route, status] = key.split(" ");
-        lines.push(`runs_http_responses_total{method="${method}",route="${route}",status="${status}"} ${count}`);
-      }
-      const memory = process.memoryUsage();
-      lines.push("# TYPE runs_process_resident_memory_bytes gauge", `runs_process_resident_memory_bytes ${memory.rss}`);
-      return reply.type("text/plain; version=0.0.4").send(`${lines.join("\n")}\n`);
-    });
+    route(app, HEALTH_OPERATIONS.metrics, async (_request, reply) => reply.type(ctx.metrics.contentType).send(await ctx.metrics.text()));
   };
 }

@@ -1,11 +1,13 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, MAX_TAG_FILTERS, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, parseLimit, parseRunListQuery, parseRunRequest, renderRun, renderRunSummary, type RunCommand, type RunDoc, type RunRequest, runRequestFingerprint, Subjects, TurnStatus } from "../../src/index.js";
+import { z } from "zod";
+import { ApiError, startVersionOf, type Timer, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, Subjects, toRunRequest, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
 import { checkStreamQuota, streamEvents } from "../sse.js";
-import { type Operation, route, query, limit, after, runId, ref, RUN_READS } from "../operation.js";
+import { type Operation, page, route, runId, RUN_READS } from "../operation.js";
+import { CancelRequestSchema, RunDeletedSchema, RunListSchema, RunRequestSchema, RunSchema } from "../schemas.js";
 
 /** The identity of a POST /runs answer, kept in its idempotency record. */
 interface RunAnswer extends Record<string, unknown> {
@@ -29,14 +31,14 @@ function finalNotice(ctx: GatewayContext, turnId: string): { sub: Subscription; 
   return {
     sub,
     arrivedWithin: async (timeoutMs) => {
-      let timer: NodeJS.Timeout | undefined;
+      let timer: Timer | undefined;
       const timeout = new Promise<boolean>((resolve) => {
-        timer = setTimeout(() => resolve(false), timeoutMs);
+        timer = ctx.clock.after(timeoutMs, () => resolve(false));
       });
       try {
         return await Promise.race([arrived, timeout]);
       } finally {
-        clearTimeout(timer);
+        timer?.cancel();
       }
     },
   };
@@ -54,10 +56,10 @@ export const RUN_OPERATIONS = {
     tag: "runs",
     scope: "run:write",
     idempotencyKey: true,
-    body: { schema: "RunRequest", required: true },
+    body: { schema: RunRequestSchema, required: true },
     success: {
-      200: { description: "The turn is final (or, with stream: true, the event stream).", json: "Run", sse: true },
-      202: { description: "The turn is admitted and not final yet (or background: true). Read the Location until turn.status is final.", json: "Run", location: true },
+      200: { description: "The turn is final (or, with stream: true, the event stream).", json: RunSchema, sse: true },
+      202: { description: "The turn is admitted and not final yet (or background: true). Read the Location until turn.status is final.", json: RunSchema, location: true },
     },
     errors: {
       404: ["agent_not_found", "agent_version_not_found", "run_not_found"],
@@ -73,24 +75,8 @@ export const RUN_OPERATIONS = {
     summary: "List runs",
     tag: "runs",
     scope: "run:read",
-    parameters: [
-      query("agent_id", "Runs of one agent."),
-      query("version", "Runs with at least one turn on this deployment version.", { type: "integer", minimum: 1 }),
-      query("state", "idle or busy runs.", { type: "string", enum: ["idle", "busy"] }),
-      {
-        name: "tag",
-        in: "query",
-        description: `Runs carrying every given tag (exact, case-sensitive); up to ${MAX_TAG_FILTERS} times. A filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag.`,
-        schema: { type: "array", items: ref("Tag"), maxItems: MAX_TAG_FILTERS },
-        style: "form",
-        explode: true,
-      },
-      query("created_after", "Runs created at or after this Unix time (seconds).", { type: "integer", minimum: 0 }),
-      query("created_before", "Runs created at or before this Unix time (seconds).", { type: "integer", minimum: 0 }),
-      limit(100, 20),
-      after,
-    ],
-    success: { 200: { description: "Run summaries, most recent activity first.", json: "RunList" } },
+    query: RunListQuerySchema.extend(page(100, 20)),
+    success: { 200: { description: "Run summaries, most recent activity first.", json: RunListSchema } },
     errors: { 400: ["invalid_request", "invalid_cursor"] },
   },
   getRun: {
@@ -100,8 +86,9 @@ export const RUN_OPERATIONS = {
     summary: "Retrieve a run with one turn",
     tag: "runs",
     scope: "run:read",
-    parameters: [runId, query("turn_id", "Select this turn (default the latest).")],
-    success: { 200: { description: "The run with the selected turn.", json: "Run" } },
+    params: z.object(runId),
+    query: z.object({ turn_id: queryId().optional().describe("Select this turn (default the latest).") }),
+    success: { 200: { description: "The run with the selected turn.", json: RunSchema } },
     errors: { 400: ["invalid_request"], 404: ["run_not_found", "turn_not_found"], 410: ["run_expired"] },
   },
   deleteRun: {
@@ -113,8 +100,8 @@ export const RUN_OPERATIONS = {
     tag: "runs",
     scope: "run:write",
     idempotencyKey: true,
-    parameters: [runId],
-    success: { 200: { description: "Deleted.", json: "RunDeleted" } },
+    params: z.object(runId),
+    success: { 200: { description: "Deleted.", json: RunDeletedSchema } },
     errors: { 400: ["invalid_request"], ...RUN_READS, 409: ["run_busy", "idempotency_conflict"] },
   },
   cancelRun: {
@@ -128,11 +115,11 @@ export const RUN_OPERATIONS = {
     scope: "run:write",
     rate: "exempt",
     idempotencyKey: true,
-    parameters: [runId],
-    body: { schema: "CancelRequest", required: false },
+    params: z.object(runId),
+    body: { schema: CancelRequestSchema, required: false },
     success: {
-      200: { description: "The run as a retrieval returns it, the selected turn cancelled or already final.", json: "Run" },
-      202: { description: "The run with the selected turn cancelling while the runtime settles.", json: "Run" },
+      200: { description: "The run as a retrieval returns it, the selected turn cancelled or already final.", json: RunSchema },
+      202: { description: "The run with the selected turn cancelling while the runtime settles.", json: RunSchema },
     },
     errors: { 404: ["run_not_found", "turn_not_found"], 409: ["idempotency_conflict"], 410: ["run_expired"] },
   },
@@ -142,7 +129,7 @@ export function runRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     route(app, RUN_OPERATIONS.createRun, async (request, reply) => {
       const auth = authOf(request);
-      const body = parseRunRequest(request.body);
+      const body = toRunRequest(request.body);
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
 
@@ -196,15 +183,15 @@ export function runRoutes(ctx: GatewayContext) {
       }
     });
 
-    route<{ Querystring: Record<string, unknown> }>(app, RUN_OPERATIONS.listRuns, async (request) => {
+    route(app, RUN_OPERATIONS.listRuns, async (request) => {
       const auth = authOf(request);
       const workspaceId = auth.workspace._id;
       const query = request.query;
-      const limit = parseLimit(query.limit, 20, 100);
-      const filters = parseRunListQuery(query);
+      const limit = query.limit;
+      const filters = runListFilters(query);
       let after: { lastActivityAt: number; id: string } | undefined;
       if (query.after !== undefined) {
-        const cursor = decodeCursor(String(query.after), "runs", workspaceId);
+        const cursor = decodeCursor(query.after, "runs", workspaceId);
         after = { lastActivityAt: Number(cursor.k), id: cursor.id };
       }
       const page = await listRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit });
@@ -213,7 +200,7 @@ export function runRoutes(ctx: GatewayContext) {
       return list(page.runs.map(renderRunSummary), page.hasMore, next);
     });
 
-    route<{ Params: { runId: string } }>(app, RUN_OPERATIONS.deleteRun, async (request) => {
+    route(app, RUN_OPERATIONS.deleteRun, async (request) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
@@ -227,32 +214,27 @@ export function runRoutes(ctx: GatewayContext) {
           return { run_id: runId, deleted: true };
         },
       );
-      return { id: runId, object: "run.deleted", deleted: true };
+      return { id: runId, object: "run.deleted" as const, deleted: true as const };
     });
 
-    route<{ Params: { runId: string }; Querystring: { turn_id?: string } }>(app, RUN_OPERATIONS.getRun,
+    route(app, RUN_OPERATIONS.getRun,
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
         const turnId = request.query.turn_id;
-        if (turnId !== undefined && (typeof turnId !== "string" || turnId === "")) throw invalid("turn_id", "turn_id must be a turn id.");
         const turn = await loadTurn(ctx, run, turnId ?? run.latest_turn_id);
         return renderRun(run, turn);
       },
     );
 
     // Cancelling stays available under rate limiting (its own budget: rate "exempt").
-    route<{ Params: { runId: string }; Body: { turn_id?: unknown } | undefined }>(
+    route(
       app,
       RUN_OPERATIONS.cancelRun,
       async (request, reply) => {
         const auth = authOf(request);
         const key = idempotencyKeyOf(request)!;
-        const body = request.body ?? {};
-        if (typeof body !== "object" || Array.isArray(body)) throw invalid(null, "The body must be a JSON object.");
-        for (const field of Object.keys(body)) if (field !== "turn_id") throw invalid(field, `Unknown field ${field}.`);
-        const turnId = body.turn_id;
-        if (turnId !== undefined && (typeof turnId !== "string" || turnId === "")) throw invalid("turn_id", "turn_id must be a turn id.");
+        const turnId = request.body.turn_id;
         const workspaceId = auth.workspace._id;
         const run = await loadRun(ctx, workspaceId, request.params.runId);
         if (turnId) await loadTurn(ctx, run, turnId);
@@ -273,7 +255,7 @@ export function runRoutes(ctx: GatewayContext) {
           const cancelling = { ...turn, status: TurnStatus.cancelling, output: [], error: null, completed_at: null, duration_ms: null };
           return reply.status(202).send(renderRun({ ...fresh, state: "busy", active_turn_id: turn._id }, cancelling));
         }
-        return reply.status(status).send(renderRun(fresh, turn));
+        return reply.status(status as 200 | 202).send(renderRun(fresh, turn));
       },
     );
   };

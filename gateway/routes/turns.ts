@@ -1,8 +1,10 @@
 import type { FastifyInstance } from "fastify";
-import { ApiError, decodeCursor, encodeCursor, list, parseLimit, renderTurn } from "../../src/index.js";
+import { z } from "zod";
+import { ApiError, decodeCursor, encodeCursor, list, renderTurn } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { loadRun } from "../loaders.js";
-import { type Operation, route, limit, after, runId, turnId, RUN_READS } from "../operation.js";
+import { type Operation, page, route, runId, turnId, RUN_READS } from "../operation.js";
+import { TurnListSchema, TurnSchema } from "../schemas.js";
 
 /** A turns cursor's position: a turn index, or the cursor is not one this list issued. */
 function turnIndexOf(k: string): number {
@@ -19,8 +21,9 @@ export const TURN_OPERATIONS = {
     summary: "Turn history",
     tag: "runs",
     scope: "run:read",
-    parameters: [runId, limit(100, 20), after],
-    success: { 200: { description: "Turns, oldest first, queued and running ones included.", json: "TurnList" } },
+    params: z.object(runId),
+    query: z.object(page(100, 20)),
+    success: { 200: { description: "Turns, oldest first, queued and running ones included.", json: TurnListSchema } },
     errors: { 400: ["invalid_request", "invalid_cursor"], ...RUN_READS },
   },
   getTurn: {
@@ -30,8 +33,8 @@ export const TURN_OPERATIONS = {
     summary: "One turn",
     tag: "runs",
     scope: "run:read",
-    parameters: [runId, turnId],
-    success: { 200: { description: "The turn.", json: "Turn" } },
+    params: z.object({ ...runId, ...turnId }),
+    success: { 200: { description: "The turn.", json: TurnSchema } },
     errors: { 404: ["run_not_found", "turn_not_found"], 410: ["run_expired"] },
   },
 } satisfies Record<string, Operation>;
@@ -39,11 +42,11 @@ export const TURN_OPERATIONS = {
 /** Turn history: read from the turn documents, never from events. */
 export function turnRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
-    route<{ Params: { runId: string }; Querystring: { limit?: string; after?: string } }>(app, TURN_OPERATIONS.listTurns,
+    route(app, TURN_OPERATIONS.listTurns,
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
-        const limit = parseLimit(request.query.limit, 20, 100);
+        const limit = request.query.limit;
         const afterIndex = request.query.after === undefined ? undefined : turnIndexOf(decodeCursor(request.query.after, "turns", run._id).k);
         const turns = await ctx.store.listTurns(run._id, { afterIndex, limit: limit + 1 });
         const page = turns.slice(0, limit);
@@ -53,7 +56,7 @@ export function turnRoutes(ctx: GatewayContext) {
       },
     );
 
-    route<{ Params: { runId: string; turnId: string } }>(app, TURN_OPERATIONS.getTurn,
+    route(app, TURN_OPERATIONS.getTurn,
       async (request) => {
         const auth = authOf(request);
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);

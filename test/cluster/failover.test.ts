@@ -17,13 +17,14 @@ import {
   type Answer,
   type Cluster,
 } from "../helpers/cluster.js";
+import { openRawDb, type RawDb } from "../helpers/raw-db.js";
 
 /**
  * Fault tests against a real local cluster: 3 NATS servers (JetStream R3), FerretDB
  * and 3 runtime nodes as child processes with a 3 s lease. One cluster serves the
  * file; the tests are serial and each leaves every server and node running again.
  */
-const test = anyTest as TestFn<{ cluster: Cluster; echo: string }>;
+const test = anyTest as TestFn<{ cluster: Cluster; echo: string; raw: RawDb }>;
 
 const LEASE_TTL_MS = 3000;
 
@@ -52,6 +53,7 @@ test.before(async (t) => {
   const started = Date.now();
   const cluster = await startTestCluster();
   t.context.cluster = cluster;
+  t.context.raw = await openRawDb(cluster.mongoUri, cluster.mongoDb);
   t.context.echo = await nodeApi(cluster, 0).agentWith({ model: "faux/scripted" }, "echo");
   t.log(`cluster up in ${Date.now() - started} ms (${cluster.dir})`);
 });
@@ -61,6 +63,7 @@ test.afterEach.always(async (t) => {
 });
 
 test.after.always(async (t) => {
+  await t.context.raw?.close();
   await t.context.cluster?.stop();
 });
 
@@ -90,7 +93,7 @@ test.serial("cluster - kill -9 of the owner mid-turn: the active turn ends incom
   const agent = await api.agentWith(sleepConfig(29), "sleeper-29");
   const run = await runOwnedBy(cluster, victim, agent, 0);
   // Cancel the other sleeping runs the search started, so they do not hold partitions busy.
-  const others = await cluster.store.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
+  const others = await t.context.raw.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
   await Promise.all(others.map((r) => cancelQuietly(cluster, r._id)));
 
   // Version 2 answers at once (automatic upgrade): the queued turn does not sleep 30 s again.
@@ -164,7 +167,7 @@ async function load(cluster: Cluster, agent: string, clients: number, perClient:
 }
 
 /** Checks every admitted start: one run per key, its turn final. Returns the final statuses. */
-async function checkAdmitted(t: { is: Function; true: Function }, cluster: Cluster, answers: Array<Answer & { key: string }>) {
+async function checkAdmitted(t: { is: Function; true: Function; context: { raw: RawDb } }, cluster: Cluster, answers: Array<Answer & { key: string }>) {
   const admitted = answers.filter((a) => a.status === 202 || a.status === 200);
   const statuses = new Map<string, number>();
   for (const answer of admitted) {
@@ -174,7 +177,7 @@ async function checkAdmitted(t: { is: Function; true: Function }, cluster: Clust
   }
   // No key admitted twice: each key's input is in exactly one run's turns.
   const keys = admitted.map((a) => a.key);
-  const stored = await cluster.store.turns.find({ index: 0, "input.text": { $in: keys } }, { projection: { run_id: 1, input: 1 } }).toArray();
+  const stored = await t.context.raw.turns.find({ index: 0, "input.text": { $in: keys } }, { projection: { run_id: 1, input: 1 } }).toArray();
   t.is(stored.length, keys.length, "one stored first turn per admitted key");
   t.is(new Set(admitted.map((a) => a.body.id)).size, admitted.length, "distinct runs");
   return statuses;
@@ -225,13 +228,13 @@ test.serial("cluster - a node paused past its lease: its partitions move, its la
   // Long enough to outlast the set-up below on a loaded machine.
   const agent = await api.agentWith(sleepConfig(6, [{ text: "late" }]), "sleeper-6");
   const run = await runOwnedBy(cluster, victim, agent, 0);
-  const others = await cluster.store.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
+  const others = await t.context.raw.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
   await Promise.all(others.map((r) => cancelQuietly(cluster, r._id)));
   const v2 = await api.deploy(agent, { model: "faux/scripted" });
   await api.waitDeployment(agent, v2.version);
   const queued = await api.post("/api/v1/runs", { run_id: run.id, input: "on the new owner", background: true });
   t.is(queued.status, 202);
-  const before = await cluster.store.runs.findOne({ _id: run.id });
+  const before = await t.context.raw.runs.findOne({ _id: run.id });
 
   // Only the node process stops: its bash tool finishes meanwhile, so the agent's
   // result is waiting for the node when it resumes.
@@ -247,9 +250,9 @@ test.serial("cluster - a node paused past its lease: its partitions move, its la
   t.is(first.turn.error?.code, "worker_execution_interrupted");
   const second = await waitFinal(cluster, run.id, queued.body.turn.id, 30_000);
   t.is(second.turn.status, "completed");
-  const afterTakeover = await cluster.store.runs.findOne({ _id: run.id });
+  const afterTakeover = await t.context.raw.runs.findOne({ _id: run.id });
   t.true(afterTakeover!.epoch > before!.epoch, `epoch ${before!.epoch} → ${afterTakeover!.epoch}`);
-  const turnsAtTakeover = await cluster.store.turns.find({ run_id: run.id }).sort({ index: 1 }).toArray();
+  const turnsAtTakeover = await t.context.raw.turns.find({ run_id: run.id }).sort({ index: 1 }).toArray();
   // Past the lease and past the bash step.
   await sleep(Math.max(0, LEASE_TTL_MS * 2 + 1_000 - (Date.now() - pausedAt)));
 
@@ -274,8 +277,8 @@ test.serial("cluster - a node paused past its lease: its partitions move, its la
   t.log(`resumed node: ${stopped.map((e) => e.reason).join(", ")}; lease messages: ${sincePause.filter((e) => e.msg === "lease lost").length}`);
 
   // Nothing the resumed node did after the takeover changed the run or its turns.
-  const afterResume = await cluster.store.runs.findOne({ _id: run.id });
-  const turnsAfterResume = await cluster.store.turns.find({ run_id: run.id }).sort({ index: 1 }).toArray();
+  const afterResume = await t.context.raw.runs.findOne({ _id: run.id });
+  const turnsAfterResume = await t.context.raw.turns.find({ run_id: run.id }).sort({ index: 1 }).toArray();
   t.is(afterResume!.epoch, afterTakeover!.epoch);
   t.deepEqual(turnsAfterResume, turnsAtTakeover);
   t.is(afterResume!.state, "idle");

@@ -45,7 +45,7 @@ test("deploy/k8s - runs pods are unprivileged and get only what bwrap needs", as
 
 test("deploy - the image runs as a non-root user with bubblewrap; compose lifts only what bwrap needs", async (t) => {
   const dockerfile = await readFile(path.join(PROJECT_ROOT, "deploy", "Dockerfile"), "utf8");
-  t.regex(dockerfile, /^FROM node:24-/m, "the current Node LTS");
+  t.regex(dockerfile, /^FROM node:26-/m, "the current Node LTS (26, LTS since October 2026)");
   t.regex(dockerfile, /apt-get install[^\n]*bubblewrap[^\n]*socat/);
   t.regex(dockerfile, /^USER 10001:10001$/m);
   const compose = await readFile(path.join(PROJECT_ROOT, "deploy", "compose.yaml"), "utf8");

@@ -11,6 +11,7 @@ import pino from "pino";
 import { SteeringTargetEndedError, type RunningTurn, type TurnRunRequest, type TurnRunResult } from "../../actors/agent-runner.js";
 import { type ActorResources } from "../../actors/run-actor.js";
 import type { ActorStep } from "../../actors/actor-resources.js";
+import type { Clock, Timer } from "../../src/clock.js";
 import { DeploymentCache } from "../../src/deployments.js";
 import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
@@ -29,6 +30,8 @@ export class MemoryRunStore implements RunStore {
   readonly activeVersions = new Map<string, number>();
   /** Every write, in order, for assertions on what was stored when. */
   readonly writes: string[] = [];
+  /** Makes the next turn write that matches fail once, as a store that went away would. */
+  failTurnWriteOnce?: (id: string, set: Partial<TurnDoc>) => boolean;
 
   async insertRunOnce(doc: RunDoc): Promise<boolean> {
     if (this.runs.has(doc._id)) return false;
@@ -69,6 +72,10 @@ export class MemoryRunStore implements RunStore {
     return turn ? clone(turn) : null;
   }
   async updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void> {
+    if (this.failTurnWriteOnce?.(id, set)) {
+      this.failTurnWriteOnce = undefined;
+      throw new Error("store unavailable (injected)");
+    }
     const turn = this.turns.get(id);
     if (!turn || turn.epoch > epoch) throw new FencedError(id);
     Object.assign(turn, clone(set), { epoch });
@@ -251,10 +258,45 @@ export class ParkedSteps {
 }
 
 /** A clock the test moves. */
-export class TestClock {
+/**
+ * A clock that moves only when told: `now` may be set directly, and {@link advance}
+ * moves it forward running every timer that falls due, in time order.
+ */
+export class TestClock implements Clock {
+  private timers: { at: number; fn: () => void; every?: number }[] = [];
   constructor(public now = Date.UTC(2026, 10, 24, 12)) {}
   nowMs(): number {
     return this.now;
+  }
+  after(ms: number, fn: () => void): Timer {
+    return this.schedule({ at: this.now + ms, fn });
+  }
+  every(ms: number, fn: () => void): Timer {
+    return this.schedule({ at: this.now + ms, fn, every: Math.max(1, ms) });
+  }
+  sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => this.after(ms, resolve));
+  }
+  /** Timers not yet run or cancelled. */
+  get pending(): number {
+    return this.timers.length;
+  }
+  /** Moves time forward by `ms`, running the timers that fall due (at most 10,000 calls). */
+  advance(ms: number): void {
+    const end = this.now + ms;
+    for (let calls = 0; calls < 10_000; calls++) {
+      const next = this.timers.reduce<(typeof this.timers)[number] | undefined>((soonest, t) => (t.at <= end && (!soonest || t.at < soonest.at) ? t : soonest), undefined);
+      if (!next) break;
+      this.now = next.at;
+      if (next.every) next.at += next.every;
+      else this.timers = this.timers.filter((t) => t !== next);
+      next.fn();
+    }
+    this.now = end;
+  }
+  private schedule(timer: { at: number; fn: () => void; every?: number }): Timer {
+    this.timers.push(timer);
+    return { cancel: () => void (this.timers = this.timers.filter((t) => t !== timer)) };
   }
 }
 

@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync, statSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import path from "node:path";
 
 /**
@@ -14,6 +14,8 @@ export const LAYERS: Record<string, readonly string[]> = {
   actors: ["src"],
   src: [],
   client: [],
+  // Browser code: it reaches the service over HTTP only.
+  console: [],
 };
 
 /** file (relative to the root, with `/`) → files it imports (relative, resolved to `.ts`). */
@@ -36,7 +38,7 @@ function tsFiles(dir: string): string[] {
   for (const name of readdirSync(dir)) {
     const full = path.join(dir, name);
     if (statSync(full).isDirectory()) out.push(...tsFiles(full));
-    else if (name.endsWith(".ts") && !name.endsWith(".d.ts")) out.push(full);
+    else if ((name.endsWith(".ts") || name.endsWith(".tsx")) && !name.endsWith(".d.ts")) out.push(full);
   }
   return out;
 }
@@ -54,9 +56,11 @@ export function readGraph(root: string): ImportGraph {
     }
     for (const file of files) {
       const from = path.relative(root, file).split(path.sep).join("/");
-      const targets = specifiersOf(readFileSync(file, "utf8")).map((spec) =>
-        path.posix.normalize(path.posix.join(path.posix.dirname(from), spec)).replace(/\.js$/, ".ts"),
-      );
+      const targets = specifiersOf(readFileSync(file, "utf8")).map((spec) => {
+        const target = path.posix.normalize(path.posix.join(path.posix.dirname(from), spec)).replace(/\.js$/, ".ts");
+        // A `.js` specifier names a `.ts` file, or a `.tsx` one where that is what exists.
+        return existsSync(path.join(root, target)) || !existsSync(path.join(root, `${target}x`)) ? target : `${target}x`;
+      });
       graph.set(from, targets);
     }
   }

@@ -7,6 +7,7 @@ import { freePort, startFerretDb, startNatsServer, type ServerProcess } from "..
 import { startService, type RunningService } from "../../node/service.js";
 import { createWorkspace } from "../../node/workspaces.js";
 import type { Plan } from "../../src/domain.js";
+import { openRawDb, type RawDb } from "./raw-db.js";
 
 /** Real nats-server and FerretDB on free loopback ports, in a temp dir, for one test file. */
 export interface TestServers {
@@ -22,6 +23,8 @@ export interface TestServers {
    * as nodes sharing one NATS must (they share partition ownership).
    */
   dbName: string;
+  /** The test's own connection to that database (opened once, closed by `stop`). */
+  raw(): Promise<RawDb>;
   stop(): Promise<void>;
 }
 
@@ -48,6 +51,7 @@ export async function startTestServers(): Promise<TestServers> {
     ferret = await startFerretDb({ port: mongoPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") });
     mongoUri = `mongodb://127.0.0.1:${mongoPort}/`;
   }
+  let raw: Promise<RawDb> | undefined;
   const servers: TestServers = {
     dir,
     nats,
@@ -57,7 +61,9 @@ export async function startTestServers(): Promise<TestServers> {
     servicePassword,
     tapPassword,
     dbName: `runs_${Math.random().toString(36).slice(2, 10)}`,
+    raw: () => (raw ??= openRawDb(servers.mongoUri, servers.dbName)),
     async stop() {
+      if (raw) await (await raw).close().catch(() => undefined);
       // Fault tests replace `nats`/`ferret` with restarted servers: stop the current ones.
       await Promise.all([servers.nats.stop(), servers.ferret.stop()]);
       await rm(dir, { recursive: true, force: true });

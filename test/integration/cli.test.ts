@@ -4,6 +4,13 @@ import { promisify } from "node:util";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { PROJECT_ROOT } from "../../node/servers.js";
+import { existsSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { Writable } from "node:stream";
+import { type CliIo, runCli } from "../../client/cli.js";
+import { COMMANDS } from "../../client/cli-args.js";
 
 /** The `runs` command (bin/runs.js) against the real service, configured by RUNS_URL and RUNS_API_KEY. */
 
@@ -202,4 +209,96 @@ test("cli - agents and deploy helpers", async (t) => {
   t.regex(listed.stdout, new RegExp(`${agent.id} {2}cli-agent {2}v1`));
   const started = await runs(t, ["start", "--agent", agent.id, "deployed"]);
   t.regex(started.stdout, /\ndeployed\n$/);
+});
+
+test("cli - --version, --help of every command, and mistakes answered with the command's usage and a suggestion", async (t) => {
+  const version = await runs(t, ["--version"]);
+  t.is(version.code, 0, version.stderr);
+  t.is(version.stdout, "0.1.0\n");
+
+  const help = await runs(t, ["--help"]);
+  for (const command of COMMANDS) t.regex(help.stdout, new RegExp(`\\n {2}runs ${command}\\b`), command);
+  t.regex(help.stdout, /runs admin set-plan WORKSPACE_ID --plan solo\|business/);
+
+  // Every command's own help, in process (a spawn each would cost seconds).
+  for (const command of COMMANDS) {
+    const io = bufferIo();
+    t.is(await runCli([command, "--help"], io), 0, command);
+    t.regex(io.out(), new RegExp(`^usage: runs <command> \\[options\\]\\n {2}runs ${command}\\b`), command);
+    t.notRegex(io.out(), command === "agents" ? /runs start/ : /runs start .*\n.*runs list/, "only the command's own lines");
+  }
+
+  const typo = await runs(t, ["get", "run_x", "--tunr", "turn_1"]);
+  t.is(typo.code, 2);
+  t.regex(typo.stderr, /^runs: unknown option --tunr \(did you mean --turn\?\)\n\nusage: runs <command> \[options\]\n {2}runs get RUN_ID \[--turn TURN_ID\]\n/);
+  t.notRegex(typo.stderr, /runs list/, "the command's usage, not every command's");
+  const command = await runs(t, ["lsit"]);
+  t.is(command.code, 2);
+  t.regex(command.stderr, /^runs: unknown command: lsit \(did you mean list\?\)/);
+  const value = await runs(t, ["list", "--limit"]);
+  t.is(value.code, 2);
+  t.regex(value.stderr, /^runs: --limit needs a value\n/);
+  const twice = await runs(t, ["get", "run_x", "--turn", "a", "--turn", "b"]);
+  t.regex(twice.stderr, /^runs: --turn given twice\n/);
+  const flagValue = await runs(t, ["events", "run_x", "--follow=yes"]);
+  t.regex(flagValue.stderr, /^runs: --follow takes no value\n/);
+});
+
+function bufferIo(): CliIo & { out: () => string } {
+  let out = "";
+  const sink = new Writable({
+    write(chunk, _encoding, done) {
+      out += String(chunk);
+      done();
+    },
+  });
+  return { stdout: sink, stderr: sink, stdin: process.stdin, env: {}, out: () => out };
+}
+
+test("cli - admin says which store it uses and refuses a missing or empty one unless --create", async (t) => {
+  t.timeout(120_000);
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-admin-"));
+  t.teardown(() => rm(dataDir, { recursive: true, force: true }));
+  const env = { RUNS_DATA_DIR: dataDir, MONGODB_URI: undefined, NATS_URL: undefined, RUNS_URL: undefined, RUNS_API_KEY: undefined };
+
+  const refused = await runs(t, ["admin", "create-workspace", "--plan", "solo"], env);
+  t.is(refused.code, 2);
+  t.is(refused.stderr, `runs: no store in ${dataDir} (RUNS_DATA_DIR): is that the folder npm start uses? Run from the service's folder or set RUNS_DATA_DIR; --create makes a new store there.\n`);
+  t.false(existsSync(path.join(dataDir, "ferretdb")), "nothing was created");
+
+  const created = await runs(t, ["admin", "create-workspace", "--plan", "solo", "--create"], env);
+  t.is(created.code, 0, created.stderr);
+  t.is(created.stderr, `runs: store: the embedded store in ${dataDir} (the service is not running)\n`);
+  t.is(JSON.parse(created.stdout).workspace.plan, "solo");
+  const again = await runs(t, ["admin", "set-plan", JSON.parse(created.stdout).workspace.id, "--plan", "business"], env);
+  t.is(again.code, 0, again.stderr);
+  t.is(JSON.parse(again.stdout).workspace.plan, "business");
+
+  // A MongoDB database with no workspace is not the service's store: refused, its URI shown without credentials.
+  const uri = new URL(t.context.servers.mongoUri);
+  uri.username = "someone";
+  uri.password = "secret-password";
+  const empty = await runs(t, ["admin", "create-workspace", "--plan", "solo"], { ...env, MONGODB_URI: t.context.servers.mongoUri, MONGODB_DB: `empty_${process.pid}` });
+  t.is(empty.code, 2);
+  t.regex(empty.stderr, /^runs: store: MONGODB_URI mongodb:\/\/.+, database empty_\d+\nruns: the store \(.+\) has no workspace: not the service's store\? --create makes its first workspace there\.\n$/);
+  const hidden = await runs(t, ["admin", "set-plan", "ws_x", "--plan", "solo"], { ...env, MONGODB_URI: uri.toString(), MONGODB_DB: `empty_${process.pid}` });
+  t.false(hidden.stderr.includes("secret-password"), hidden.stderr);
+  t.regex(hidden.stderr, /MONGODB_URI mongodb:\/\/\*\*\*@/);
+});
+
+test("cli - on a terminal, a streamed turn shows what it is doing on stderr until its text begins; stdout has the text and the run line only", async (t) => {
+  const io = bufferIo();
+  let err = "";
+  const stderr = new Writable({
+    write(chunk, _encoding, done) {
+      err += String(chunk);
+      done();
+    },
+  });
+  const tty = Object.assign(stderr, { isTTY: true });
+  const napper = await t.context.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 1" } } }, { text: "woke" }] }, "napper");
+  const code = await runCli(["start", "--agent", napper, "--stream", "hi"], { ...io, stderr: tty, env: { RUNS_URL: t.context.service.url, RUNS_API_KEY: t.context.key } });
+  t.is(code, 0, err);
+  t.regex(err, /running bash/, "the tool the turn runs is shown while it runs");
+  t.regex(io.out(), /^woke\nrun_\w+ idle {2}turn turn_\w+ completed\n$/, "stdout: the text, then the run line; no progress");
 });

@@ -70,6 +70,13 @@ test("embedded - npm start runs local servers, prints a development key once, se
     t.is(url, `http://127.0.0.1:${port}`);
     const key = /\n {2}(rk_live_\S+)\n/.exec(first.output())?.[1];
     t.truthy(key, "the development key is printed");
+    // The banner names what is actually in use, once, apart from the log lines.
+    const out = first.output();
+    t.is(out.split("runs is serving on").length, 2, "printed once");
+    t.true(out.includes(`  API        ${url}/api/v1 `), out);
+    t.regex(out, /  workspace  ws_\S+ \("development", plan business\), created by this start\n/);
+    t.true(out.includes(`  live tap   nats://127.0.0.1:${natsPort}, user tap, password: "nats_tap_password" in ${dataDir}/secrets.json`), out);
+    t.true(out.includes(`  data       ${dataDir}\n`), out);
     const api = new Api(url, key);
     t.is((await api.get("/readyz")).status, 200);
 
@@ -121,6 +128,7 @@ test("embedded - npm start runs local servers, prints a development key once, se
   try {
     await again.serving;
     t.notRegex(again.output(), /rk_live_/);
+    t.regex(again.output(), /  API key    shown by the start that created the workspace/);
   } finally {
     t.is((await stopMain(again.child)).code, 0, again.output());
   }

@@ -11,6 +11,7 @@ import { EventWriteError, type EventReadRun, type RunEvent } from "../../src/eve
 import { ApiError } from "../../src/errors.js";
 import { newId } from "../../src/ids.js";
 import type { Plan } from "../../src/domain.js";
+import { systemClock } from "../../src/clock.js";
 
 interface Context {
   servers: TestServers;
@@ -40,7 +41,7 @@ test.before(async (t) => {
     duplicate_window: nanos(SOLO_MAX_AGE_S * 1000),
   });
   const nats = await provisionNats(nc, RETENTION);
-  const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
+  const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER), clock: systemClock });
   t.context = { servers, nats, log };
 });
 
@@ -368,7 +369,7 @@ test("event-log - rule 9: an unreachable store is 503 event_history_unavailable;
   const { servers } = t.context;
   const nc: NatsConnection = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "doomed" });
   const nats = await provisionNats(nc, RETENTION);
-  const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER) });
+  const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(MASTER), clock: systemClock });
   const run = newRun();
   await nc.close();
   apiError(t, await t.throwsAsync(log.read(run, { limit: 10, nowMs: Date.now() })), "event_history_unavailable", 503);
@@ -402,7 +403,7 @@ async function publisherConnection(t: { context: Context }, name: string): Promi
 
 test("publisher - a publish is acked with its stream sequence; the same message id again is a duplicate of it", async (t) => {
   const nc = await publisherConnection(t, "publisher-ack");
-  const publisher = new AsyncPublisher(nc);
+  const publisher = new AsyncPublisher(nc, systemClock);
   const subject = eventSubject("business", newId("run"));
   const acks = await Promise.all(Array.from({ length: 50 }, (_, i) => publisher.publish(subject, new TextEncoder().encode(`m${i}`), `pub-test:${subject}:${i}`, natsHeaders())));
   t.true(acks.every((a) => a.stream === eventStreamName("business") && !a.duplicate));
@@ -417,7 +418,7 @@ test("publisher - a publish is acked with its stream sequence; the same message 
 
 test("publisher - a subject no stream takes fails retryable after the given attempts", async (t) => {
   const nc = await publisherConnection(t, "publisher-nostream");
-  const publisher = new AsyncPublisher(nc, { attempts: 3, retryDelayMs: 20 });
+  const publisher = new AsyncPublisher(nc, systemClock, { attempts: 3, retryDelayMs: 20 });
   const started = Date.now();
   const err = await t.throwsAsync(publisher.publish("nostream.subject", new Uint8Array([1]), "x:1", natsHeaders()), { instanceOf: PublishError });
   t.true(err!.retryable);
@@ -428,7 +429,7 @@ test("publisher - a subject no stream takes fails retryable after the given atte
 
 test("publisher - retries of a retryable failure stop at the time budget, whatever attempts are left", async (t) => {
   const nc = await publisherConnection(t, "publisher-budget");
-  const publisher = new AsyncPublisher(nc, { retryForMs: 600, attempts: 1_000, retryDelayMs: 100 });
+  const publisher = new AsyncPublisher(nc, systemClock, { retryForMs: 600, attempts: 1_000, retryDelayMs: 100 });
   const started = Date.now();
   const err = await t.throwsAsync(publisher.publish("nostream.subject", new Uint8Array([1]), "x:2", natsHeaders()), { instanceOf: PublishError });
   const took = Date.now() - started;
@@ -442,13 +443,13 @@ test("publisher - an ack that never comes times out; closing the connection fail
   const nc = await publisherConnection(t, "publisher-timeout");
   // A core subscriber that never answers: the server sees a responder, so only the timeout ends the wait.
   const silent = nc.subscribe("silent.subject");
-  const quick = new AsyncPublisher(nc, { timeoutMs: 200, attempts: 1 });
+  const quick = new AsyncPublisher(nc, systemClock, { timeoutMs: 200, attempts: 1 });
   const started = Date.now();
   const err = await t.throwsAsync(quick.publish("silent.subject", new Uint8Array([1]), "s:1", natsHeaders()), { instanceOf: PublishError });
   t.regex(err!.message, /no ack/);
   t.true(Date.now() - started < 2_000);
 
-  const patient = new AsyncPublisher(nc, { timeoutMs: 60_000 });
+  const patient = new AsyncPublisher(nc, systemClock, { timeoutMs: 60_000 });
   const waiting = patient.publish("silent.subject", new Uint8Array([1]), "s:2", natsHeaders());
   await new Promise((resolve) => setTimeout(resolve, 50));
   silent.unsubscribe();

@@ -48,7 +48,7 @@ test.before(async (t) => {
   const service = await startTestService(servers, { RUNS_EVENT_RETENTION_SOLO_S: String(SOLO_EVENT_RETENTION_S) });
   const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "events-api-test" });
   const jsm = await jetstreamManager(nc);
-  const log = new JetStreamEventLog({ nc, js: jetstream(nc), jsm, keyring: new EventKeyring(MASTER_KEY) });
+  const log = new JetStreamEventLog({ nc, js: jetstream(nc), jsm, keyring: new EventKeyring(MASTER_KEY), clock: systemClock });
   const business = await newWorkspace(service, "business");
   const solo = await newWorkspace(service, "solo");
   const other = await newWorkspace(service, "business");
@@ -121,9 +121,9 @@ async function fixture(t: ExecutionContext<Context>, workspaceId: string, plan: 
     queued_turn_id: null,
     event_seq: 0, // the last recorded sequence (the actor's meaning): none yet
   } as RunDoc;
-  const { store } = t.context.service;
-  await store.runs.insertOne(run);
-  if (turns.length) await store.turns.insertMany(turns);
+  const raw = await t.context.servers.raw();
+  await raw.runs.insertOne(run);
+  if (turns.length) await raw.turns.insertMany(turns);
   let next = 1;
   return {
     run,
@@ -395,7 +395,7 @@ test("events - unknown run and another workspace's run are 404 run_not_found; an
     t.is(foreign.body.error.code, "run_not_found");
   }
   const expiredId = newId("run");
-  await service.store.tombstones.insertOne({ _id: expiredId, workspace_id: business.id, reason: "expired", at: Date.now(), expires_at: Date.now() + 86_400_000 });
+  await (await t.context.servers.raw()).tombstones.insertOne({ _id: expiredId, workspace_id: business.id, reason: "expired", at: Date.now(), expires_at: Date.now() + 86_400_000 });
   const expired = await business.api.get(eventsUrl(expiredId));
   t.is(expired.status, 410);
   t.is(expired.body.error.code, "run_expired");
@@ -557,11 +557,11 @@ test("events - stream with turn_id carries that turn and ends after its final pl
   await stream.ended;
   t.deepEqual(parsed(stream.frames), [mine[0], mine[1], mine[2], mine[4], mine[5]]);
 
-  // Resuming a final turn after its last event: nothing left, the stream ends at once.
-  await t.context.service.store.turns.updateOne({ _id: f.turns[1]._id }, { $set: { status: "incomplete" } });
-  await t.context.service.store.runs.updateOne({ _id: f.run._id }, { $set: { state: "idle", active_turn_id: null } });
+  // Resuming a final turn after its last event: nothing left, answered 204 (an EventSource stops).
+  await (await t.context.servers.raw()).turns.updateOne({ _id: f.turns[1]._id }, { $set: { status: "incomplete" } });
+  await (await t.context.servers.raw()).runs.updateOne({ _id: f.run._id }, { $set: { state: "idle", active_turn_id: null } });
   const after = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${f.turns[1]._id}`), business.key, { "last-event-id": mine[6].id });
-  t.is(after.status, 200);
+  t.is(after.status, 204);
   await after.ended;
   t.is(after.frames.length, 0);
 });
@@ -699,7 +699,25 @@ test("events - a real run: the actor's platform and runtime events, listed and s
   t.deepEqual(parsed(stream.frames), events.filter((e) => e.turn_id === turnId));
   const resumed = await openStream(business.api.baseUrl, eventsUrl(runId, `stream=true&turn_id=${turnId}`), business.key, { "last-event-id": final.id });
   await resumed.ended;
+  t.is(resumed.status, 204);
   t.is(resumed.frames.length, 0);
+
+  // A standard EventSource that resumes the finished turn is told so once and stops: no
+  // reconnect every few seconds, each counted against the rate limit.
+  let connections = 0;
+  const es = new SseClient(`${business.api.baseUrl}${eventsUrl(runId, `stream=true&turn_id=${turnId}&after=${final.id}`)}`, {
+    fetch: async (input, init) => {
+      connections++;
+      const headers = new Headers(init?.headers);
+      headers.set("authorization", `Bearer ${business.key}`);
+      return fetch(input, { ...init, headers });
+    },
+  });
+  t.teardown(() => es.close());
+  const stateAtError = await new Promise<number>((resolve) => es.addEventListener("error", () => resolve(es.readyState)));
+  t.is(stateAtError, SseClient.CLOSED);
+  await new Promise((resolve) => setTimeout(resolve, 3_500)); // past EventSource's default 3 s retry
+  t.is(connections, 1);
 });
 
 // ---------------------------------------------------------------------------------------
@@ -739,7 +757,7 @@ test("sse - a turn known final whose final event never comes ends with event: er
   const { url } = await sseApp(t, t.context.log, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 });
   const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
   await stream.waitFrames(1);
-  await service.store.turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
+  await (await t.context.servers.raw()).turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
   t.context.nc.publish(`runs.turn.${turnId}.final`, "");
   await stream.ended;
   t.is(stream.frames.length, 2);

@@ -11,6 +11,7 @@ import { BlobKeyring } from "../../src/blob-crypto.js";
 import { FileStore } from "../../src/file-store.js";
 import { FILES_BUCKET } from "../../src/nats.js";
 import { systemClock } from "../../src/clock.js";
+import { Ids } from "../../src/ids.js";
 
 const MASTER_KEY = Buffer.alloc(32, 7).toString("base64");
 // Uploads and reveals are expensive operations under rate limiting: keep the tests clear of it.
@@ -157,9 +158,9 @@ function trickle(upload: ReturnType<typeof rawUpload>, everyMs: number) {
 }
 
 /** Waits until the upload under `key` has claimed its record (the request reached its file part). */
-async function waitUploading(service: RunningService, workspaceId: string, key: string): Promise<void> {
-  const uploads = service.store.db.collection("file_uploads");
-  const record = await waitFor(() => uploads.findOne({ _id: uploadIdOf(workspaceId, key) as any }), (r) => r?.state === "uploading");
+async function waitUploading(servers: TestServers, workspaceId: string, key: string): Promise<void> {
+  const uploads = (await servers.raw()).db.collection<{ _id: string; state: string }>("file_uploads");
+  const record = await waitFor(() => uploads.findOne({ _id: uploadIdOf(workspaceId, key) }), (r) => r?.state === "uploading");
   if (record?.state !== "uploading") throw new Error(`upload ${key} never started`);
 }
 
@@ -255,7 +256,7 @@ test("env values - stored sealed, never in plaintext; resolveAll decrypts for th
   const { api, service, wsId } = t.context;
   const secret = `plaintext-canary-${randomBytes(8).toString("hex")}`;
   await api.request("PUT", "/api/v1/environment-values/CANARY", { body: { value: secret } });
-  const doc = await service.store.db.collection("env_values").findOne({ workspace_id: wsId, name: "CANARY" });
+  const doc = await (await t.context.servers.raw()).db.collection("env_values").findOne({ workspace_id: wsId, name: "CANARY" });
   t.truthy(doc);
   const stored = JSON.stringify(doc);
   t.false(stored.includes(secret));
@@ -265,9 +266,9 @@ test("env values - stored sealed, never in plaintext; resolveAll decrypts for th
   t.is(all.CANARY, secret);
   t.deepEqual(await new EnvValues(service.store.db, MASTER_KEY, systemClock).resolveAll("ws_nobody"), {});
   // A sealed value moved under another name does not open.
-  await service.store.db.collection("env_values").insertOne({ ...doc!, _id: `${wsId}:MOVED` as any, name: "MOVED" });
+  await (await t.context.servers.raw()).db.collection("env_values").insertOne({ ...doc!, _id: `${wsId}:MOVED` as any, name: "MOVED" });
   await t.throwsAsync(values.resolveAll(wsId), { name: "EnvValueDecryptError" });
-  await service.store.db.collection("env_values").deleteOne({ _id: `${wsId}:MOVED` as any });
+  await (await t.context.servers.raw()).db.collection("env_values").deleteOne({ _id: `${wsId}:MOVED` as any });
 });
 
 // ---- files ---------------------------------------------------------------------------
@@ -310,7 +311,7 @@ test("files - upload text and binary: bytes and sha256 are right; GET; FileStore
   const storedText = Buffer.from((await bucket.getBlob(first.body.id))!);
   t.false(storedText.includes(Buffer.from(text.slice(0, 24))), "no plaintext of the text file");
   // Read with the service's master key (the test config's): the bytes come back.
-  const files = new FileStore(service.store.db, bucket, systemClock, new BlobKeyring(Buffer.alloc(32, 7).toString("base64")));
+  const files = new FileStore(service.store.db, bucket, systemClock, Ids, new BlobKeyring(Buffer.alloc(32, 7).toString("base64")));
   const read = await files.read(wsId, second.body.id);
   t.truthy(read);
   t.is(read!.filename, "data.bin");
@@ -319,10 +320,10 @@ test("files - upload text and binary: bytes and sha256 are right; GET; FileStore
   t.true(read!.data.equals(binary));
   t.is(await files.read("ws_other", second.body.id), null);
   // Without the key (another master key) the object does not open.
-  const stranger = new FileStore(service.store.db, bucket, systemClock, new BlobKeyring(Buffer.alloc(32, 8).toString("base64")));
+  const stranger = new FileStore(service.store.db, bucket, systemClock, Ids, new BlobKeyring(Buffer.alloc(32, 8).toString("base64")));
   await t.throwsAsync(stranger.read(wsId, second.body.id), { name: "BlobDecryptError" });
   // Object names carry the file id, never the filename.
-  const doc = await service.store.db.collection("files").findOne({ _id: second.body.id as any });
+  const doc = await (await t.context.servers.raw()).db.collection("files").findOne({ _id: second.body.id as any });
   t.is(doc?.object_name, second.body.id);
 });
 
@@ -404,7 +405,7 @@ test("files - an upload interrupted by a client abort is restarted by a repeat w
   first.abort();
   // The server notices the abort at once: the record turns failed, without waiting out
   // the 30 s silence window.
-  const uploads = t.context.service.store.db.collection("file_uploads");
+  const uploads = (await t.context.servers.raw()).db.collection("file_uploads");
   const record = await waitFor(() => uploads.findOne({ _id: uploadIdOf(t.context.wsId, key) as any }), (r) => r?.state === "failed", 3_000);
   t.is(record?.state, "failed");
   const data = randomBytes(200 * 1024);
@@ -421,7 +422,7 @@ test("files - a repeat while the first upload still sends is 503 upload_in_progr
   const head = randomBytes(64 * 1024);
   first.write(head);
   const stop = trickle(first, 200);
-  await waitUploading(t.context.service, t.context.wsId, key);
+  await waitUploading(t.context.servers, t.context.wsId, key);
   const repeat = await upload(api, key, fileParts(Buffer.from("same key"), "slow.bin", "application/octet-stream"));
   t.is(repeat.status, 503);
   t.is(repeat.body.error.code, "upload_in_progress");
@@ -442,7 +443,7 @@ test("files - after the silence window a repeat takes a stalled upload over", as
   const key = newKey();
   const first = rawUpload(tightApi, key, "stalled.bin");
   first.write(randomBytes(10 * 1024));
-  await waitUploading(t.context.tight, t.context.tightWsId, key);
+  await waitUploading(t.context.servers, t.context.tightWsId, key);
   const early = await upload(tightApi, key, fileParts(Buffer.from("x"), "stalled.bin", "application/octet-stream"));
   t.is(early.status, 503, "still within the 1.5 s window");
   t.is(early.body.error.code, "upload_in_progress");
@@ -500,7 +501,7 @@ test("files - concurrent uploads per workspace are capped: the next one is 429 u
     const ws = await newWorkspace(capped, "business");
     const first = rawUpload(ws.api, newKey());
     const stop = trickle(first, 200);
-    await waitUploading(capped, ws.id, (first.req.getHeader("idempotency-key") as string) ?? "");
+    await waitUploading(t.context.servers, ws.id, (first.req.getHeader("idempotency-key") as string) ?? "");
     const second = await upload(ws.api, newKey(), fileParts(Buffer.from("second")));
     t.is(second.status, 429);
     t.is(second.body.error.code, "rate_limited");

@@ -200,7 +200,7 @@ test.serial(`fuzz - ${RUNS} malformed requests across every endpoint: no 5xx, th
   t.is(seen.size, operations.length, `every operation was tried: missing ${operations.map((o) => `${o.method} ${o.path}`).filter((o) => !seen.has(o))}`);
 
   // Afterwards: no key is held by a request that has ended, no run is left busy.
-  const store = t.context.service.store;
+  const store = await t.context.servers.raw();
   const deadline = Date.now() + 60_000;
   let busy = await store.runs.countDocuments({ state: "busy" });
   while (busy > 0 && Date.now() < deadline) {

@@ -38,10 +38,11 @@ test.serial("sse - a workspace holds at most its plan's open event streams: the 
   t.is(third.status, 429);
   t.is(third.body.error.code, "quota_exceeded");
   // A streamed start is refused before admission: no run is created.
-  const before = await t.context.service.store.runs.countDocuments({});
+  const raw = await t.context.servers.raw();
+  const before = await raw.runs.countDocuments({});
   const streamed = await open(api, "/api/v1/runs", { method: "POST", headers: { "content-type": "application/json", "idempotency-key": "streamed-1" }, body: JSON.stringify({ agent: sleeper, input: "x", stream: true }) });
   t.is(streamed.status, 429);
-  t.is(await t.context.service.store.runs.countDocuments({}), before, "nothing admitted");
+  t.is(await raw.runs.countDocuments({}), before, "nothing admitted");
   // Another workspace is not affected.
   const otherAgent = await other.agentWith({ model: "faux/scripted" });
   const otherRun = (await other.post("/api/v1/runs", { agent: otherAgent, input: "hi" })).body;
@@ -70,7 +71,7 @@ test.serial("files - an uploaded file lives for its plan's file retention, then 
   t.is(res.status, 201);
   const file = (await res.json()) as { id: string };
   t.is((await api.get(`/api/v1/files/${file.id}`)).status, 200);
-  const files = service.store.db.collection("files");
+  const files = (await t.context.servers.raw()).db.collection("files");
   t.truthy(await files.findOne({ _id: file.id as never }));
   // Past the 2 s retention: not found at once, and the sweeper removes the document.
   let gone = false;

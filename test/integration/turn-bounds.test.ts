@@ -1,4 +1,5 @@
 import anyTest, { type TestFn } from "ava";
+import { writeFile } from "node:fs/promises";
 import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import { startFerretDb } from "../../node/servers.js";
@@ -9,15 +10,16 @@ import { MAX_TURN_FILE_BYTES } from "../../src/run-request.js";
  * A turn's input, its files and its stored result are bounded, and no failed write of a
  * finished turn leaves its run busy (issue 12, finding 2).
  */
-const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; echo: string }>;
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; echo: string; dataDir: string }>;
 
 test.before(async (t) => {
   const servers = await startTestServers();
   // Orphan checks every second: a run an actor could not settle is recovered quickly.
-  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "30000", RUNS_LEASE_TTL_MS: "1000" });
+  const dataDir = path.join(servers.dir, "node-bounds");
+  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "30000", RUNS_LEASE_TTL_MS: "1000", RUNS_DATA_DIR: dataDir });
   const ws = await newWorkspace(service);
   const echo = await ws.api.agentWith({ model: "faux/scripted" });
-  t.context = { servers, service, api: ws.api, echo };
+  t.context = { servers, service, api: ws.api, echo, dataDir };
 });
 
 test.after.always(async (t) => {
@@ -77,7 +79,7 @@ test("20 uploaded files of 1 MiB: the turn completes, files past the budget are 
   t.is(res.status, 200, JSON.stringify(res.body).slice(0, 500));
   t.is(res.body.turn.status, "completed");
   t.is(res.body.state, "idle");
-  const turns = await t.context.service.store.turns.find({ run_id: res.body.id }).toArray();
+  const turns = await (await t.context.servers.raw()).turns.find({ run_id: res.body.id }).toArray();
   const user = (turns[0]!.transcript as Array<{ role: string; content: Array<{ type: string; text?: string }> }>).find((m) => m.role === "user")!;
   const included = user.content.filter((c) => c.text?.startsWith("<file name=")).length;
   const described = user.content.filter((c) => /too large to include/.test(c.text ?? "")).length;
@@ -88,7 +90,10 @@ test("20 uploaded files of 1 MiB: the turn completes, files past the budget are 
 test.serial("the store gone when a turn finishes: the turn still becomes final, the run idle, and cancel settles", async (t) => {
   t.timeout(150_000);
   const { servers, api } = t.context;
-  const sleeper = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 3" } } }, { text: "slept" }] });
+  // The command ends when the test says so (a file in the run's workspace), not after a
+  // time that a loaded machine may outlast before the store is down.
+  const waiter = "for i in $(seq 1 600); do [ -f release ] && exit 0; sleep 0.1; done; exit 1";
+  const sleeper = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: waiter } } }, { text: "slept" }] });
   const started = await api.post("/api/v1/runs", { agent: sleeper, input: "go", background: true });
   t.is(started.status, 202);
   const { id: runId, turn } = started.body;
@@ -100,6 +105,7 @@ test.serial("the store gone when a turn finishes: the turn still becomes final, 
   }
   const port = servers.ferret.port;
   await servers.ferret.stop();
+  await writeFile(path.join(t.context.dataDir, "workspaces", runId, "release"), "");
   await new Promise((resolve) => setTimeout(resolve, 6_000));
   servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
   const run = await api.waitRun(runId, (r) => r.state === "idle", 90_000);

@@ -1,6 +1,7 @@
 import test from "ava";
 import type { FastifyRequest } from "fastify";
 import { Authenticator, type AuthStore } from "../../gateway/auth.js";
+import { systemClock } from "../../src/clock.js";
 import { hashSecret } from "../../src/api-keys.js";
 import { ApiError } from "../../src/errors.js";
 import type { ApiKeyDoc, WorkspaceDoc } from "../../src/documents.js";
@@ -33,7 +34,7 @@ function fakeStore() {
 }
 
 const request = { headers: { authorization: `Bearer ${SECRET}` } } as FastifyRequest;
-const clock = { nowMs: () => Date.now() };
+const clock = systemClock;
 
 test("auth-cache - concurrent requests of one key share one lookup when the entry is due", async (t) => {
   const { state, store } = fakeStore();

@@ -67,6 +67,7 @@ function run(status: string, overrides: Partial<Run> = {}): Run {
     tags: [],
     created_at: 1,
     last_activity_at: 1,
+    usage: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null },
     turn: {
       id: "turn_1",
       object: "turn",
@@ -79,6 +80,7 @@ function run(status: string, overrides: Partial<Run> = {}): Run {
       started_at: 1,
       completed_at: null,
       duration_ms: null,
+      usage: null,
     },
     ...overrides,
   };
@@ -304,7 +306,7 @@ test("client - createRunAndWait: a 202 from the server's wait falls back to wait
 
 // ---- streams -----------------------------------------------------------------------------
 
-function event(n: number, type = "text_delta", source = "runtime"): RunEvent {
+function event(n: number, type = "text_delta", source: RunEvent["source"] = "runtime"): RunEvent {
   return { id: `evt_${n}`, sequence: n, source, type, run_id: "run_1", turn_id: "turn_1", created_at: 1, data: type === "text_delta" ? { delta: `d${n}` } : {} };
 }
 

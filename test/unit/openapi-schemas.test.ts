@@ -3,12 +3,12 @@ import { parseDeploymentRequest } from "../../src/agent-config.js";
 import { parseRunRequest } from "../../src/run-request.js";
 import { scopeListProblem } from "../../src/scopes.js";
 import { ApiKeyCreateRequestSchema, DeploymentRequestSchema, RunRequestSchema, TagSchema } from "../../gateway/schemas.js";
-import { tagProblem } from "../../src/run-request.js";
+import { tagProblem } from "../helpers/tag-oracle.js";
 
 /**
- * gateway/schemas.ts mirrors request schemas that are private to their modules. These
- * samples hold the mirrors to the parsers: a body the parser accepts must validate, and a
- * body the schema alone can refuse (shape, types, unknown fields) must be refused by both.
+ * The request schemas the document shows are the ones the routes validate with. These
+ * samples hold them to the functions callers outside a route use (parseRunRequest,
+ * parseDeploymentRequest) and to the hand-written rules of the contract (scopes, tags).
  */
 
 function parses(fn: () => unknown): boolean {

@@ -200,15 +200,19 @@ test("run-actor - a failed agent loop keeps its error and partial output", async
 
 test("run-actor - the turn duration limit aborts the agent: incomplete with turn_duration_limit", async (t) => {
   const w = await world();
-  (w.resources.config as { turnLimitMs: number }).turnLimitMs = 30;
+  (w.resources.config as { turnLimitMs: number }).turnLimitMs = 12 * 3600_000;
   const actor = w.actor();
   await actor.command(startCmd());
-  await new Promise((resolve) => setTimeout(resolve, 80));
+  // The limit is a timer on the injected clock: twelve hours pass in one step.
+  w.clock.advance(12 * 3600_000 - 1);
+  t.false(w.turns.last.aborted, "not a millisecond early");
+  w.clock.advance(1);
   t.true(w.turns.last.aborted);
   await settled(actor);
   const turn = w.store.turns.get("turn_1")!;
   t.is(turn.status, "incomplete");
   t.is(turn.error?.code, "turn_duration_limit");
+  t.is(w.clock.pending, 0, "the finished turn left no timer behind");
 });
 
 test("run-actor - a deployment that is not ready fails the turn agent_version_unavailable and starts no agent", async (t) => {
@@ -379,4 +383,25 @@ test("run-actor - race: a start parked between its turn and its run is not visib
   t.is(again.turn_id, "turn_1");
   t.is(w.store.turns.size, 1);
   t.deepEqual(w.events.types(RUN).filter((type) => type === "run.created"), ["run.created"]);
+});
+
+test("run-actor - usage: a turn's is stored with it and added to the run once, also when the move-on after it is retried", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  await actor.command(continueCmd("turn_q", "queue", "next"));
+  // Starting the queued turn fails once after the run was moved on: the move-on runs again.
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_q" && set.status === "in_progress";
+  const used = { input_tokens: 10, output_tokens: 2, cache_read_tokens: 1, cache_write_tokens: 0, cost_usd: 0.5 };
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }], usage: used });
+  await settled(actor);
+  await settled(actor);
+  t.deepEqual(w.store.turns.get("turn_1")!.usage, used);
+  t.deepEqual(w.store.runs.get(RUN)!.usage, used, "added once, not once per attempt");
+  t.is(w.store.runs.get(RUN)!.usage_turn_id, "turn_1");
+  t.is(w.store.turns.get("turn_q")!.status, "in_progress", "the retried move-on started the queued turn");
+
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "two" }], usage: { ...used, cost_usd: null } });
+  await settled(actor);
+  t.deepEqual(w.store.runs.get(RUN)!.usage, { input_tokens: 20, output_tokens: 4, cache_read_tokens: 2, cache_write_tokens: 0, cost_usd: 0.5 });
 });

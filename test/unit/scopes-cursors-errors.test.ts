@@ -1,6 +1,11 @@
 import test from "ava";
 import { SCOPES, scopeListProblem } from "../../src/scopes.js";
-import { decodeCursor, encodeCursor, parseLimit } from "../../src/cursors.js";
+import { decodeCursor, encodeCursor } from "../../src/cursors.js";
+import { parseWith, queryLimit } from "../../src/request-schemas.js";
+import { z } from "zod";
+
+/** The `limit` query parameter as a list route validates it. */
+const parseLimit = (raw: string | undefined, fallback: number, max: number) => parseWith(z.object({ limit: queryLimit(max, fallback) }), { limit: raw }).limit;
 import { ApiError, ERROR_CATALOGUE, ErrorType, type ErrorCode } from "../../src/errors.js";
 import { partitionOf, rendezvousOwner } from "../../src/partition.js";
 import { retryAfterSeconds } from "../../gateway/unavailable.js";

@@ -1,0 +1,238 @@
+/** The runs list (filters, cursor paging, live refresh) and one run's view. */
+import { useEffect, useState } from "preact/hooks";
+import { ApiFailure, call, when, withQuery } from "./api.js";
+import { Events } from "./events.js";
+import { FINAL_STATUSES, type List, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
+
+export type Report = (err: unknown) => void;
+
+const REFRESH_MS = 3_000;
+
+interface Filters {
+  agent_id: string;
+  version: string;
+  state: string;
+  tags: string;
+  created_after: string;
+  created_before: string;
+}
+
+const NO_FILTERS: Filters = { agent_id: "", version: "", state: "", tags: "", created_after: "", created_before: "" };
+
+const seconds = (local: string) => (local ? String(Math.floor(new Date(local).getTime() / 1000)) : undefined);
+
+function listPath(filters: Filters, after: string | undefined): string {
+  const tags = filters.tags.split(",").map((t) => t.trim()).filter(Boolean);
+  return withQuery("/api/v1/runs", {
+    agent_id: filters.agent_id.trim() || undefined,
+    version: filters.version.trim() || undefined,
+    state: filters.state || undefined,
+    tag: tags.length ? tags : undefined,
+    created_after: seconds(filters.created_after),
+    created_before: seconds(filters.created_before),
+    limit: 20,
+    after,
+  });
+}
+
+export function RunsList({ report }: { report: Report }) {
+  const [draft, setDraft] = useState<Filters>(NO_FILTERS);
+  const [filters, setFilters] = useState<Filters>(NO_FILTERS);
+  // Cursors of the pages before this one: "previous" pops, "next" pushes.
+  const [cursors, setCursors] = useState<Array<string | undefined>>([undefined]);
+  const [page, setPage] = useState<List<RunSummary> | null>(null);
+  const after = cursors.at(-1);
+
+  useEffect(() => {
+    let stopped = false;
+    const load = () =>
+      call<List<RunSummary>>("GET", listPath(filters, after))
+        .then(({ body }) => !stopped && setPage(body))
+        .catch((err) => !stopped && report(err));
+    void load();
+    const timer = setInterval(load, REFRESH_MS);
+    return () => {
+      stopped = true;
+      clearInterval(timer);
+    };
+  }, [filters, after]);
+
+  const field = (name: keyof Filters, label: string, type = "text") => (
+    <label>
+      {label}
+      <input name={name} type={type} value={draft[name]} onInput={(e) => setDraft({ ...draft, [name]: (e.target as HTMLInputElement).value })} />
+    </label>
+  );
+
+  return (
+    <section>
+      <h2>Runs</h2>
+      <form
+        class="filters"
+        onSubmit={(e) => {
+          e.preventDefault();
+          setCursors([undefined]);
+          setFilters(draft);
+        }}
+      >
+        {field("agent_id", "agent")}
+        {field("version", "version")}
+        <label>
+          state
+          <select name="state" value={draft.state} onChange={(e) => setDraft({ ...draft, state: (e.target as HTMLSelectElement).value })}>
+            <option value="">any</option>
+            <option value="idle">idle</option>
+            <option value="busy">busy</option>
+          </select>
+        </label>
+        {field("tags", "tags (comma-separated, all must match)")}
+        {field("created_after", "created after", "datetime-local")}
+        {field("created_before", "created before", "datetime-local")}
+        <button type="submit">Filter</button>
+      </form>
+      <table class="runs" data-testid="runs-table">
+        <thead>
+          <tr><th>run</th><th>agent</th><th>version</th><th>state</th><th>tags</th><th>created</th><th>last activity</th></tr>
+        </thead>
+        <tbody>
+          {page?.data.map((run) => (
+            <tr key={run.id} data-run-id={run.id}>
+              <td><a href={`#/runs/${run.id}`}>{run.id}</a></td>
+              <td>{run.agent_id}</td>
+              <td>{run.agent_version}</td>
+              <td class={`state ${run.state}`}>{run.state}</td>
+              <td>{run.tags.join(", ")}</td>
+              <td>{when(run.created_at)}</td>
+              <td>{when(run.last_activity_at)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      {page && page.data.length === 0 && <p class="muted">No runs match.</p>}
+      <p class="paging">
+        <button type="button" disabled={cursors.length < 2} onClick={() => setCursors(cursors.slice(0, -1))}>Previous</button>
+        <button type="button" disabled={!page?.has_more} onClick={() => page?.next_cursor && setCursors([...cursors, page.next_cursor])}>Next</button>
+        <span class="muted"> live: refreshed every {REFRESH_MS / 1000} s</span>
+      </p>
+    </section>
+  );
+}
+
+function TurnCard({ turn }: { turn: Turn }) {
+  return (
+    <li class={`turn ${turn.status}`} data-turn-id={turn.id}>
+      <p>
+        <strong class="status" data-testid="turn-status">{turn.status}</strong> <span class="muted">{turn.id} · version {turn.agent_version}</span>
+      </p>
+      <p class="muted">
+        created {when(turn.created_at)} · started {when(turn.started_at)} · ended {when(turn.completed_at)}
+        {turn.duration_ms !== null && ` · ${turn.duration_ms} ms`}
+      </p>
+      <div class="io">
+        <div>
+          <h4>input</h4>
+          {turn.input.map((part, i) => <pre key={i}>{part.type === "input_text" ? part.text : `file ${part.file_id ?? part.filename ?? ""}`}</pre>)}
+        </div>
+        <div>
+          <h4>output</h4>
+          {turn.output.map((part, i) => <pre key={i} data-testid="turn-output">{part.text}</pre>)}
+        </div>
+      </div>
+      {turn.error && (
+        <p class="error" data-testid="turn-error">
+          {turn.error.code} ({turn.error.source}{turn.error.retryable ? ", retryable" : ""}): {turn.error.message} <span class="muted">reference {turn.error.reference}</span>
+        </p>
+      )}
+    </li>
+  );
+}
+
+export function RunView({ runId, report }: { runId: string; report: Report }) {
+  const [run, setRun] = useState<Run | null>(null);
+  const [turns, setTurns] = useState<Turn[]>([]);
+  const [outcome, setOutcome] = useState<string | null>(null);
+  const [newTag, setNewTag] = useState("");
+  const [gone, setGone] = useState(false);
+
+  const load = async () => {
+    try {
+      const [{ body: current }, { body: history }] = await Promise.all([
+        call<Run>("GET", `/api/v1/runs/${runId}`),
+        call<List<Turn>>("GET", withQuery(`/api/v1/runs/${runId}/turns`, { limit: 100 })),
+      ]);
+      setRun(current);
+      setTurns(history.data);
+    } catch (err) {
+      report(err);
+    }
+  };
+  useEffect(() => {
+    void load();
+    // Turns move on between platform events too (a queued turn starts): a slow poll besides them.
+    const timer = setInterval(() => void load(), REFRESH_MS);
+    return () => clearInterval(timer);
+  }, [runId]);
+  const onPlatformEvent = (_event: RunEvent) => void load();
+
+  const act = async (what: string, work: () => Promise<{ status: number; body: unknown }>, describe: (status: number, body: any) => string) => {
+    try {
+      const { status, body } = await work();
+      setOutcome(`${what}: ${status} ${describe(status, body)}`);
+      await load();
+    } catch (err) {
+      setOutcome(err instanceof ApiFailure ? `${what}: ${err.status} ${err.code}: ${err.message}` : `${what}: ${String(err)}`);
+    }
+  };
+  const editTags = (edit: { add?: string[]; remove?: string[] }) =>
+    act("tags", () => call("POST", `/api/v1/runs/${runId}/tags`, edit), (_s, body: { tags: string[] }) => `tags now: ${body.tags.join(", ") || "none"}`);
+
+  if (gone) return <p>Run {runId} was deleted. <a href="#/runs">Back to the runs</a></p>;
+  if (!run) return <p class="muted">Loading {runId}…</p>;
+  const busy = run.state === "busy" || !FINAL_STATUSES.includes(run.turn.status);
+  return (
+    <section class="run" data-testid="run-view">
+      <h2>
+        Run {run.id} <span class={`state ${run.state}`} data-testid="run-state">{run.state}</span>
+      </h2>
+      <p class="muted">agent {run.agent_id} · version {run.agent_version} · created {when(run.created_at)}</p>
+      <div class="actions">
+        <button type="button" disabled={!busy} onClick={() => act("cancel", () => call("POST", `/api/v1/runs/${runId}/cancel`, {}), (status, body: Run) => (status === 202 ? `cancelling (turn ${body.turn.status})` : `turn ${body.turn.status}`))}>
+          Cancel turn
+        </button>
+        <button
+          type="button"
+          onClick={() =>
+            act("delete", async () => {
+              const answer = await call("DELETE", `/api/v1/runs/${runId}`);
+              setGone(true);
+              return answer;
+            }, () => "deleted")
+          }
+        >
+          Delete run
+        </button>
+        {outcome && <output data-testid="outcome">{outcome}</output>}
+      </div>
+      <div class="tags" data-testid="tags">
+        tags:{" "}
+        {run.tags.map((tag) => (
+          <span class="tag" key={tag}>
+            {tag} <button type="button" title={`remove ${tag}`} onClick={() => editTags({ remove: [tag] })}>×</button>
+          </span>
+        ))}
+        <form
+          onSubmit={(e) => {
+            e.preventDefault();
+            if (newTag) void editTags({ add: [newTag] }).then(() => setNewTag(""));
+          }}
+        >
+          <input name="tag" placeholder="add a tag" value={newTag} onInput={(e) => setNewTag((e.target as HTMLInputElement).value)} />
+          <button type="submit">Add</button>
+        </form>
+      </div>
+      <h3>Turns</h3>
+      <ol class="turns">{turns.map((turn) => <TurnCard key={turn.id} turn={turn} />)}</ol>
+      <Events runId={runId} onPlatformEvent={onPlatformEvent} />
+    </section>
+  );
+}

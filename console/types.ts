@@ -1,0 +1,75 @@
+/** The shapes the console reads (the API's answers; /docs has them all). */
+export interface TurnError {
+  code: string;
+  source: string;
+  message: string;
+  retryable: boolean;
+  reference: string;
+}
+
+export type InputPart = { type: "input_text"; text: string } | { type: "input_file"; file_id?: string; filename?: string };
+
+export interface Turn {
+  id: string;
+  status: string;
+  agent_version: number;
+  input: InputPart[];
+  output: Array<{ type: "output_text"; text: string }>;
+  error: TurnError | null;
+  created_at: number;
+  started_at: number | null;
+  completed_at: number | null;
+  duration_ms: number | null;
+}
+
+export interface RunSummary {
+  id: string;
+  agent_id: string;
+  agent_version: number;
+  state: string;
+  tags: string[];
+  created_at: number;
+  last_activity_at: number;
+}
+
+export interface Run extends RunSummary {
+  disposition?: string;
+  turn: Turn;
+}
+
+export interface List<T> {
+  data: T[];
+  has_more: boolean;
+  next_cursor: string | null;
+}
+
+export interface EventList extends List<RunEvent> {
+  history: { status: string | null; retention_days: number };
+}
+
+export interface RunEvent {
+  id: string;
+  sequence: number;
+  source: "runtime" | "platform";
+  type: string;
+  turn_id: string | null;
+  created_at: number;
+  data: Record<string, unknown>;
+}
+
+export interface Agent {
+  id: string;
+  name: string;
+  description: string | null;
+  active_version: number | null;
+}
+
+export interface Deployment {
+  version: number;
+  status: string;
+  upgrade_policy: string;
+  error: { code: string; message: string } | null;
+  created_at: number;
+}
+
+export const FINAL_STATUSES = ["completed", "failed", "cancelled", "incomplete"];

@@ -1,0 +1,73 @@
+/**
+ * /metrics (decisions §8): one prom-client registry per gateway (a process may hold several
+ * in tests), so nothing here is global. Labels are bounded: the route template (never the
+ * URL), the method and the status.
+ */
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { FastifyInstance } from "fastify";
+
+/** Where the gauges read their values at scrape time. */
+export interface MetricSources {
+  /** This node's executing and queued turns; absent on a gateway-only node. */
+  turns?: () => { active: number; queued: number };
+  sseStreams: () => number;
+  natsConnected: () => boolean;
+  /** Whether the store answers a ping (bounded in time by the caller). */
+  storeReachable: () => Promise<boolean>;
+}
+
+const LATENCY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120];
+
+export class GatewayMetrics {
+  readonly registry = new Registry();
+  private readonly requests: Counter<"method" | "route" | "status">;
+  private readonly latency: Histogram<"method" | "route" | "status">;
+
+  constructor(sources: MetricSources) {
+    const registers = [this.registry];
+    collectDefaultMetrics({ register: this.registry, prefix: "runs_" });
+    this.requests = new Counter({ name: "runs_http_requests_total", help: "HTTP answers by method, route template and status.", labelNames: ["method", "route", "status"], registers });
+    this.latency = new Histogram({
+      name: "runs_http_request_duration_seconds",
+      help: "Time from request to the end of the answer, by method, route template and status (an event stream counts until it closes).",
+      labelNames: ["method", "route", "status"],
+      buckets: LATENCY_BUCKETS_S,
+      registers,
+    });
+    const turns = sources.turns;
+    if (turns) {
+      new Gauge({ name: "runs_active_turns", help: "Turns executing on this node.", registers, collect() { this.set(turns().active); } });
+      new Gauge({ name: "runs_queued_turns", help: "Turns queued behind an active turn of a run this node owns.", registers, collect() { this.set(turns().queued); } });
+    }
+    new Gauge({ name: "runs_sse_streams", help: "Event streams open on this gateway.", registers, collect() { this.set(sources.sseStreams()); } });
+    new Gauge({ name: "runs_nats_up", help: "1 when this node's NATS connection is up.", registers, collect() { this.set(sources.natsConnected() ? 1 : 0); } });
+    new Gauge({
+      name: "runs_store_up",
+      help: "1 when the store answered a ping at this scrape.",
+      registers,
+      async collect() {
+        this.set((await sources.storeReachable()) ? 1 : 0);
+      },
+    });
+  }
+
+  /** Counts every answer of `app`, hijacked event streams included (they end when their socket closes). */
+  instrument(app: FastifyInstance): void {
+    app.addHook("onRequest", async (request, reply) => {
+      const started = process.hrtime.bigint();
+      reply.raw.once("close", () => {
+        const labels = { method: request.method, route: request.routeOptions.url ?? "unmatched", status: String(reply.raw.statusCode) };
+        this.requests.inc(labels);
+        this.latency.observe(labels, Number(process.hrtime.bigint() - started) / 1e9);
+      });
+    });
+  }
+
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}

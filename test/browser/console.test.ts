@@ -1,0 +1,151 @@
+import anyTest, { type ExecutionContext, type TestFn } from "ava";
+import type { Page } from "playwright-core";
+import { type Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../node/service.js";
+import { artifactPath, browserMissing, launchBrowser } from "../helpers/browser.js";
+
+/** The web console in a real Chromium, against a real service: what a person does with it. */
+type Ctx = { servers: TestServers; service: RunningService; key: string; api: Api; echo: string; sleeper: string };
+const test = anyTest as TestFn<Ctx>;
+const missing = browserMissing();
+
+test.before(async (t) => {
+  if (missing) return;
+  const servers = await startTestServers();
+  const service = await startTestService(servers, { RUNS_ACTIVE_TURNS_BUSINESS: "1000" });
+  const ws = await newWorkspace(service, "business");
+  const echo = await ws.api.agentWith({ model: "faux/scripted" }, "echo");
+  const sleeper = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 60" } } }, { text: "woke" }] }, "sleeper");
+  t.context = { servers, service, key: ws.key, api: ws.api, echo, sleeper };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+/**
+ * A page of the console with the key given. `clean()` asserts what must hold all along: no
+ * script error, the key never in a URL, nothing from another origin.
+ */
+async function openConsole(t: ExecutionContext<Ctx>): Promise<{ page: Page; clean: () => void }> {
+  const { context, stop } = await launchBrowser();
+  t.teardown(stop);
+  const page = await context.newPage();
+  const problems: string[] = [];
+  page.on("pageerror", (err) => problems.push(String(err)));
+  page.on("request", (request) => {
+    if (request.url().includes(t.context.key)) problems.push(`the key is in a URL: ${request.url()}`);
+    if (!request.url().startsWith(t.context.service.url!)) problems.push(`another origin: ${request.url()}`);
+  });
+  const answer = await page.goto(`${t.context.service.url}/`);
+  t.is(answer?.status(), 200);
+  t.regex(answer?.headers()["content-security-policy"] ?? "", /script-src 'self'/);
+  await page.fill("input[name=key]", t.context.key);
+  await page.click("text=Use key");
+  await page.waitForSelector("[data-testid=runs-table]");
+  return { page, clean: () => t.deepEqual(problems, [], "no script error, no key in a URL, nothing from another origin") };
+}
+
+if (missing) {
+  test(`console - skipped: ${missing}`, (t) => {
+    t.log(missing);
+    t.pass();
+  });
+} else {
+  test.serial("console - start a run from the form, watch its events arrive live, and find them again after a reload", async (t) => {
+    t.timeout(90_000);
+    const { page, clean } = await openConsole(t);
+    await page.click("text=Start");
+    await page.selectOption("select[name=agent]", t.context.echo);
+    await page.fill("textarea[name=input]", "hello from the console");
+    await page.click("button:has-text('Send')");
+    await page.waitForSelector("[data-testid=run-view]");
+    const runId = /#\/runs\/(run_\w+)/.exec(page.url())?.[1];
+    t.truthy(runId, page.url());
+    await page.waitForSelector("[data-testid=timeline] li[data-type='turn.completed']", { timeout: 30_000 });
+    t.is(await page.textContent("[data-testid=event-text]"), "hello from the console");
+    await page.waitForSelector("[data-testid=turn-status]:has-text('completed')");
+    t.is((await page.textContent("[data-testid=turn-output]"))?.trim(), "hello from the console");
+    t.is(await page.textContent("[data-testid=history-status]"), "history: complete");
+    t.is(await page.textContent("[data-testid=live-state]"), "live");
+    const types = await page.$$eval("[data-testid=timeline] li.platform", (items) => items.map((i) => i.getAttribute("data-type")));
+    t.deepEqual(types, ["run.created", "turn.queued", "turn.started", "turn.completed"].filter((type) => types.includes(type)));
+    t.true(types.includes("turn.started") && types.at(-1) === "turn.completed", types.join(","));
+
+    // A reload keeps the key (this tab's sessionStorage) and the run's events, and resumes the stream.
+    await page.reload();
+    await page.waitForSelector("[data-testid=timeline] li[data-type='turn.completed']");
+    t.is(await page.locator("[data-testid=timeline] li[data-type='turn.completed']").count(), 1, "no event shown twice");
+    t.is(await page.textContent("[data-testid=live-state]"), "live");
+    // A continuation sent through the API arrives in the open page.
+    const continued = await t.context.api.post("/api/v1/runs", { run_id: runId, input: "and again" });
+    t.is(continued.status, 200);
+    await page.waitForFunction(() => [...document.querySelectorAll("[data-testid=event-text]")].some((e) => e.textContent === "and again"), undefined, { timeout: 20_000 });
+    await page.screenshot({ path: await artifactPath("console-run.png"), fullPage: true });
+    clean();
+  });
+
+  test.serial("console - cancel a long turn: the answer says cancelling, then the turn shows cancelled", async (t) => {
+    t.timeout(90_000);
+    const started = await t.context.api.post("/api/v1/runs", { agent: t.context.sleeper, input: "nap", background: true });
+    t.is(started.status, 202);
+    const { page, clean } = await openConsole(t);
+    await page.goto(`${t.context.service.url}/#/runs/${started.body.id}`);
+    await page.waitForSelector("[data-testid=timeline] li[data-type='turn.started']", { timeout: 30_000 });
+    await page.click("text=Cancel turn");
+    await page.waitForSelector("[data-testid=outcome]:has-text('cancel: 202 cancelling')");
+    await page.waitForSelector("[data-testid=turn-status]:has-text('cancelled')", { timeout: 30_000 });
+    const types = await page.$$eval("[data-testid=timeline] li.platform", (items) => items.map((i) => i.getAttribute("data-type")));
+    t.true(types.indexOf("turn.cancelling") >= 0 && types.indexOf("turn.cancelling") < types.indexOf("turn.cancelled"), types.join(","));
+    t.is(await page.textContent("[data-testid=run-state]"), "idle");
+    clean();
+  });
+
+  test.serial("console - filter the list by a tag; edit a run's tags", async (t) => {
+    t.timeout(60_000);
+    const blue = await t.context.api.post("/api/v1/runs", { agent: t.context.echo, input: "b", tags: ["blue"] });
+    const red = await t.context.api.post("/api/v1/runs", { agent: t.context.echo, input: "r", tags: ["red"] });
+    const { page, clean } = await openConsole(t);
+    await page.waitForSelector(`tr[data-run-id='${red.body.id}']`);
+    await page.fill("input[name=tags]", "blue");
+    await page.click("button:has-text('Filter')");
+    await page.waitForSelector(`tr[data-run-id='${red.body.id}']`, { state: "detached" });
+    const rows = await page.$$eval("[data-testid=runs-table] tbody tr", (trs) => trs.map((tr) => tr.getAttribute("data-run-id")));
+    t.deepEqual(rows, [blue.body.id]);
+
+    await page.click(`a[href='#/runs/${blue.body.id}']`);
+    await page.fill("input[name=tag]", "reviewed");
+    await page.click("button:has-text('Add')");
+    await page.waitForSelector("[data-testid=outcome]:has-text('tags now: blue, reviewed')");
+    t.deepEqual((await t.context.api.get(`/api/v1/runs/${blue.body.id}`)).body.tags, ["blue", "reviewed"]);
+    await page.click("button[title='remove blue']");
+    await page.waitForSelector("[data-testid=outcome]:has-text('tags now: reviewed')");
+    clean();
+  });
+
+  test.serial("console - an API error is shown as its message and code, never a blank page; the agents page lists deployments", async (t) => {
+    t.timeout(60_000);
+    const { page, clean } = await openConsole(t);
+    await page.goto(`${t.context.service.url}/#/runs/run_doesnotexist00`);
+    const error = await page.waitForSelector("[data-testid=api-error]");
+    t.regex((await error.textContent()) ?? "", /run_not_found \(404, runId\): No such run\./);
+
+    await page.goto(`${t.context.service.url}/#/agents`);
+    await page.waitForSelector(`article[data-agent-id='${t.context.echo}']`);
+    t.regex((await page.textContent(`article[data-agent-id='${t.context.echo}']`)) ?? "", /active version 1[\s\S]*1 \(active\)\s*ready/);
+
+    // A continuation refused by the API shows the refusal.
+    await page.goto(`${t.context.service.url}/#/start`);
+    await page.fill("input[name=run_id]", "run_doesnotexist00");
+    await page.fill("textarea[name=input]", "x");
+    await page.click("button:has-text('Send')");
+    t.regex((await (await page.waitForSelector("[data-testid=api-error]")).textContent()) ?? "", /run_not_found \(404, run_id\)/);
+
+    // Forgetting the key leaves nothing behind in the tab.
+    await page.click("text=Forget key");
+    t.is(await page.evaluate(() => sessionStorage.getItem("runs.console.key")), null);
+    t.is(await page.evaluate(() => localStorage.length), 0, "nothing in localStorage");
+    clean();
+  });
+}

@@ -1,0 +1,171 @@
+import anyTest, { type TestFn } from "ava";
+import net from "node:net";
+import { Writable } from "node:stream";
+import pino from "pino";
+import { Api, newWorkspace, startTestServers, testConfig, type TestServers } from "../helpers/servers.js";
+import { startService, type RunningService } from "../../node/service.js";
+
+/** /metrics, request ids and the log lines of a request and of a run, on a real service. */
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; logs: Array<Record<string, unknown>> }>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const logs: Array<Record<string, unknown>> = [];
+  const sink = new Writable({
+    write(chunk, _encoding, done) {
+      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
+      done();
+    },
+  });
+  const config = testConfig(servers, { LOG_LEVEL: "info", RUNS_ACTIVE_TURNS_SOLO: "100" });
+  const service = await startService(config, { log: pino({ level: "info" }, sink) });
+  t.context = { servers, service, logs };
+});
+
+test.after.always(async (t) => {
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+const sleeper = (seconds: number) => ({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: `sleep ${seconds}` } } }, { text: "slept" }] });
+
+/** The value of a sample line `name{labels} value` of the exposition text, or undefined. */
+function sample(text: string, name: string, labels: Record<string, string> = {}): number | undefined {
+  const wanted = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    const labelText = line.slice(name.length).match(/^\{([^}]*)\}/)?.[1] ?? "";
+    if (wanted.every((w) => labelText.split(",").includes(w))) return Number(line.slice(line.lastIndexOf(" ") + 1));
+  }
+  return undefined;
+}
+
+test.serial("metrics - /api traffic by route template and status, latency, turns, streams, NATS and store health, event loop, process", async (t) => {
+  const { service } = t.context;
+  const ws = await newWorkspace(service);
+  const anon = new Api(service.url!);
+  const agent = await ws.api.agentWith(sleeper(2));
+  const started = await ws.api.post("/api/v1/runs", { agent, input: "work", background: true });
+  t.is(started.status, 202, JSON.stringify(started.body));
+  const queued = await ws.api.post("/api/v1/runs", { run_id: started.body.id, input: "next", on_busy: "queue", background: true });
+  t.is(queued.status, 202, JSON.stringify(queued.body));
+  t.is((await ws.api.get(`/api/v1/runs/${started.body.id}`)).status, 200);
+  t.is((await ws.api.get(`/api/v1/runs/run_unknown123`)).status, 404);
+  t.is((await anon.get("/api/v1/runs/secret-looking-path-9f8e7d")).status, 401);
+  t.is((await ws.api.get("/api/v1/no/such/route/secret-looking-path-1a2b3c")).status, 404);
+
+  const during = await anon.get("/metrics");
+  t.is(during.status, 200);
+  t.regex(during.headers.get("content-type") ?? "", /^text\/plain; version=0\.0\.4/);
+  const text = during.body as string;
+  t.is(sample(text, "runs_http_requests_total", { method: "POST", route: "/api/v1/runs", status: "202" }), 2);
+  t.is(sample(text, "runs_http_requests_total", { method: "GET", route: "/api/v1/runs/:runId", status: "200" }), 1);
+  t.is(sample(text, "runs_http_requests_total", { method: "GET", route: "/api/v1/runs/:runId", status: "404" }), 1);
+  t.is(sample(text, "runs_http_requests_total", { method: "GET", route: "/api/v1/runs/:runId", status: "401" }), 1);
+  t.is(sample(text, "runs_http_requests_total", { method: "GET", route: "unmatched", status: "404" }), 1);
+  t.is(sample(text, "runs_http_request_duration_seconds_count", { method: "POST", route: "/api/v1/runs", status: "202" }), 2);
+  t.true((sample(text, "runs_http_request_duration_seconds_sum", { method: "POST", route: "/api/v1/runs", status: "202" }) ?? -1) > 0);
+  t.false(text.includes("secret-looking-path"), "labels hold route templates, never raw URLs");
+  t.is(sample(text, "runs_active_turns"), 1);
+  t.is(sample(text, "runs_queued_turns"), 1);
+  t.is(sample(text, "runs_sse_streams"), 0);
+  t.is(sample(text, "runs_nats_up"), 1);
+  t.is(sample(text, "runs_store_up"), 1);
+  t.true((sample(text, "runs_nodejs_eventloop_lag_seconds") ?? -1) >= 0);
+  t.true((sample(text, "runs_process_cpu_user_seconds_total") ?? -1) > 0);
+  t.true((sample(text, "runs_process_resident_memory_bytes") ?? 0) > 0);
+
+  // An open event stream is counted while it is open.
+  const controller = new AbortController();
+  const stream = await fetch(`${service.url}/api/v1/runs/${started.body.id}/events?stream=true`, { headers: { authorization: `Bearer ${ws.key}` }, signal: controller.signal });
+  t.is(stream.status, 200);
+  t.is(sample((await anon.get("/metrics")).body, "runs_sse_streams"), 1);
+  controller.abort();
+
+  await ws.api.waitRun(started.body.id, (run) => run.state === "idle", 30_000);
+  const after = (await anon.get("/metrics")).body as string;
+  t.is(sample(after, "runs_active_turns"), 0);
+  t.is(sample(after, "runs_queued_turns"), 0);
+  t.is(sample(after, "runs_http_requests_total", { method: "GET", route: "/api/v1/runs/:runId/events", status: "200" }), 1);
+});
+
+test.serial("request ids - every answer carries x-request-id; a client's plain id is kept, anything else replaced; the request's log lines carry it", async (t) => {
+  const { service, logs } = t.context;
+  const ws = await newWorkspace(service);
+  const generated = await ws.api.get("/api/v1/runs");
+  t.regex(generated.headers.get("x-request-id") ?? "", /^req_[A-Za-z0-9]+$/);
+
+  const mine = await ws.api.request("GET", "/api/v1/runs", { headers: { "x-request-id": "client-7f3a.42:B" } });
+  t.is(mine.headers.get("x-request-id"), "client-7f3a.42:B");
+  const unauthorized = await new Api(service.url!).request("GET", "/api/v1/runs", { headers: { "x-request-id": "client-401" } });
+  t.is(unauthorized.status, 401);
+  t.is(unauthorized.headers.get("x-request-id"), "client-401");
+
+  for (const bad of ["has space", "x".repeat(129), "quote\"and{brace}", "ünïcode"]) {
+    const res = await ws.api.request("GET", "/api/v1/runs", { headers: { "x-request-id": bad } }).catch(() => undefined);
+    if (!res) continue; // fetch refuses some header values itself: nothing reached us
+    const id = res.headers.get("x-request-id") ?? "";
+    t.not(id, bad);
+    t.regex(id, /^req_[A-Za-z0-9]+$/);
+  }
+  t.false(logs.some((line) => JSON.stringify(line).includes("quote\\\"and{brace}")), "a refused id is never written to the log");
+
+  const lines = logs.filter((line) => line.reqId === "client-7f3a.42:B");
+  t.true(lines.some((line) => line.msg === "incoming request"), JSON.stringify(lines));
+  t.true(lines.some((line) => line.msg === "request completed"), JSON.stringify(lines));
+  t.false(JSON.stringify(lines).includes(ws.key), "the key never appears in a log line");
+});
+
+test.serial("logs - a run's log lines carry its workspace and run ids", async (t) => {
+  const { service, logs } = t.context;
+  const ws = await newWorkspace(service);
+  const agent = await ws.api.agentWith({ model: "faux/scripted" });
+  const started = await ws.api.post("/api/v1/runs", { agent, input: "hello" });
+  t.is(started.status, 200, JSON.stringify(started.body));
+  const deleted = await ws.api.request("DELETE", `/api/v1/runs/${started.body.id}`, { idempotencyKey: "del-1" });
+  t.true([200, 204].includes(deleted.status), JSON.stringify(deleted.body));
+  const removed = logs.find((line) => line.msg === "run removed" && line.run_id === started.body.id);
+  t.truthy(removed, "the actor logged the removal");
+  t.is(removed!.workspace_id, ws.id);
+});
+
+/** Writes raw bytes to the service's port and reads until the server closes. */
+function rawExchange(url: string, bytes: string): Promise<string> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(port), hostname, () => socket.write(bytes));
+    let answer = "";
+    socket.setTimeout(5_000, () => socket.destroy(new Error("no answer within 5 s")));
+    socket.on("data", (d) => (answer += d));
+    socket.on("close", () => resolve(answer));
+    socket.on("error", reject);
+  });
+}
+
+test.serial("http layer - a request that is not valid HTTP is answered 400 in the contract's error format, on public and /api paths alike", async (t) => {
+  const { service } = t.context;
+  for (const bytes of ["GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "GARBAGE\r\n\r\n", `GET /api/v1/runs HTTP/1.1\r\nHost: x\r\nX-Big: ${"a".repeat(20_000)}\r\n\r\n`]) {
+    const answer = await rawExchange(service.url!, bytes);
+    const [head, body] = answer.split("\r\n\r\n");
+    t.regex(head!, /^HTTP\/1\.1 400 Bad Request\r\n/, head);
+    t.regex(head!, /content-type: application\/json/i);
+    const parsed = JSON.parse(body!);
+    t.is(parsed.error.type, "invalid_request_error");
+    t.is(parsed.error.code, "invalid_request");
+    t.is(parsed.error.param, null);
+  }
+  t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
+});
+
+test.serial("pages - an asset name that is a property of every object (toString, __proto__, constructor) is 404, not 500", async (t) => {
+  const anon = new Api(t.context.service.url!);
+  for (const base of ["/docs/assets", "/console"]) {
+    for (const name of ["toString", "__proto__", "constructor", "hasOwnProperty", "..%2Fpackage.json"]) {
+      const res = await anon.get(`${base}/${name}`);
+      t.is(res.status, 404, `${base}/${name}: ${JSON.stringify(res.body)}`);
+      t.is(res.body.error.code, "not_found");
+    }
+  }
+  t.is((await anon.get("/docs/assets/init.js")).status, 200);
+  t.is((await anon.get("/console/app.css")).status, 200);
+});

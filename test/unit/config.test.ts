@@ -1,0 +1,33 @@
+import test from "ava";
+import { ConfigurationError, loadConfig } from "../../src/config.js";
+
+function refusal(env: Record<string, string>): string {
+  try {
+    loadConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigurationError) return err.message;
+    throw err;
+  }
+  throw new Error(`accepted ${JSON.stringify(env)}`);
+}
+
+test("config - roles: each subset of gateway and actors, in any order and spacing", (t) => {
+  t.deepEqual(loadConfig({}).roles, { gateway: true, actors: true });
+  t.deepEqual(loadConfig({ RUNS_ROLES: "gateway" }).roles, { gateway: true, actors: false });
+  t.deepEqual(loadConfig({ RUNS_ROLES: "actors" }).roles, { gateway: false, actors: true });
+  t.deepEqual(loadConfig({ RUNS_ROLES: " actors , gateway " }).roles, { gateway: true, actors: true });
+});
+
+test("config - an unknown or empty role stops start-up naming the variable and the allowed values", (t) => {
+  t.is(refusal({ RUNS_ROLES: "gatway" }), 'configuration: RUNS_ROLES: unknown role "gatway"; allowed: gateway, actors (comma-separated)');
+  t.is(refusal({ RUNS_ROLES: "gateway,actor" }), 'configuration: RUNS_ROLES: unknown role "actor"; allowed: gateway, actors (comma-separated)');
+  t.is(refusal({ RUNS_ROLES: "" }), "configuration: RUNS_ROLES: no role; allowed: gateway, actors (comma-separated)");
+  t.is(refusal({ RUNS_ROLES: " , " }), "configuration: RUNS_ROLES: no role; allowed: gateway, actors (comma-separated)");
+});
+
+test("config - LOG_LEVEL takes pino's levels only", (t) => {
+  for (const level of ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const) t.is(loadConfig({ LOG_LEVEL: level }).logLevel, level);
+  t.is(loadConfig({}).logLevel, "info");
+  t.is(refusal({ LOG_LEVEL: "verbose" }), 'configuration: LOG_LEVEL: "verbose" is not a log level; allowed: fatal, error, warn, info, debug, trace, silent');
+  t.regex(refusal({ LOG_LEVEL: "INFO" }), /^configuration: LOG_LEVEL: "INFO" is not a log level/);
+});
