@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, NO_USAGE, type TurnUsage } from "../src/index.js";
+import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage } from "../src/index.js";
 import { startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -22,6 +22,8 @@ export interface ActiveExecution {
   /** Why the agent was aborted, when it was. */
   abortReason?: AbortReason;
   limitTimer: Timer;
+  /** The deployment's model, as usage names it. */
+  model: string;
 }
 
 /** The actor as its turn execution sees it. */
@@ -132,7 +134,7 @@ export class TurnExecution {
       },
       { keepAlive: false },
     );
-    const execution: ActiveExecution = { turn, running, limitTimer };
+    const execution: ActiveExecution = { turn, running, limitTimer, model: modelLabel(deployment.config.model) };
     this.active = execution;
     void running.result.then((result) => this.host.enqueue(() => this.onFinished(execution, result)));
   }
@@ -149,10 +151,10 @@ export class TurnExecution {
     const error: TurnError | null =
       decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.r.ids.reference() });
     try {
-      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error, { usage: result.usage });
+      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error, { usage: result.usage, model: execution.model });
     } catch (err) {
       if (err instanceof FencedError) this.host.stop("fenced");
-      else await this.settleUnstored(execution.turn, err);
+      else await this.settleUnstored(execution.turn, err, { usage: result.usage, model: execution.model });
     }
   }
 
@@ -162,7 +164,7 @@ export class TurnExecution {
    * a while; if even that cannot be written (the store is down), the actor stops as
    * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
    */
-  private async settleUnstored(turn: TurnDoc, cause: unknown): Promise<void> {
+  private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}): Promise<void> {
     const reference = this.r.ids.reference();
     this.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
     const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
@@ -171,7 +173,7 @@ export class TurnExecution {
         const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
         // The turn itself was stored: only the run's move to its next state is left.
         if (stored && this.host.run) await this.afterTurn(this.host.run, stored.turn, stored.now);
-        else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false });
+        else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false, ...used });
         return;
       } catch (err) {
         if (err instanceof FencedError) return this.host.stop("fenced");
@@ -190,7 +192,7 @@ export class TurnExecution {
     output: TurnDoc["output"],
     transcript: AgentMessage[],
     error: TurnError | null,
-    options: { checkpoint?: boolean; usage?: TurnUsage } = {},
+    options: { checkpoint?: boolean; usage?: TurnUsage; model?: string } = {},
   ): Promise<void> {
     // The turn's runtime events are stored before it is final.
     try {
@@ -230,12 +232,17 @@ export class TurnExecution {
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now), usage: options.usage ?? NO_USAGE };
     if (this.r.at) await this.r.at("turn:finishing", { runId: this.host.runId, turnId: turn._id });
+    // The ledger first: the model calls were made whatever becomes of this write (a fenced
+    // or failed one included), and the record is keyed by the turn, so a retry is the same.
+    const run = this.host.run;
+    if (run && options.usage && options.model && hasUsage(options.usage)) {
+      await this.r.usage.record({ _id: turn._id, workspace_id: run.workspace_id, run_id: run._id, agent_id: run.agent_id, agent_version: turn.agent_version, model: options.model, at: now, ...options.usage });
+    }
     await this.r.store.updateTurnFenced(turn._id, this.host.epoch, final);
     this.storedFinal = { turnId: turn._id, turn: { ...turn, ...final }, now };
     this.turnEnded();
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.host.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
-    const run = this.host.run;
     if (run) await this.afterTurn(run, { ...turn, ...final }, now);
   }
 

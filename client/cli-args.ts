@@ -17,6 +17,12 @@ runs:
   runs cancel RUN_ID [--turn TURN_ID]
   runs delete RUN_ID
   runs tag RUN_ID [--add T]... [--remove T]...
+usage:
+  runs usage [--from DATE] [--to DATE] [--group-by day|agent|version|model]
+             (DATE: YYYY-MM-DD, an ISO time or Unix seconds; default this month)
+  runs budget [show]
+  runs budget set [--cost USD] [--tokens N]   (monthly; needs api_keys:manage)
+  runs budget delete
 agents:
   runs agents [list]
   runs agents create NAME [--description TEXT]
@@ -27,6 +33,7 @@ agents:
 admin (on the server's machine, against its store; not in the runs-client package):
   runs admin create-workspace --plan solo|business [--name NAME] [--create]
   runs admin set-plan WORKSPACE_ID --plan solo|business
+  runs admin set-budget WORKSPACE_ID [--cost USD] [--tokens N] [--remove]
 
 Every command takes --json (one JSON document on stdout) and --help. start, continue,
 cancel and delete take --idempotency-key KEY (default: a new one per command) to repeat a

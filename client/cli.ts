@@ -13,6 +13,7 @@ import { readFile } from "node:fs/promises";
 import { DEFAULT_BASE_URL, RunsApiError, RunsClient, isFinalEventOf } from "./client.js";
 import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
 import { CLIENT_USAGE, COMMANDS, type FlagSpec, type Parsed, parseArgs, suggestion, UsageError, usageOf } from "./cli-args.js";
+import { budgetLine, timeOf, usageTable } from "./cli-usage.js";
 
 export { CLIENT_USAGE, UsageError, usageOf } from "./cli-args.js";
 
@@ -202,6 +203,20 @@ async function runCommand(command: string | undefined, rest: string[], args: str
       out.json(p) ? out.document(tags) : out.line(`${tags.run_id} tags: ${tags.tags.join(", ") || "(none)"}`);
       return 0;
     }
+    case "usage": {
+      const p = parseArgs(rest, { from: "string", to: "string", "group-by": "string" });
+      exactly(p, 0, "");
+      const summary = await client().getUsage({
+        from: timeOf(str(p, "from"), "from"),
+        to: timeOf(str(p, "to"), "to"),
+        group_by: oneOf(str(p, "group-by"), ["day", "agent", "version", "model"] as const, "group-by"),
+      });
+      if (out.json(p)) out.document(summary);
+      else for (const line of usageTable(summary)) out.line(line);
+      return 0;
+    }
+    case "budget":
+      return budget(client, rest, out);
     case "agents":
       return agents(client, rest, out);
     case "deploy":
@@ -327,6 +342,36 @@ async function events(client: RunsClient, runId: string, p: Parsed, out: Output)
     if (first.history.status && first.history.status !== "complete") out.note(`history: ${first.history.status}`);
   }
   return 0;
+}
+
+async function budget(client: () => RunsClient, args: string[], out: Output): Promise<number> {
+  const [sub = "show", ...rest] = args[0]?.startsWith("--") ? ["show", ...args] : args;
+  if (sub === "show") {
+    const p = parseArgs(rest, {});
+    exactly(p, 0, "");
+    const state = await client().getBudget();
+    out.json(p) ? out.document(state) : out.line(budgetLine(state));
+    return 0;
+  }
+  if (sub === "set") {
+    const p = parseArgs(rest, { cost: "string", tokens: "string" });
+    exactly(p, 0, "");
+    const cost = str(p, "cost");
+    if (cost !== undefined && !(/^\d+(\.\d+)?$/.test(cost) && Number(cost) > 0)) throw new UsageError("--cost must be a positive number of US dollars");
+    const tokens = positiveInt(p, "tokens");
+    if (cost === undefined && tokens === undefined) throw new UsageError("budget set needs --cost, --tokens or both");
+    const state = await client().setBudget({ monthly_cost_usd: cost === undefined ? null : Number(cost), monthly_tokens: tokens ?? null });
+    out.json(p) ? out.document(state) : out.line(budgetLine(state));
+    return 0;
+  }
+  if (sub === "delete") {
+    const p = parseArgs(rest, {});
+    exactly(p, 0, "");
+    const deleted = await client().deleteBudget();
+    out.json(p) ? out.document(deleted) : out.line("budget removed");
+    return 0;
+  }
+  throw new UsageError(`unknown command: budget ${sub}${suggestion(sub, ["show", "set", "delete"], "budget ")}`);
 }
 
 async function agents(client: () => RunsClient, args: string[], out: Output): Promise<number> {

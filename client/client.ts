@@ -5,7 +5,8 @@
  * - 429, 502, 503 and 504 are retried twice by default (`maxRetries`), after the answer's
  *   Retry-After or, without one, a backoff. A call that takes an Idempotency-Key sends the
  *   caller's key or one `crypto.randomUUID()` per logical call, and the same key on every
- *   retry, so a retried POST returns the first result. 409 and other 4xx are never retried.
+ *   retry, so a retried POST returns the first result. 409 and other 4xx are never retried,
+ *   nor is a 429 whose body says `retryable: false` (quota_exceeded: a spent budget).
  * - Writes without a key whose repeat is not harmless (create agent, create or rotate an
  *   API key, delete an environment value) are retried only on 429, which refuses a request
  *   before it does anything: a 5xx may come after the work was done (item 2).
@@ -32,6 +33,11 @@ import {
   type Deployment,
   type EnvironmentValue,
   type EnvironmentValueDeleted,
+  type Budget,
+  type BudgetDeleted,
+  type BudgetRequest,
+  type UsageQuery,
+  type UsageSummary,
   type ErrorBody,
   type EventList,
   type FileObject,
@@ -478,6 +484,28 @@ export class RunsClient {
     return this.json({ method: "DELETE", path: `/api/v1/environment-values/${enc(name)}`, policy: "rate_limit_only" }, options);
   }
 
+  // ---- usage and budgets ------------------------------------------------------------
+
+  /** Totals of the workspace's final turns in [from, to), bucketed by day (default), agent, version or model; with the budget's state. */
+  getUsage(query: UsageQuery = {}, options: CallOptions = {}): Promise<UsageSummary> {
+    return this.json({ method: "GET", path: "/api/v1/usage", query: { ...query }, policy: "safe" }, options);
+  }
+
+  /** The workspace's monthly budget and this month's spend; 404 not_found without one. */
+  getBudget(options: CallOptions = {}): Promise<Budget> {
+    return this.json({ method: "GET", path: "/api/v1/usage/budget", policy: "safe" }, options);
+  }
+
+  /** Replaces the monthly budget (scope api_keys:manage). Once spent, new turns answer 429 quota_exceeded. */
+  setBudget(budget: BudgetRequest, options: CallOptions = {}): Promise<Budget> {
+    return this.json({ method: "PUT", path: "/api/v1/usage/budget", body: budget, policy: "safe" }, options);
+  }
+
+  /** Removes the monthly budget (scope api_keys:manage). */
+  deleteBudget(options: CallOptions = {}): Promise<BudgetDeleted> {
+    return this.json({ method: "DELETE", path: "/api/v1/usage/budget", policy: "safe" }, options);
+  }
+
   // ---- files -------------------------------------------------------------------------
 
   /**
@@ -549,7 +577,10 @@ export class RunsClient {
       }
       if (res.ok) return res;
       const error = await this.errorOf(res, idempotencyKey);
-      if (retry < maxRetries && retries(spec.policy, res.status)) {
+      // A 429 that says it is not retryable (quota_exceeded: a spent budget, whose
+      // Retry-After is the month's end) is the caller's to handle, not to sleep through.
+      const refused = res.status === 429 && error.retryable === false;
+      if (retry < maxRetries && !refused && retries(spec.policy, res.status)) {
         await this.sleep(retryDelayMs(retry, this.random(), error.retryAfterS), options.signal);
         continue;
       }

@@ -72,6 +72,12 @@ export type ApiKey = Schemas["ApiKey"];
 export type EnvironmentValue = Schemas["EnvironmentValue"];
 export type EnvironmentValueDeleted = Schemas["EnvironmentValueDeleted"];
 export type FileObject = Schemas["File"];
+export type Usage = Schemas["Usage"];
+export type UsageSummary = Schemas["UsageSummary"];
+export type UsageBucket = Schemas["UsageBucket"];
+export type UsageGroup = Schemas["UsageSummary"]["group_by"];
+export type Budget = Schemas["Budget"];
+export type BudgetDeleted = Schemas["BudgetDeleted"];
 export type ErrorBody = Schemas["Error"];
 
 // ---- requests ----
@@ -109,6 +115,19 @@ export interface PageQuery {
 
 export interface ListEventsQuery extends PageQuery {
   turn_id?: string;
+}
+
+export interface UsageQuery {
+  /** Unix seconds, inclusive; default the start of the current UTC month. */
+  from?: number;
+  /** Unix seconds, exclusive; default now. */
+  to?: number;
+  group_by?: UsageGroup;
+}
+
+export interface BudgetRequest {
+  monthly_cost_usd?: number | null;
+  monthly_tokens?: number | null;
 }
 
 export interface TagsUpdate {

@@ -19,6 +19,7 @@ import { healthRoutes } from "./routes/health.js";
 import { eventRoutes } from "./routes/events.js";
 import { envValueRoutes } from "./routes/env-values.js";
 import { fileRoutes } from "./routes/files.js";
+import { usageRoutes } from "./routes/usage.js";
 import { openapiRoutes } from "./routes/openapi.js";
 import { consoleRoutes } from "./routes/console.js";
 import { buildOpenApiDocument } from "./openapi.js";
@@ -79,6 +80,7 @@ export async function buildApp(
     reply.header(REQUEST_ID_HEADER, request.id);
   });
   context.metrics.instrument(app);
+  ctx.usage.onRecorded((record) => context.metrics.countUsage(record));
 
   // Every /api route authenticates unless marked public, then checks its scope.
   app.addHook("onRequest", async (request, reply) => {
@@ -123,6 +125,7 @@ export async function buildApp(
   await app.register(apiKeyRoutes(context));
   await app.register(envValueRoutes(context));
   await app.register(fileRoutes(context));
+  await app.register(usageRoutes(context));
   await app.register(openapiRoutes(JSON.stringify(buildOpenApiDocument())));
   await app.register(consoleRoutes());
   return { app, context };

@@ -1,2 +1,3 @@
 export { buildApp } from "./app.js";
 export type { GatewayContext } from "./context.js";
+export { renderBudget } from "./routes/usage.js";

@@ -5,6 +5,7 @@
  */
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { FastifyInstance } from "fastify";
+import type { UsageRecordDoc } from "../src/index.js";
 
 /** Where the gauges read their values at scrape time. */
 export interface MetricSources {
@@ -22,6 +23,8 @@ export class GatewayMetrics {
   readonly registry = new Registry();
   private readonly requests: Counter<"method" | "route" | "status">;
   private readonly latency: Histogram<"method" | "route" | "status">;
+  private readonly tokens: Counter<"workspace" | "model" | "kind">;
+  private readonly cost: Counter<"workspace" | "model">;
 
   constructor(sources: MetricSources) {
     const registers = [this.registry];
@@ -34,6 +37,10 @@ export class GatewayMetrics {
       buckets: LATENCY_BUCKETS_S,
       registers,
     });
+    // Usage of the turns this node's actors finished. Labels: workspaces × models, bounded
+    // by the tenants a service has (a model label never holds a URL).
+    this.tokens = new Counter({ name: "runs_tokens_total", help: "Tokens used by finished turns, by workspace, model and kind (input, output, cache_read, cache_write).", labelNames: ["workspace", "model", "kind"], registers });
+    this.cost = new Counter({ name: "runs_cost_usd_total", help: "Cost in USD of finished turns on priced models, by workspace and model.", labelNames: ["workspace", "model"], registers });
     const turns = sources.turns;
     if (turns) {
       new Gauge({ name: "runs_active_turns", help: "Turns executing on this node.", registers, collect() { this.set(turns().active); } });
@@ -61,6 +68,16 @@ export class GatewayMetrics {
         this.latency.observe(labels, Number(process.hrtime.bigint() - started) / 1e9);
       });
     });
+  }
+
+  /** Counts one finished turn's usage (called once per usage record this process wrote). */
+  countUsage(record: UsageRecordDoc): void {
+    const labels = { workspace: record.workspace_id, model: record.model };
+    for (const kind of ["input", "output", "cache_read", "cache_write"] as const) {
+      const n = record[`${kind}_tokens`];
+      if (n > 0) this.tokens.inc({ ...labels, kind }, n);
+    }
+    if (record.cost_usd) this.cost.inc(labels, record.cost_usd);
   }
 
   text(): Promise<string> {

@@ -11,6 +11,7 @@ import { OPENAPI_OPERATIONS } from "./routes/openapi.js";
 import { RUN_OPERATIONS } from "./routes/runs.js";
 import { TAG_OPERATIONS } from "./routes/tags.js";
 import { TURN_OPERATIONS } from "./routes/turns.js";
+import { USAGE_OPERATIONS } from "./routes/usage.js";
 
 export const OPERATIONS: Operation[] = [
   RUN_OPERATIONS,
@@ -21,6 +22,7 @@ export const OPERATIONS: Operation[] = [
   API_KEY_OPERATIONS,
   FILE_OPERATIONS,
   ENV_VALUE_OPERATIONS,
+  USAGE_OPERATIONS,
   OPENAPI_OPERATIONS,
   HEALTH_OPERATIONS,
   CONSOLE_OPERATIONS,

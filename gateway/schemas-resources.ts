@@ -2,6 +2,7 @@
 import { z } from "zod";
 import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, jsonBody, refuse, SCOPES, scopeListProblem } from "../src/index.js";
 import { named, unixSeconds } from "./schema-registry.js";
+import { UsageSchema } from "./schemas-runs.js";
 
 // ---------------------------------------------------------------------------------
 // Agents, deployments, models
@@ -176,4 +177,73 @@ export const ReadinessSchema = named(
       .optional()
       .describe("Nodes with the actor role: the tool sandbox."),
   }),
+);
+
+// ---------------------------------------------------------------------------------
+// Usage and budgets
+
+const usageFields = {
+  input_tokens: z.int().min(0),
+  output_tokens: z.int().min(0),
+  cache_read_tokens: z.int().min(0),
+  cache_write_tokens: z.int().min(0),
+  cost_usd: z.number().min(0).nullable().describe("US dollars; null when no turn in the bucket ran on a priced model."),
+  turns: z.int().min(0).describe("Final turns that used a model."),
+};
+
+export const UsageBucketSchema = named(
+  "UsageBucket",
+  z.object({
+    day: z.string().optional().describe("group_by=day: the UTC day, YYYY-MM-DD."),
+    agent_id: z.string().optional().describe("group_by=agent or version."),
+    agent_version: z.int().min(1).optional().describe("group_by=version."),
+    model: z.string().optional().describe("group_by=model: the deployment's model (openai-compatible/<model> for an endpoint)."),
+    ...usageFields,
+  }),
+  "One bucket of a usage summary: its key, and the usage of the turns in it.",
+);
+
+export const BudgetSchema = named(
+  "Budget",
+  z.object({
+    object: z.literal("usage.budget"),
+    monthly_cost_usd: z.number().positive().nullable(),
+    monthly_tokens: z.int().positive().nullable().describe("Counts input, output, cache read and cache write tokens."),
+    period_start: unixSeconds().describe("Start of the current UTC calendar month."),
+    period_end: unixSeconds(),
+    spent: UsageSchema.describe("This month's usage so far."),
+    exhausted: z.enum(["cost", "tokens"]).nullable().describe("The limit that is spent: new turns are refused with 429 quota_exceeded until the next month or a higher budget. null while within budget."),
+    updated_at: unixSeconds(),
+  }),
+  "A workspace's monthly budget and this month's spend (UTC months). Another node learns of a spend within 5 s, of a changed budget within 2 s.",
+);
+
+export const UsageSummarySchema = named(
+  "UsageSummary",
+  z.object({
+    object: z.literal("usage"),
+    from: unixSeconds(),
+    to: unixSeconds(),
+    group_by: z.enum(["day", "agent", "version", "model"]),
+    total: z.object(usageFields),
+    data: z.array(UsageBucketSchema).describe("group_by=day: by day ascending; otherwise the largest cost first, then tokens."),
+    budget: BudgetSchema.nullable().describe("null when the workspace has no budget."),
+  }),
+  "A workspace's usage in [from, to), from a ledger written as turns become final (deleted and expired runs still count).",
+);
+
+export const BudgetRequestSchema = named(
+  "BudgetRequest",
+  jsonBody({
+    monthly_cost_usd: z.number({ error: "must be a number of US dollars, or null." }).positive("must be above 0.").max(1e9, "must be at most 1e9.").nullable().optional().describe("US dollars per UTC month; null or absent: no cost limit."),
+    monthly_tokens: z.int({ error: "must be a whole number of tokens, or null." }).positive("must be above 0.").max(Number.MAX_SAFE_INTEGER).nullable().optional().describe("Tokens per UTC month (input, output, cache read and cache write); null or absent: no token limit."),
+  }).superRefine((body, ctx) => {
+    if (body.monthly_cost_usd == null && body.monthly_tokens == null) refuse(ctx, null, "Give monthly_cost_usd, monthly_tokens or both; to remove the budget, DELETE it.");
+  }),
+  "Replaces the workspace's monthly budget.",
+);
+
+export const BudgetDeletedSchema = named(
+  "BudgetDeleted",
+  z.object({ object: z.literal("usage.budget.deleted"), deleted: z.literal(true) }),
 );

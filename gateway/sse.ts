@@ -62,7 +62,8 @@ export function checkStreamQuota(ctx: GatewayContext, workspaceId: string, plan:
   const open = workspaceStreams.get(ctx)?.get(workspaceId) ?? 0;
   const cap = ctx.config.sseStreams[plan];
   if (open >= cap) {
-    throw new ApiError("quota_exceeded", { message: `The workspace holds ${cap} open event streams on this node, its limit; close one first.` });
+    // Retry-After: a stream frees its slot when its client goes; a few seconds is a fair wait.
+    throw new ApiError("quota_exceeded", { retryAfterS: 5, message: `The workspace holds ${cap} open event streams on this node, its limit; close one first.` });
   }
 }
 

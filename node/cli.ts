@@ -19,6 +19,8 @@ const adminModules = async () => {
 const ADMIN_USAGE = `usage:
   runs admin create-workspace --plan solo|business [--name NAME] [--create]
   runs admin set-plan WORKSPACE_ID --plan solo|business   (applies to runs created afterwards)
+  runs admin set-budget WORKSPACE_ID [--cost USD] [--tokens N] [--remove]
+                                   (monthly; other nodes apply it within 2 s)
 
 The store is MONGODB_URI when set, otherwise the embedded default's store under
 RUNS_DATA_DIR (default .runs/), whether or not \`npm start\` is running. The command says
@@ -115,6 +117,28 @@ async function main(args: string[]): Promise<void> {
       const workspace = await setWorkspacePlan(store, workspaceId, plan);
       if (!workspace) throw new AdminUsageError(`no workspace ${workspaceId}`);
       process.stdout.write(`${JSON.stringify({ workspace }, null, 2)}\n`);
+    } finally {
+      await close();
+    }
+    return;
+  }
+  if (args[0] === "admin" && args[1] === "set-budget") {
+    const p = adminArgs(args.slice(2), { cost: "string", tokens: "string", remove: "boolean" });
+    const workspaceId = p.positionals[0];
+    if (!workspaceId) throw new AdminUsageError("set-budget needs a workspace id");
+    const cost = p.flags.cost as string | undefined;
+    const tokens = p.flags.tokens as string | undefined;
+    if (cost !== undefined && !(/^\d+(\.\d+)?$/.test(cost) && Number(cost) > 0)) throw new AdminUsageError("--cost must be a positive number of US dollars");
+    if (tokens !== undefined && !(/^[1-9]\d*$/.test(tokens) && Number.isSafeInteger(Number(tokens)))) throw new AdminUsageError("--tokens must be a positive whole number");
+    const remove = p.flags.remove === true;
+    if (remove === (cost !== undefined || tokens !== undefined)) throw new AdminUsageError("set-budget needs --cost and/or --tokens, or --remove alone");
+    const { store, close } = await openStore(false);
+    const { setWorkspaceBudget, systemClock } = await adminModules();
+    try {
+      const budget = { monthly_cost_usd: cost === undefined ? null : Number(cost), monthly_tokens: tokens === undefined ? null : Number(tokens) };
+      const answer = await setWorkspaceBudget(store, workspaceId, budget, systemClock);
+      if (!answer) throw new AdminUsageError(`no workspace ${workspaceId}`);
+      process.stdout.write(`${JSON.stringify(answer, null, 2)}\n`);
     } finally {
       await close();
     }

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, useCursorKey } from "../src/index.js";
+import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, UsageLedger, useCursorKey } from "../src/index.js";
 import { ActiveTurns, ActorHost, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
@@ -46,6 +46,8 @@ export async function startService(config: Config, options: ServiceOptions = {})
   await files.provision();
   const envValues = new EnvValues(store.db, config.masterKey, clock);
   await envValues.provision();
+  const usage = new UsageLedger(store.db, clock);
+  await usage.provision();
 
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
   const deployments = new DeploymentCache(store);
@@ -68,6 +70,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         activeTurns,
         files,
         envValues,
+        usage,
         sandbox: sandbox!,
         node: { draining: false },
       },
@@ -93,6 +96,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       rateLimits: nats.rateLimits,
       files,
       envValues,
+      usage,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
       sandboxStatus: sandbox ? () => sandbox.status() : undefined,
       turnCounts: host ? () => host.turnCounts() : undefined,

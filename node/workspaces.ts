@@ -1,4 +1,5 @@
-import { Ids, type MongoStore, newApiKey, type Plan, renderApiKey, SCOPES, unixSeconds, type WorkspaceDoc } from "../src/index.js";
+import { type Budget, type Clock, Ids, type MongoStore, newApiKey, type Plan, renderApiKey, SCOPES, unixSeconds, UsageLedger, type WorkspaceDoc } from "../src/index.js";
+import { renderBudget } from "../gateway/index.js";
 
 export function renderWorkspace(doc: WorkspaceDoc) {
   return { id: doc._id, object: "workspace", name: doc.name, plan: doc.plan, created_at: unixSeconds(doc.created_at) };
@@ -12,6 +13,16 @@ export async function setWorkspacePlan(store: MongoStore, workspaceId: string, p
   await store.setWorkspacePlan(workspaceId, plan);
   const workspace = await store.getWorkspace(workspaceId);
   return workspace ? renderWorkspace(workspace) : null;
+}
+
+/**
+ * Sets (or, with both limits null, removes) a workspace's monthly budget; null when there
+ * is no such workspace. The answer is the budget as GET /api/v1/usage/budget shows it.
+ */
+export async function setWorkspaceBudget(store: MongoStore, workspaceId: string, budget: Budget, clock: Clock) {
+  if (!(await store.getWorkspace(workspaceId))) return null;
+  const state = await new UsageLedger(store.db, clock).setBudget(workspaceId, budget);
+  return { workspace_id: workspaceId, budget: state ? renderBudget(state) : null };
 }
 
 /** Creates a workspace and an all-scopes key (decisions §1); the secret is only in the answer. */

@@ -7,6 +7,7 @@
 // The domain and its pure decisions.
 export * from "./domain.js";
 export * from "./usage.js";
+export * from "./usage-ledger.js";
 export * from "./errors.js";
 export * from "./turn-errors.js";
 export * from "./turn-state.js";

@@ -61,3 +61,127 @@ export function addUsage(a: TurnUsage, b: TurnUsage): TurnUsage {
 function roundCost(dollars: number): number {
   return Math.round(dollars * 1e8) / 1e8;
 }
+
+/** One final turn's usage as the ledger keeps it: written once per turn (its id), read by workspace and time. */
+export interface UsageRecordDoc extends TurnUsage {
+  /** The turn's id: a retried write of the same turn is the same record. */
+  _id: string;
+  workspace_id: string;
+  run_id: string;
+  agent_id: string;
+  agent_version: number;
+  /** The model as the deployment names it (an OpenAI-compatible endpoint: `openai-compatible/<model>`, never its URL). */
+  model: string;
+  /** When the turn became final (ms). */
+  at: number;
+}
+
+export const USAGE_GROUPS = ["day", "agent", "version", "model"] as const;
+export type UsageGroup = (typeof USAGE_GROUPS)[number];
+
+/** One bucket of a usage summary: its key fields, the number of turns and their usage. */
+export interface UsageBucket extends TurnUsage {
+  day?: string;
+  agent_id?: string;
+  agent_version?: number;
+  model?: string;
+  turns: number;
+}
+
+/** The label a deployment's model gets in usage and metrics (bounded, no URL). */
+export function modelLabel(model: string | { provider: string; model: string }): string {
+  return typeof model === "string" ? model : `${model.provider}/${model.model}`;
+}
+
+/** The UTC day of a time, `YYYY-MM-DD`. */
+export function utcDay(ms: number): string {
+  return new Date(ms).toISOString().slice(0, 10);
+}
+
+/** Start of the UTC calendar month holding `ms` (a budget's period). */
+export function monthStart(ms: number): number {
+  const d = new Date(ms);
+  return Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1);
+}
+
+/** Start of the UTC calendar month after the one holding `ms`. */
+export function nextMonthStart(ms: number): number {
+  const d = new Date(ms);
+  return Date.UTC(d.getUTCFullYear(), d.getUTCMonth() + 1, 1);
+}
+
+/** Every token a turn's model calls processed: what a token budget counts. */
+export function totalTokens(usage: TurnUsage): number {
+  return usage.input_tokens + usage.output_tokens + usage.cache_read_tokens + usage.cache_write_tokens;
+}
+
+/** Whether a record is worth keeping: a turn that called no model (or one that reported nothing) is not. */
+export function hasUsage(usage: TurnUsage): boolean {
+  return totalTokens(usage) > 0 || (usage.cost_usd ?? 0) > 0;
+}
+
+function bucketKey(record: UsageRecordDoc, group: UsageGroup): { key: string; fields: Partial<UsageBucket> } {
+  switch (group) {
+    case "day": {
+      const day = utcDay(record.at);
+      return { key: day, fields: { day } };
+    }
+    case "agent":
+      return { key: record.agent_id, fields: { agent_id: record.agent_id } };
+    case "version":
+      return { key: `${record.agent_id}@${record.agent_version}`, fields: { agent_id: record.agent_id, agent_version: record.agent_version } };
+    case "model":
+      return { key: record.model, fields: { model: record.model } };
+  }
+}
+
+/**
+ * Folds usage records into buckets and a total. Buckets are ordered by day ascending, else
+ * by cost (unpriced last), then tokens, descending, then key: the biggest spender first.
+ */
+export class UsageTally {
+  private readonly buckets = new Map<string, UsageBucket>();
+  private totalUsage: TurnUsage = NO_USAGE;
+  private turnCount = 0;
+
+  constructor(private readonly group: UsageGroup) {}
+
+  add(record: UsageRecordDoc): void {
+    const { key, fields } = bucketKey(record, this.group);
+    const usage = pickUsage(record);
+    const bucket = this.buckets.get(key);
+    this.buckets.set(key, bucket ? { ...bucket, ...addUsage(bucket, usage), turns: bucket.turns + 1 } : { ...fields, ...usage, turns: 1 });
+    this.totalUsage = addUsage(this.totalUsage, usage);
+    this.turnCount++;
+  }
+
+  get total(): TurnUsage & { turns: number } {
+    return { ...this.totalUsage, turns: this.turnCount };
+  }
+
+  get data(): UsageBucket[] {
+    const entries = [...this.buckets.entries()];
+    if (this.group === "day") entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    else
+      entries.sort(([ka, a], [kb, b]) => (b.cost_usd ?? -1) - (a.cost_usd ?? -1) || totalTokens(b) - totalTokens(a) || (ka < kb ? -1 : ka > kb ? 1 : 0));
+    return entries.map(([, bucket]) => bucket);
+  }
+}
+
+/** The usage fields of a record (or any object holding them). */
+export function pickUsage(u: TurnUsage): TurnUsage {
+  return { input_tokens: u.input_tokens, output_tokens: u.output_tokens, cache_read_tokens: u.cache_read_tokens, cache_write_tokens: u.cache_write_tokens, cost_usd: u.cost_usd };
+}
+
+/** A workspace's monthly budget; either limit may be absent. */
+export interface Budget {
+  monthly_cost_usd: number | null;
+  monthly_tokens: number | null;
+}
+
+/** Which limit a month's usage has reached, if any (a limit is spent once reached). */
+export function budgetSpent(budget: Budget, spent: TurnUsage): "cost" | "tokens" | null {
+  if (budget.monthly_cost_usd !== null && (spent.cost_usd ?? 0) >= budget.monthly_cost_usd) return "cost";
+  if (budget.monthly_tokens !== null && totalTokens(spent) >= budget.monthly_tokens) return "tokens";
+  return null;
+}

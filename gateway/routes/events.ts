@@ -43,6 +43,7 @@ export const EVENT_OPERATIONS = {
       400: ["invalid_request", "invalid_cursor"],
       404: ["run_not_found", "turn_not_found"],
       410: ["run_expired", "event_cursor_expired"],
+      429: ["quota_exceeded"],
       503: ["event_boundary_pending", "event_history_unavailable"],
     },
   },

@@ -65,6 +65,7 @@ export const RUN_OPERATIONS = {
       404: ["agent_not_found", "agent_version_not_found", "run_not_found"],
       409: ["agent_version_not_ready", "idempotency_conflict", "steering_target_ended", "run_busy"],
       410: ["run_expired"],
+      429: ["quota_exceeded"],
       503: ["event_history_unavailable"],
     },
   },
@@ -160,7 +161,9 @@ export function runRoutes(ctx: GatewayContext) {
             fingerprint: runRequestFingerprint(body),
             fresh: () => ({ run_id: body.kind === "start" ? ctx.ids.run() : body.run_id, turn_id: ctx.ids.turn() }),
           },
-          (identity, firstClaim) => {
+          async (identity, firstClaim) => {
+            // A spent budget refuses new turns; a retry of a claim already made goes on.
+            if (firstClaim) await ctx.usage.admit(workspaceId);
             if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.turn_id);
             return admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
           },

@@ -17,6 +17,7 @@ import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
 import { FencedError, type RunStore } from "../../src/contracts.js";
 import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
+import type { UsageRecordDoc } from "../../src/usage.js";
 import type { AppenderOptions, EventAppender, EventLog, EventRunRef, RunEvent } from "../../src/event-types.js";
 
 const clone = <T>(value: T): T => structuredClone(value);
@@ -310,6 +311,8 @@ export interface ActorWorld {
   /** Subjects published on NATS (live events, final notices). */
   published: string[];
   checkpoints: { saved: number; removed: string[] };
+  /** Usage records the actor wrote (the ledger, in memory). */
+  usage: UsageRecordDoc[];
 }
 
 let sandboxOff: Promise<Sandbox> | undefined;
@@ -327,6 +330,7 @@ export async function actorWorld(): Promise<ActorWorld> {
   const log = pino({ level: "silent" });
   sandboxOff ??= Sandbox.start({ mode: "off", maxConcurrent: 4, runtimeDir: path.join(dataDir, "sandbox"), nodeId: "unit", log });
   const active = new Map<string, Set<string>>();
+  const usage: UsageRecordDoc[] = [];
   const resources: ActorResources = {
     config: {
       activeTurnLimit: { solo: 2, business: 10 },
@@ -363,10 +367,17 @@ export async function actorWorld(): Promise<ActorWorld> {
       },
     },
     envValues: { resolveForTurn: async () => ({}) },
+    usage: {
+      record: async (doc) => {
+        if (usage.some((r) => r._id === doc._id)) return false;
+        usage.push(doc);
+        return true;
+      },
+    },
     sandbox: await sandboxOff,
     node: { draining: false },
     startTurn: turns.start,
     at: steps.at,
   };
-  return { resources, store, events, turns, steps, clock, published, checkpoints };
+  return { resources, store, events, turns, steps, clock, published, checkpoints, usage };
 }

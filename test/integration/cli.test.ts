@@ -255,6 +255,41 @@ function bufferIo(): CliIo & { out: () => string } {
   return { stdout: sink, stderr: sink, stdin: process.stdin, env: {}, out: () => out };
 }
 
+test("cli - usage and budget: a table and --json; a budget set, shown and removed; bad flags exit 2", async (t) => {
+  const counting = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "n", usage: { input: 40, output: 2 } }] }, "counting");
+  t.is((await runs(t, ["start", "--agent", counting, "hi"])).code, 0);
+  const table = await runs(t, ["usage", "--group-by", "agent"]);
+  t.is(table.code, 0, table.stderr);
+  const lines = table.stdout.trimEnd().split("\n");
+  t.regex(lines[0]!, /^agent\s+turns\s+input\s+output\s+cache\s+cost$/);
+  t.regex(table.stdout, new RegExp(`${counting}\\s+1\\s+40\\s+2\\s+0\\s+-`));
+  t.regex(lines.at(-1)!, /^total\s+\d+/);
+  const lastMonth = new Date(Date.UTC(new Date().getUTCFullYear(), new Date().getUTCMonth() - 1, 1));
+  const json = JSON.parse((await runs(t, ["usage", "--group-by", "model", "--from", lastMonth.toISOString().slice(0, 10), "--json"])).stdout);
+  t.is(json.object, "usage");
+  t.is(json.from, lastMonth.getTime() / 1000);
+  t.true(json.total.input_tokens >= 40);
+
+  const set = await runs(t, ["budget", "set", "--tokens", "1000000"]);
+  t.is(set.code, 0, set.stderr);
+  t.regex(set.stdout, /^budget: \d+ of 1000000 tokens this month \(until \d{4}-\d{2}-01\)\n$/);
+  t.is(JSON.parse((await runs(t, ["budget", "--json"])).stdout).monthly_tokens, 1_000_000);
+  t.regex((await runs(t, ["usage"])).stdout, /\nbudget: /);
+  t.is((await runs(t, ["budget", "delete"])).stdout, "budget removed\n");
+  const none = await runs(t, ["budget"]);
+  t.is(none.code, 1);
+  t.regex(none.stderr, /^runs: not_found: The workspace has no budget/);
+
+  const tooLong = await runs(t, ["usage", "--from", "2020-01-01"]);
+  t.is(tooLong.code, 1);
+  t.regex(tooLong.stderr, /^runs: invalid_request: A summary covers at most 366 days/);
+  for (const bad of [["usage", "--group-by", "week"], ["usage", "--from", "yesterday"], ["budget", "set"], ["budget", "set", "--cost", "free"], ["budget", "sett"]]) {
+    const refused = await runs(t, bad);
+    t.is(refused.code, 2, bad.join(" "));
+    t.regex(refused.stderr, /^runs: /, bad.join(" "));
+  }
+});
+
 test("cli - admin says which store it uses and refuses a missing or empty one unless --create", async (t) => {
   t.timeout(120_000);
   const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-admin-"));
@@ -273,6 +308,20 @@ test("cli - admin says which store it uses and refuses a missing or empty one un
   const again = await runs(t, ["admin", "set-plan", JSON.parse(created.stdout).workspace.id, "--plan", "business"], env);
   t.is(again.code, 0, again.stderr);
   t.is(JSON.parse(again.stdout).workspace.plan, "business");
+  const wsId = JSON.parse(created.stdout).workspace.id;
+  const budget = await runs(t, ["admin", "set-budget", wsId, "--tokens", "1000", "--cost", "2.5"], env);
+  t.is(budget.code, 0, budget.stderr);
+  t.like(JSON.parse(budget.stdout), { workspace_id: wsId, budget: { object: "usage.budget", monthly_tokens: 1000, monthly_cost_usd: 2.5, exhausted: null } });
+  const removed = await runs(t, ["admin", "set-budget", wsId, "--remove"], env);
+  t.deepEqual(JSON.parse(removed.stdout), { workspace_id: wsId, budget: null });
+  for (const bad of [["--cost", "-1"], ["--tokens", "1.5"], [], ["--remove", "--tokens", "5"]]) {
+    const refused = await runs(t, ["admin", "set-budget", wsId, ...bad], env);
+    t.is(refused.code, 2, bad.join(" "));
+    t.regex(refused.stderr, /set-budget|--cost|--tokens/, bad.join(" "));
+  }
+  const unknown = await runs(t, ["admin", "set-budget", "ws_nope", "--tokens", "5"], env);
+  t.is(unknown.code, 2);
+  t.regex(unknown.stderr, /no workspace ws_nope/);
 
   // A MongoDB database with no workspace is not the service's store: refused, its URI shown without credentials.
   const uri = new URL(t.context.servers.mongoUri);

@@ -19,11 +19,11 @@ test.after.always(async (t) => {
   await t.context.servers?.stop();
 });
 
-async function open(api: Api, path: string, init: RequestInit = {}): Promise<{ status: number; body?: any; abort: () => void }> {
+async function open(api: Api, path: string, init: RequestInit = {}): Promise<{ status: number; body?: any; headers: Headers; abort: () => void }> {
   const controller = new AbortController();
   const res = await fetch(`${api.baseUrl}${path}`, { ...init, headers: { authorization: `Bearer ${api.key}`, ...(init.headers ?? {}) }, signal: controller.signal });
-  if (!(res.headers.get("content-type") ?? "").startsWith("text/event-stream")) return { status: res.status, body: await res.json(), abort: () => controller.abort() };
-  return { status: res.status, abort: () => controller.abort() };
+  if (!(res.headers.get("content-type") ?? "").startsWith("text/event-stream")) return { status: res.status, body: await res.json(), headers: res.headers, abort: () => controller.abort() };
+  return { status: res.status, headers: res.headers, abort: () => controller.abort() };
 }
 
 test.serial("sse - a workspace holds at most its plan's open event streams: the next is 429 quota_exceeded before anything is opened or admitted", async (t) => {
@@ -37,6 +37,7 @@ test.serial("sse - a workspace holds at most its plan's open event streams: the 
   const third = await open(api, `/api/v1/runs/${run.id}/events?stream=true`);
   t.is(third.status, 429);
   t.is(third.body.error.code, "quota_exceeded");
+  t.is(third.headers.get("retry-after"), "5", "a 429 says when to try again");
   // A streamed start is refused before admission: no run is created.
   const raw = await t.context.servers.raw();
   const before = await raw.runs.countDocuments({});

@@ -187,6 +187,15 @@ test("client - writes whose repeat is not harmless are retried on 429 only", asy
   t.is(limited.requests.length, 2);
 });
 
+test("client - a 429 that is not retryable (a spent budget) is thrown at once, not slept through", async (t) => {
+  const h = harness([error(429, "quota_exceeded", { "retry-after": "2592000" }, { retryable: false, type: "rate_limit_error" }), json(200, run("completed"))]);
+  const err = await t.throwsAsync(h.client.startRun({ agent: "agt_1", input: "x" }), { instanceOf: RunsApiError });
+  t.is(err?.code, "quota_exceeded");
+  t.is(err?.retryAfterS, 2592000);
+  t.deepEqual(h.sleeps, []);
+  t.is(h.requests.length, 1);
+});
+
 test("client - a network failure is retried for a read, not for a non-idempotent write", async (t) => {
   const h = harness([new TypeError("fetch failed"), json(200, run("completed"))]);
   await h.client.getRun("run_1");

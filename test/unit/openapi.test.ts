@@ -12,7 +12,6 @@ const METHODS = ["get", "put", "post", "delete", "patch"];
 const NOT_ANSWERED_BY_ANY_ROUTE: ReadonlySet<string> = new Set([
   "deployment_expired",
   "stream_cursor_expired",
-  "quota_exceeded",
   "upstream_unavailable",
   "run_failed_internal",
 ]);

@@ -404,4 +404,19 @@ test("run-actor - usage: a turn's is stored with it and added to the run once, a
   w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "two" }], usage: { ...used, cost_usd: null } });
   await settled(actor);
   t.deepEqual(w.store.runs.get(RUN)!.usage, { input_tokens: 20, output_tokens: 4, cache_read_tokens: 2, cache_write_tokens: 0, cost_usd: 0.5 });
+  // The ledger holds one record per turn, keyed by it, with the deployment's model.
+  t.deepEqual(w.usage.map((r) => [r._id, r.run_id, r.agent_version, r.model, r.input_tokens, r.cost_usd]), [
+    ["turn_1", RUN, 1, "faux/scripted", 10, 0.5],
+    ["turn_q", RUN, 1, "faux/scripted", 10, null],
+  ]);
+});
+
+test("run-actor - usage: a turn that used nothing writes no ledger record", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }], usage: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null } });
+  await settled(actor);
+  t.is(w.store.turns.get("turn_1")!.status, "completed");
+  t.deepEqual(w.usage, []);
 });

@@ -1,5 +1,5 @@
 import test from "ava";
-import { addUsage, hasPrices, NO_USAGE, turnUsage } from "../../src/usage.js";
+import { addUsage, budgetSpent, hasPrices, hasUsage, modelLabel, monthStart, nextMonthStart, NO_USAGE, totalTokens, turnUsage, USAGE_GROUPS, type UsageGroup, type UsageRecordDoc, UsageTally, utcDay } from "../../src/usage.js";
 
 const call = (input: number, output: number, cacheRead = 0, cacheWrite = 0, cost = 0) => ({ role: "assistant", usage: { input, output, cacheRead, cacheWrite, cost: { total: cost } } });
 
@@ -31,4 +31,63 @@ test("usage - a model has prices when any of its four is above zero", (t) => {
   t.false(hasPrices(undefined));
   t.false(hasPrices({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }));
   for (const field of ["input", "output", "cacheRead", "cacheWrite"] as const) t.true(hasPrices({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, [field]: 0.5 }), field);
+});
+
+const rec = (over: Partial<UsageRecordDoc>): UsageRecordDoc => ({
+  _id: "turn_x", workspace_id: "ws", run_id: "run_x", agent_id: "agt_a", agent_version: 1, model: "m", at: Date.UTC(2026, 10, 25, 12),
+  input_tokens: 1, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null, ...over,
+});
+
+test("usage - a tally buckets by each group; days ascending, others by cost then tokens, unpriced last", (t) => {
+  const records = [
+    rec({ _id: "1", at: Date.UTC(2026, 10, 26, 0, 0, 0), agent_id: "agt_b", model: "cheap", cost_usd: 0.1 }),
+    rec({ _id: "2", at: Date.UTC(2026, 10, 25, 23, 59, 59), agent_version: 2, model: "dear", cost_usd: 2, input_tokens: 5 }),
+    rec({ _id: "3", at: Date.UTC(2026, 10, 25, 0, 0, 0), model: "free", input_tokens: 100 }),
+  ];
+  const tally = (group: UsageGroup) => {
+    const tl = new UsageTally(group);
+    for (const r of records) tl.add(r);
+    return tl;
+  };
+  t.deepEqual(tally("day").data.map((b) => [b.day, b.turns, b.input_tokens]), [["2026-11-25", 2, 105], ["2026-11-26", 1, 1]]);
+  t.deepEqual(tally("model").data.map((b) => [b.model, b.cost_usd]), [["dear", 2], ["cheap", 0.1], ["free", null]]);
+  t.deepEqual(tally("agent").data.map((b) => [b.agent_id, b.turns, b.cost_usd]), [["agt_a", 2, 2], ["agt_b", 1, 0.1]]);
+  t.deepEqual(tally("version").data.map((b) => [b.agent_id, b.agent_version]), [["agt_a", 2], ["agt_b", 1], ["agt_a", 1]]);
+  t.deepEqual(tally("day").total, { input_tokens: 106, output_tokens: 3, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: 2.1, turns: 3 });
+  t.deepEqual(new UsageTally("day").total, { ...NO_USAGE, turns: 0 });
+  // Every group names exactly its key fields.
+  for (const group of USAGE_GROUPS) {
+    const keys = Object.keys(tally(group).data[0]!).filter((k) => !(k in NO_USAGE) && k !== "turns").sort();
+    t.deepEqual(keys, { day: ["day"], agent: ["agent_id"], version: ["agent_id", "agent_version"], model: ["model"] }[group], group);
+  }
+});
+
+test("usage - budgets: a limit is spent once reached; cost before tokens; an unpriced month never spends a cost limit", (t) => {
+  const spent = (tokens: number, cost: number | null) => ({ input_tokens: tokens, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: cost });
+  const cases: Array<[number | null, number | null, number, number | null, "cost" | "tokens" | null]> = [
+    [null, null, 1e9, 1e9, null],
+    [10, null, 0, 9.99, null],
+    [10, null, 0, 10, "cost"],
+    [10, null, 1e9, null, null],
+    [null, 100, 99, null, null],
+    [null, 100, 100, null, "tokens"],
+    [10, 100, 100, 10, "cost"],
+    [10, 100, 100, 1, "tokens"],
+  ];
+  for (const [cost, tokens, usedTokens, usedCost, expected] of cases) {
+    t.is(budgetSpent({ monthly_cost_usd: cost, monthly_tokens: tokens }, spent(usedTokens, usedCost)), expected, JSON.stringify([cost, tokens, usedTokens, usedCost]));
+  }
+  // A token budget counts every kind of token.
+  t.is(totalTokens({ input_tokens: 1, output_tokens: 2, cache_read_tokens: 3, cache_write_tokens: 4, cost_usd: null }), 10);
+});
+
+test("usage - months and days are UTC; model labels never hold an endpoint's URL", (t) => {
+  t.is(monthStart(Date.UTC(2026, 11, 31, 23, 59, 59, 999)), Date.UTC(2026, 11, 1));
+  t.is(nextMonthStart(Date.UTC(2026, 11, 31, 23, 59)), Date.UTC(2027, 0, 1));
+  t.is(monthStart(Date.UTC(2026, 1, 1)), Date.UTC(2026, 1, 1));
+  t.is(utcDay(Date.UTC(2026, 10, 25, 23, 59, 59, 999)), "2026-11-25");
+  t.is(modelLabel("anthropic/claude-x"), "anthropic/claude-x");
+  t.is(modelLabel({ provider: "openai-compatible", base_url: "http://10.0.0.1:8000/v1", model: "llama" } as never), "openai-compatible/llama");
+  t.false(hasUsage(NO_USAGE));
+  t.true(hasUsage({ ...NO_USAGE, output_tokens: 1 }));
 });
