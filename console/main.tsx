@@ -7,6 +7,7 @@ import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { ApiFailure, call, storedKey, storeKey } from "./api.js";
 import { RunsList, RunView, type Report } from "./runs.js";
+import { UsagePage } from "./usage.js";
 import type { Agent, Deployment, List, Run } from "./types.js";
 
 function useRoute(): string {
@@ -165,6 +166,7 @@ function App() {
           <a href="#/runs" class={route === "#/runs" ? "here" : ""}>Runs</a>
           <a href="#/start" class={route === "#/start" ? "here" : ""}>Start</a>
           <a href="#/agents" class={route === "#/agents" ? "here" : ""}>Agents</a>
+          <a href="#/usage" class={route === "#/usage" ? "here" : ""}>Usage</a>
           <a href="/docs">API reference</a>
         </nav>
         <KeyPanel onChange={() => setKeyVersion((v) => v + 1)} />
@@ -190,6 +192,8 @@ function App() {
           <StartForm report={report} />
         ) : route === "#/agents" ? (
           <Agents report={report} />
+        ) : route === "#/usage" ? (
+          <UsagePage report={report} />
         ) : (
           <RunsList report={report} />
         )}

@@ -2,6 +2,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { ApiFailure, call, when, withQuery } from "./api.js";
 import { Events } from "./events.js";
+import { usageText } from "./usage.js";
 import { FINAL_STATUSES, type List, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
 
 export type Report = (err: unknown) => void;
@@ -127,6 +128,7 @@ function TurnCard({ turn }: { turn: Turn }) {
       <p class="muted">
         created {when(turn.created_at)} · started {when(turn.started_at)} · ended {when(turn.completed_at)}
         {turn.duration_ms !== null && ` · ${turn.duration_ms} ms`}
+        {turn.usage && <span data-testid="turn-usage"> · {usageText(turn.usage)}</span>}
       </p>
       <div class="io">
         <div>
@@ -213,6 +215,7 @@ export function RunView({ runId, report }: { runId: string; report: Report }) {
         </button>
         {outcome && <output data-testid="outcome">{outcome}</output>}
       </div>
+      <p class="muted" data-testid="run-usage">usage: {usageText(run.usage)}</p>
       <div class="tags" data-testid="tags">
         tags:{" "}
         {run.tags.map((tag) => (

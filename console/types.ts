@@ -9,6 +9,39 @@ export interface TurnError {
 
 export type InputPart = { type: "input_text"; text: string } | { type: "input_file"; file_id?: string; filename?: string };
 
+export interface Usage {
+  input_tokens: number;
+  output_tokens: number;
+  cache_read_tokens: number;
+  cache_write_tokens: number;
+  cost_usd: number | null;
+}
+
+export interface UsageBucket extends Usage {
+  day?: string;
+  agent_id?: string;
+  agent_version?: number;
+  model?: string;
+  turns: number;
+}
+
+export interface Budget {
+  monthly_cost_usd: number | null;
+  monthly_tokens: number | null;
+  period_end: number;
+  spent: Usage;
+  exhausted: "cost" | "tokens" | null;
+}
+
+export interface UsageSummary {
+  from: number;
+  to: number;
+  group_by: string;
+  total: Usage & { turns: number };
+  data: UsageBucket[];
+  budget: Budget | null;
+}
+
 export interface Turn {
   id: string;
   status: string;
@@ -20,6 +53,8 @@ export interface Turn {
   started_at: number | null;
   completed_at: number | null;
   duration_ms: number | null;
+  /** null until the turn is final. */
+  usage: Usage | null;
 }
 
 export interface RunSummary {
@@ -30,6 +65,7 @@ export interface RunSummary {
   tags: string[];
   created_at: number;
   last_activity_at: number;
+  usage: Usage;
 }
 
 export interface Run extends RunSummary {

@@ -148,4 +148,33 @@ if (missing) {
     t.is(await page.evaluate(() => localStorage.length), 0, "nothing in localStorage");
     clean();
   });
+
+  test.serial("console - the usage page shows this month by day and the budget; a run and its turns show their usage", async (t) => {
+    t.timeout(60_000);
+    const counting = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "counted", usage: { input: 40, output: 2, cache_read: 3 } }] }, "counting");
+    const run = await t.context.api.post("/api/v1/runs", { agent: counting, input: "count" });
+    t.is(run.body.turn.status, "completed");
+    t.is((await t.context.api.request("PUT", "/api/v1/usage/budget", { body: { monthly_tokens: 40 } })).status, 200);
+    const { page, clean } = await openConsole(t);
+    await page.click("header >> text=Usage");
+    await page.waitForSelector("[data-testid=usage-days]");
+    t.is(await page.textContent("[data-testid=usage-total]"), "1 turns · 45 tokens (40 in, 2 out, 3 cache) · no price");
+    const today = new Date().toISOString().slice(0, 10);
+    t.deepEqual(await page.$$eval("[data-testid=usage-days] tbody tr", (rows) => rows.map((r) => [...r.querySelectorAll("td")].slice(0, 4).map((td) => td.textContent))), [[today, "1", "45", "no price"]]);
+    t.regex((await page.textContent("[data-testid=budget]")) ?? "", /Budget this month: 45 of 40 tokens — spent \(tokens\): new turns are refused until \d{4}-\d{2}-01\./);
+    await page.screenshot({ path: await artifactPath("console-usage.png") });
+
+    await page.goto(`${t.context.service.url}/#/runs/${run.body.id}`);
+    await page.waitForSelector("[data-testid=run-usage]");
+    t.is(await page.textContent("[data-testid=run-usage]"), "usage: 45 tokens (40 in, 2 out, 3 cache) · no price");
+    t.is(await page.textContent("[data-testid=turn-usage]"), " · 45 tokens (40 in, 2 out, 3 cache) · no price");
+    // The spent budget's refusal is shown as the API's error.
+    await page.goto(`${t.context.service.url}/#/start`);
+    await page.selectOption("select[name=agent]", counting);
+    await page.fill("textarea[name=input]", "one more");
+    await page.click("button:has-text('Send')");
+    t.regex((await (await page.waitForSelector("[data-testid=api-error]")).textContent()) ?? "", /quota_exceeded \(429\): The workspace's monthly budget of 40 tokens is spent/);
+    await t.context.api.request("DELETE", "/api/v1/usage/budget");
+    clean();
+  });
 }
