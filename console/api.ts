@@ -114,3 +114,6 @@ export async function stream(path: string, lastEventId: string | undefined, onFr
 export function when(seconds: number | null | undefined): string {
   return seconds ? new Date(seconds * 1000).toLocaleString() : "—";
 }
+
+/** Shows an error of an API call (or of the page) to the person. */
+export type Report = (err: unknown) => void;

@@ -5,8 +5,8 @@
  */
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
-import { ApiFailure, call, storedKey, storeKey } from "./api.js";
-import { RunsList, RunView, type Report } from "./runs.js";
+import { ApiFailure, call, type Report, storedKey, storeKey } from "./api.js";
+import { RunsList, RunView } from "./runs.js";
 import { UsagePage } from "./usage.js";
 import type { Agent, Deployment, List, Run } from "./types.js";
 

@@ -1,11 +1,10 @@
 /** The runs list (filters, cursor paging, live refresh) and one run's view. */
 import { useEffect, useState } from "preact/hooks";
-import { ApiFailure, call, when, withQuery } from "./api.js";
+import { ApiFailure, call, type Report, when, withQuery } from "./api.js";
 import { Events } from "./events.js";
 import { usageText } from "./usage.js";
 import { FINAL_STATUSES, type List, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
 
-export type Report = (err: unknown) => void;
 
 const REFRESH_MS = 3_000;
 

@@ -1,7 +1,6 @@
 /** The workspace's usage this month by day, and its budget (GET /api/v1/usage). */
 import { useEffect, useState } from "preact/hooks";
-import { call } from "./api.js";
-import type { Report } from "./runs.js";
+import { call, type Report } from "./api.js";
 import type { Budget, Usage, UsageSummary } from "./types.js";
 
 export const tokensOf = (u: Usage) => u.input_tokens + u.output_tokens + u.cache_read_tokens + u.cache_write_tokens;

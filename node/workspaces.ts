@@ -1,5 +1,4 @@
-import { type Budget, type Clock, Ids, type MongoStore, newApiKey, type Plan, renderApiKey, SCOPES, unixSeconds, UsageLedger, type WorkspaceDoc } from "../src/index.js";
-import { renderBudget } from "../gateway/index.js";
+import { type Budget, type Clock, Ids, type MongoStore, newApiKey, type Plan, renderApiKey, renderBudget, SCOPES, unixSeconds, UsageLedger, type WorkspaceDoc } from "../src/index.js";
 
 export function renderWorkspace(doc: WorkspaceDoc) {
   return { id: doc._id, object: "workspace", name: doc.name, plan: doc.plan, created_at: unixSeconds(doc.created_at) };

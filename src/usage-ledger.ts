@@ -7,7 +7,7 @@
  * output or tags).
  */
 import type { Collection, Db } from "mongodb";
-import type { Clock } from "./clock.js";
+import { type Clock, unixSeconds } from "./clock.js";
 import { ApiError } from "./errors.js";
 import { guard, isDuplicateKey } from "./mongo-guard.js";
 import { type Budget, budgetSpent, monthStart, nextMonthStart, NO_USAGE, pickUsage, type UsageGroup, type UsageRecordDoc, UsageTally, addUsage } from "./usage.js";
@@ -172,4 +172,18 @@ export class UsageLedger implements UsageRecorder {
     this.spentCache.set(workspaceId, { periodStart, spent, summedAt: now });
     return spent;
   }
+}
+
+/** A budget as the API shows it (GET /api/v1/usage/budget, `runs admin set-budget`). */
+export function renderBudget(state: BudgetState) {
+  return {
+    object: "usage.budget" as const,
+    monthly_cost_usd: state.monthly_cost_usd,
+    monthly_tokens: state.monthly_tokens,
+    period_start: unixSeconds(state.period_start),
+    period_end: unixSeconds(state.period_end),
+    spent: state.spent,
+    exhausted: state.exhausted,
+    updated_at: unixSeconds(state.updated_at),
+  };
 }

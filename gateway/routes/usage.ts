@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, type BudgetState, invalid, MAX_USAGE_RANGE_MS, monthStart, queryInt, unixSeconds, USAGE_GROUPS } from "../../src/index.js";
+import { ApiError, invalid, MAX_USAGE_RANGE_MS, monthStart, queryInt, renderBudget, USAGE_GROUPS } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { type Operation, route } from "../operation.js";
 import { BudgetDeletedSchema, BudgetRequestSchema, BudgetSchema, UsageSummarySchema } from "../schemas.js";
@@ -60,19 +60,6 @@ export const USAGE_OPERATIONS = {
     success: { 200: { description: "Removed (also when there was none).", json: BudgetDeletedSchema } },
   },
 } satisfies Record<string, Operation>;
-
-export function renderBudget(state: BudgetState) {
-  return {
-    object: "usage.budget" as const,
-    monthly_cost_usd: state.monthly_cost_usd,
-    monthly_tokens: state.monthly_tokens,
-    period_start: unixSeconds(state.period_start),
-    period_end: unixSeconds(state.period_end),
-    spent: state.spent,
-    exhausted: state.exhausted,
-    updated_at: unixSeconds(state.updated_at),
-  };
-}
 
 /** Usage summaries (scope run:read) and the workspace's budget (set by api_keys:manage holders). */
 export function usageRoutes(ctx: GatewayContext) {

@@ -253,11 +253,7 @@ test("usage ledger - cost: a priced model's records sum to dollars, the biggest 
     _id: `turn_${id}`, workspace_id: ws.id, run_id: `run_${id}`, agent_id: agent, agent_version: 1, model, at: now - 1000,
     input_tokens: 1000, output_tokens: 100, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: cost,
   });
-  try {
-    await raw.db.collection("usage").insertMany([record("a", "openai/gpt-x", 0.25), record("b", "openai/gpt-x", 0.5), record("c", "anthropic/c", 1.125), record("d", "faux/scripted", null)] as never[]);
-  } finally {
-    await raw.close();
-  }
+  await raw.db.collection("usage").insertMany([record("a", "openai/gpt-x", 0.25), record("b", "openai/gpt-x", 0.5), record("c", "anthropic/c", 1.125), record("d", "faux/scripted", null)] as never[]);
   const byModel = (await ws.api.get("/api/v1/usage?group_by=model")).body;
   t.is(byModel.total.cost_usd, 1.875);
   t.deepEqual(byModel.data.map((d: any) => [d.model, d.cost_usd, d.turns]), [["anthropic/c", 1.125, 1], ["openai/gpt-x", 0.75, 2], ["faux/scripted", null, 1]]);
