@@ -129,6 +129,11 @@ export class ActorHost {
     return { active, queued };
   }
 
+  /** The partitions this node holds now (webhook deliveries follow them). */
+  heldPartitions(): number[] {
+    return this.leases.heldPartitions();
+  }
+
   /** Number of partitions held (for readiness). */
   get heldCount(): number {
     return this.leases.heldPartitions().length;

@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { Clock, Config, DeploymentLookup, EnvValues, EventLog, FileStore, IdSource, RunStore, UsageRecorder } from "../src/index.js";
+import type { Clock, Config, DeploymentLookup, EnvValues, EventLog, FileStore, IdSource, RunStore, UsageRecorder, WebhookStore } from "../src/index.js";
 import type { RunningTurn, TurnRunRequest } from "./agent-runner.js";
 import type { WorkspaceCheckpoints } from "./checkpoints.js";
 import type { ActiveTurns } from "./active-turns.js";
@@ -32,6 +32,8 @@ export interface ActorResources {
   envValues: Pick<EnvValues, "resolveForTurn">;
   /** The usage ledger: a final turn's usage is recorded once, keyed by the turn. */
   usage: UsageRecorder;
+  /** Webhook deliveries of turn and run events, recorded where the events are emitted. */
+  webhooks: Pick<WebhookStore, "enqueue">;
   /** The node's tool sandbox. */
   sandbox: Sandbox;
   /** Node-wide state: while draining, queued turns are left for the next owner. */

@@ -8,3 +8,4 @@ export { ActiveTurns } from "./active-turns.js";
 export { scrubProviderEnvironment } from "./credentials.js";
 export { Sandbox, SandboxFailure, SandboxUnavailableError } from "./sandbox.js";
 export { EgressProxy, parseTestHosts } from "./egress-proxy.js";
+export { WebhookDeliverer } from "./webhook-deliverer.js";

@@ -1,5 +1,5 @@
 import { rm } from "node:fs/promises";
-import { admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { workspaceDirOf } from "./run-workspace.js";
@@ -252,6 +252,10 @@ export class RunActor {
     const turn = turnId ? await this.r.store.getTurn(turnId) : null;
     const now = this.r.clock.nowMs();
     const status = turn ? interruptedStatus(turn.status) : undefined;
+    if (turn && isFinalStatus(turn.status)) {
+      // The turn was stored final, the run not moved on: its webhooks may not be recorded yet.
+      await this.turns.recordWebhooks(run, turn, renderRun(run, turn));
+    }
     if (turn && status) {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: this.r.ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
@@ -482,6 +486,16 @@ export class RunActor {
   /** Fences the run off, keeps a tombstone, then removes its documents, events and workspace. */
   private async removeRun(run: RunDoc, reason: "deleted" | "expired"): Promise<void> {
     const now = this.r.clock.nowMs();
+    // Webhooks first: a crash after this repeats the removal (keyed: nothing twice).
+    await this.r.webhooks.enqueue({
+      workspaceId: run.workspace_id,
+      agentId: run.agent_id,
+      runId: run._id,
+      partition: run.partition,
+      type: reason === "deleted" ? "run.deleted" : "run.expired",
+      eventKey: `${run._id}_${reason}`,
+      data: { run_id: run._id, agent_id: run.agent_id, tags: run.tags, reason, at: Math.floor(now / 1000) },
+    });
     await this.r.store.insertTombstone({ _id: run._id, workspace_id: run.workspace_id, reason, at: now, expires_at: now + 90 * 86_400_000 });
     await this.r.store.deleteRunFenced(run._id, this.epoch);
     this.run = null;

@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage } from "../src/index.js";
+import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType } from "../src/index.js";
 import { startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -280,6 +280,8 @@ export class TurnExecution {
     if (next) this.host.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
     await this.host.appender().flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     set.event_seq = this.host.appender().nextSequence - 1;
+    // Before the run moves on: until then a new owner finds the turn active and records them.
+    if (finished) await this.recordWebhooks(run, finished, renderRun({ ...run, ...set }, finished));
     if (this.r.at) await this.r.at("turn:run_moving_on", { runId: run._id, turnId: finished?._id });
     await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
     Object.assign(run, set);
@@ -314,6 +316,20 @@ export class TurnExecution {
       this.session = turns.filter((t) => isFinalStatus(t.status)).flatMap((t) => t.transcript as AgentMessage[]);
     }
     return this.session;
+  }
+
+  /** The final turn's webhook deliveries (keyed by the turn: a repeat records nothing new). */
+  async recordWebhooks(run: RunDoc, turn: TurnDoc, view: unknown): Promise<void> {
+    if (!isFinalStatus(turn.status)) return;
+    await this.r.webhooks.enqueue({
+      workspaceId: run.workspace_id,
+      agentId: run.agent_id,
+      runId: run._id,
+      partition: run.partition,
+      type: finalEventType(turn.status) as WebhookEventType,
+      eventKey: turn._id,
+      data: { run: view },
+    });
   }
 
   publishFinal(turnId: string): void {

@@ -23,6 +23,12 @@ usage:
   runs budget [show]
   runs budget set [--cost USD] [--tokens N]   (monthly; needs api_keys:manage)
   runs budget delete
+webhooks:
+  runs webhooks [list]
+  runs webhooks create URL [--event TYPE]... [--agent ID] [--description TEXT] [--disabled]
+             (TYPE: turn.completed|turn.failed|turn.cancelled|turn.incomplete|run.deleted|run.expired, default *)
+  runs webhooks get|enable|disable|rotate-secret|delete|test|deliveries WEBHOOK_ID
+  runs webhooks redeliver WEBHOOK_ID DELIVERY_ID
 agents:
   runs agents [list]
   runs agents create NAME [--description TEXT]
@@ -153,4 +159,31 @@ function plainParseError(err: unknown, all: FlagSpec): string {
   }
   if (code === "ERR_PARSE_ARGS_UNKNOWN_OPTION" && option) return `unknown option ${option} (options start with --; to pass a word that starts with -, put it after --)`;
   return message;
+}
+
+/** A string flag's value. */
+export function str(p: Parsed, name: string): string | undefined {
+  return p.flags[name] as string | undefined;
+}
+/** A repeatable flag's values. */
+export function multi(p: Parsed, name: string): string[] | undefined {
+  return p.flags[name] as string[] | undefined;
+}
+/** A flag holding a positive whole number. */
+export function positiveInt(p: Parsed, name: string): number | undefined {
+  const raw = str(p, name);
+  if (raw === undefined) return undefined;
+  if (!/^[1-9][0-9]*$/.test(raw) || !Number.isSafeInteger(Number(raw))) throw new UsageError(`--${name} must be a positive whole number`);
+  return Number(raw);
+}
+/** Exactly `count` positional arguments (`what` names them when missing). */
+export function exactly(p: Parsed, count: number, what: string): string[] {
+  if (p.positionals.length !== count) throw new UsageError(p.positionals.length < count ? `${what} is required` : `unexpected argument: ${p.positionals[count]}`);
+  return p.positionals;
+}
+/** A flag whose value must be one of `allowed`. */
+export function oneOf<T extends string>(value: string | undefined, allowed: readonly T[], name: string): T | undefined {
+  if (value === undefined) return undefined;
+  if (!(allowed as readonly string[]).includes(value)) throw new UsageError(`--${name} must be ${allowed.join(", ")}`);
+  return value as T;
 }

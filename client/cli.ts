@@ -12,8 +12,9 @@ import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { DEFAULT_BASE_URL, RunsApiError, RunsClient, isFinalEventOf } from "./client.js";
 import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
-import { CLIENT_USAGE, COMMANDS, type FlagSpec, type Parsed, parseArgs, suggestion, UsageError, usageOf } from "./cli-args.js";
+import { CLIENT_USAGE, COMMANDS, exactly, type FlagSpec, multi, oneOf, type Parsed, parseArgs, positiveInt, str, suggestion, UsageError, usageOf } from "./cli-args.js";
 import { budgetLine, timeOf, usageTable } from "./cli-usage.js";
+import { webhooks } from "./cli-webhooks.js";
 
 export { CLIENT_USAGE, UsageError, usageOf } from "./cli-args.js";
 
@@ -28,28 +29,6 @@ export interface CliIo {
   stderr: TextSink & { isTTY?: boolean };
   stdin: AsyncIterable<string | Uint8Array>;
   env: Environment;
-}
-
-function str(p: Parsed, name: string): string | undefined {
-  return p.flags[name] as string | undefined;
-}
-function multi(p: Parsed, name: string): string[] | undefined {
-  return p.flags[name] as string[] | undefined;
-}
-function positiveInt(p: Parsed, name: string): number | undefined {
-  const raw = str(p, name);
-  if (raw === undefined) return undefined;
-  if (!/^[1-9][0-9]*$/.test(raw) || !Number.isSafeInteger(Number(raw))) throw new UsageError(`--${name} must be a positive whole number`);
-  return Number(raw);
-}
-function exactly(p: Parsed, count: number, what: string): string[] {
-  if (p.positionals.length !== count) throw new UsageError(p.positionals.length < count ? `${what} is required` : `unexpected argument: ${p.positionals[count]}`);
-  return p.positionals;
-}
-function oneOf<T extends string>(value: string | undefined, allowed: readonly T[], name: string): T | undefined {
-  if (value === undefined) return undefined;
-  if (!(allowed as readonly string[]).includes(value)) throw new UsageError(`--${name} must be ${allowed.join(", ")}`);
-  return value as T;
 }
 
 type Delivery = "wait" | "background" | "stream";
@@ -217,6 +196,8 @@ async function runCommand(command: string | undefined, rest: string[], args: str
     }
     case "budget":
       return budget(client, rest, out);
+    case "webhooks":
+      return webhooks(client, rest, out);
     case "agents":
       return agents(client, rest, out);
     case "deploy":

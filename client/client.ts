@@ -38,6 +38,11 @@ import {
   type BudgetRequest,
   type UsageQuery,
   type UsageSummary,
+  type CreateWebhookRequest,
+  type UpdateWebhookRequest,
+  type Webhook,
+  type WebhookDeleted,
+  type WebhookDelivery,
   type ErrorBody,
   type EventList,
   type FileObject,
@@ -197,7 +202,7 @@ type RetryPolicy =
   | "not_rate_limit";
 
 interface RequestSpec {
-  method: "GET" | "POST" | "PUT" | "DELETE";
+  method: "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
   path: string;
   query?: Record<string, string | number | boolean | string[] | undefined>;
   body?: unknown;
@@ -504,6 +509,53 @@ export class RunsClient {
   /** Removes the monthly budget (scope api_keys:manage). */
   deleteBudget(options: CallOptions = {}): Promise<BudgetDeleted> {
     return this.json({ method: "DELETE", path: "/api/v1/usage/budget", policy: "safe" }, options);
+  }
+
+  // ---- webhooks ----------------------------------------------------------------------
+
+  /** The answer holds the signing secret (`whsec_…`), shown only now and on rotation. */
+  createWebhook(request: CreateWebhookRequest, options: CallOptions = {}): Promise<Webhook> {
+    return this.json({ method: "POST", path: "/api/v1/webhooks", body: request, policy: "rate_limit_only" }, options);
+  }
+
+  listWebhooks(query: PageQuery = {}, options: CallOptions = {}): Promise<List<Webhook>> {
+    return this.json({ method: "GET", path: "/api/v1/webhooks", query: { ...query }, policy: "safe" }, options);
+  }
+
+  getWebhook(webhookId: string, options: CallOptions = {}): Promise<Webhook> {
+    return this.json({ method: "GET", path: `/api/v1/webhooks/${enc(webhookId)}`, policy: "safe" }, options);
+  }
+
+  updateWebhook(webhookId: string, request: UpdateWebhookRequest, options: CallOptions = {}): Promise<Webhook> {
+    return this.json({ method: "PATCH", path: `/api/v1/webhooks/${enc(webhookId)}`, body: request, policy: "safe" }, options);
+  }
+
+  deleteWebhook(webhookId: string, options: CallOptions = {}): Promise<WebhookDeleted> {
+    return this.json({ method: "DELETE", path: `/api/v1/webhooks/${enc(webhookId)}`, policy: "rate_limit_only" }, options);
+  }
+
+  /** A new secret; the previous one still signs for 24 hours. */
+  rotateWebhookSecret(webhookId: string, options: CallOptions = {}): Promise<Webhook> {
+    return this.json({ method: "POST", path: `/api/v1/webhooks/${enc(webhookId)}/rotate-secret`, policy: "rate_limit_only" }, options);
+  }
+
+  /** Sends a `webhook.test` event; follow it with {@link getWebhookDelivery}. */
+  testWebhook(webhookId: string, options: CallOptions = {}): Promise<WebhookDelivery> {
+    return this.json({ method: "POST", path: `/api/v1/webhooks/${enc(webhookId)}/test`, policy: "rate_limit_only" }, options);
+  }
+
+  listWebhookDeliveries(webhookId: string, query: PageQuery = {}, options: CallOptions = {}): Promise<List<WebhookDelivery>> {
+    return this.json({ method: "GET", path: `/api/v1/webhooks/${enc(webhookId)}/deliveries`, query: { ...query }, policy: "safe" }, options);
+  }
+
+  /** One delivery with every attempt (`attempt_log`). */
+  getWebhookDelivery(webhookId: string, deliveryId: string, options: CallOptions = {}): Promise<WebhookDelivery> {
+    return this.json({ method: "GET", path: `/api/v1/webhooks/${enc(webhookId)}/deliveries/${enc(deliveryId)}`, policy: "safe" }, options);
+  }
+
+  /** The same message (webhook-id and body) delivered again. */
+  redeliverWebhook(webhookId: string, deliveryId: string, options: CallOptions = {}): Promise<WebhookDelivery> {
+    return this.json({ method: "POST", path: `/api/v1/webhooks/${enc(webhookId)}/deliveries/${enc(deliveryId)}/redeliver`, policy: "rate_limit_only" }, options);
   }
 
   // ---- files -------------------------------------------------------------------------

@@ -78,6 +78,10 @@ export type UsageBucket = Schemas["UsageBucket"];
 export type UsageGroup = Schemas["UsageSummary"]["group_by"];
 export type Budget = Schemas["Budget"];
 export type BudgetDeleted = Schemas["BudgetDeleted"];
+export type Webhook = Schemas["Webhook"];
+export type WebhookDeleted = Schemas["WebhookDeleted"];
+export type WebhookDelivery = Schemas["WebhookDelivery"];
+export type WebhookEventType = Schemas["WebhookCreateRequest"]["event_types"][number];
 export type ErrorBody = Schemas["Error"];
 
 // ---- requests ----
@@ -129,6 +133,18 @@ export interface BudgetRequest {
   monthly_cost_usd?: number | null;
   monthly_tokens?: number | null;
 }
+
+export interface CreateWebhookRequest {
+  url: string;
+  /** Event types, or "*" for every one. */
+  event_types: WebhookEventType[];
+  /** Only runs of this agent. */
+  agent_id?: string | null;
+  description?: string | null;
+  enabled?: boolean;
+}
+
+export type UpdateWebhookRequest = Partial<CreateWebhookRequest>;
 
 export interface TagsUpdate {
   add?: string[];

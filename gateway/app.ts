@@ -20,6 +20,7 @@ import { eventRoutes } from "./routes/events.js";
 import { envValueRoutes } from "./routes/env-values.js";
 import { fileRoutes } from "./routes/files.js";
 import { usageRoutes } from "./routes/usage.js";
+import { webhookRoutes } from "./routes/webhooks.js";
 import { openapiRoutes } from "./routes/openapi.js";
 import { consoleRoutes } from "./routes/console.js";
 import { buildOpenApiDocument } from "./openapi.js";
@@ -126,6 +127,7 @@ export async function buildApp(
   await app.register(envValueRoutes(context));
   await app.register(fileRoutes(context));
   await app.register(usageRoutes(context));
+  await app.register(webhookRoutes(context));
   await app.register(openapiRoutes(JSON.stringify(buildOpenApiDocument())));
   await app.register(consoleRoutes());
   return { app, context };

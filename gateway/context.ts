@@ -6,7 +6,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, type Clock, type Config, type DeploymentBuilds, type DeploymentLookup, type EnvValues, type EventLog, type FileStore, type IdSource, invalid, isTransientFailure, type MongoStore, type SandboxStatus, StoreUnavailableError, type UsageLedger } from "../src/index.js";
+import { ApiError, type Clock, type Config, type DeploymentBuilds, type DeploymentLookup, type EnvValues, type EventLog, type FileStore, type IdSource, invalid, isTransientFailure, type MongoStore, type SandboxStatus, StoreUnavailableError, type UsageLedger, type WebhookStore } from "../src/index.js";
 import type { AuthContext, Authenticator } from "./auth.js";
 import type { CommandRouter } from "./router.js";
 import type { IdempotencyRecords } from "./idempotency.js";
@@ -37,6 +37,8 @@ export interface GatewayContext {
   envValues: EnvValues;
   /** Usage summaries and budgets (src/usage-ledger.ts). */
   usage: UsageLedger;
+  /** Webhook endpoints and their deliveries (src/webhooks.ts). */
+  webhooks: WebhookStore;
   /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
   actorsReady?: () => boolean;
   /** This node's tool sandbox (for /readyz); undefined for gateway-only nodes. */

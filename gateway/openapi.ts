@@ -216,6 +216,7 @@ const TAG_DESCRIPTIONS = {
   "api-keys": "Scoped, rotatable API keys of the workspace.",
   files: "Files uploaded once and given to turns as input.",
   "environment-values": "Encrypted values a deployment's tools and model credentials may read by name.",
+  webhooks: "Signed deliveries (Standard Webhooks) when turns end and runs are deleted or expire, with a delivery log.",
   usage: "Tokens and cost of the workspace's turns, by day, agent, version or model; a monthly budget.",
   operations: "Liveness, readiness, metrics and this document; no key needed.",
   console: "The web console's page and files; the page calls the API with the key a person gives it.",

@@ -20,7 +20,7 @@ import type {
 import { z } from "zod";
 import { ENV_NAME_PATTERN, type ErrorCode, type ParamStyle, pathVersion, queryCursor, queryLimit, requestError } from "../src/index.js";
 
-export type Method = "get" | "post" | "put" | "delete";
+export type Method = "get" | "post" | "put" | "patch" | "delete";
 
 /** A header the handler reads (documented; headers are not validated by a schema). */
 export interface Parameter {
@@ -151,7 +151,7 @@ export function route<O extends Operation>(app: FastifyInstance, op: O, handler:
   if (op.query) schema.querystring = op.query;
   if (body) schema.body = body.schema;
   app.route({
-    method: op.method.toUpperCase() as "GET" | "POST" | "PUT" | "DELETE",
+    method: op.method.toUpperCase() as "GET" | "POST" | "PUT" | "PATCH" | "DELETE",
     url: fastifyUrl(op),
     config: op.scope === "public" ? { public: true } : { scope: op.scope, ...(op.rate ? { rate: op.rate } : {}) },
     schema,

@@ -12,6 +12,7 @@ import { RUN_OPERATIONS } from "./routes/runs.js";
 import { TAG_OPERATIONS } from "./routes/tags.js";
 import { TURN_OPERATIONS } from "./routes/turns.js";
 import { USAGE_OPERATIONS } from "./routes/usage.js";
+import { WEBHOOK_OPERATIONS } from "./routes/webhooks.js";
 
 export const OPERATIONS: Operation[] = [
   RUN_OPERATIONS,
@@ -23,6 +24,7 @@ export const OPERATIONS: Operation[] = [
   FILE_OPERATIONS,
   ENV_VALUE_OPERATIONS,
   USAGE_OPERATIONS,
+  WEBHOOK_OPERATIONS,
   OPENAPI_OPERATIONS,
   HEALTH_OPERATIONS,
   CONSOLE_OPERATIONS,

@@ -1,6 +1,6 @@
 /** Body schemas of agents, deployments, models, API keys, files, environment values and the operations routes (see gateway/schema-registry.ts). */
 import { z } from "zod";
-import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, jsonBody, refuse, SCOPES, scopeListProblem } from "../src/index.js";
+import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, jsonBody, refuse, SCOPES, scopeListProblem, WEBHOOK_EVENT_TYPES, WEBHOOK_WILDCARD } from "../src/index.js";
 import { named, unixSeconds } from "./schema-registry.js";
 import { UsageSchema } from "./schemas-runs.js";
 
@@ -246,4 +246,95 @@ export const BudgetRequestSchema = named(
 export const BudgetDeletedSchema = named(
   "BudgetDeleted",
   z.object({ object: z.literal("usage.budget.deleted"), deleted: z.literal(true) }),
+);
+
+// ---------------------------------------------------------------------------------
+// Webhooks
+
+const webhookEventType = z.enum([...WEBHOOK_EVENT_TYPES, WEBHOOK_WILDCARD] as [string, ...string[]], { error: `must be one of ${[...WEBHOOK_EVENT_TYPES, WEBHOOK_WILDCARD].join(", ")}.` });
+const webhookUrl = z
+  .string({ error: "must be an http or https URL." })
+  .max(2048, "must be at most 2048 characters.")
+  .superRefine((value, ctx) => {
+    let url: URL;
+    try {
+      url = new URL(value);
+    } catch {
+      return refuse(ctx, "url", "must be an http or https URL.");
+    }
+    if (url.protocol !== "http:" && url.protocol !== "https:") refuse(ctx, "url", "must be an http or https URL.");
+    else if (url.username || url.password) refuse(ctx, "url", "must not hold credentials; verify deliveries with the webhook's secret.");
+  })
+  .describe("Where deliveries are POSTed. Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE).");
+const eventTypes = z.array(webhookEventType, { error: "must be an array of event types." }).min(1, "must name at least one event type.").max(WEBHOOK_EVENT_TYPES.length + 1);
+const description = z.string().max(500, "must be at most 500 characters.").nullable();
+
+export const WebhookSchema = named(
+  "Webhook",
+  z.object({
+    id: z.string().regex(/^wh_/),
+    object: z.literal("webhook"),
+    url: z.string(),
+    description,
+    event_types: z.array(z.string()).describe(`Event types delivered; "*" for all of ${WEBHOOK_EVENT_TYPES.join(", ")}.`),
+    agent_id: z.string().nullable().describe("Only runs of this agent; null for all."),
+    enabled: z.boolean(),
+    disabled_reason: z.string().nullable().describe("Why delivery stopped on its own (the endpoint answered 410 Gone); enabling clears it."),
+    secret: z.string().optional().describe("whsec_…: only when the webhook is created or its secret rotated. Verify deliveries with any Standard Webhooks library."),
+    created_at: unixSeconds(),
+    updated_at: unixSeconds(),
+  }),
+  "An endpoint that receives signed deliveries (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature).",
+);
+
+export const WebhookCreateRequestSchema = named(
+  "WebhookCreateRequest",
+  jsonBody({
+    url: webhookUrl,
+    event_types: eventTypes,
+    agent_id: z.string().min(1).max(100).nullable().optional(),
+    description: description.optional(),
+    enabled: z.boolean({ error: "must be true or false." }).optional(),
+  }),
+);
+
+export const WebhookUpdateRequestSchema = named(
+  "WebhookUpdateRequest",
+  jsonBody({
+    url: webhookUrl.optional(),
+    event_types: eventTypes.optional(),
+    agent_id: z.string().min(1).max(100).nullable().optional(),
+    description: description.optional(),
+    enabled: z.boolean({ error: "must be true or false." }).optional(),
+  }),
+);
+
+export const WebhookDeletedSchema = named("WebhookDeleted", z.object({ id: z.string(), object: z.literal("webhook.deleted"), deleted: z.literal(true) }));
+
+const attempt = z.object({
+  n: z.int().min(1),
+  at: unixSeconds(),
+  status_code: z.int().nullable().describe("The endpoint's HTTP status; null when none came (refused address, connection failure, timeout)."),
+  latency_ms: z.int().min(0).nullable(),
+  error: z.string().nullable(),
+});
+
+export const WebhookDeliverySchema = named(
+  "WebhookDelivery",
+  z.object({
+    id: z.string(),
+    object: z.literal("webhook.delivery"),
+    webhook_id: z.string(),
+    message_id: z.string().describe("The webhook-id header: the same on every attempt and redelivery (deduplicate with it)."),
+    event_type: z.string(),
+    run_id: z.string().nullable(),
+    status: z.enum(["pending", "delivered", "failed"]),
+    attempts: z.int().min(0),
+    next_attempt_at: unixSeconds().nullable().describe("While pending."),
+    last_attempt: attempt.nullable(),
+    attempt_log: z.array(attempt).optional().describe("Every attempt, when one delivery is retrieved."),
+    created_at: unixSeconds(),
+    completed_at: unixSeconds().nullable(),
+  }),
+  "One event's delivery to one endpoint: retried with exponential backoff and jitter until delivered (2xx), the endpoint answers 410 Gone, or the horizon (default 24 h) passes.",
 );

@@ -7,7 +7,7 @@ import { z } from "zod";
 import { ERROR_CATALOGUE, errorTypeForStatus } from "../src/index.js";
 import { named, schemas } from "./schema-registry.js";
 import { EventHistorySchema, EventSchema, RunSummarySchema, TurnSchema } from "./schemas-runs.js";
-import { AgentSchema, ApiKeySchema, DeploymentSchema, EnvValueSchema, ModelSchema } from "./schemas-resources.js";
+import { AgentSchema, ApiKeySchema, DeploymentSchema, EnvValueSchema, ModelSchema, WebhookDeliverySchema, WebhookSchema } from "./schemas-resources.js";
 
 export { schemas };
 export * from "./schemas-runs.js";
@@ -36,6 +36,8 @@ export const DeploymentListSchema = listOf("DeploymentList", DeploymentSchema, "
 export const ModelListSchema = listOf("ModelList", ModelSchema, "Models of the registry plus faux/scripted.");
 export const ApiKeyListSchema = listOf("ApiKeyList", ApiKeySchema, "API keys of the workspace (no secrets).");
 export const EnvValueListSchema = listOf("EnvironmentValueList", EnvValueSchema, "Names and timestamps; never values.");
+export const WebhookListSchema = listOf("WebhookList", WebhookSchema, "Webhooks, newest first (no secrets).");
+export const WebhookDeliveryListSchema = listOf("WebhookDeliveryList", WebhookDeliverySchema, "Deliveries of one webhook, newest first.");
 export const EventListSchema = named(
   "EventList",
   z.object({

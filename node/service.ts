@@ -1,7 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, UsageLedger, useCursorKey } from "../src/index.js";
-import { ActiveTurns, ActorHost, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
+import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, systemClock, UsageLedger, useCursorKey, WebhookStore } from "../src/index.js";
+import { ActiveTurns, ActorHost, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
 
@@ -48,11 +48,14 @@ export async function startService(config: Config, options: ServiceOptions = {})
   await envValues.provision();
   const usage = new UsageLedger(store.db, clock);
   await usage.provision();
+  const webhooks = new WebhookStore(store.db, config.masterKey, clock, Ids);
+  await webhooks.provision();
 
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
   const deployments = new DeploymentCache(store);
   let host: ActorHost | undefined;
   let activeTurns: ActiveTurns | undefined;
+  let deliverer: WebhookDeliverer | undefined;
   if (config.roles.actors) {
     activeTurns = new ActiveTurns(nats.activeTurns, config.nodeId, clock, log.child({ component: "active-turns" }), config.leaseTtlMs);
     activeTurns.start();
@@ -71,6 +74,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         files,
         envValues,
         usage,
+        webhooks,
         sandbox: sandbox!,
         node: { draining: false },
       },
@@ -78,6 +82,9 @@ export async function startService(config: Config, options: ServiceOptions = {})
     );
     await host.start();
     await builder.resumePending();
+    const actors = host;
+    deliverer = new WebhookDeliverer({ store: webhooks, clock, log: log.child({ component: "webhooks" }), held: () => actors.heldPartitions(), ...config.webhooks });
+    deliverer.start();
   }
 
   let app: FastifyInstance | undefined;
@@ -97,6 +104,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
       files,
       envValues,
       usage,
+      webhooks,
       actorsReady: host ? () => host.heldCount > 0 : undefined,
       sandboxStatus: sandbox ? () => sandbox.status() : undefined,
       turnCounts: host ? () => host.turnCounts() : undefined,
@@ -117,6 +125,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
     close() {
       closing ??= (async () => {
         await app?.close();
+        await deliverer?.stop();
         await host?.stop();
         await activeTurns?.stop();
         await nc.drain().catch(() => undefined);

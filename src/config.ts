@@ -75,6 +75,12 @@ const EnvSchema = z.object({
   RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
   RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: z.enum(["0", "1", "true", "false"]).default("0"),
   RUNS_AMBIENT_PROVIDERS: z.string().default(""),
+  RUNS_WEBHOOK_ALLOW_PRIVATE: z.enum(["0", "1", "true", "false"]).default("0"),
+  RUNS_WEBHOOK_TIMEOUT_MS: intFromEnv(10_000, 100),
+  RUNS_WEBHOOK_HORIZON_S: intFromEnv(86_400, 1),
+  /** Multiplies the retry waits (5 s, 30 s, 2 min, …); tests shrink them. */
+  RUNS_WEBHOOK_RETRY_SCALE: z.coerce.number().positive().max(100).default(1),
+  RUNS_WEBHOOK_MAX_IN_FLIGHT: intFromEnv(4, 1),
   LOG_LEVEL: z.enum(LOG_LEVELS, { error: (issue) => `${JSON.stringify(issue.input)} is not a log level; allowed: ${LOG_LEVELS.join(", ")}` }).default("info"),
 });
 
@@ -142,6 +148,16 @@ export interface Config {
   };
   /** Model endpoints (openai-compatible base_url) may be private or loopback addresses. */
   allowPrivateModelEndpoints: boolean;
+  webhooks: {
+    /** Endpoints may be private or loopback addresses (RUNS_WEBHOOK_ALLOW_PRIVATE; tests, private networks). */
+    allowPrivate: boolean;
+    timeoutMs: number;
+    /** How long after its event a delivery is retried before it fails for good. */
+    horizonMs: number;
+    retryScale: number;
+    /** Attempts in flight per endpoint on one node. */
+    maxInFlight: number;
+  };
   /**
    * Providers that authenticate with the service's own ambient credentials (AWS chain,
    * Google ADC, the operator's Azure or Cloudflare settings), enabled by the operator
@@ -223,6 +239,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       egressTestHosts: e.RUNS_EGRESS_TEST_HOSTS,
     },
     allowPrivateModelEndpoints: e.RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS === "1" || e.RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS === "true",
+    webhooks: {
+      allowPrivate: e.RUNS_WEBHOOK_ALLOW_PRIVATE === "1" || e.RUNS_WEBHOOK_ALLOW_PRIVATE === "true",
+      timeoutMs: e.RUNS_WEBHOOK_TIMEOUT_MS,
+      horizonMs: e.RUNS_WEBHOOK_HORIZON_S * 1000,
+      retryScale: e.RUNS_WEBHOOK_RETRY_SCALE,
+      maxInFlight: e.RUNS_WEBHOOK_MAX_IN_FLIGHT,
+    },
     ambientProviders: new Set(e.RUNS_AMBIENT_PROVIDERS.split(",").map((p) => p.trim()).filter(Boolean)),
     logLevel: e.LOG_LEVEL,
   };

@@ -37,6 +37,10 @@ export const Ids = {
   run: () => newId("run"),
   turn: () => newId("turn"),
   file: () => newId("file"),
+  webhook: () => newId("wh"),
+  /** A webhook message (Standard Webhooks' webhook-id; kept across retries and redeliveries). */
+  webhookMessage: () => newId("msg"),
+  webhookDelivery: () => newId("whd"),
   reference: () => `ref_${randomBase62(20)}`,
   apiKeyId: () => randomUUID(),
   apiKeySecret: () => `rk_live_${randomBase62(43)}`,

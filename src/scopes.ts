@@ -11,6 +11,8 @@ export const SCOPES = [
   "env_vars:write",
   "env_vars:reveal",
   "api_keys:manage",
+  "webhooks:read",
+  "webhooks:write",
 ] as const;
 export type Scope = (typeof SCOPES)[number];
 

@@ -18,6 +18,9 @@ import { Sandbox } from "../../actors/sandbox.js";
 import { FencedError, type RunStore } from "../../src/contracts.js";
 import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
 import type { UsageRecordDoc } from "../../src/usage.js";
+import type { WebhookStore } from "../../src/webhooks.js";
+
+type WebhookEvent = Parameters<WebhookStore["enqueue"]>[0];
 import type { AppenderOptions, EventAppender, EventLog, EventRunRef, RunEvent } from "../../src/event-types.js";
 
 const clone = <T>(value: T): T => structuredClone(value);
@@ -313,6 +316,8 @@ export interface ActorWorld {
   checkpoints: { saved: number; removed: string[] };
   /** Usage records the actor wrote (the ledger, in memory). */
   usage: UsageRecordDoc[];
+  /** Webhook events the actor recorded, each once. */
+  webhookEvents: WebhookEvent[];
 }
 
 let sandboxOff: Promise<Sandbox> | undefined;
@@ -331,6 +336,7 @@ export async function actorWorld(): Promise<ActorWorld> {
   sandboxOff ??= Sandbox.start({ mode: "off", maxConcurrent: 4, runtimeDir: path.join(dataDir, "sandbox"), nodeId: "unit", log });
   const active = new Map<string, Set<string>>();
   const usage: UsageRecordDoc[] = [];
+  const webhookEvents: WebhookEvent[] = [];
   const resources: ActorResources = {
     config: {
       activeTurnLimit: { solo: 2, business: 10 },
@@ -374,10 +380,17 @@ export async function actorWorld(): Promise<ActorWorld> {
         return true;
       },
     },
+    webhooks: {
+      enqueue: async (event) => {
+        if (webhookEvents.some((e) => e.eventKey === event.eventKey)) return 0;
+        webhookEvents.push(event);
+        return 1;
+      },
+    },
     sandbox: await sandboxOff,
     node: { draining: false },
     startTurn: turns.start,
     at: steps.at,
   };
-  return { resources, store, events, turns, steps, clock, published, checkpoints, usage };
+  return { resources, store, events, turns, steps, clock, published, checkpoints, usage, webhookEvents };
 }

@@ -290,6 +290,28 @@ test("cli - usage and budget: a table and --json; a budget set, shown and remove
   }
 });
 
+test("cli - webhooks: create shows the secret once, list, disable, deliveries, delete; a private address and a bad subcommand are refused", async (t) => {
+  const created = await runs(t, ["webhooks", "create", "https://hooks.example.com/runs", "--event", "turn.completed", "--event", "turn.failed"]);
+  t.is(created.code, 0, created.stderr);
+  const id = /^(wh_\w+)  enabled  turn\.completed,turn\.failed  https:\/\/hooks\.example\.com\/runs\n$/.exec(created.stdout)?.[1];
+  t.truthy(id, created.stdout);
+  t.regex(created.stderr, /^secret \(shown once\): whsec_/);
+  t.regex((await runs(t, ["webhooks"])).stdout, new RegExp(`^${id}  enabled`, "m"));
+  t.regex((await runs(t, ["webhooks", "disable", id!])).stdout, new RegExp(`^${id}  disabled  `));
+  t.is(JSON.parse((await runs(t, ["webhooks", "get", id!, "--json"])).stdout).enabled, false);
+  const deliveries = await runs(t, ["webhooks", "deliveries", id!]);
+  t.is(deliveries.code, 0);
+  // Other tests of this file run turns in the workspace meanwhile: whatever was delivered (or not) is listed a line each.
+  t.regex(deliveries.stdout, /^(whd_\S+  turn\.(completed|failed)  (pending|delivered|failed)  attempts \d+.*\n)*$/);
+  t.is((await runs(t, ["webhooks", "delete", id!])).stdout, `${id} deleted\n`);
+  const privateAddress = await runs(t, ["webhooks", "create", "http://127.0.0.1:9/x"]);
+  t.is(privateAddress.code, 1);
+  t.regex(privateAddress.stderr, /^runs: invalid_request: .*loopback/);
+  const typo = await runs(t, ["webhooks", "delte", "wh_x"]);
+  t.is(typo.code, 2);
+  t.regex(typo.stderr, /did you mean webhooks delete/);
+});
+
 test("cli - admin says which store it uses and refuses a missing or empty one unless --create", async (t) => {
   t.timeout(120_000);
   const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-admin-"));

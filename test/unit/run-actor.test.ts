@@ -411,6 +411,26 @@ test("run-actor - usage: a turn's is stored with it and added to the run once, a
   ]);
 });
 
+test("run-actor - webhooks: a final turn's event is recorded once, also when the move-on is retried; a deleted run's too", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  await actor.command(continueCmd("turn_q", "queue", "next"));
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_q" && set.status === "in_progress";
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }] });
+  await settled(actor);
+  await settled(actor);
+  t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey, e.runId]), [["turn.completed", "turn_1", RUN]]);
+  const view = w.webhookEvents[0]!.data as { run: { turn: { id: string; status: string }; state: string } };
+  t.is(view.run.turn.id, "turn_1");
+  t.is(view.run.state, "busy", "the run as the final event shows it: the queued turn started");
+  w.turns.last.finish({ outcome: "failed", output: [], error: { code: "provider_request_rejected", source: "provider", message: "no", retryable: false, reference: "ref_x" } as never });
+  await settled(actor);
+  t.deepEqual(w.webhookEvents.map((e) => e.type), ["turn.completed", "turn.failed"]);
+  t.true(okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN })).run_id === RUN);
+  t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey]).at(-1), ["run.deleted", `${RUN}_deleted`]);
+});
+
 test("run-actor - usage: a turn that used nothing writes no ledger record", async (t) => {
   const w = await world();
   const actor = w.actor();

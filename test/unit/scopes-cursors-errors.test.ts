@@ -10,8 +10,11 @@ import { ApiError, ERROR_CATALOGUE, ErrorType, type ErrorCode } from "../../src/
 import { partitionOf, rendezvousOwner } from "../../src/partition.js";
 import { retryAfterSeconds } from "../../gateway/unavailable.js";
 
-test("scopes - canonical list of eleven; write and reveal need their read scope", (t) => {
-  t.is(SCOPES.length, 11);
+test("scopes - the specification's eleven, then webhooks:read and webhooks:write (issue 16); write and reveal need their read scope", (t) => {
+  t.is(SCOPES.length, 13);
+  t.deepEqual(SCOPES.slice(11), ["webhooks:read", "webhooks:write"]);
+  t.truthy(scopeListProblem(["webhooks:write"]));
+  t.is(scopeListProblem(["webhooks:read", "webhooks:write"]), undefined);
   t.is(scopeListProblem([...SCOPES]), undefined);
   t.truthy(scopeListProblem([]));
   t.truthy(scopeListProblem(["run:write"]));

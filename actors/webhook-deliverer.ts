@@ -1,0 +1,195 @@
+/**
+ * Sends webhook deliveries (issue 16). Each node sends the deliveries of the partitions it
+ * holds, so a delivery has one sender; attempt n is claimed by inserting its record first,
+ * so a lapsed owner and the new one never both send it. A run's deliveries to one endpoint
+ * go in order: a later one waits while an earlier one is pending. Destinations pass the
+ * address guard at connect time (the checked address is the one connected to).
+ */
+import http from "node:http";
+import https from "node:https";
+import net, { type LookupFunction } from "node:net";
+import type { Logger } from "pino";
+import { type Clock, type DeliveryDoc, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
+
+export interface DelivererOptions {
+  store: WebhookStore;
+  clock: Clock;
+  log: Logger;
+  /** The partitions this node holds now. */
+  held: () => number[];
+  allowPrivate: boolean;
+  timeoutMs: number;
+  horizonMs: number;
+  retryScale: number;
+  maxInFlight: number;
+  /** How often due deliveries are looked for. */
+  pollMs?: number;
+}
+
+/** How long a delivery to a disabled endpoint waits before it is looked at again. */
+const DISABLED_RECHECK_MS = 5_000;
+/** Bytes of an answer read (and thrown away) before the connection is closed. */
+const MAX_ANSWER_BYTES = 64 * 1024;
+
+export class WebhookDeliverer {
+  private timer: Timer | undefined;
+  private ticking = false;
+  private stopped = false;
+  private readonly inFlight = new Map<string, Promise<void>>();
+  private readonly perEndpoint = new Map<string, number>();
+
+  constructor(private readonly o: DelivererOptions) {}
+
+  start(): void {
+    this.timer = this.o.clock.every(this.o.pollMs ?? 500, () => void this.tick(), { keepAlive: false });
+  }
+
+  /** Stops looking for work and waits (bounded) for attempts in flight. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.timer?.cancel();
+    await Promise.race([Promise.all(this.inFlight.values()), this.o.clock.sleep(this.o.timeoutMs + 1_000, { keepAlive: false })]);
+  }
+
+  /** One look for due deliveries; never overlaps itself. */
+  async tick(): Promise<void> {
+    if (this.ticking || this.stopped) return;
+    this.ticking = true;
+    try {
+      const held = this.o.held();
+      if (held.length === 0) return;
+      const due = await this.o.store.due(held, this.o.clock.nowMs(), 200);
+      const started = new Set<string>();
+      for (const doc of due) {
+        if (this.stopped) return;
+        if (this.inFlight.has(doc._id) || (this.perEndpoint.get(doc.webhook_id) ?? 0) >= this.o.maxInFlight) continue;
+        // In order per run and endpoint: not while an earlier one is pending (or starting now).
+        const orderKey = `${doc.webhook_id}/${doc.run_id}`;
+        if (doc.run_id !== null && (started.has(orderKey) || (await this.o.store.earlierPending(doc)))) continue;
+        started.add(orderKey);
+        this.launch(doc);
+      }
+    } catch (err) {
+      this.o.log.warn({ err }, "looking for due webhook deliveries failed; retrying");
+    } finally {
+      this.ticking = false;
+    }
+  }
+
+  private launch(doc: DeliveryDoc): void {
+    this.perEndpoint.set(doc.webhook_id, (this.perEndpoint.get(doc.webhook_id) ?? 0) + 1);
+    const work = this.attempt(doc)
+      .catch((err) => this.o.log.warn({ err, delivery_id: doc._id }, "webhook attempt failed to record; it is retried"))
+      .finally(() => {
+        this.inFlight.delete(doc._id);
+        const n = (this.perEndpoint.get(doc.webhook_id) ?? 1) - 1;
+        if (n > 0) this.perEndpoint.set(doc.webhook_id, n);
+        else this.perEndpoint.delete(doc.webhook_id);
+      });
+    this.inFlight.set(doc._id, work);
+  }
+
+  private async attempt(doc: DeliveryDoc): Promise<void> {
+    const endpoint = await this.o.store.getEndpoint(doc.webhook_id);
+    if (!endpoint) return;
+    const now = this.o.clock.nowMs();
+    if (!endpoint.enabled) {
+      // Kept until the endpoint is enabled again (looked at again every few seconds) or the horizon passes.
+      await this.o.store.postpone(doc, now + DISABLED_RECHECK_MS, now - doc.created_at > this.o.horizonMs);
+      return;
+    }
+    const n = doc.attempts + 1;
+    if (!(await this.o.store.claimAttempt(doc, n))) return;
+    const timestampS = Math.floor(now / 1000);
+    const signature = signWebhook(this.o.store.signingSecrets(endpoint), doc.message_id, timestampS, doc.body);
+    const started = this.o.clock.nowMs();
+    const answer = await this.send(endpoint.url, doc, timestampS, signature);
+    const done = this.o.clock.nowMs();
+    const attempt: WebhookAttempt = { n, at: started, status_code: answer.status, latency_ms: answer.status === null ? null : done - started, error: answer.error };
+    const log = { delivery_id: doc._id, webhook_id: doc.webhook_id, workspace_id: doc.workspace_id, event_type: doc.event_type, attempt: n, status: answer.status, error: answer.error };
+    if (answer.status !== null && answer.status >= 200 && answer.status < 300) {
+      await this.o.store.recordAttempt(doc, attempt, { status: "delivered", nextAttemptAt: done });
+      this.o.log.info(log, "webhook delivered");
+      return;
+    }
+    if (answer.status === 410) {
+      await this.o.store.recordAttempt(doc, attempt, { status: "failed", nextAttemptAt: done });
+      await this.o.store.disable(endpoint, "The endpoint answered 410 Gone.");
+      this.o.log.warn(log, "webhook endpoint answered 410 Gone: disabled");
+      return;
+    }
+    const next = nextAttemptAt(n, done, doc.created_at, this.o.horizonMs, Math.random(), this.o.retryScale);
+    await this.o.store.recordAttempt(doc, attempt, { status: next === null ? "failed" : "pending", nextAttemptAt: next ?? done });
+    this.o.log.warn({ ...log, next_attempt_at: next }, next === null ? "webhook delivery failed for good (past its horizon)" : "webhook attempt failed; retrying later");
+  }
+
+  /** One POST; never throws. No redirects are followed (a 3xx is a failed attempt). */
+  private send(url: string, doc: DeliveryDoc, timestampS: number, signature: string): Promise<{ status: number | null; error: string | null }> {
+    let target: URL;
+    try {
+      target = new URL(url);
+    } catch {
+      return Promise.resolve({ status: null, error: "not a URL" });
+    }
+    const allowPrivate = this.o.allowPrivate;
+    const lookup: LookupFunction = (hostname, options, callback) => {
+      resolveAllowed(hostname, { allowPrivate }).then(
+        ({ address, family }) => (options.all ? callback(null, [{ address, family }]) : callback(null, address, family)),
+        (err: Error) => callback(err as NodeJS.ErrnoException, "", 4),
+      );
+    };
+    const client = target.protocol === "https:" ? https : http;
+    // An address literal is connected to without a lookup: it is checked here.
+    const literal = net.isIP(target.hostname.replace(/^\[|\]$/g, "")) !== 0;
+    const checked = literal ? resolveAllowed(target.hostname, { allowPrivate }).then(() => null, (err: Error) => err.message) : Promise.resolve(null);
+    return checked.then((refused) => (refused ? { status: null, error: refused } : this.post(client, target, lookup, doc, timestampS, signature)));
+  }
+
+  private post(
+    client: typeof http | typeof https,
+    target: URL,
+    lookup: LookupFunction,
+    doc: DeliveryDoc,
+    timestampS: number,
+    signature: string,
+  ): Promise<{ status: number | null; error: string | null }> {
+    return new Promise((resolve) => {
+      let settled = false;
+      const finish = (status: number | null, error: string | null) => {
+        if (settled) return;
+        settled = true;
+        resolve({ status, error });
+      };
+      const req = client.request(
+        target,
+        {
+          method: "POST",
+          lookup,
+          timeout: this.o.timeoutMs,
+          headers: {
+            "content-type": "application/json",
+            "user-agent": "runs-webhooks/1",
+            "webhook-id": doc.message_id,
+            "webhook-timestamp": String(timestampS),
+            "webhook-signature": signature,
+          },
+        },
+        (res) => {
+          let read = 0;
+          res.on("data", (chunk: Buffer) => {
+            read += chunk.length;
+            if (read > MAX_ANSWER_BYTES) res.destroy();
+          });
+          res.on("close", () => finish(res.statusCode ?? null, res.statusCode && res.statusCode >= 200 && res.statusCode < 300 ? null : `HTTP ${res.statusCode}`));
+          res.on("error", () => finish(res.statusCode ?? null, `HTTP ${res.statusCode}`));
+        },
+      );
+      const deadline = setTimeout(() => req.destroy(new Error(`no answer within ${this.o.timeoutMs} ms`)), this.o.timeoutMs);
+      deadline.unref();
+      req.on("timeout", () => req.destroy(new Error(`no answer within ${this.o.timeoutMs} ms`)));
+      req.on("error", (err) => finish(null, err instanceof NetworkPolicyError ? err.message : err.message.slice(0, 300)));
+      req.on("close", () => clearTimeout(deadline));
+      req.end(doc.body);
+    });
+  }
+}

@@ -1,0 +1,314 @@
+/**
+ * Webhook endpoints and deliveries in the store (issue 16).
+ *
+ * - Endpoints: one document per endpoint; secrets sealed with a key derived from the master
+ *   key (label "webhooks"), shown only when created or rotated.
+ * - Deliveries: one document per (event, endpoint), inserted by the run's owner where the
+ *   turn's final event is emitted (actors/turn-execution.ts), keyed by event and endpoint so a
+ *   repeated move-on inserts nothing new. Only the owner of the delivery's partition
+ *   attempts and updates it (actors/webhook-deliverer.ts): one writer, as every mutation here.
+ * - Attempts: insert-only, keyed `<delivery>:<n>`: inserting attempt n claims it, so two
+ *   nodes (an old owner whose lease lapsed, the new one) never send the same attempt.
+ */
+import type { Collection, Db } from "mongodb";
+import type { Clock } from "./clock.js";
+import { deriveLabelledKey, masterKeyBytes, open, seal } from "./event-crypto.js";
+import { guard, isDuplicateKey } from "./mongo-guard.js";
+import { newWebhookSecret, WEBHOOK_TEST_EVENT, type WebhookEventType, wantsEvent } from "./webhook-signing.js";
+import type { IdSource } from "./ids.js";
+
+export interface WebhookSecretDoc {
+  sealed: string;
+  created_at: number;
+  /** A rotated-out secret still signs until then; null for the current one. */
+  expires_at: number | null;
+}
+
+export interface WebhookDoc {
+  _id: string;
+  workspace_id: string;
+  url: string;
+  description: string | null;
+  event_types: string[];
+  agent_id: string | null;
+  enabled: boolean;
+  /** Why delivery stopped on its own (a 410 Gone), or null. */
+  disabled_reason: string | null;
+  secrets: WebhookSecretDoc[];
+  created_at: number;
+  updated_at: number;
+}
+
+export type DeliveryStatus = "pending" | "delivered" | "failed";
+
+export interface WebhookAttempt {
+  n: number;
+  at: number;
+  /** The HTTP status, or null when no answer came (refused, timeout, policy). */
+  status_code: number | null;
+  latency_ms: number | null;
+  error: string | null;
+}
+
+export interface DeliveryDoc {
+  _id: string;
+  workspace_id: string;
+  webhook_id: string;
+  /** The owner of this partition attempts the delivery (the run's partition, so a run's deliveries go in order). */
+  partition: number;
+  /** Orders a run's deliveries to one endpoint. */
+  run_id: string | null;
+  /** Standard Webhooks' webhook-id: the same on every attempt and on a redelivery. */
+  message_id: string;
+  event_type: string;
+  /** The JSON body as sent. */
+  body: string;
+  status: DeliveryStatus;
+  attempts: number;
+  next_attempt_at: number;
+  last_attempt: WebhookAttempt | null;
+  created_at: number;
+  completed_at: number | null;
+}
+
+export interface AttemptDoc extends WebhookAttempt {
+  _id: string;
+  delivery_id: string;
+  webhook_id: string;
+}
+
+/** How long a rotated-out secret still signs deliveries. */
+export const SECRET_GRACE_MS = 24 * 3600 * 1000;
+/** How long a node trusts its list of a workspace's endpoints (its own changes apply at once). */
+const ENDPOINTS_TTL_MS = 2_000;
+
+export class WebhookStore {
+  private readonly endpoints: Collection<WebhookDoc>;
+  private readonly deliveries: Collection<DeliveryDoc>;
+  private readonly attempts: Collection<AttemptDoc>;
+  private readonly master: Buffer;
+  private readonly cache = new Map<string, { docs: WebhookDoc[]; readAt: number }>();
+
+  constructor(
+    db: Db,
+    masterKeyBase64: string,
+    private readonly clock: Clock,
+    private readonly ids: IdSource,
+  ) {
+    this.endpoints = db.collection<WebhookDoc>("webhooks");
+    this.deliveries = db.collection<DeliveryDoc>("webhook_deliveries");
+    this.attempts = db.collection<AttemptDoc>("webhook_attempts");
+    this.master = masterKeyBytes(masterKeyBase64, "RUNS_MASTER_KEY");
+  }
+
+  async provision(): Promise<void> {
+    await guard(() => this.endpoints.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" }));
+    await guard(() => this.deliveries.createIndex({ status: 1, next_attempt_at: 1 }, { name: "due" }));
+    await guard(() => this.deliveries.createIndex({ webhook_id: 1, created_at: -1 }, { name: "webhook_created" }));
+    await guard(() => this.attempts.createIndex({ delivery_id: 1, n: 1 }, { name: "delivery_n" }));
+  }
+
+  // ---- endpoints -------------------------------------------------------------------
+
+  private sealSecret(workspaceId: string, secret: string): string {
+    return Buffer.from(seal(deriveLabelledKey(this.master, "webhooks", workspaceId), Buffer.from(secret, "utf8"))).toString("base64");
+  }
+
+  /** The secrets that sign now: the current one, and rotated-out ones within their grace. */
+  signingSecrets(doc: WebhookDoc): string[] {
+    const now = this.clock.nowMs();
+    const key = deriveLabelledKey(this.master, "webhooks", doc.workspace_id);
+    return doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
+  }
+
+  async create(input: { workspaceId: string; url: string; description: string | null; eventTypes: string[]; agentId: string | null; enabled: boolean }): Promise<{ doc: WebhookDoc; secret: string }> {
+    const now = this.clock.nowMs();
+    const secret = newWebhookSecret();
+    const doc: WebhookDoc = {
+      _id: this.ids.webhook(),
+      workspace_id: input.workspaceId,
+      url: input.url,
+      description: input.description,
+      event_types: input.eventTypes,
+      agent_id: input.agentId,
+      enabled: input.enabled,
+      disabled_reason: null,
+      secrets: [{ sealed: this.sealSecret(input.workspaceId, secret), created_at: now, expires_at: null }],
+      created_at: now,
+      updated_at: now,
+    };
+    await guard(() => this.endpoints.insertOne(doc));
+    this.cache.delete(input.workspaceId);
+    return { doc, secret };
+  }
+
+  get(workspaceId: string, id: string): Promise<WebhookDoc | null> {
+    return guard(() => this.endpoints.findOne({ _id: id, workspace_id: workspaceId }));
+  }
+
+  /** Newest first; `after` is the last id of the previous page. Asks for `limit` documents. */
+  async list(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<WebhookDoc[]> {
+    const filter = after
+      ? { workspace_id: workspaceId, $or: [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }] }
+      : { workspace_id: workspaceId };
+    return guard(() => this.endpoints.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
+  }
+
+  /** Changes an endpoint's settings; enabling clears the reason it stopped. Null when absent. */
+  async update(workspaceId: string, id: string, set: Partial<Pick<WebhookDoc, "url" | "description" | "event_types" | "agent_id" | "enabled">>): Promise<WebhookDoc | null> {
+    const change: Partial<WebhookDoc> = { ...set, updated_at: this.clock.nowMs() };
+    if (set.enabled === true) change.disabled_reason = null;
+    const doc = await guard(() => this.endpoints.findOneAndUpdate({ _id: id, workspace_id: workspaceId }, { $set: change }, { returnDocument: "after" }));
+    this.cache.delete(workspaceId);
+    return doc;
+  }
+
+  /** Stops delivery to an endpoint that answered 410 Gone. */
+  async disable(doc: WebhookDoc, reason: string): Promise<void> {
+    await guard(() => this.endpoints.updateOne({ _id: doc._id }, { $set: { enabled: false, disabled_reason: reason, updated_at: this.clock.nowMs() } }));
+    this.cache.delete(doc.workspace_id);
+  }
+
+  /** A new current secret; the previous one keeps signing for {@link SECRET_GRACE_MS}. */
+  async rotateSecret(workspaceId: string, id: string): Promise<{ doc: WebhookDoc; secret: string } | null> {
+    const doc = await this.get(workspaceId, id);
+    if (!doc) return null;
+    const now = this.clock.nowMs();
+    const secret = newWebhookSecret();
+    const kept = doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => (s.expires_at === null ? { ...s, expires_at: now + SECRET_GRACE_MS } : s));
+    const secrets = [{ sealed: this.sealSecret(workspaceId, secret), created_at: now, expires_at: null }, ...kept];
+    const updated = await guard(() => this.endpoints.findOneAndUpdate({ _id: id, workspace_id: workspaceId }, { $set: { secrets, updated_at: now } }, { returnDocument: "after" }));
+    return updated ? { doc: updated, secret } : null;
+  }
+
+  /** Deletes an endpoint and its deliveries' records; false when there was none. */
+  async delete(workspaceId: string, id: string): Promise<boolean> {
+    const deleted = await guard(() => this.endpoints.deleteOne({ _id: id, workspace_id: workspaceId }));
+    this.cache.delete(workspaceId);
+    if (deleted.deletedCount === 0) return false;
+    await guard(() => this.deliveries.deleteMany({ webhook_id: id }));
+    await guard(() => this.attempts.deleteMany({ webhook_id: id }));
+    return true;
+  }
+
+  /** The workspace's endpoints, read at most every 2 s per node. */
+  private async endpointsOf(workspaceId: string): Promise<WebhookDoc[]> {
+    const now = this.clock.nowMs();
+    const cached = this.cache.get(workspaceId);
+    if (cached && now - cached.readAt < ENDPOINTS_TTL_MS) return cached.docs;
+    const docs = await guard(() => this.endpoints.find({ workspace_id: workspaceId }).limit(1_000).toArray());
+    this.cache.set(workspaceId, { docs, readAt: now });
+    return docs;
+  }
+
+  // ---- deliveries ------------------------------------------------------------------
+
+  /**
+   * Records an event's delivery to every endpoint that wants it (the run's owner calls this
+   * where it emits the event). Keyed by event and endpoint: a repeat inserts nothing.
+   */
+  async enqueue(event: { workspaceId: string; agentId: string; runId: string; partition: number; type: WebhookEventType; eventKey: string; data: unknown }): Promise<number> {
+    const wanted = (await this.endpointsOf(event.workspaceId)).filter((e) => wantsEvent(e, event.type, event.agentId));
+    let inserted = 0;
+    for (const endpoint of wanted) {
+      const id = `whd_${event.eventKey}_${endpoint._id}`;
+      if (await this.insertDelivery(this.newDelivery(id, endpoint, event.partition, event.runId, event.type, event.data))) inserted++;
+    }
+    return inserted;
+  }
+
+  /** A `webhook.test` delivery to one endpoint (its own partition: no run orders it). */
+  async enqueueTest(endpoint: WebhookDoc, partition: number): Promise<DeliveryDoc> {
+    const doc = this.newDelivery(this.ids.webhookDelivery(), endpoint, partition, null, WEBHOOK_TEST_EVENT, { webhook_id: endpoint._id });
+    await this.insertDelivery(doc);
+    return doc;
+  }
+
+  /** A new delivery of an earlier one's message (same webhook-id and body), attempted afresh. */
+  async redeliver(original: DeliveryDoc): Promise<DeliveryDoc> {
+    const now = this.clock.nowMs();
+    const doc: DeliveryDoc = { ...original, _id: this.ids.webhookDelivery(), status: "pending", attempts: 0, next_attempt_at: now, last_attempt: null, created_at: now, completed_at: null };
+    await this.insertDelivery(doc);
+    return doc;
+  }
+
+  private newDelivery(id: string, endpoint: WebhookDoc, partition: number, runId: string | null, type: string, data: unknown): DeliveryDoc {
+    const now = this.clock.nowMs();
+    const messageId = this.ids.webhookMessage();
+    const body = JSON.stringify({ type, timestamp: new Date(now).toISOString(), data });
+    return { _id: id, workspace_id: endpoint.workspace_id, webhook_id: endpoint._id, partition, run_id: runId, message_id: messageId, event_type: type, body, status: "pending", attempts: 0, next_attempt_at: now, last_attempt: null, created_at: now, completed_at: null };
+  }
+
+  private async insertDelivery(doc: DeliveryDoc): Promise<boolean> {
+    try {
+      await guard(() => this.deliveries.insertOne(doc));
+      return true;
+    } catch (err) {
+      if (isDuplicateKey(err)) return false;
+      throw err;
+    }
+  }
+
+  getDelivery(webhookId: string, id: string): Promise<DeliveryDoc | null> {
+    return guard(() => this.deliveries.findOne({ _id: id, webhook_id: webhookId }));
+  }
+
+  /** An endpoint's deliveries, newest first. */
+  listDeliveries(webhookId: string, limit: number, after?: { createdAt: number; id: string }): Promise<DeliveryDoc[]> {
+    const filter = after
+      ? { webhook_id: webhookId, $or: [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }] }
+      : { webhook_id: webhookId };
+    return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
+  }
+
+  /** Pending deliveries of these partitions that are due, oldest first. */
+  due(partitions: number[], nowMs: number, limit: number): Promise<DeliveryDoc[]> {
+    return guard(() =>
+      this.deliveries.find({ status: "pending", next_attempt_at: { $lte: nowMs }, partition: { $in: partitions } }).sort({ created_at: 1, _id: 1 }).limit(limit).toArray(),
+    );
+  }
+
+  /** Whether an earlier delivery of the same run to the same endpoint is still pending (order per run). */
+  async earlierPending(doc: DeliveryDoc): Promise<boolean> {
+    if (doc.run_id === null) return false;
+    const earlier = await guard(() =>
+      this.deliveries.findOne({ webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", $or: [{ created_at: { $lt: doc.created_at } }, { created_at: doc.created_at, _id: { $lt: doc._id } }] }, { projection: { _id: 1 } }),
+    );
+    return earlier !== null;
+  }
+
+  /** Claims attempt `n` of a delivery: false when another node already made it. */
+  async claimAttempt(doc: DeliveryDoc, n: number): Promise<boolean> {
+    try {
+      await guard(() => this.attempts.insertOne({ _id: `${doc._id}:${n}`, delivery_id: doc._id, webhook_id: doc.webhook_id, n, at: this.clock.nowMs(), status_code: null, latency_ms: null, error: "in flight" }));
+      return true;
+    } catch (err) {
+      if (isDuplicateKey(err)) return false;
+      throw err;
+    }
+  }
+
+  /** Records an attempt's outcome and the delivery's next state (the partition owner only). */
+  async recordAttempt(doc: DeliveryDoc, attempt: WebhookAttempt, next: { status: DeliveryStatus; nextAttemptAt: number }): Promise<void> {
+    await guard(() => this.attempts.updateOne({ _id: `${doc._id}:${attempt.n}` }, { $set: { status_code: attempt.status_code, latency_ms: attempt.latency_ms, error: attempt.error } }));
+    const completed = next.status === "pending" ? null : this.clock.nowMs();
+    await guard(() =>
+      this.deliveries.updateOne({ _id: doc._id }, { $set: { status: next.status, attempts: attempt.n, next_attempt_at: next.nextAttemptAt, last_attempt: attempt, completed_at: completed } }),
+    );
+  }
+
+  /** Puts a delivery off without an attempt (its endpoint is disabled); `failed` once past its horizon. */
+  async postpone(doc: DeliveryDoc, until: number, failed: boolean): Promise<void> {
+    const set: Partial<DeliveryDoc> = failed ? { status: "failed", completed_at: this.clock.nowMs() } : { next_attempt_at: until };
+    await guard(() => this.deliveries.updateOne({ _id: doc._id }, { $set: set }));
+  }
+
+  /** Every attempt of a delivery, in order. */
+  attemptsOf(deliveryId: string): Promise<AttemptDoc[]> {
+    return guard(() => this.attempts.find({ delivery_id: deliveryId }).sort({ n: 1 }).limit(100).toArray());
+  }
+
+  getEndpoint(id: string): Promise<WebhookDoc | null> {
+    return guard(() => this.endpoints.findOne({ _id: id }));
+  }
+}

@@ -1,0 +1,299 @@
+import anyTest, { type TestFn } from "ava";
+import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import pino from "pino";
+import { Webhook } from "standardwebhooks";
+import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../node/service.js";
+import { Ids, systemClock, WebhookStore } from "../../src/index.js";
+import { WebhookDeliverer } from "../../actors/index.js";
+
+/**
+ * Completion webhooks (issue 16) on a real service and store, received by a local server
+ * and verified with an independent Standard Webhooks library (standardwebhooks on npm).
+ */
+interface Received {
+  headers: IncomingHttpHeaders;
+  body: string;
+  answered: number;
+}
+
+/** A receiver on 127.0.0.1 that answers `status()` and keeps every request. */
+class Receiver {
+  readonly requests: Received[] = [];
+  status: () => number = () => 200;
+  private server!: Server;
+  url = "";
+
+  async start(): Promise<this> {
+    this.server = createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => chunks.push(c));
+      req.on("end", () => {
+        const answered = this.status();
+        this.requests.push({ headers: req.headers, body: Buffer.concat(chunks).toString("utf8"), answered });
+        res.writeHead(answered).end();
+      });
+    });
+    await new Promise<void>((resolve) => this.server.listen(0, "127.0.0.1", resolve));
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}/hook`;
+    return this;
+  }
+
+  /** Requests answered 2xx, as [type, parsed body]. */
+  accepted(): Array<{ id: string; type: string; data: any }> {
+    return this.requests.filter((r) => r.answered < 300).map((r) => ({ id: String(r.headers["webhook-id"]), ...JSON.parse(r.body) }));
+  }
+
+  async until(predicate: () => boolean, timeoutMs = 20_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!predicate()) {
+      if (Date.now() > deadline) throw new Error(`receiver: not within ${timeoutMs} ms; got ${this.requests.map((r) => `${JSON.parse(r.body).type}:${r.answered}`).join(", ")}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  close(): void {
+    this.server?.close();
+  }
+}
+
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; strict: RunningService }>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  // The allowance lets deliveries reach the receiver on 127.0.0.1 (tests, private networks).
+  const service = await startTestService(servers, { RUNS_WEBHOOK_ALLOW_PRIVATE: "1", RUNS_WEBHOOK_RETRY_SCALE: "0.01" });
+  const strict = await startTestService(servers, { RUNS_ROLES: "gateway" });
+  t.context = { servers, service, strict };
+});
+
+test.after.always(async (t) => {
+  await t.context.strict?.close();
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+async function receiver(t: { teardown: (fn: () => void) => void }): Promise<Receiver> {
+  const r = await new Receiver().start();
+  t.teardown(() => r.close());
+  return r;
+}
+
+/** The master key test services run with (test/helpers/servers.ts). */
+const TEST_MASTER_KEY = Buffer.alloc(32, 7).toString("base64");
+
+const echo = { model: "faux/scripted", tools: [] };
+
+test("webhooks - a turn's end is delivered once, signed as Standard Webhooks verifiers expect, with the final Run; the delivery log shows it", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  const created = await ws.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.completed"], description: "ci" });
+  t.is(created.status, 201, JSON.stringify(created.body));
+  t.regex(created.body.secret, /^whsec_[A-Za-z0-9+/]{43}=$/);
+  t.like(created.body, { object: "webhook", url: r.url, event_types: ["turn.completed"], agent_id: null, enabled: true, disabled_reason: null });
+  const agent = await ws.api.agentWith(echo);
+  const run = await ws.api.post("/api/v1/runs", { agent, input: "notify me" });
+  t.is(run.body.turn.status, "completed");
+  await r.until(() => r.requests.length >= 1);
+  const [request] = r.requests;
+  const verified = new Webhook(created.body.secret).verify(request!.body, request!.headers as Record<string, string>) as { type: string; timestamp: string; data: { run: any } };
+  t.is(verified.type, "turn.completed");
+  t.is(verified.data.run.id, run.body.id);
+  t.is(verified.data.run.state, "idle");
+  t.deepEqual(verified.data.run.turn.output, [{ type: "output_text", text: "notify me" }]);
+  t.is(request!.headers["content-type"], "application/json");
+  t.regex(String(request!.headers["webhook-id"]), /^msg_/);
+  // A wrong secret does not verify.
+  t.throws(() => new Webhook(`whsec_${Buffer.alloc(32, 1).toString("base64")}`).verify(request!.body, request!.headers as Record<string, string>));
+
+  // The attempt is recorded once the receiver has answered.
+  let deliveries = await ws.api.get(`/api/v1/webhooks/${created.body.id}/deliveries`);
+  for (let i = 0; i < 100 && deliveries.body.data[0]?.status === "pending"; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    deliveries = await ws.api.get(`/api/v1/webhooks/${created.body.id}/deliveries`);
+  }
+  t.is(deliveries.status, 200);
+  t.is(deliveries.body.data.length, 1);
+  const [delivery] = deliveries.body.data;
+  t.like(delivery, { object: "webhook.delivery", event_type: "turn.completed", run_id: run.body.id, status: "delivered", attempts: 1, next_attempt_at: null, message_id: request!.headers["webhook-id"] });
+  t.is(delivery.last_attempt.status_code, 200);
+  const one = await ws.api.get(`/api/v1/webhooks/${created.body.id}/deliveries/${delivery.id}`);
+  t.is(one.body.attempt_log.length, 1);
+  t.true(one.body.attempt_log[0].latency_ms >= 0);
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  t.is(r.requests.length, 1, "delivered once");
+  // The webhook as listed carries no secret.
+  const listed = await ws.api.get("/api/v1/webhooks");
+  t.deepEqual(listed.body.data.map((w: any) => [w.id, w.secret]), [[created.body.id, undefined]]);
+});
+
+test("webhooks - event types, the agent filter and the wildcard choose what is sent: failed turns, deleted runs", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const all = await receiver(t);
+  const failures = await receiver(t);
+  const agent = await ws.api.agentWith(echo, "watched");
+  const failing = await ws.api.agentWith({ model: "faux/scripted", tools: [], script: [{ error: { message: "the provider broke", status: 400 } }] }, "failing");
+  const a = await ws.api.post("/api/v1/webhooks", { url: all.url, event_types: ["*"], agent_id: agent });
+  const b = await ws.api.post("/api/v1/webhooks", { url: failures.url, event_types: ["turn.failed", "run.deleted"] });
+  t.is(a.status, 201);
+  t.is(b.status, 201);
+  const ok = await ws.api.post("/api/v1/runs", { agent, input: "fine" });
+  const bad = await ws.api.post("/api/v1/runs", { agent: failing, input: "boom" });
+  t.is(bad.body.turn.status, "failed");
+  t.is((await ws.api.request("DELETE", `/api/v1/runs/${ok.body.id}`, { idempotencyKey: "del-ok" })).status, 200);
+  await all.until(() => all.accepted().length >= 2);
+  await failures.until(() => failures.accepted().length >= 2);
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.deepEqual(all.accepted().map((m) => [m.type, m.data.run?.id ?? m.data.run_id]), [["turn.completed", ok.body.id], ["run.deleted", ok.body.id]]);
+  t.deepEqual(failures.accepted().map((m) => m.type).sort(), ["run.deleted", "turn.failed"]);
+  const failed = failures.accepted().find((m) => m.type === "turn.failed")!;
+  t.is(failed.data.run.turn.error.code, "provider_request_rejected");
+  t.like(failures.accepted().find((m) => m.type === "run.deleted")!.data, { run_id: ok.body.id, agent_id: agent, reason: "deleted" });
+});
+
+test("webhooks - a receiver that is down for a while gets every delivery afterwards, in order per run, each once", async (t) => {
+  t.timeout(60_000);
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  let up = false;
+  r.status = () => (up ? 204 : 503);
+  await ws.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.completed"] });
+  const agent = await ws.api.agentWith(echo);
+  const first = await ws.api.post("/api/v1/runs", { agent, input: "t1" });
+  const turns = [first.body.turn.id];
+  for (const input of ["t2", "t3", "t4"]) turns.push((await ws.api.post("/api/v1/runs", { run_id: first.body.id, input })).body.turn.id);
+  await r.until(() => r.requests.filter((q) => q.answered === 503).length >= 3);
+  up = true;
+  await r.until(() => r.accepted().length >= 4);
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  const accepted = r.accepted();
+  t.deepEqual(accepted.map((m) => m.data.run.turn.id), turns, "in turn order");
+  t.is(new Set(accepted.map((m) => m.id)).size, 4, "each message once");
+  // Retries of one message keep its webhook-id.
+  const firstId = accepted[0]!.id;
+  t.true(r.requests.filter((q) => q.headers["webhook-id"] === firstId).length >= 2);
+});
+
+test("webhooks - 410 Gone disables the endpoint; a disabled endpoint gets nothing; enabled again, what was pending goes out", async (t) => {
+  t.timeout(60_000);
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  r.status = () => 410;
+  const hook = (await ws.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.completed"] })).body;
+  const agent = await ws.api.agentWith(echo);
+  await ws.api.post("/api/v1/runs", { agent, input: "gone" });
+  await r.until(() => r.requests.length >= 1);
+  let disabled: any;
+  for (let i = 0; i < 100 && !(disabled = (await ws.api.get(`/api/v1/webhooks/${hook.id}`)).body).disabled_reason; i++) await new Promise((resolve) => setTimeout(resolve, 50));
+  t.like(disabled, { enabled: false, disabled_reason: "The endpoint answered 410 Gone." });
+  const log = (await ws.api.get(`/api/v1/webhooks/${hook.id}/deliveries`)).body.data;
+  t.like(log[0], { status: "failed", attempts: 1 });
+  t.is(log[0].last_attempt.status_code, 410);
+
+  // Disabled: events are not recorded for it, nothing is sent.
+  await ws.api.post("/api/v1/runs", { agent, input: "while disabled" });
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  t.is(r.requests.length, 1);
+  t.is((await ws.api.get(`/api/v1/webhooks/${hook.id}/deliveries`)).body.data.length, 1);
+
+  // Enabled: a delivery still being retried when the endpoint is disabled again waits,
+  // and goes out once it is enabled.
+  r.status = () => 503;
+  const enabled = await ws.api.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { enabled: true } });
+  t.like(enabled.body, { enabled: true, disabled_reason: null });
+  await new Promise((resolve) => setTimeout(resolve, 2_100)); // another node learns of it within 2 s
+  await ws.api.post("/api/v1/runs", { agent, input: "retried" });
+  await r.until(() => r.requests.length >= 2);
+  t.is((await ws.api.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { enabled: false } })).body.enabled, false);
+  r.status = () => 200;
+  await new Promise((resolve) => setTimeout(resolve, 1_500));
+  t.is(r.accepted().length, 0, "nothing goes to a disabled endpoint");
+  await ws.api.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { enabled: true } });
+  await r.until(() => r.accepted().length >= 1);
+  t.deepEqual(r.accepted().map((m) => m.data.run.turn.input[0].text), ["retried"]);
+});
+
+test("webhooks - rotation signs with both secrets for a day; a test delivery and a redelivery keep their message id", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  const hook = (await ws.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.completed"] })).body;
+  const rotated = await ws.api.post(`/api/v1/webhooks/${hook.id}/rotate-secret`, {});
+  t.is(rotated.status, 200);
+  t.not(rotated.body.secret, hook.secret);
+  const sent = await ws.api.post(`/api/v1/webhooks/${hook.id}/test`, {});
+  t.is(sent.status, 202);
+  t.like(sent.body, { event_type: "webhook.test", status: "pending", run_id: null });
+  await r.until(() => r.requests.length >= 1);
+  const request = r.requests[0]!;
+  t.is(String(request.headers["webhook-signature"]).split(" ").length, 2, "two v1 signatures");
+  for (const secret of [hook.secret, rotated.body.secret]) t.is((new Webhook(secret).verify(request.body, request.headers as Record<string, string>) as { type: string }).type, "webhook.test");
+
+  const again = await ws.api.post(`/api/v1/webhooks/${hook.id}/deliveries/${sent.body.id}/redeliver`, {});
+  t.is(again.status, 202);
+  t.not(again.body.id, sent.body.id);
+  t.is(again.body.message_id, sent.body.message_id);
+  await r.until(() => r.requests.length >= 2);
+  t.is(r.requests[1]!.headers["webhook-id"], request.headers["webhook-id"]);
+});
+
+test("webhooks - bad input answers 400 naming the field; scopes; another workspace's webhook is not found", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const other = await newWorkspace(t.context.service);
+  const cases: Array<[unknown, string]> = [
+    [{ url: "ftp://example.com/x", event_types: ["*"] }, "url"],
+    [{ url: "https://user:pw@example.com/x", event_types: ["*"] }, "url"],
+    [{ url: "not a url", event_types: ["*"] }, "url"],
+    [{ url: "https://example.com/x", event_types: [] }, "event_types"],
+    [{ url: "https://example.com/x", event_types: ["turn.started"] }, "event_types"],
+    [{ url: "https://example.com/x" }, "event_types"],
+    [{ url: "https://example.com/x", event_types: ["*"], enabled: "yes" }, "enabled"],
+    [{ url: "https://example.com/x", event_types: ["*"], secret: "whsec_mine" }, "secret"],
+  ];
+  for (const [body, param] of cases) {
+    const res = await ws.api.post("/api/v1/webhooks", body);
+    t.is(res.status, 400, JSON.stringify(body));
+    t.is(res.body.error.param, param, JSON.stringify(body));
+  }
+  const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/x", event_types: ["*"] })).body;
+  t.is((await other.api.get(`/api/v1/webhooks/${hook.id}`)).status, 404);
+  t.is((await other.api.request("DELETE", `/api/v1/webhooks/${hook.id}`)).status, 404);
+  t.is((await other.api.post(`/api/v1/webhooks/${hook.id}/test`, {})).status, 404);
+  t.is((await ws.api.get(`/api/v1/webhooks/${hook.id}/deliveries/whd_nope`)).status, 404);
+
+  const key = async (scopes: string[]) => ws.api.withKey((await ws.api.post("/api/v1/api-keys", { scopes })).body.key);
+  const runOnly = await key(["run:read", "run:write"]);
+  t.is((await runOnly.get("/api/v1/webhooks")).status, 403);
+  const reader = await key(["webhooks:read"]);
+  t.is((await reader.get("/api/v1/webhooks")).status, 200);
+  t.is((await reader.post("/api/v1/webhooks", { url: "https://example.com/y", event_types: ["*"] })).status, 403);
+  t.is((await reader.post(`/api/v1/webhooks/${hook.id}/rotate-secret`, {})).status, 403);
+
+  t.deepEqual((await ws.api.request("DELETE", `/api/v1/webhooks/${hook.id}`)).body, { id: hook.id, object: "webhook.deleted", deleted: true });
+  t.is((await ws.api.get(`/api/v1/webhooks/${hook.id}`)).status, 404);
+});
+
+test("webhooks - private, loopback and metadata destinations are refused without the operator's allowance, at creation and at delivery", async (t) => {
+  const ws = await newWorkspace(t.context.strict);
+  const r = await receiver(t);
+  for (const url of [r.url, "http://localhost:9/x", "http://169.254.169.254/latest/meta-data", "http://[::1]:9/x", "http://10.0.0.8/x"]) {
+    const res = await ws.api.post("/api/v1/webhooks", { url, event_types: ["*"] });
+    t.is(res.status, 400, url);
+    t.is(res.body.error.param, "url", url);
+  }
+  // A webhook that reached the store anyway (created under an allowance since withdrawn):
+  // the deliverer refuses the address when it connects.
+  const raw = await t.context.servers.raw();
+  const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
+  const { doc } = await store.create({ workspaceId: ws.id, url: r.url, description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  // A partition no node of this test holds: only this deliverer looks at it.
+  const delivery = await store.enqueueTest(doc, 999_999);
+  const deliverer = new WebhookDeliverer({ store, clock: systemClock, log: pino({ level: "silent" }), held: () => [999_999], allowPrivate: false, timeoutMs: 2_000, horizonMs: 60_000, retryScale: 0.01, maxInFlight: 1 });
+  await deliverer.tick();
+  await deliverer.stop();
+  const attempts = await store.attemptsOf(delivery._id);
+  t.is(attempts.length, 1);
+  t.is(attempts[0]!.status_code, null);
+  t.regex(attempts[0]!.error ?? "", /loopback/);
+  t.is(r.requests.length, 0, "nothing reached the receiver");
+});
