@@ -9,7 +9,7 @@ import http from "node:http";
 import https from "node:https";
 import net, { type LookupFunction } from "node:net";
 import type { Logger } from "pino";
-import { type Clock, type DeliveryDoc, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
+import { type Clock, DELIVERY_LOG_MS, type DeliveryDoc, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
 
 export interface DelivererOptions {
   store: WebhookStore;
@@ -26,6 +26,8 @@ export interface DelivererOptions {
   pollMs?: number;
 }
 
+/** How often finished deliveries past the log's 7 days are swept. */
+const SWEEP_EVERY_MS = 10 * 60_000;
 /** How long a delivery to a disabled endpoint waits before it is looked at again. */
 const DISABLED_RECHECK_MS = 5_000;
 /** Bytes of an answer read (and thrown away) before the connection is closed. */
@@ -33,6 +35,7 @@ const MAX_ANSWER_BYTES = 64 * 1024;
 
 export class WebhookDeliverer {
   private timer: Timer | undefined;
+  private sweeper: Timer | undefined;
   private ticking = false;
   private stopped = false;
   private readonly inFlight = new Map<string, Promise<void>>();
@@ -42,12 +45,26 @@ export class WebhookDeliverer {
 
   start(): void {
     this.timer = this.o.clock.every(this.o.pollMs ?? 500, () => void this.tick(), { keepAlive: false });
+    this.sweeper = this.o.clock.every(SWEEP_EVERY_MS, () => void this.sweep(), { keepAlive: false });
+  }
+
+  /** Forgets finished deliveries older than the log keeps them (bounded per run). */
+  async sweep(): Promise<number> {
+    const held = this.o.held();
+    if (held.length === 0 || this.stopped) return 0;
+    try {
+      return await this.o.store.sweep(held, this.o.clock.nowMs() - DELIVERY_LOG_MS);
+    } catch (err) {
+      this.o.log.warn({ err }, "sweeping old webhook deliveries failed; retrying later");
+      return 0;
+    }
   }
 
   /** Stops looking for work and waits (bounded) for attempts in flight. */
   async stop(): Promise<void> {
     this.stopped = true;
     this.timer?.cancel();
+    this.sweeper?.cancel();
     await Promise.race([Promise.all(this.inFlight.values()), this.o.clock.sleep(this.o.timeoutMs + 1_000, { keepAlive: false })]);
   }
 
@@ -99,7 +116,14 @@ export class WebhookDeliverer {
       return;
     }
     const n = doc.attempts + 1;
-    if (!(await this.o.store.claimAttempt(doc, n))) return;
+    if (!(await this.o.store.claimAttempt(doc, n))) {
+      // Claimed before, never recorded: its node stopped between claim and answer. Once
+      // that attempt is certainly over, it counts as failed and the next one may go.
+      await this.o.store.releaseLostAttempt(doc, n, now - 2 * this.o.timeoutMs - 1_000);
+      return;
+    }
+    // The partition may have moved while this node looked (a pause): then its new owner sends.
+    if (!this.o.held().includes(doc.partition)) return;
     const timestampS = Math.floor(now / 1000);
     const signature = signWebhook(this.o.store.signingSecrets(endpoint), doc.message_id, timestampS, doc.body);
     const started = this.o.clock.nowMs();

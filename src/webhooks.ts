@@ -79,6 +79,12 @@ export interface AttemptDoc extends WebhookAttempt {
 
 /** How long a rotated-out secret still signs deliveries. */
 export const SECRET_GRACE_MS = 24 * 3600 * 1000;
+/** The error of an attempt claimed and not answered yet. */
+const IN_FLIGHT = "in flight";
+/** The most webhooks a workspace may have (each final turn fans out to every wanting one). */
+export const MAX_WEBHOOKS_PER_WORKSPACE = 50;
+/** How long a finished delivery (delivered or failed) stays in the log. */
+export const DELIVERY_LOG_MS = 7 * 24 * 3600 * 1000;
 /** How long a node trusts its list of a workspace's endpoints (its own changes apply at once). */
 const ENDPOINTS_TTL_MS = 2_000;
 
@@ -140,6 +146,11 @@ export class WebhookStore {
     await guard(() => this.endpoints.insertOne(doc));
     this.cache.delete(input.workspaceId);
     return { doc, secret };
+  }
+
+  /** How many webhooks the workspace has (bounded by the limit and one). */
+  count(workspaceId: string): Promise<number> {
+    return guard(() => this.endpoints.countDocuments({ workspace_id: workspaceId }, { limit: MAX_WEBHOOKS_PER_WORKSPACE + 1 }));
   }
 
   get(workspaceId: string, id: string): Promise<WebhookDoc | null> {
@@ -280,12 +291,24 @@ export class WebhookStore {
   /** Claims attempt `n` of a delivery: false when another node already made it. */
   async claimAttempt(doc: DeliveryDoc, n: number): Promise<boolean> {
     try {
-      await guard(() => this.attempts.insertOne({ _id: `${doc._id}:${n}`, delivery_id: doc._id, webhook_id: doc.webhook_id, n, at: this.clock.nowMs(), status_code: null, latency_ms: null, error: "in flight" }));
+      await guard(() => this.attempts.insertOne({ _id: `${doc._id}:${n}`, delivery_id: doc._id, webhook_id: doc.webhook_id, n, at: this.clock.nowMs(), status_code: null, latency_ms: null, error: IN_FLIGHT }));
       return true;
     } catch (err) {
       if (isDuplicateKey(err)) return false;
       throw err;
     }
+  }
+
+  /**
+   * An attempt claimed before `claimedBeforeMs` whose outcome was never recorded (its node
+   * stopped): recorded as lost, so the delivery's next attempt can be claimed.
+   */
+  async releaseLostAttempt(doc: DeliveryDoc, n: number, claimedBeforeMs: number): Promise<boolean> {
+    const claimed = await guard(() => this.attempts.findOne({ _id: `${doc._id}:${n}` }));
+    if (!claimed || claimed.error !== IN_FLIGHT || claimed.at >= claimedBeforeMs) return false;
+    const lost: WebhookAttempt = { n, at: claimed.at, status_code: null, latency_ms: null, error: "lost: the sending node stopped before an answer" };
+    await this.recordAttempt(doc, lost, { status: "pending", nextAttemptAt: this.clock.nowMs() });
+    return true;
   }
 
   /** Records an attempt's outcome and the delivery's next state (the partition owner only). */
@@ -301,6 +324,22 @@ export class WebhookStore {
   async postpone(doc: DeliveryDoc, until: number, failed: boolean): Promise<void> {
     const set: Partial<DeliveryDoc> = failed ? { status: "failed", completed_at: this.clock.nowMs() } : { next_attempt_at: until };
     await guard(() => this.deliveries.updateOne({ _id: doc._id }, { $set: set }));
+  }
+
+  /**
+   * Forgets finished deliveries of these partitions (and their attempts) that ended before
+   * `beforeMs`; at most `limit` per call. The partition owner calls it, so nothing it removes
+   * is being attempted.
+   */
+  async sweep(partitions: number[], beforeMs: number, limit = 1_000): Promise<number> {
+    const old = await guard(() =>
+      this.deliveries.find({ partition: { $in: partitions }, status: { $in: ["delivered", "failed"] }, completed_at: { $lt: beforeMs } }, { projection: { _id: 1 } }).limit(limit).toArray(),
+    );
+    if (old.length === 0) return 0;
+    const ids = old.map((d) => d._id);
+    await guard(() => this.attempts.deleteMany({ delivery_id: { $in: ids } }));
+    await guard(() => this.deliveries.deleteMany({ _id: { $in: ids } }));
+    return ids.length;
   }
 
   /** Every attempt of a delivery, in order. */

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, checkModelEndpoint, decodeCursor, type DeliveryDoc, encodeCursor, invalid, list, NetworkPolicyError, partitionOf, unixSeconds, type WebhookAttempt, type WebhookDoc } from "../../src/index.js";
+import { ApiError, checkModelEndpoint, decodeCursor, type DeliveryDoc, encodeCursor, invalid, list, MAX_WEBHOOKS_PER_WORKSPACE, NetworkPolicyError, partitionOf, unixSeconds, type WebhookAttempt, type WebhookDoc } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { type Operation, page, route } from "../operation.js";
 import { WebhookCreateRequestSchema, WebhookDeletedSchema, WebhookDeliveryListSchema, WebhookDeliverySchema, WebhookListSchema, WebhookSchema, WebhookUpdateRequestSchema } from "../schemas.js";
@@ -187,6 +187,9 @@ export function webhookRoutes(ctx: GatewayContext) {
     route(app, WEBHOOK_OPERATIONS.createWebhook, async (request, reply) => {
       const auth = authOf(request);
       await checkUrl(request.body.url);
+      if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) {
+        throw invalid(null, `The workspace has ${MAX_WEBHOOKS_PER_WORKSPACE} webhooks, the most it may have; delete one first.`);
+      }
       const { doc, secret } = await store.create({
         workspaceId: auth.workspace._id,
         url: request.body.url,

@@ -1,4 +1,6 @@
 import { readdirSync, readFileSync } from "node:fs";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import anyTest, { type TestFn } from "ava";
 import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
@@ -51,7 +53,8 @@ const sleepConfig = (seconds: number, then: Array<Record<string, unknown>> = [{ 
 test.before(async (t) => {
   t.timeout(120_000);
   const started = Date.now();
-  const cluster = await startTestCluster();
+  // Webhooks reach the test's receiver on 127.0.0.1; their retry waits are shrunk 50 times.
+  const cluster = await startTestCluster({ env: { RUNS_WEBHOOK_ALLOW_PRIVATE: "1", RUNS_WEBHOOK_RETRY_SCALE: "0.02" } });
   t.context.cluster = cluster;
   t.context.raw = await openRawDb(cluster.mongoUri, cluster.mongoDb);
   t.context.echo = await nodeApi(cluster, 0).agentWith({ model: "faux/scripted" }, "echo");
@@ -364,4 +367,45 @@ test.serial("cluster - failover time: from SIGKILL of a run's owner to the first
   const med = median(samples);
   t.log(`failover (SIGKILL → accepted continuation, lease ttl ${LEASE_TTL_MS} ms): samples ${samples.join(", ")} ms; median ${med} ms`);
   t.true(med < LEASE_TTL_MS * 5, `median ${med} ms`);
+});
+
+test.serial("cluster - webhooks: the node retrying a delivery is killed while the receiver is down; another node delivers it once the receiver is back, once", async (t) => {
+  t.timeout(120_000);
+  const { cluster, echo } = t.context;
+  const victim = 1;
+  let up = false;
+  const received: Array<{ id: string; status: number }> = [];
+  const receiver = createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      const status = up ? 200 : 503;
+      received.push({ id: String(req.headers["webhook-id"]), status });
+      res.writeHead(status).end();
+    });
+  });
+  await new Promise<void>((resolve) => receiver.listen(0, "127.0.0.1", resolve));
+  t.teardown(() => receiver.close());
+  const api = nodeApi(cluster, 0);
+  const hook = await api.post("/api/v1/webhooks", { url: `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/`, event_types: ["turn.completed"], agent_id: echo });
+  t.is(hook.status, 201, JSON.stringify(hook.body));
+  t.teardown(() => api.request("DELETE", `/api/v1/webhooks/${hook.body.id}`).then(() => undefined));
+  // Another node learns of the webhook within 2 s.
+  await sleep(2_100);
+  const run = await runOwnedBy(cluster, victim, echo, 0, "deliver me");
+  await waitFinal(cluster, run.id, run.turn.id);
+  const deliveries = async () => (await getWithRetry(cluster, `/api/v1/webhooks/${hook.body.id}/deliveries?limit=100`)).body.data as any[];
+  const mine = await until("the run's delivery is recorded", async () => (await deliveries()).find((d) => d.run_id === run.id));
+  await until("the owner tried it twice", async () => (received.filter((r) => r.id === mine.message_id).length >= 2 ? true : undefined), 20_000);
+  t.is(await cluster.ownerOf(run.id), victim);
+  await cluster.killNode(victim);
+  up = true;
+  await until("delivered by another node", async () => (received.some((r) => r.id === mine.message_id && r.status === 200) ? true : undefined), 45_000);
+  await sleep(1_000);
+  t.is(received.filter((r) => r.id === mine.message_id && r.status === 200).length, 1, "accepted once");
+  const after = await until("the log says delivered", async () => (await deliveries()).find((d) => d.id === mine.id && d.status === "delivered"), 10_000);
+  t.true(after.attempts >= 3, `attempts ${after.attempts}`);
+  // Every run the search started was delivered too (some on other nodes), each once.
+  const all = await deliveries();
+  await until("every delivery done", async () => ((await deliveries()).every((d) => d.status === "delivered") ? true : undefined), 30_000);
+  for (const d of all) t.is(received.filter((r) => r.id === d.message_id && r.status === 200).length <= 1, true, d.id);
 });

@@ -271,6 +271,45 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
 
   t.deepEqual((await ws.api.request("DELETE", `/api/v1/webhooks/${hook.id}`)).body, { id: hook.id, object: "webhook.deleted", deleted: true });
   t.is((await ws.api.get(`/api/v1/webhooks/${hook.id}`)).status, 404);
+
+  // At most 50 per workspace: each final turn fans out to every one.
+  for (let i = 0; i < 50; i++) t.is((await ws.api.post("/api/v1/webhooks", { url: `https://example.com/${i}`, event_types: ["*"] })).status, 201);
+  const past = await ws.api.post("/api/v1/webhooks", { url: "https://example.com/51", event_types: ["*"] });
+  t.is(past.status, 400);
+  t.regex(past.body.error.message, /50 webhooks, the most it may have/);
+  const firstPage = await ws.api.get("/api/v1/webhooks?limit=30");
+  const secondPage = await ws.api.get(`/api/v1/webhooks?limit=30&after=${firstPage.body.next_cursor}`);
+  t.is(firstPage.body.data.length + secondPage.body.data.length, 50);
+  t.false(secondPage.body.has_more);
+  t.is(new Set([...firstPage.body.data, ...secondPage.body.data].map((w: any) => w.id)).size, 50, "pages do not overlap");
+  t.is((await other.api.get(`/api/v1/webhooks?after=${firstPage.body.next_cursor}`)).body.error.code, "invalid_cursor");
+});
+
+test("webhooks - finished deliveries leave the log after 7 days; pending ones stay", async (t) => {
+  const ws = await newWorkspace(t.context.strict);
+  const raw = await t.context.servers.raw();
+  const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
+  const { doc } = await store.create({ workspaceId: ws.id, url: "https://example.com/x", description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const done = await store.enqueueTest(doc, 999_998);
+  const waiting = await store.enqueueTest(doc, 999_998);
+  t.true(await store.claimAttempt(done, 1));
+  t.false(await store.claimAttempt(done, 1), "an attempt is claimed once");
+  await store.recordAttempt(done, { n: 1, at: Date.now(), status_code: 200, latency_ms: 3, error: null }, { status: "delivered", nextAttemptAt: Date.now() });
+  t.is(await store.sweep([999_998], Date.now() - 1000), 0, "not old enough yet");
+  t.is(await store.sweep([999_998], Date.now() + 1000), 1);
+  t.is(await store.getDelivery(doc._id, done._id), null);
+  t.deepEqual(await store.attemptsOf(done._id), []);
+  t.truthy(await store.getDelivery(doc._id, waiting._id), "the pending one stays");
+
+  // An attempt claimed by a node that stopped before the answer: once certainly over, it
+  // counts as lost and the next attempt may be claimed.
+  t.true(await store.claimAttempt(waiting, 1));
+  t.false(await store.releaseLostAttempt(waiting, 1, Date.now() - 60_000), "too recent: it may still be running");
+  t.true(await store.releaseLostAttempt(waiting, 1, Date.now() + 1_000));
+  const after = (await store.getDelivery(doc._id, waiting._id))!;
+  t.like(after, { status: "pending", attempts: 1 });
+  t.regex(after.last_attempt?.error ?? "", /^lost/);
+  t.true(await store.claimAttempt(after, 2));
 });
 
 test("webhooks - private, loopback and metadata destinations are refused without the operator's allowance, at creation and at delivery", async (t) => {

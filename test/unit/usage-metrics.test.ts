@@ -1,0 +1,18 @@
+import test from "ava";
+import { GatewayMetrics } from "../../gateway/metrics.js";
+
+/** The usage counters of /metrics: tokens by kind, cost only for priced turns. */
+test("metrics - usage counts tokens by workspace, model and kind, and cost in dollars", async (t) => {
+  const metrics = new GatewayMetrics({ sseStreams: () => 0, natsConnected: () => true, storeReachable: async () => true });
+  const record = { _id: "turn_1", workspace_id: "ws_a", run_id: "run_1", agent_id: "agt_1", agent_version: 1, model: "openai/gpt-x", at: 0, input_tokens: 100, output_tokens: 20, cache_read_tokens: 5, cache_write_tokens: 0, cost_usd: 0.25 };
+  metrics.countUsage(record);
+  metrics.countUsage({ ...record, _id: "turn_2", cost_usd: 0.5, input_tokens: 1 });
+  metrics.countUsage({ ...record, _id: "turn_3", model: "faux/scripted", cost_usd: null });
+  const text = await metrics.text();
+  t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai\/gpt-x",kind="input"\} 101$/m);
+  t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai\/gpt-x",kind="output"\} 40$/m);
+  t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai\/gpt-x",kind="cache_read"\} 10$/m);
+  t.notRegex(text, /kind="cache_write"/, "a kind never used is not a series");
+  t.regex(text, /^runs_cost_usd_total\{workspace="ws_a",model="openai\/gpt-x"\} 0\.75$/m);
+  t.notRegex(text, /runs_cost_usd_total\{workspace="ws_a",model="faux\/scripted"\}/);
+});
