@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType } from "../src/index.js";
+import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
 import { startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -319,20 +319,36 @@ export class TurnExecution {
   }
 
   /** The final turn's webhook deliveries (keyed by the turn: a repeat records nothing new). */
-  async recordWebhooks(run: RunDoc, turn: TurnDoc, view: unknown): Promise<void> {
+  async recordWebhooks(run: RunDoc, turn: TurnDoc, view: ReturnType<typeof renderRun>): Promise<void> {
     if (!isFinalStatus(turn.status)) return;
-    await this.r.webhooks.enqueue({
-      workspaceId: run.workspace_id,
-      agentId: run.agent_id,
-      runId: run._id,
-      partition: run.partition,
-      type: finalEventType(turn.status) as WebhookEventType,
-      eventKey: turn._id,
-      data: { run: view },
-    });
+    try {
+      await this.r.webhooks.enqueue({
+        workspaceId: run.workspace_id,
+        agentId: run.agent_id,
+        runId: run._id,
+        partition: run.partition,
+        type: finalEventType(turn.status) as WebhookEventType,
+        eventKey: turn._id,
+        data: webhookData(view),
+      });
+    } catch (err) {
+      // A store that is away is retried with the run's move-on; anything else must not
+      // hold the run busy: the deliveries are lost, and said so.
+      if (isTransientFailure(err)) throw err;
+      this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference: this.r.ids.reference() }, "could not record the turn's webhook deliveries");
+    }
   }
 
   publishFinal(turnId: string): void {
     this.r.nc.publish(Subjects.turnFinal(turnId), "");
   }
+}
+
+/** The largest Run a webhook body carries whole; a larger one is sent without its input and output. */
+export const MAX_WEBHOOK_RUN_BYTES = 256 * 1024;
+
+/** A final turn's webhook data: the Run, or, when too large, the Run without the turn's input and output (`truncated`). */
+export function webhookData(view: ReturnType<typeof renderRun>): { run: unknown; truncated?: true } {
+  if (Buffer.byteLength(JSON.stringify(view)) <= MAX_WEBHOOK_RUN_BYTES) return { run: view };
+  return { run: { ...view, turn: { ...view.turn, input: [], output: [] } }, truncated: true };
 }
