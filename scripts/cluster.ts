@@ -164,6 +164,19 @@ async function waitJetStream(nc: NatsConnection, timeoutMs: number): Promise<voi
   throw new Error(`JetStream did not become ready within ${timeoutMs} ms: ${String(last)}`);
 }
 
+/** Runs `provision` again while JetStream cannot place replicas yet, up to `timeoutMs`. */
+async function untilPlaced<T>(provision: () => Promise<T>, timeoutMs: number): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await provision();
+    } catch (err) {
+      if (!/no suitable peers for placement/i.test(String(err)) || Date.now() > deadline || attempt >= 120) throw err;
+      await sleep(250);
+    }
+  }
+}
+
 export async function startCluster(options: ClusterOptions = {}): Promise<Cluster> {
   const nodeCount = options.nodes ?? 3;
   const natsCount = options.natsServers ?? 3;
@@ -245,7 +258,10 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
     const replicas = Math.min(3, natsCount);
     env.RUNS_NATS_REPLICAS ??= String(replicas);
     const config = loadConfig({ ...env, NATS_URL: natsUrl });
-    await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs);
+    // The meta leader answers before every server is a current peer: an R3 stream may not
+    // be placeable for a moment yet ("no suitable peers for placement"). Bounded retries.
+    const launcher = nc;
+    await untilPlaced(() => provisionNats(launcher, config.retention, config.natsReplicas, config.rateLimits.windowMs), 30_000);
     leases = await new Kvm(nc).open(LEASES_BUCKET);
 
     store = await MongoStore.connect(mongoUri, mongoDb);
