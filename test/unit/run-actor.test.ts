@@ -249,6 +249,23 @@ test("run-actor - recovery by a new owner: in_progress → incomplete (worker_ex
   );
 });
 
+test("run-actor - recovery: a turn stored final whose run never moved on (its owner died between the writes) gets its webhooks from the new owner", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  await first.command(startCmd());
+  first.stop("partition lost");
+  // The final write of the turn landed; the owner died before recording webhooks and moving the run on.
+  Object.assign(w.store.turns.get("turn_1")!, { status: "completed", output: [{ type: "output_text", text: "done" }], completed_at: w.clock.nowMs() });
+  t.deepEqual(w.webhookEvents, []);
+
+  const second = w.actor(2);
+  await second.recover();
+  t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey]), [["turn.completed", "turn_1"]]);
+  t.is((w.webhookEvents[0]!.data as { run: { turn: { output: Array<{ text: string }> } } }).run.turn.output[0]!.text, "done");
+  t.is(w.store.runs.get(RUN)!.state, "idle", "and the run moved on");
+  t.is(w.store.turns.get("turn_1")!.status, "completed", "the stored outcome stands");
+});
+
 test("run-actor - recovery settles a cancelling turn as cancelled", async (t) => {
   const w = await world();
   const first = w.actor(1);
