@@ -497,8 +497,11 @@ class Output {
     timer.unref();
     draw();
     return {
+      // Shown at once: a step that begins and ends between two frames is still seen.
       label: (next) => {
+        if (stopped || next === text) return;
         text = next;
+        draw();
       },
       stop: () => {
         if (stopped) return;

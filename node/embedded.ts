@@ -35,17 +35,37 @@ export interface Embedded {
 
 export const DEFAULT_EMBEDDED_NATS_PORT = 4322;
 
+/**
+ * A NATS password nats.conf can take from the environment: nats-server parses a variable's
+ * value as a config value, so one starting with "-" fails to start it ("Expected a digit")
+ * and one like "2MB" becomes a number. A letter first, then base64url, is always a string.
+ */
+export function natsPassword(): string {
+  return `p${randomBytes(24).toString("base64url")}`;
+}
+
+/** Whether nats-server reads `value` from the environment as a string (see {@link natsPassword}). */
+export function natsReadsAsString(value: string): boolean {
+  return /^[A-Za-z][A-Za-z0-9_-]*$/.test(value);
+}
+
 export async function loadOrCreateSecrets(dataDir: string): Promise<EmbeddedSecrets> {
   const file = path.join(dataDir, "secrets.json");
   if (existsSync(file)) {
     // Tightened if an earlier version or a person loosened it.
     if (((await stat(file)).mode & 0o077) !== 0) await chmod(file, 0o600);
-    return JSON.parse(await readFile(file, "utf8")) as EmbeddedSecrets;
+    const secrets = JSON.parse(await readFile(file, "utf8")) as EmbeddedSecrets;
+    // An earlier version could write a password nats-server cannot read (about 1 in 32
+    // data folders): replaced; only our own processes and the tap (shown at start) use them.
+    if (natsReadsAsString(secrets.nats_password) && natsReadsAsString(secrets.nats_tap_password)) return secrets;
+    const repaired = { ...secrets, nats_password: natsPassword(), nats_tap_password: natsPassword() };
+    await writeFile(file, JSON.stringify(repaired, null, 2), { mode: 0o600 });
+    return repaired;
   }
   await mkdir(dataDir, { recursive: true, mode: 0o711 });
   const secrets: EmbeddedSecrets = {
-    nats_password: randomBytes(24).toString("base64url"),
-    nats_tap_password: randomBytes(24).toString("base64url"),
+    nats_password: natsPassword(),
+    nats_tap_password: natsPassword(),
     master_key: randomBytes(32).toString("base64"),
   };
   await writeFile(file, JSON.stringify(secrets, null, 2), { mode: 0o600 });
