@@ -253,8 +253,11 @@ export class RunActor {
     const now = this.r.clock.nowMs();
     const status = turn ? interruptedStatus(turn.status) : undefined;
     if (turn && isFinalStatus(turn.status)) {
-      // The turn was stored final, the run not moved on: its webhooks may not be recorded yet.
-      await this.turns.recordWebhooks(run, turn, renderRun(run, turn));
+      // Stored final, the run not moved on (its owner died between the writes): the move-on
+      // is finished here, webhooks and usage included. Whether the final event went out
+      // before the crash is not known: it is not emitted again (issue 17 counts such gaps).
+      await this.turns.afterTurn(run, turn, now, { emitFinal: false });
+      return;
     }
     if (turn && status) {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: this.r.ids.reference() }) : null;

@@ -250,7 +250,7 @@ export class TurnExecution {
    * After the active turn ended: record its final event, start the queued turn or go
    * idle, and only then tell waiters (they read the run when notified).
    */
-  async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number): Promise<void> {
+  async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number, options: { emitFinal?: boolean } = {}): Promise<void> {
     // The turn to start next: the queued one, or, when an earlier move-on wrote the run but
     // could not start that turn (a failed turn write; settleUnstored comes back here), the
     // one the run already names active.
@@ -273,7 +273,7 @@ export class TurnExecution {
     }
     // Once per turn, also when a failed write of the run makes settleUnstored come back here.
     const emitted = this.storedFinal?.turnId === finished?._id && this.storedFinal?.finalEmitted === true;
-    if (finished && !emitted) {
+    if (finished && !emitted && options.emitFinal !== false) {
       this.host.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
       if (this.storedFinal?.turnId === finished._id) this.storedFinal.finalEmitted = true;
     }

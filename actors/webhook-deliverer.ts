@@ -82,7 +82,14 @@ export class WebhookDeliverer {
         if (this.inFlight.has(doc._id) || (this.perEndpoint.get(doc.webhook_id) ?? 0) >= this.o.maxInFlight) continue;
         // In order per run and endpoint: not while an earlier one is pending (or starting now).
         const orderKey = `${doc.webhook_id}/${doc.run_id}`;
-        if (doc.run_id !== null && (started.has(orderKey) || (await this.o.store.earlierPending(doc)))) continue;
+        if (doc.run_id !== null && started.has(orderKey)) continue;
+        const earlier = await this.o.store.earlierPending(doc);
+        if (earlier !== null) {
+          // Waits for the earlier one; put off until it is due, so it leaves the due window
+          // and never starves other deliveries.
+          await this.o.store.postpone(doc, Math.max(earlier, this.o.clock.nowMs() + (this.o.pollMs ?? 500)), false);
+          continue;
+        }
         started.add(orderKey);
         this.launch(doc);
       }
@@ -108,8 +115,9 @@ export class WebhookDeliverer {
 
   private async attempt(doc: DeliveryDoc): Promise<void> {
     const endpoint = await this.o.store.getEndpoint(doc.webhook_id);
-    if (!endpoint) return;
     const now = this.o.clock.nowMs();
+    // Its webhook was deleted (another node's list of endpoints was up to 2 s old): nothing to send.
+    if (!endpoint) return this.o.store.postpone(doc, now, true);
     if (!endpoint.enabled) {
       // Kept until the endpoint is enabled again (looked at again every few seconds) or the horizon passes.
       await this.o.store.postpone(doc, now + DISABLED_RECHECK_MS, now - doc.created_at > this.o.horizonMs);
@@ -117,9 +125,9 @@ export class WebhookDeliverer {
     }
     const n = doc.attempts + 1;
     if (!(await this.o.store.claimAttempt(doc, n))) {
-      // Claimed before, never recorded: its node stopped between claim and answer. Once
-      // that attempt is certainly over, it counts as failed and the next one may go.
-      await this.o.store.releaseLostAttempt(doc, n, now - 2 * this.o.timeoutMs - 1_000);
+      // Claimed before and not counted: apply what it recorded, or, once it is certainly
+      // over, count it as lost so the next attempt may go.
+      await this.o.store.reconcileAttempt(doc, n, now - 2 * this.o.timeoutMs - 1_000, now - doc.created_at > this.o.horizonMs);
       return;
     }
     // The partition may have moved while this node looked (a pause): then its new owner sends.
@@ -131,19 +139,21 @@ export class WebhookDeliverer {
     const done = this.o.clock.nowMs();
     const attempt: WebhookAttempt = { n, at: started, status_code: answer.status, latency_ms: answer.status === null ? null : done - started, error: answer.error };
     const log = { delivery_id: doc._id, webhook_id: doc.webhook_id, workspace_id: doc.workspace_id, event_type: doc.event_type, attempt: n, status: answer.status, error: answer.error };
+    // A lapsed owner records only its attempt; the partition's new owner applies it.
+    const owns = this.o.held().includes(doc.partition);
     if (answer.status !== null && answer.status >= 200 && answer.status < 300) {
-      await this.o.store.recordAttempt(doc, attempt, { status: "delivered", nextAttemptAt: done });
+      await this.o.store.recordAttempt(doc, attempt, { status: "delivered", nextAttemptAt: done }, owns);
       this.o.log.info(log, "webhook delivered");
       return;
     }
     if (answer.status === 410) {
-      await this.o.store.recordAttempt(doc, attempt, { status: "failed", nextAttemptAt: done });
-      await this.o.store.disable(endpoint, "The endpoint answered 410 Gone.");
+      await this.o.store.recordAttempt(doc, attempt, { status: "failed", nextAttemptAt: done }, owns);
+      if (owns) await this.o.store.disable(endpoint, "The endpoint answered 410 Gone.");
       this.o.log.warn(log, "webhook endpoint answered 410 Gone: disabled");
       return;
     }
     const next = nextAttemptAt(n, done, doc.created_at, this.o.horizonMs, Math.random(), this.o.retryScale);
-    await this.o.store.recordAttempt(doc, attempt, { status: next === null ? "failed" : "pending", nextAttemptAt: next ?? done });
+    await this.o.store.recordAttempt(doc, attempt, { status: next === null ? "failed" : "pending", nextAttemptAt: next ?? done }, owns);
     this.o.log.warn({ ...log, next_attempt_at: next }, next === null ? "webhook delivery failed for good (past its horizon)" : "webhook attempt failed; retrying later");
   }
 

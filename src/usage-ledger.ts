@@ -48,6 +48,8 @@ interface SpentCache {
 export const SPENT_TTL_MS = 5_000;
 /** How long a node trusts a budget it read (its own changes apply at once). */
 export const BUDGET_TTL_MS = 2_000;
+/** Workspaces whose budget and spend a node keeps in memory (bounded: cleared when full). */
+const CACHED_WORKSPACES = 10_000;
 /** The longest range one summary reads. */
 export const MAX_USAGE_RANGE_MS = 366 * 24 * 3600 * 1000;
 
@@ -108,6 +110,7 @@ export class UsageLedger implements UsageRecorder {
     const cached = this.budgetCache.get(workspaceId);
     if (cached && now - cached.readAt < BUDGET_TTL_MS) return cached.budget;
     const budget = await guard(() => this.budgets.findOne({ _id: workspaceId }));
+    if (this.budgetCache.size >= CACHED_WORKSPACES) this.budgetCache.clear();
     this.budgetCache.set(workspaceId, { budget, readAt: now });
     return budget;
   }
@@ -169,6 +172,7 @@ export class UsageLedger implements UsageRecorder {
     if (cached && cached.periodStart === periodStart && now - cached.summedAt < SPENT_TTL_MS) return cached.spent;
     const tally = await this.summary(workspaceId, periodStart, nextMonthStart(now), "model");
     const spent = tally.total.turns ? pickUsage(tally.total) : NO_USAGE;
+    if (this.spentCache.size >= CACHED_WORKSPACES) this.spentCache.clear();
     this.spentCache.set(workspaceId, { periodStart, spent, summedAt: now });
     return spent;
   }

@@ -79,6 +79,8 @@ export interface AttemptDoc extends WebhookAttempt {
 
 /** How long a rotated-out secret still signs deliveries. */
 export const SECRET_GRACE_MS = 24 * 3600 * 1000;
+/** Workspaces whose endpoints a node keeps in memory. */
+const CACHED_WORKSPACES = 10_000;
 /** The error of an attempt claimed and not answered yet. */
 const IN_FLIGHT = "in flight";
 /** The most webhooks a workspace may have (each final turn fans out to every wanting one). */
@@ -208,6 +210,8 @@ export class WebhookStore {
     const cached = this.cache.get(workspaceId);
     if (cached && now - cached.readAt < ENDPOINTS_TTL_MS) return cached.docs;
     const docs = await guard(() => this.endpoints.find({ workspace_id: workspaceId }).limit(1_000).toArray());
+    // Bounded: a node serving many workspaces forgets them all at once now and then.
+    if (this.cache.size >= CACHED_WORKSPACES) this.cache.clear();
     this.cache.set(workspaceId, { docs, readAt: now });
     return docs;
   }
@@ -279,13 +283,19 @@ export class WebhookStore {
     );
   }
 
-  /** Whether an earlier delivery of the same run to the same endpoint is still pending (order per run). */
-  async earlierPending(doc: DeliveryDoc): Promise<boolean> {
-    if (doc.run_id === null) return false;
+  /**
+   * An earlier delivery of the same run to the same endpoint that is still pending (order per
+   * run): when it is due next, or null when there is none.
+   */
+  async earlierPending(doc: DeliveryDoc): Promise<number | null> {
+    if (doc.run_id === null) return null;
     const earlier = await guard(() =>
-      this.deliveries.findOne({ webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", $or: [{ created_at: { $lt: doc.created_at } }, { created_at: doc.created_at, _id: { $lt: doc._id } }] }, { projection: { _id: 1 } }),
+      this.deliveries.findOne(
+        { webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", $or: [{ created_at: { $lt: doc.created_at } }, { created_at: doc.created_at, _id: { $lt: doc._id } }] },
+        { projection: { next_attempt_at: 1 } },
+      ),
     );
-    return earlier !== null;
+    return earlier ? earlier.next_attempt_at : null;
   }
 
   /** Claims attempt `n` of a delivery: false when another node already made it. */
@@ -300,24 +310,39 @@ export class WebhookStore {
   }
 
   /**
-   * An attempt claimed before `claimedBeforeMs` whose outcome was never recorded (its node
-   * stopped): recorded as lost, so the delivery's next attempt can be claimed.
+   * Attempt n was claimed already, yet the delivery does not count it: its sender stopped, or
+   * its delivery write failed, or a lapsed owner recorded only the attempt. An answer it
+   * recorded is applied (2xx: delivered); one never recorded counts as lost once certainly
+   * over (claimed before `claimedBeforeMs`). Past the horizon, the delivery fails. True when
+   * the delivery moved on.
    */
-  async releaseLostAttempt(doc: DeliveryDoc, n: number, claimedBeforeMs: number): Promise<boolean> {
+  async reconcileAttempt(doc: DeliveryDoc, n: number, claimedBeforeMs: number, pastHorizon: boolean): Promise<boolean> {
     const claimed = await guard(() => this.attempts.findOne({ _id: `${doc._id}:${n}` }));
-    if (!claimed || claimed.error !== IN_FLIGHT || claimed.at >= claimedBeforeMs) return false;
-    const lost: WebhookAttempt = { n, at: claimed.at, status_code: null, latency_ms: null, error: "lost: the sending node stopped before an answer" };
-    await this.recordAttempt(doc, lost, { status: "pending", nextAttemptAt: this.clock.nowMs() });
+    if (!claimed) return false;
+    const answered = claimed.error !== IN_FLIGHT;
+    if (!answered && claimed.at >= claimedBeforeMs) return false;
+    const attempt: WebhookAttempt = answered
+      ? { n, at: claimed.at, status_code: claimed.status_code, latency_ms: claimed.latency_ms, error: claimed.error }
+      : { n, at: claimed.at, status_code: null, latency_ms: null, error: "lost: the sending node stopped before an answer" };
+    const delivered = attempt.status_code !== null && attempt.status_code >= 200 && attempt.status_code < 300;
+    await this.recordAttempt(doc, attempt, { status: delivered ? "delivered" : pastHorizon ? "failed" : "pending", nextAttemptAt: this.clock.nowMs() });
     return true;
   }
 
-  /** Records an attempt's outcome and the delivery's next state (the partition owner only). */
-  async recordAttempt(doc: DeliveryDoc, attempt: WebhookAttempt, next: { status: DeliveryStatus; nextAttemptAt: number }): Promise<void> {
+  /**
+   * Records an attempt's outcome: the delivery's next state first (so a failure between the
+   * two writes never leaves the delivery behind its attempts), then the attempt's own record.
+   * `ownsDelivery` false (the partition moved during the attempt): only the attempt's record;
+   * the new owner applies it (reconcileAttempt).
+   */
+  async recordAttempt(doc: DeliveryDoc, attempt: WebhookAttempt, next: { status: DeliveryStatus; nextAttemptAt: number }, ownsDelivery = true): Promise<void> {
+    if (ownsDelivery) {
+      const completed = next.status === "pending" ? null : this.clock.nowMs();
+      await guard(() =>
+        this.deliveries.updateOne({ _id: doc._id }, { $set: { status: next.status, attempts: attempt.n, next_attempt_at: next.nextAttemptAt, last_attempt: attempt, completed_at: completed } }),
+      );
+    }
     await guard(() => this.attempts.updateOne({ _id: `${doc._id}:${attempt.n}` }, { $set: { status_code: attempt.status_code, latency_ms: attempt.latency_ms, error: attempt.error } }));
-    const completed = next.status === "pending" ? null : this.clock.nowMs();
-    await guard(() =>
-      this.deliveries.updateOne({ _id: doc._id }, { $set: { status: next.status, attempts: attempt.n, next_attempt_at: next.nextAttemptAt, last_attempt: attempt, completed_at: completed } }),
-    );
   }
 
   /** Puts a delivery off without an attempt (its endpoint is disabled); `failed` once past its horizon. */

@@ -162,8 +162,9 @@ export function runRoutes(ctx: GatewayContext) {
             fresh: () => ({ run_id: body.kind === "start" ? ctx.ids.run() : body.run_id, turn_id: ctx.ids.turn() }),
           },
           async (identity, firstClaim) => {
-            // A spent budget refuses new turns; a retry of a claim already made goes on.
-            if (firstClaim) await ctx.usage.admit(workspaceId);
+            // A spent budget refuses new turns; a retry whose turn was admitted goes on (a
+            // concurrent twin of a refused request finds no turn: it is checked too).
+            if (firstClaim || !(await ctx.store.getTurn(identity.turn_id))) await ctx.usage.admit(workspaceId);
             if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.turn_id);
             return admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
           },

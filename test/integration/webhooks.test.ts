@@ -304,12 +304,20 @@ test("webhooks - finished deliveries leave the log after 7 days; pending ones st
   // An attempt claimed by a node that stopped before the answer: once certainly over, it
   // counts as lost and the next attempt may be claimed.
   t.true(await store.claimAttempt(waiting, 1));
-  t.false(await store.releaseLostAttempt(waiting, 1, Date.now() - 60_000), "too recent: it may still be running");
-  t.true(await store.releaseLostAttempt(waiting, 1, Date.now() + 1_000));
+  t.false(await store.reconcileAttempt(waiting, 1, Date.now() - 60_000, false), "too recent: it may still be running");
+  t.true(await store.reconcileAttempt(waiting, 1, Date.now() + 1_000, false));
   const after = (await store.getDelivery(doc._id, waiting._id))!;
   t.like(after, { status: "pending", attempts: 1 });
   t.regex(after.last_attempt?.error ?? "", /^lost/);
   t.true(await store.claimAttempt(after, 2));
+
+  // A lapsed owner got an answer and recorded only its attempt: the new owner applies it.
+  const third = await store.enqueueTest(doc, 999_998);
+  t.true(await store.claimAttempt(third, 1));
+  await store.recordAttempt(third, { n: 1, at: Date.now(), status_code: 204, latency_ms: 5, error: null }, { status: "delivered", nextAttemptAt: Date.now() }, false);
+  t.is((await store.getDelivery(doc._id, third._id))!.status, "pending", "the lapsed owner did not write the delivery");
+  t.true(await store.reconcileAttempt(third, 1, Date.now() - 60_000, false), "an answered attempt is applied at once");
+  t.like(await store.getDelivery(doc._id, third._id), { status: "delivered", attempts: 1 });
 });
 
 test("webhooks - private, loopback and metadata destinations are refused without the operator's allowance, at creation and at delivery", async (t) => {
@@ -335,4 +343,30 @@ test("webhooks - private, loopback and metadata destinations are refused without
   t.is(attempts[0]!.status_code, null);
   t.regex(attempts[0]!.error ?? "", /loopback/);
   t.is(r.requests.length, 0, "nothing reached the receiver");
+});
+
+test("webhooks - a delivery waiting behind an earlier one of its run leaves the due window; one whose webhook is gone fails", async (t) => {
+  const ws = await newWorkspace(t.context.strict);
+  const raw = await t.context.servers.raw();
+  const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
+  const { doc } = await store.create({ workspaceId: ws.id, url: "https://example.com/hook", description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const event = (key: string) => ({ workspaceId: ws.id, agentId: "agt_x", runId: "run_order", partition: 999_997, type: "turn.completed" as const, eventKey: key, data: {} });
+  t.is(await store.enqueue(event("turn_a")), 1);
+  t.is(await store.enqueue(event("turn_b")), 1);
+  t.is(await store.enqueue(event("turn_a")), 0, "a repeat records nothing");
+  const [first, second] = (await store.listDeliveries(doc._id, 10)).reverse();
+  const later = Date.now() + 60_000;
+  await store.postpone((await store.getDelivery(doc._id, first!._id))!, later, false);
+  const deliverer = new WebhookDeliverer({ store, clock: systemClock, log: pino({ level: "silent" }), held: () => [999_997], allowPrivate: false, timeoutMs: 2_000, horizonMs: 60_000, retryScale: 0.01, maxInFlight: 4 });
+  await deliverer.tick();
+  t.is((await store.getDelivery(doc._id, second!._id))!.next_attempt_at, later, "put off until the earlier one is due");
+  t.deepEqual(await store.attemptsOf(second!._id), [], "and not attempted");
+  t.deepEqual((await store.due([999_997], Date.now(), 10)).map((d) => d._id), [], "neither is due now");
+
+  const { doc: gone } = await store.create({ workspaceId: ws.id, url: "https://example.com/gone", description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const orphan = await store.enqueueTest(gone, 999_997);
+  await raw.db.collection("webhooks").deleteOne({ _id: gone._id as never });
+  await deliverer.tick();
+  await deliverer.stop();
+  t.is((await store.getDelivery(gone._id, orphan._id))!.status, "failed");
 });

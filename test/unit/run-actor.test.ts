@@ -263,6 +263,8 @@ test("run-actor - recovery: a turn stored final whose run never moved on (its ow
   t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey]), [["turn.completed", "turn_1"]]);
   t.is((w.webhookEvents[0]!.data as { run: { turn: { output: Array<{ text: string }> } } }).run.turn.output[0]!.text, "done");
   t.is(w.store.runs.get(RUN)!.state, "idle", "and the run moved on");
+  t.is((w.webhookEvents[0]!.data as { run: { state: string } }).run.state, "idle", "the webhook shows the run as it moved on, not as it was");
+  t.false(w.events.types(RUN).includes("turn.completed"), "the final event is not emitted a second time (it may have gone out before the crash)");
   t.is(w.store.turns.get("turn_1")!.status, "completed", "the stored outcome stands");
 });
 
