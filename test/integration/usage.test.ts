@@ -218,6 +218,10 @@ test("usage ledger - a spent token budget refuses new turns 429 quota_exceeded; 
   t.true(Math.abs(Number(refusedStart.headers.get("retry-after")) - untilNextMonth) < 60, "Retry-After: when the month (and the budget) renews");
   const refusedContinue = await ws.api.post("/api/v1/runs", { run_id: first.body.id, input: "three" });
   t.is(refusedContinue.status, 429);
+  // Twins with one key, at once: neither gets a turn past the budget.
+  const twins = await Promise.all([0, 1].map(() => ws.api.post("/api/v1/runs", { agent, input: "twin" }, "twin-key")));
+  t.deepEqual(twins.map((r) => r.status), [429, 429]);
+  t.false((await ws.api.get("/api/v1/runs?limit=100")).body.data.some((r: { id: string }) => twins.some((tw) => tw.body.id === r.id)));
   // The request admitted before the budget ran out answers as it did.
   const replay = await ws.api.post("/api/v1/runs", { run_id: first.body.id, input: "two" }, secondKey);
   t.is(replay.status, 200);
