@@ -20,7 +20,7 @@ interface Context {
   key: string;
   api: Api;
   echoAgent: string;
-  /** A turn that runs `sleep 30` through the bash tool. */
+  /** A turn that runs `sleep 300` through the bash tool (cancelled long before; a slow machine spawning the CLI must not see it end). */
   sleepyAgent: string;
 }
 const test = anyTest as TestFn<Context>;
@@ -31,7 +31,7 @@ test.before(async (t) => {
   const { key, api } = await newWorkspace(service, "business");
   const echoAgent = await api.agentWith({ model: "faux/scripted", tools: [] }, "echo");
   const sleepyAgent = await api.agentWith(
-    { model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 30" } } }, { text: "woke" }] },
+    { model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 300" } } }, { text: "woke" }] },
     "sleepy",
   );
   t.context = { servers, service, key, api, echoAgent, sleepyAgent };
