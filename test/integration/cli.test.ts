@@ -48,9 +48,27 @@ interface Result {
   stderr: string;
 }
 
+/**
+ * The file's tests run at once, each spawning `runs` processes that compile TypeScript on
+ * start: at most 3 at a time, so on 2 busy cores none waits past its 50 s bound for CPU
+ * (a CI run saw a `runs admin` start starve that long with 15 spawning at once).
+ */
+const CLI_SLOTS = 3;
+let cliRunning = 0;
+const cliWaiting: Array<() => void> = [];
+async function cliSlot(): Promise<() => void> {
+  if (cliRunning >= CLI_SLOTS) await new Promise<void>((resolve) => cliWaiting.push(resolve));
+  cliRunning++;
+  return () => {
+    cliRunning--;
+    cliWaiting.shift()?.();
+  };
+}
+
 async function runs(t: { context: Context }, args: string[], env: Record<string, string | undefined> = {}): Promise<Result> {
   const fullEnv: NodeJS.ProcessEnv = { ...process.env, RUNS_URL: t.context.service.url, RUNS_API_KEY: t.context.key, ...env };
   for (const [name, value] of Object.entries(env)) if (value === undefined) delete fullEnv[name];
+  const release = await cliSlot();
   try {
     const { stdout, stderr } = await promisify(execFile)(process.execPath, ["bin/runs.js", ...args], { cwd: PROJECT_ROOT, env: fullEnv, timeout: 50_000 });
     return { code: 0, stdout, stderr };
@@ -58,6 +76,8 @@ async function runs(t: { context: Context }, args: string[], env: Record<string,
     const e = err as { code?: number; stdout?: string; stderr?: string };
     if (typeof e.code !== "number") throw err;
     return { code: e.code, stdout: e.stdout ?? "", stderr: e.stderr ?? "" };
+  } finally {
+    release();
   }
 }
 
