@@ -90,6 +90,11 @@ export const DELIVERY_LOG_MS = 7 * 24 * 3600 * 1000;
 /** How long a node trusts its list of a workspace's endpoints (its own changes apply at once). */
 const ENDPOINTS_TTL_MS = 2_000;
 
+/** Documents ordered before (createdAt, id) by creation time, then id: keyset paging and order per run. */
+function before(createdAt: number, id: string) {
+  return { $or: [{ created_at: { $lt: createdAt } }, { created_at: createdAt, _id: { $lt: id } }] };
+}
+
 export class WebhookStore {
   private readonly endpoints: Collection<WebhookDoc>;
   private readonly deliveries: Collection<DeliveryDoc>;
@@ -162,7 +167,7 @@ export class WebhookStore {
   /** Newest first; `after` is the last id of the previous page. Asks for `limit` documents. */
   async list(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<WebhookDoc[]> {
     const filter = after
-      ? { workspace_id: workspaceId, $or: [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }] }
+      ? { workspace_id: workspaceId, ...before(after.createdAt, after.id) }
       : { workspace_id: workspaceId };
     return guard(() => this.endpoints.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
@@ -271,7 +276,7 @@ export class WebhookStore {
   /** An endpoint's deliveries, newest first. */
   listDeliveries(webhookId: string, limit: number, after?: { createdAt: number; id: string }): Promise<DeliveryDoc[]> {
     const filter = after
-      ? { webhook_id: webhookId, $or: [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }] }
+      ? { webhook_id: webhookId, ...before(after.createdAt, after.id) }
       : { webhook_id: webhookId };
     return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
@@ -291,7 +296,7 @@ export class WebhookStore {
     if (doc.run_id === null) return null;
     const earlier = await guard(() =>
       this.deliveries.findOne(
-        { webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", $or: [{ created_at: { $lt: doc.created_at } }, { created_at: doc.created_at, _id: { $lt: doc._id } }] },
+        { webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", ...before(doc.created_at, doc._id) },
         { projection: { next_attempt_at: 1 } },
       ),
     );

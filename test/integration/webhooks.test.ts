@@ -249,6 +249,10 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
     [{ url: "https://example.com/x" }, "event_types"],
     [{ url: "https://example.com/x", event_types: ["*"], enabled: "yes" }, "enabled"],
     [{ url: "https://example.com/x", event_types: ["*"], secret: "whsec_mine" }, "secret"],
+    [{ url: `https://example.com/${"a".repeat(2_040)}`, event_types: ["*"] }, "url"],
+    [{ url: "https://example.com/x", event_types: ["*"], description: "d".repeat(501) }, "description"],
+    [{ url: "https://example.com/x", event_types: Array(50).fill("*") }, "event_types"],
+    [{ url: "https://example.com/x", event_types: ["*"], agent_id: "a".repeat(101) }, "agent_id"],
   ];
   for (const [body, param] of cases) {
     const res = await ws.api.post("/api/v1/webhooks", body);
