@@ -206,7 +206,7 @@ export class ActorHost {
   }
 
   private partitionIdle(partition: number): boolean {
-    for (const actor of this.actors.values()) if (actor.partition === partition && !actor.isIdle) return false;
+    for (const actor of this.actors.values()) if (actor.partition === partition && !actor.canMove) return false;
     return true;
   }
 

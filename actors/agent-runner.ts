@@ -22,9 +22,9 @@
  *   Steers the agent never saw (the turn failed or was aborted first) are appended to
  *   the transcript, so the run's history keeps what the user said.
  */
-import { Agent, type AgentEvent, type AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
-import type { AssistantMessage, TextContent, UserMessage } from "@mariozechner/pi-ai";
+import { Agent, type AgentEvent, type AgentMessage, type AgentTool, type BeforeToolCallContext, type BeforeToolCallResult, type StreamFn } from "@mariozechner/pi-agent-core";
+import { approvalRequired, type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
+import { createAssistantMessageEventStream, streamSimple, type AssistantMessage, type TextContent, type ToolResultMessage, type UserMessage } from "@mariozechner/pi-ai";
 import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
 import { toRuntimeEvent } from "./agent-events.js";
 import { providerFailure, sanitizeErrorText } from "./provider-failures.js";
@@ -62,11 +62,47 @@ export interface TurnRunRequest {
   resolveModel?: typeof resolveModel;
   /** Support reference generation for turn errors. Default {@link newReference}. */
   newReference?: () => string;
+  /**
+   * Resume a turn that waited for a person's decision instead of starting one: `input`
+   * is ignored, the loop goes on from the call that asked (see {@link TurnResume}).
+   */
+  resume?: TurnResume;
+}
+
+/**
+ * Where a turn that waited for a decision goes on. The assistant message that asked is
+ * replayed from the transcript, never asked of the model again; results of its calls
+ * that ran before the gated one are replayed too; the decided call runs (approve) or
+ * returns `denial` as its error result (deny); the loop then goes on as usual.
+ */
+export interface TurnResume {
+  /** What the turn added before it waited (its stored transcript). */
+  transcript: AgentMessage[];
+  /** Index in `transcript` of the assistant message that asked. */
+  assistantIndex: number;
+  toolCallId: string;
+  decision: "approve" | "deny";
+  /** The tool's error text for a denial. */
+  denial: string;
+  /** Steering input that arrived while the turn waited: delivered after the decided call's batch. */
+  steers: string[];
+}
+
+/** Where a turn stopped to wait for a person: the gated call, and what it needs to go on. */
+export interface TurnPause {
+  toolCallId: string;
+  tool: string;
+  arguments: Record<string, unknown>;
+  /** Index in the result's transcript of the assistant message that asked. */
+  assistantIndex: number;
+  /** Steering input accepted but not yet delivered to the model. */
+  steers: string[];
 }
 
 
 export interface TurnRunResult {
-  outcome: TurnOutcome;
+  /** `paused`: a gated tool call waits for a person ({@link TurnRunResult.pause}); nothing of it ran. */
+  outcome: TurnOutcome | "paused";
   /**
    * Text of the turn's final assistant message as output_text parts (one per text
    * block). For failed and aborted turns: the text of the last assistant message that
@@ -79,6 +115,8 @@ export interface TurnRunResult {
   error?: TurnError;
   /** What the turn's model calls used; absent when no model was called. */
   usage?: TurnUsage;
+  /** Set when the outcome is paused. */
+  pause?: TurnPause;
 }
 
 export interface RunningTurn {
@@ -132,6 +170,15 @@ class TurnExecution {
   private sandboxFailure?: TurnError;
   private readonly reference: () => string;
   private readonly onAbortSignal = () => this.abort();
+  /** The gated call the loop stopped at: from then on nothing is reported, run or asked of the model. */
+  private pause?: { toolCallId: string; tool: string; arguments: Record<string, unknown>; assistantIndex: number; transcript: AgentMessage[] };
+  /** Resuming: the replayed part (up to the decided call's start) was reported before. */
+  private replaying = false;
+  /** Steers that waited with the turn, for the end of the decided call's batch. */
+  private heldSteers: UserMessage[] = [];
+  /** Results of the asking message's calls that ran before the turn waited, by call id. */
+  private readonly replayed = new Map<string, ToolResultMessage>();
+  private historyLength = 0;
 
   constructor(private readonly req: TurnRunRequest) {
     this.reference = req.newReference ?? newReference;
@@ -139,7 +186,7 @@ class TurnExecution {
 
   steer(text: string): void {
     if (this.closed || this.aborted || !this.agent) throw new SteeringTargetEndedError();
-    const message: UserMessage = { role: "user", content: [{ type: "text", text }], timestamp: Date.now() };
+    const message = steerMessage(text);
     this.steers.push(message);
     this.agent.steer(message);
   }
@@ -158,10 +205,13 @@ class TurnExecution {
 
   async run(): Promise<TurnRunResult> {
     const { req } = this;
+    const resume = req.resume;
     const resolved = (req.resolveModel ?? resolveModel)(req.config.model, {
       script: req.config.script,
       tokensPerSecond: req.config.tokens_per_second,
       inputText: inputText(req.input),
+      // The scripted model answers the turn's next step: the calls before the wait were made.
+      firstStep: resume ? resume.transcript.slice(0, resume.assistantIndex + 1).filter((m) => m.role === "assistant").length : 0,
     });
     if ("error" in resolved) {
       return this.failEarly(buildUserMessage(req.input, false, Date.now()), resolved.error);
@@ -195,12 +245,17 @@ class TurnExecution {
       );
     }
 
+    if (resume) {
+      for (const message of resume.transcript.slice(resume.assistantIndex + 1)) {
+        if (message.role === "toolResult") this.replayed.set(message.toolCallId, message);
+      }
+    }
     const agent = new Agent({
       initialState: {
         systemPrompt: req.config.instructions ?? "",
         model,
-        messages: req.history,
-        tools: createWorkspaceTools(req.workspaceDir, req.config.tools ?? BUILTIN_TOOLS, {
+        messages: resume ? [...req.history, ...resume.transcript.slice(0, resume.assistantIndex)] : req.history,
+        tools: this.withReplay(createWorkspaceTools(req.workspaceDir, req.config.tools ?? BUILTIN_TOOLS, {
           sandbox: req.sandbox,
           commandTimeoutMs: (req.config.limits?.command_timeout_s ?? DEFAULT_COMMAND_TIMEOUT_MS / 1000) * 1000,
           limits: limitsOf(req.config),
@@ -211,9 +266,10 @@ class TurnExecution {
               data: { host: denial.host, port: denial.port, reason: denial.reason, policy: "config.network.allow" },
             }),
           onSandboxFailure: (failure) => this.sandboxFailed(failure),
-        }),
+        })),
       },
-      streamFn,
+      streamFn: this.streamWith(streamFn),
+      beforeToolCall: (context) => this.beforeToolCall(context),
       getApiKey: (provider) => (provider === model.provider ? apiKey : this.apiKeyFor(provider)),
       // Commands share one workspace: run a message's tool calls one after another.
       toolExecution: "sequential",
@@ -223,7 +279,14 @@ class TurnExecution {
     agent.subscribe((event) => this.observe(event));
     this.agent = agent;
 
-    const historyLength = agent.state.messages.length;
+    // A resumed turn's messages include what it added before it waited.
+    const historyLength = req.history.length;
+    this.historyLength = historyLength;
+    if (resume) {
+      this.replaying = true;
+      this.heldSteers = resume.steers.map(steerMessage);
+      this.steers.push(...this.heldSteers);
+    }
     req.signal?.addEventListener("abort", this.onAbortSignal, { once: true });
     if (req.signal?.aborted) this.abort();
     // Let startTurn return before the first event, so onEvent may use its handle.
@@ -231,13 +294,14 @@ class TurnExecution {
     if (this.aborted) {
       this.closed = true;
       req.signal?.removeEventListener("abort", this.onAbortSignal);
-      return { outcome: "aborted", output: [], transcript: [userMessage, ...this.steers] };
+      return { outcome: "aborted", output: [], transcript: [...this.before(userMessage, "The turn was cancelled before the call ran."), ...this.steers] };
     }
     let thrown: unknown;
     try {
-      await agent.prompt(userMessage);
+      if (resume) await agent.continue();
+      else await agent.prompt(userMessage);
       for (let round = 0; round < MAX_STEER_CONTINUATIONS; round++) {
-        if (this.aborted || !agent.hasQueuedMessages() || !this.lastStepSucceeded(agent)) break;
+        if (this.aborted || this.pause || !agent.hasQueuedMessages() || !this.lastStepSucceeded(agent)) break;
         await agent.continue();
       }
     } catch (error) {
@@ -249,8 +313,14 @@ class TurnExecution {
     }
     agent.clearAllQueues();
 
-    const turnMessages = agent.state.messages.slice(historyLength);
     const undelivered = this.steers.filter((message) => !this.ended.has(message));
+    const pause = this.pause;
+    if (pause && !this.aborted) {
+      // Nothing of the gated call ran; the turn waits with what it added up to it.
+      const { transcript: added, ...at } = pause;
+      return { outcome: "paused", output: [], transcript: added, pause: { ...at, steers: undelivered.map(messageText) }, usage: turnUsage(added, hasPrices(model.cost)) };
+    }
+    const turnMessages = pause ? closeToolCalls(pause.transcript, "The call did not run: the turn was cancelled.") : agent.state.messages.slice(historyLength);
     const transcript = [...turnMessages, ...undelivered];
     // Every model call of the turn counts, also the partial one of a cancelled or failed turn.
     return { ...this.conclude(turnMessages, transcript, thrown), usage: turnUsage(turnMessages, hasPrices(model.cost)) };
@@ -276,13 +346,75 @@ class TurnExecution {
   }
 
   private observe(event: AgentEvent): void {
+    // Once the turn waits, what the loop does to wind down is neither the turn's nor reported.
+    if (this.pause) return;
     if (event.type === "message_end") this.ended.add(event.message);
     if (event.type === "agent_end") {
       for (const message of event.messages) {
         if (message.role === "assistant" && !this.ended.has(message)) this.loopFailure = message;
       }
     }
+    if (this.replaying) {
+      // Reported before the turn waited, up to and including the decided call's start.
+      if (event.type === "tool_execution_start" && event.toolCallId === this.req.resume?.toolCallId) this.replaying = false;
+      return;
+    }
+    if (event.type === "turn_end" && this.heldSteers.length > 0) {
+      // After the decided call's batch: the loop takes them before its next model call.
+      for (const message of this.heldSteers) this.agent?.steer(message);
+      this.heldSteers = [];
+    }
     this.req.onEvent(toRuntimeEvent(event));
+  }
+
+  /**
+   * Gates tool calls by `config.approval`: the first call that needs a person stops the
+   * turn before it runs (the loop winds down without running or asking anything more).
+   * Resuming, the decided call runs or is denied and replayed calls return their results.
+   */
+  private async beforeToolCall({ toolCall, assistantMessage }: BeforeToolCallContext): Promise<BeforeToolCallResult | undefined> {
+    if (this.pause) return { block: true, reason: "The turn waits for a decision." };
+    const resume = this.req.resume;
+    if (this.replayed.has(toolCall.id)) return undefined;
+    if (resume && toolCall.id === resume.toolCallId) return resume.decision === "approve" ? undefined : { block: true, reason: resume.denial };
+    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, toolCall.arguments)) return undefined;
+    const transcript = this.agent!.state.messages.slice(this.historyLength);
+    const assistantIndex = transcript.lastIndexOf(assistantMessage);
+    if (assistantIndex < 0) throw new Error("the assistant message that asked is not in the transcript");
+    this.pause = { toolCallId: toolCall.id, tool: toolCall.name, arguments: toolCall.arguments, assistantIndex, transcript };
+    return { block: true, reason: "The turn waits for a decision." };
+  }
+
+  /** The model's stream: the asking message replayed first when resuming; nothing once the turn waits. */
+  private streamWith(streamFn: StreamFn | undefined): StreamFn {
+    const call = streamFn ?? streamSimple;
+    const resume = this.req.resume;
+    let replay = resume ? (resume.transcript[resume.assistantIndex] as AssistantMessage) : undefined;
+    return (model, context, options) => {
+      if (this.pause) {
+        return endedStream({ role: "assistant", content: [], api: model.api, provider: model.provider, model: model.id, usage: NO_MODEL_USAGE, stopReason: "aborted", timestamp: Date.now() });
+      }
+      if (replay) {
+        const message = replay;
+        replay = undefined;
+        return endedStream(message);
+      }
+      return call(model, context, options);
+    };
+  }
+
+  /** Tools that return the stored result of a call that ran before the turn waited. */
+  private withReplay(tools: AgentTool<any>[]): AgentTool<any>[] {
+    if (this.replayed.size === 0) return tools;
+    return tools.map((tool) => ({
+      ...tool,
+      execute: async (id, params, signal, onUpdate) => {
+        const stored = this.replayed.get(id);
+        if (!stored) return tool.execute(id, params, signal, onUpdate);
+        if (stored.isError) throw new Error(messageText(stored));
+        return { content: stored.content, details: stored.details };
+      },
+    }));
   }
 
   private lastStepSucceeded(agent: Agent): boolean {
@@ -290,12 +422,21 @@ class TurnExecution {
     return !(last?.role === "assistant" && (last.stopReason === "error" || last.stopReason === "aborted"));
   }
 
+  /**
+   * What the turn holds before this execution adds anything: its user message, or, when
+   * resuming, what it added before it waited, the waiting calls answered with `unanswered`.
+   */
+  private before(userMessage: UserMessage, unanswered: string): AgentMessage[] {
+    const resume = this.req.resume;
+    return resume ? closeToolCalls(resume.transcript, unanswered) : [userMessage];
+  }
+
   private failEarly(userMessage: UserMessage, message: string, error?: TurnError): TurnRunResult {
     this.closed = true;
     return {
       outcome: "failed",
       output: [],
-      transcript: [userMessage],
+      transcript: this.before(userMessage, "The call did not run: the turn failed first."),
       error: error ?? turnError(TurnErrorCode.agent_configuration_invalid, { message, reference: this.reference() }),
     };
   }
@@ -356,6 +497,45 @@ class TurnExecution {
         return assertNever(last.stopReason);
     }
   }
+}
+
+const NO_MODEL_USAGE = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } };
+
+function steerMessage(text: string): UserMessage {
+  return { role: "user", content: [{ type: "text", text }], timestamp: Date.now() };
+}
+
+/** A stream that answers `message` at once, as a provider's last event would. */
+function endedStream(message: AssistantMessage) {
+  const stream = createAssistantMessageEventStream();
+  if (message.stopReason === "error" || message.stopReason === "aborted") stream.push({ type: "error", reason: message.stopReason, error: message });
+  else stream.push({ type: "done", reason: message.stopReason, message });
+  stream.end(message);
+  return stream;
+}
+
+/** The text of a user or tool-result message. */
+function messageText(message: { content: string | readonly { type: string; text?: string }[] }): string {
+  if (typeof message.content === "string") return message.content;
+  return message.content.map((block) => (block.type === "text" ? (block.text ?? "") : "")).join("");
+}
+
+/**
+ * `transcript` with an error result for every call of its last assistant message that
+ * has none: a session never holds a call without its result (providers refuse one).
+ */
+export function closeToolCalls(transcript: readonly AgentMessage[], text: string): AgentMessage[] {
+  const out = [...transcript];
+  const lastAssistant = out.map((m) => m.role).lastIndexOf("assistant");
+  if (lastAssistant < 0) return out;
+  const asking = out[lastAssistant] as AssistantMessage;
+  const answered = new Set(out.slice(lastAssistant + 1).flatMap((m) => (m.role === "toolResult" ? [m.toolCallId] : [])));
+  for (const block of asking.content) {
+    if (block.type !== "toolCall" || answered.has(block.id)) continue;
+    const result: ToolResultMessage = { role: "toolResult", toolCallId: block.id, toolName: block.name, content: [{ type: "text", text }], details: {}, isError: true, timestamp: Date.now() };
+    out.push(result);
+  }
+  return out;
 }
 
 function textParts(message: AssistantMessage | undefined): OutputPart[] {

@@ -1,6 +1,7 @@
 import { rm } from "node:fs/promises";
-import { admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
-import { SteeringTargetEndedError } from "./agent-runner.js";
+import { decide, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import type { AgentMessage } from "@mariozechner/pi-agent-core";
+import { closeToolCalls, SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { workspaceDirOf } from "./run-workspace.js";
 import { TurnExecution } from "./turn-execution.js";
@@ -83,6 +84,14 @@ export class RunActor {
     return this.pendingCommands === 0 && this.turns.active === undefined && (this.run === null || this.run.state === RunState.idle);
   }
 
+  /**
+   * Whether the run's partition may move to another node now: nothing runs or is being
+   * admitted here. A turn waiting for a decision moves (its next owner restores the wait).
+   */
+  get canMove(): boolean {
+    return this.isIdle || (this.pendingCommands === 0 && this.turns.active === undefined && this.turns.waiting !== undefined);
+  }
+
   /** Whether this actor has loaded (and so claimed) its run. */
   get holdsRun(): boolean {
     return this.run !== null && !this.stopped;
@@ -150,6 +159,8 @@ export class RunActor {
         this.turns.active.running.abort();
         this.turns.active = undefined;
       }
+      this.turns.waiting?.timer.cancel();
+      this.turns.waiting = undefined;
       await this.removeRun(run, "expired");
     });
   }
@@ -174,6 +185,7 @@ export class RunActor {
     if (this.stopped) return;
     this.stopped = true;
     this.turns.turnEnded();
+    this.turns.waiting?.timer.cancel();
     if (this.turns.active) {
       this.turns.active.abortReason = "shutdown";
       this.turns.active.limitTimer.cancel();
@@ -210,6 +222,8 @@ export class RunActor {
         return this.deleteRun(run);
       case "tags":
         return this.editTags(run, cmd.add, cmd.remove);
+      case "decide":
+        return this.decideAction(run, cmd);
     }
   }
 
@@ -250,6 +264,8 @@ export class RunActor {
 
   private async recoverActiveTurn(run: RunDoc, turnId: string | null): Promise<void> {
     const turn = turnId ? await this.r.store.getTurn(turnId) : null;
+    // Waiting for a person: the wait goes on here, from the stored transcript.
+    if (turn && (await this.turns.restoreWaiting(run, turn))) return;
     const now = this.r.clock.nowMs();
     const status = turn ? interruptedStatus(turn.status) : undefined;
     if (turn && isFinalStatus(turn.status)) {
@@ -262,6 +278,8 @@ export class RunActor {
     if (turn && status) {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: this.r.ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
+      // A turn that waited stored what it added then; a call it was deciding never answered.
+      if (turn.actions?.length) final.transcript = closeToolCalls(turn.transcript as AgentMessage[], "The turn was interrupted before this call's result was stored.");
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
       await this.turns.afterTurn(run, { ...turn, ...final }, now);
@@ -369,9 +387,15 @@ export class RunActor {
     };
   }
 
+  /** The turn steering input goes to: the executing one, or the one waiting for a decision. */
+  private get current(): TurnDoc | undefined {
+    return this.turns.active?.turn ?? this.turns.waiting?.turn;
+  }
+
   private async continueRun(run: RunDoc, cmd: Extract<RunCommand, { op: "continue" }>): Promise<CommandReply> {
-    if (this.turns.active?.turn.steer_ids.includes(cmd.turn_id)) {
-      return ok({ run_id: run._id, turn_id: this.turns.active.turn._id, disposition: Disposition.steered });
+    const current = this.current;
+    if (current?.steer_ids.includes(cmd.turn_id)) {
+      return ok({ run_id: run._id, turn_id: current._id, disposition: Disposition.steered });
     }
     // A resent continuation names a turn this actor admitted already: answer as before.
     if (cmd.turn_id === run.latest_turn_id || cmd.turn_id === run.queued_turn_id) {
@@ -382,7 +406,7 @@ export class RunActor {
       state: run.state,
       hasQueued: run.queued_turn_id !== null,
       onBusy: cmd.on_busy,
-      activeStatus: this.turns.active && !this.turns.active.abortReason ? this.turns.active.turn.status : undefined,
+      activeStatus: this.turns.active && !this.turns.active.abortReason ? this.turns.active.turn.status : this.turns.waiting?.turn.status,
     });
     switch (outcome) {
       case "busy":
@@ -403,7 +427,8 @@ export class RunActor {
     if (known && known.run_id === run._id) {
       return ok({ run_id: run._id, turn_id: known._id, disposition: known.disposition });
     }
-    if (this.turns.active?.turn.steer_ids.includes(id)) return ok({ run_id: run._id, turn_id: this.turns.active.turn._id, disposition: Disposition.steered });
+    const current = this.current;
+    if (current?.steer_ids.includes(id)) return ok({ run_id: run._id, turn_id: current._id, disposition: Disposition.steered });
     return undefined;
   }
 
@@ -437,6 +462,16 @@ export class RunActor {
   }
 
   private async steer(run: RunDoc, steerId: string, input: InputPart[]): Promise<CommandReply> {
+    if (!this.turns.active && this.turns.waiting) {
+      // Kept with the waiting turn (durably) and delivered once the decision lets it go on.
+      const turn = await this.turns.steerWaiting(steerId, inputText(input));
+      this.emit(turn._id, "platform", "turn.steered", { input });
+      const now = this.r.clock.nowMs();
+      const set = { last_activity_at: now, expires_at: now + run.retention_s * 1000 };
+      await this.r.store.updateRunFenced(run._id, this.epoch, set);
+      Object.assign(run, set);
+      return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.steered, run: renderRun(run, turn, Disposition.steered) });
+    }
     const active = this.turns.active!;
     try {
       active.running.steer(inputText(input));
@@ -468,6 +503,10 @@ export class RunActor {
       run.queued_turn_id = null;
       this.emit(turn._id, "platform", finalEventType(TurnStatus.cancelled), { run: renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 }) });
       this.turns.publishFinal(turn._id);
+    } else if (outcome.to === TurnStatus.cancelling && this.turns.waiting?.turn._id === turn._id) {
+      // Nothing runs for a turn waiting for a decision: it is cancelled at once.
+      await this.turns.endWaiting(TurnStatus.cancelled, null, "The call did not run: the turn was cancelled.");
+      return ok({ run_id: run._id, turn_id: turn._id, http_status: 200 });
     } else if (outcome.to === TurnStatus.cancelling) {
       await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelling });
       this.emit(turn._id, "platform", "turn.cancelling", {});
@@ -478,6 +517,29 @@ export class RunActor {
       }
     }
     return ok({ run_id: run._id, turn_id: turn._id, http_status: outcome.httpStatus });
+  }
+
+  // ---- decisions on gated tool calls ----------------------------------------------
+
+  private async decideAction(run: RunDoc, cmd: Extract<RunCommand, { op: "decide" }>): Promise<CommandReply> {
+    const waiting = this.turns.waiting;
+    if (waiting && waiting.action.id === cmd.action_id) {
+      const outcome = decide(waiting.action, cmd.decision, cmd.reason, this.r.clock.nowMs());
+      // Past its expiry the timeout decides, whatever the timer's progress.
+      await this.turns.decided(run, outcome.action);
+      if (outcome.kind === "decided") return ok({ run_id: run._id, turn_id: waiting.turn._id, action: renderAction(outcome.action, run._id, waiting.turn._id) });
+      return fail("action_already_decided", "The action expired before this decision; its timeout decided it.", "actionId");
+    }
+    // Decided before: the earlier decision stands.
+    if (await this.askedBefore(run, cmd.action_id)) return fail("action_already_decided", undefined, "actionId");
+    return fail("action_not_found", undefined, "actionId");
+  }
+
+  /** Whether a turn of the run asked for this action (the latest turn is read alone first). */
+  private async askedBefore(run: RunDoc, actionId: string): Promise<boolean> {
+    const asked = (turn: TurnDoc | null) => turn?.actions?.some((a) => a.id === actionId) === true;
+    if (asked(await this.r.store.getTurn(run.active_turn_id ?? run.latest_turn_id))) return true;
+    return (await this.r.store.listTurns(run._id)).some(asked);
   }
 
   private async deleteRun(run: RunDoc): Promise<CommandReply> {

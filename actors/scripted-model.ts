@@ -45,6 +45,8 @@ export interface ScriptedModelOptions {
   tokensPerSecond?: number;
   /** Echoed when the context holds no user message with text. */
   inputText?: string;
+  /** The step of the first call answered (a turn resumed after a decision made calls before). */
+  firstStep?: number;
 }
 
 const EMPTY_USAGE: Usage = {
@@ -89,7 +91,7 @@ export function scriptedErrorStatus(message: AssistantMessage): number | undefin
  */
 export function createScriptedStreamFn(options: ScriptedModelOptions = {}): StreamFn {
   const script = options.script ?? [];
-  let calls = 0;
+  let calls = options.firstStep ?? 0;
   return (model, context, streamOptions) => {
     const step = script[calls];
     calls += 1;

@@ -7,8 +7,8 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
-import { startTurn, type RunningTurn, type TurnRunResult } from "./agent-runner.js";
+import { type ActionDoc, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
+import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
 import type { ActorResources } from "./actor-resources.js";
@@ -23,6 +23,19 @@ export interface ActiveExecution {
   abortReason?: AbortReason;
   limitTimer: Timer;
   /** The deployment's model, as usage names it. */
+  model: string;
+  /** The deployment's approval policy (config.approval). */
+  approval: AgentConfig["approval"];
+}
+
+/**
+ * A turn waiting for a person's decision on a gated tool call: no agent, no process, no
+ * sandbox; a timer for the action's expiry (or the turn's wall-clock limit, if sooner).
+ */
+export interface WaitingTurn {
+  turn: TurnDoc;
+  action: ActionDoc;
+  timer: Timer;
   model: string;
 }
 
@@ -46,6 +59,8 @@ export interface ExecutionHost {
 export class TurnExecution {
   /** The turn whose agent runs on this node now. */
   active: ActiveExecution | undefined;
+  /** The turn that waits for a decision (no agent runs for it). */
+  waiting: WaitingTurn | undefined;
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   session: AgentMessage[] | undefined;
   /** The last turn whose final write succeeded, for a retry of what follows it. */
@@ -64,28 +79,36 @@ export class TurnExecution {
    * mailbox. Never throws: an admitted turn that cannot start ends failed instead of
    * staying in_progress with no agent behind it.
    */
-  async execute(run: RunDoc, turn: TurnDoc): Promise<void> {
+  async execute(run: RunDoc, turn: TurnDoc, resume?: TurnResume): Promise<void> {
     // A stopped actor starts nothing: the partition's next owner recovers the turn.
     if (this.host.stopped) return;
     try {
-      await this.startExecution(run, turn);
+      await this.startExecution(run, turn, resume);
     } catch (err) {
       if (err instanceof FencedError) throw err;
       const reference = this.r.ids.reference();
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
       if (this.active?.turn._id === turn._id) return;
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference }));
+      await this.finishTurn(turn, TurnStatus.failed, [], this.before(resume), turnError("runtime_dispatch_failed", { reference }));
     }
   }
 
-  private async startExecution(run: RunDoc, turn: TurnDoc): Promise<void> {
+  /** What a turn that ends before its agent runs keeps: nothing, or what it added before it waited. */
+  private before(resume: TurnResume | undefined): AgentMessage[] {
+    return resume ? closeToolCalls(resume.transcript, "The call did not run: the turn failed first.") : [];
+  }
+
+  private async startExecution(run: RunDoc, turn: TurnDoc, resume?: TurnResume): Promise<void> {
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
+    const before = this.before(resume);
+    const used = { usage: turn.waiting_usage, model: deployment ? modelLabel(deployment.config.model) : undefined };
     if (!deployment || deployment.status !== DeploymentStatus.ready) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("agent_version_unavailable", { reference: this.r.ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError("agent_version_unavailable", { reference: this.r.ids.reference() }), used);
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
-    if (this.activeTurnCount(run.workspace_id, turn._id) > limit) {
+    // A resumed turn was admitted under the limit before it waited: it is not refused now.
+    if (this.activeTurnCount(run.workspace_id, turn._id) > limit && !resume) {
       const error = turnError("concurrency_limit_reached", {
         reference: this.r.ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
@@ -97,7 +120,7 @@ export class TurnExecution {
     const workspaceDir = workspaceDirOf(this.r.config.dataDir, run._id);
     const preparation = await prepareRunWorkspace(this.r, run, workspaceDir);
     if (preparation) {
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError(preparation, { reference: this.r.ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
       return;
     }
     let input: InputPart[];
@@ -109,7 +132,7 @@ export class TurnExecution {
       );
     } catch (err) {
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not prepare the turn's input or credentials");
-      await this.finishTurn(turn, TurnStatus.failed, [], [], turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }));
+      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }), used);
       return;
     }
     const running = (this.r.startTurn ?? startTurn)({
@@ -121,12 +144,14 @@ export class TurnExecution {
       input,
       getApiKey: apiKeyResolver(credentials, deployment.config.model),
       ambientProviders: this.r.config.ambientProviders,
+      resume,
       onEvent: (event) => {
         if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
       },
     });
+    // The limit is wall-clock time since the turn started: a wait for a decision counts.
     const limitTimer = this.r.clock.after(
-      this.r.config.turnLimitMs,
+      Math.max(0, this.r.config.turnLimitMs - (this.r.clock.nowMs() - (turn.started_at ?? this.r.clock.nowMs()))),
       () => {
         if (this.active?.turn._id !== turn._id) return;
         this.active.abortReason = "duration_limit";
@@ -134,7 +159,7 @@ export class TurnExecution {
       },
       { keepAlive: false },
     );
-    const execution: ActiveExecution = { turn, running, limitTimer, model: modelLabel(deployment.config.model) };
+    const execution: ActiveExecution = { turn, running, limitTimer, model: modelLabel(deployment.config.model), approval: deployment.config.approval };
     this.active = execution;
     void running.result.then((result) => this.host.enqueue(() => this.onFinished(execution, result)));
   }
@@ -145,7 +170,13 @@ export class TurnExecution {
     if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
     if (this.host.stopped || this.active !== execution) return;
     this.active = undefined;
-    const decision = settleDecision(execution.abortReason, result.outcome);
+    if (result.outcome === "paused") {
+      if (!execution.abortReason && result.pause && execution.approval) return this.parkOrSettle(execution, result);
+      // Cancelled (or stopped by its limit) as it came to wait: it ends aborted, the waiting call unrun.
+      const steers = (result.pause?.steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: this.r.clock.nowMs() }));
+      result = { ...result, outcome: "aborted", transcript: [...closeToolCalls(result.transcript, "The call did not run: the turn was cancelled."), ...steers] };
+    }
+    const decision = settleDecision(execution.abortReason, result.outcome === "paused" ? "aborted" : result.outcome);
     const status = decision.status;
     const output = decision.output === "agent" ? result.output : [];
     const error: TurnError | null =
@@ -205,19 +236,9 @@ export class TurnExecution {
       }
     }
     if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false) {
-      try {
-        const run = this.host.run;
-        if (run && (await this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
-          await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
-          run.checkpointed = true;
-        }
-      } catch (err) {
-        if (!(err instanceof CheckpointError)) throw err;
-        this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
-        if (status === TurnStatus.completed) {
-          status = TurnStatus.failed;
-          error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
-        }
+      if (!(await this.saveCheckpoint(turn)) && status === TurnStatus.completed) {
+        status = TurnStatus.failed;
+        error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
       }
     }
     // The turn document must stay under the store's limit: a transcript too large even
@@ -244,6 +265,173 @@ export class TurnExecution {
     if (this.session) this.session.push(...transcript);
     if (error) this.r.log.warn({ run_id: this.host.runId, turn_id: turn._id, code: error.code, reference: error.reference }, "turn ended with an error");
     if (run) await this.afterTurn(run, { ...turn, ...final }, now);
+  }
+
+  /** Saves the run's workspace; false when that failed (logged). */
+  private async saveCheckpoint(turn: TurnDoc): Promise<boolean> {
+    try {
+      const run = this.host.run;
+      if (run && (await this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
+        await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
+        run.checkpointed = true;
+      }
+      return true;
+    } catch (err) {
+      if (!(err instanceof CheckpointError)) throw err;
+      this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
+      return false;
+    }
+  }
+
+  // ---- waiting for a decision ----------------------------------------------------
+
+  /**
+   * The agent stopped at a gated call: the turn waits, holding nothing but a timer. What
+   * it added so far, the workspace and the pending action are stored first (a new owner
+   * restores the wait from them), then the request is announced.
+   */
+  private async parkOrSettle(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
+    const pause = result.pause!;
+    const turn = execution.turn;
+    const used = { usage: result.usage, model: execution.model };
+    try {
+      if (!(await this.saveCheckpoint(turn))) {
+        const error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
+        return await this.finishTurn(turn, TurnStatus.failed, [], closeToolCalls(result.transcript, "The call did not run: the turn failed first."), error, { ...used, checkpoint: false });
+      }
+      const now = this.r.clock.nowMs();
+      const action = newAction(execution.approval!, { id: this.r.ids.action(), toolCallId: pause.toolCallId, tool: pause.tool, arguments: pause.arguments, assistantIndex: pause.assistantIndex }, now);
+      const fitted = fitTurnDocument(turn.input, [], result.transcript);
+      if (fitted.failure || fitted.compacted) {
+        // A compacted transcript could not be resumed exactly: the turn fails instead of waiting.
+        const error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure ?? "The turn's transcript is too large to wait for a decision." });
+        return await this.finishTurn(turn, TurnStatus.failed, [], closeToolCalls(result.transcript, "The call did not run: the turn failed first."), error, { ...used, checkpoint: false });
+      }
+      // Announced first, like a turn's start: an owner dying before the store below leaves an
+      // in_progress turn without the action, which its successor interrupts (never a silent wait).
+      this.host.emit(turn._id, "runtime", "tool.approval_requested", {
+        action_id: action.id,
+        tool_call_id: action.tool_call_id,
+        tool: action.tool,
+        arguments: action.arguments,
+        expires_at: unixSeconds(action.expires_at),
+      });
+      await this.host.appender().flush();
+      const set: Partial<TurnDoc> = { transcript: result.transcript, actions: [...(turn.actions ?? []), action], waiting_steers: pause.steers, waiting_usage: result.usage };
+      await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
+      Object.assign(turn, set);
+      this.wait(turn, action, execution.model);
+      this.r.log.info({ run_id: this.host.runId, turn_id: turn._id, action_id: action.id, tool: action.tool }, "turn waits for a decision");
+      await this.recordActionWebhook(turn, action);
+    } catch (err) {
+      if (err instanceof FencedError) return this.host.stop("fenced");
+      this.waiting?.timer.cancel();
+      this.waiting = undefined;
+      await this.settleUnstored(turn, err, used);
+    }
+  }
+
+  /** Holds the waiting turn and arms its deadline: the action's expiry or the turn's wall-clock limit. */
+  private wait(turn: TurnDoc, action: ActionDoc, model: string): void {
+    this.waiting?.timer.cancel();
+    const limitAt = (turn.started_at ?? this.r.clock.nowMs()) + this.r.config.turnLimitMs;
+    const at = Math.min(action.expires_at, limitAt);
+    const timer = this.r.clock.after(
+      Math.max(0, at - this.r.clock.nowMs()),
+      () => void this.host.enqueue(() => this.waitDeadline(action.id)).catch((err) => this.r.log.error({ err, run_id: this.host.runId }, "could not apply an action's expiry")),
+      { keepAlive: false },
+    );
+    this.waiting = { turn, action, timer, model };
+  }
+
+  /** A new owner finds a turn waiting for a decision: it waits here, nothing is re-run. */
+  async restoreWaiting(run: RunDoc, turn: TurnDoc): Promise<boolean> {
+    const action = pendingActionOf(turn.actions);
+    if (!action || turn.status !== TurnStatus.in_progress) return false;
+    const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
+    this.wait(turn, action, deployment ? modelLabel(deployment.config.model) : "unknown");
+    this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id }, "restored a turn waiting for a decision");
+    // The owner may have died before recording the delivery (keyed: never twice).
+    await this.recordActionWebhook(turn, action);
+    return true;
+  }
+
+  private async waitDeadline(actionId: string): Promise<void> {
+    const waiting = this.waiting;
+    const run = this.host.run;
+    if (this.host.stopped || !waiting || waiting.action.id !== actionId || !run) return;
+    const now = this.r.clock.nowMs();
+    if (now >= (waiting.turn.started_at ?? now) + this.r.config.turnLimitMs) {
+      const decision = settleDecision("duration_limit", "aborted");
+      return this.endWaiting(decision.status, turnError("turn_duration_limit", { reference: this.r.ids.reference() }), "The call did not run: the turn reached its time limit.");
+    }
+    await this.decided(run, expire(waiting.action, now));
+  }
+
+  /**
+   * A person decided (or the timeout did): the decision is stored, announced, and the
+   * turn goes on from the call that asked.
+   */
+  async decided(run: RunDoc, action: ActionDoc): Promise<void> {
+    const waiting = this.waiting!;
+    const turn = waiting.turn;
+    const actions = (turn.actions ?? []).map((a) => (a.id === action.id ? action : a));
+    const steers = turn.waiting_steers ?? [];
+    await this.r.store.updateTurnFenced(turn._id, this.host.epoch, { actions, waiting_steers: [] });
+    turn.actions = actions;
+    turn.waiting_steers = [];
+    waiting.timer.cancel();
+    this.waiting = undefined;
+    this.host.emit(turn._id, "runtime", "tool.approval_decided", { action_id: action.id, tool_call_id: action.tool_call_id, decision: action.decision, reason: action.reason, decided_by: action.decided_by });
+    this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id, decision: action.decision, decided_by: action.decided_by }, "action decided");
+    await this.execute(run, turn, {
+      transcript: turn.transcript as AgentMessage[],
+      assistantIndex: action.assistant_index,
+      toolCallId: action.tool_call_id,
+      decision: action.decision!,
+      denial: denialText(action),
+      steers,
+    });
+  }
+
+  /** Steering input for the waiting turn: stored with it, delivered after the decision. */
+  async steerWaiting(steerId: string, text: string): Promise<TurnDoc> {
+    const turn = this.waiting!.turn;
+    const set = { steer_ids: [...turn.steer_ids, steerId], waiting_steers: [...(turn.waiting_steers ?? []), text] };
+    await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
+    Object.assign(turn, set);
+    return turn;
+  }
+
+  /** Ends the waiting turn without its call running (cancel, time limit). */
+  async endWaiting(status: TurnStatus, error: TurnError | null, unanswered: string): Promise<void> {
+    const waiting = this.waiting!;
+    waiting.timer.cancel();
+    this.waiting = undefined;
+    const turn = waiting.turn;
+    const steers = (turn.waiting_steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: this.r.clock.nowMs() }));
+    const transcript = [...closeToolCalls(turn.transcript as AgentMessage[], unanswered), ...steers];
+    // Nothing ran since the wait began, which saved the workspace.
+    await this.finishTurn(turn, status, [], transcript, error, { checkpoint: false, usage: turn.waiting_usage, model: waiting.model });
+  }
+
+  /** The `turn.action_required` webhook delivery of a pending action (keyed by the action). */
+  private async recordActionWebhook(turn: TurnDoc, action: ActionDoc): Promise<void> {
+    const run = this.host.run;
+    if (!run) return;
+    try {
+      await this.r.webhooks.enqueue({
+        workspaceId: run.workspace_id,
+        agentId: run.agent_id,
+        runId: run._id,
+        partition: run.partition,
+        type: "turn.action_required",
+        eventKey: action.id,
+        data: { ...webhookData(renderRun(run, turn)), action: renderAction(action, run._id, turn._id) },
+      });
+    } catch (err) {
+      this.r.log.error({ err, run_id: run._id, turn_id: turn._id, action_id: action.id }, "could not record the action's webhook deliveries");
+    }
   }
 
   /**

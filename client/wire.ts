@@ -92,6 +92,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runs/{runId}/actions/{actionId}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Approve or deny a tool call that waits for a person
+         * @description The turn's pending_action names the call. approve: the call runs in the sandbox and the agent goes on. deny: the model gets the tool's error result with the reason. The same Idempotency-Key answers as the first time; a decision on an action decided before (by a person or by its timeout) is 409 action_already_decided. Scope: run:write.
+         */
+        post: operations["decideAction"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runs/{runId}/turns": {
         parameters: {
             query?: never;
@@ -896,6 +916,53 @@ export interface components {
             /** @description US dollars from the model registry's prices; null for a model without prices (faux/scripted, openai-compatible endpoints). */
             cost_usd: number | null;
         };
+        PendingAction: {
+            /** @description Decide with POST /api/v1/runs/{runId}/actions/{actionId}. */
+            id: string;
+            /** @description The tool the agent asked to call. */
+            tool: string;
+            /** @description The call's id in the model's message and in the tool_execution_* events. */
+            tool_call_id: string;
+            /** @description The call's arguments, as the model gave them. */
+            arguments: {
+                [key: string]: unknown;
+            };
+            /** @description Unix seconds */
+            requested_at: number;
+            /** @description Then the deployment's config.approval.on_timeout decides (default deny). */
+            expires_at: number;
+        };
+        Action: {
+            /** @description Decide with POST /api/v1/runs/{runId}/actions/{actionId}. */
+            id: string;
+            /** @description The tool the agent asked to call. */
+            tool: string;
+            /** @description The call's id in the model's message and in the tool_execution_* events. */
+            tool_call_id: string;
+            /** @description The call's arguments, as the model gave them. */
+            arguments: {
+                [key: string]: unknown;
+            };
+            /** @description Unix seconds */
+            requested_at: number;
+            /** @description Then the deployment's config.approval.on_timeout decides (default deny). */
+            expires_at: number;
+            /** @constant */
+            object: "action";
+            run_id: string;
+            turn_id: string;
+            decision: ("approve" | "deny") | null;
+            /** @description The person's reason, or what the timeout said. */
+            reason: string | null;
+            decided_by: ("person" | "timeout") | null;
+            decided_at: number | null;
+        };
+        ActionDecision: {
+            /** @enum {string} */
+            decision: "approve" | "deny";
+            /** @description Shown to the model with a denial; kept with the action. */
+            reason?: string;
+        };
         Turn: {
             id: string;
             /** @constant */
@@ -919,6 +986,8 @@ export interface components {
             duration_ms: number | null;
             /** @description null until the turn is final; then its model calls' usage summed. */
             usage: components["schemas"]["Usage"] | null;
+            /** @description The gated tool call the in_progress turn waits for a person to decide; null otherwise. */
+            pending_action: components["schemas"]["PendingAction"] | null;
         };
         Run: {
             id: string;
@@ -1111,6 +1180,28 @@ export interface components {
                 };
             })[];
             tokens_per_second?: number;
+            /** @description Tool calls a person approves or denies before they run. Without it no call waits. */
+            approval?: {
+                /** @description A tool call needs a person's decision when any rule matches it. */
+                rules: {
+                    /**
+                     * @description A built-in tool, or "*" for every tool.
+                     * @enum {string}
+                     */
+                    tool: "*" | "bash" | "read" | "write" | "edit" | "ls";
+                    /** @description bash only: gate commands that start with this (leading blanks ignored). A convenience, not a security boundary. */
+                    command_prefix?: string;
+                    /** @description read, write, edit, ls only: gate paths (relative to the workspace) matching this glob: * within a directory, ** across directories, ? one character. */
+                    path_glob?: string;
+                }[];
+                /** @description Seconds a person has to decide. Default 3600. */
+                timeout_s?: number;
+                /**
+                 * @description What expiry decides. Default deny.
+                 * @enum {string}
+                 */
+                on_timeout?: "approve" | "deny";
+            };
         };
         DeploymentRequest: {
             config: components["schemas"]["AgentConfig"];
@@ -1350,7 +1441,7 @@ export interface components {
             object: "webhook";
             url: string;
             description: string | null;
-            /** @description Event types delivered; "*" for all of turn.completed, turn.failed, turn.cancelled, turn.incomplete, run.deleted, run.expired. */
+            /** @description Event types delivered; "*" for all of turn.completed, turn.failed, turn.cancelled, turn.incomplete, turn.action_required, run.deleted, run.expired. */
             event_types: string[];
             /** @description Only runs of this agent; null for all. */
             agent_id: string | null;
@@ -1367,7 +1458,7 @@ export interface components {
         WebhookCreateRequest: {
             /** @description Where deliveries are POSTed. Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE). */
             url: string;
-            event_types: ("turn.completed" | "turn.failed" | "turn.cancelled" | "turn.incomplete" | "run.deleted" | "run.expired" | "*")[];
+            event_types: ("turn.completed" | "turn.failed" | "turn.cancelled" | "turn.incomplete" | "turn.action_required" | "run.deleted" | "run.expired" | "*")[];
             agent_id?: string | null;
             description?: string | null;
             enabled?: boolean;
@@ -1375,7 +1466,7 @@ export interface components {
         WebhookUpdateRequest: {
             /** @description Where deliveries are POSTed. Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE). */
             url?: string;
-            event_types?: ("turn.completed" | "turn.failed" | "turn.cancelled" | "turn.incomplete" | "run.deleted" | "run.expired" | "*")[];
+            event_types?: ("turn.completed" | "turn.failed" | "turn.cancelled" | "turn.incomplete" | "turn.action_required" | "run.deleted" | "run.expired" | "*")[];
             agent_id?: string | null;
             description?: string | null;
             enabled?: boolean;
@@ -2272,6 +2363,160 @@ export interface operations {
             };
             /** @description Not found in the authorized workspace. Codes: run_not_found. */
             404: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Gone. Codes: run_expired. */
+            410: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Payload exceeds a supported limit. Codes: payload_too_large. */
+            413: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Rate limit exceeded. Codes: rate_limited. */
+            429: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    "Retry-After": components["headers"]["Retry-After"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Internal failure. Codes: internal_error. */
+            500: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Temporarily unavailable; retry after Retry-After. Codes: runtime_unavailable. */
+            503: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    "Retry-After": components["headers"]["Retry-After"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    decideAction: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description 1 to 255 printable ASCII characters; missing or malformed: 400 invalid_request, param Idempotency-Key. A retry with the same key returns the first answer; the same key with a different request: 409. */
+                "Idempotency-Key": string;
+            };
+            path: {
+                /** @description Run id (`run_…`). */
+                runId: string;
+                /** @description Action id (`act_…`). */
+                actionId: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ActionDecision"];
+            };
+        };
+        responses: {
+            /** @description The action with its decision. */
+            200: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Action"];
+                };
+            };
+            /** @description Invalid request. Codes: invalid_request. */
+            400: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing scope or permission. Codes: permission_denied. */
+            403: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Not found in the authorized workspace. Codes: run_not_found, action_not_found. */
+            404: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Conflict with the runtime state or an earlier request. Codes: action_already_decided, idempotency_conflict. */
+            409: {
                 headers: {
                     "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
                     "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];

@@ -13,6 +13,7 @@ import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, toApi
 import { runRoutes } from "./routes/runs.js";
 import { turnRoutes } from "./routes/turns.js";
 import { tagRoutes } from "./routes/tags.js";
+import { actionRoutes } from "./routes/actions.js";
 import { agentRoutes } from "./routes/agents.js";
 import { apiKeyRoutes } from "./routes/api-keys.js";
 import { healthRoutes } from "./routes/health.js";
@@ -121,6 +122,7 @@ export async function buildApp(
   await app.register(runRoutes(context));
   await app.register(turnRoutes(context));
   await app.register(tagRoutes(context));
+  await app.register(actionRoutes(context));
   await app.register(eventRoutes(context));
   await app.register(agentRoutes(context));
   await app.register(apiKeyRoutes(context));

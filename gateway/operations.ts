@@ -1,5 +1,6 @@
 /** Every route the gateway serves, in the order of the OpenAPI document: each declared once in its route file. */
 import type { Operation } from "./operation.js";
+import { ACTION_OPERATIONS } from "./routes/actions.js";
 import { AGENT_OPERATIONS } from "./routes/agents.js";
 import { CONSOLE_OPERATIONS } from "./routes/console.js";
 import { API_KEY_OPERATIONS } from "./routes/api-keys.js";
@@ -17,6 +18,7 @@ import { WEBHOOK_OPERATIONS } from "./routes/webhooks.js";
 export const OPERATIONS: Operation[] = [
   RUN_OPERATIONS,
   TAG_OPERATIONS,
+  ACTION_OPERATIONS,
   TURN_OPERATIONS,
   EVENT_OPERATIONS,
   AGENT_OPERATIONS,

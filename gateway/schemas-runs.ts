@@ -75,6 +75,42 @@ export const UsageSchema = named(
 
 const turnStatus = z.enum(Object.values(TurnStatus) as [string, ...string[]]);
 
+export const PendingActionSchema = named(
+  "PendingAction",
+  z.object({
+    id: z.string().regex(/^act_/).describe("Decide with POST /api/v1/runs/{runId}/actions/{actionId}."),
+    tool: z.string().describe("The tool the agent asked to call."),
+    tool_call_id: z.string().describe("The call's id in the model's message and in the tool_execution_* events."),
+    arguments: z.record(z.string(), z.unknown()).describe("The call's arguments, as the model gave them."),
+    requested_at: unixSeconds(),
+    expires_at: unixSeconds().describe("Then the deployment's config.approval.on_timeout decides (default deny)."),
+  }),
+  "A tool call that waits for a person's decision (config.approval): nothing of it ran.",
+);
+
+export const ActionSchema = named(
+  "Action",
+  z.object({
+    ...PendingActionSchema.shape,
+    object: z.literal("action"),
+    run_id: z.string(),
+    turn_id: z.string(),
+    decision: z.enum(["approve", "deny"]).nullable(),
+    reason: z.string().nullable().describe("The person's reason, or what the timeout said."),
+    decided_by: z.enum(["person", "timeout"]).nullable(),
+    decided_at: unixSeconds().nullable(),
+  }),
+  "A gated tool call and its decision.",
+);
+
+export const ActionDecisionSchema = named(
+  "ActionDecision",
+  jsonBody({
+    decision: z.enum(["approve", "deny"], { error: 'must be "approve" or "deny".' }),
+    reason: z.string({ error: "must be a string." }).max(2_000, "must be at most 2000 characters.").optional().describe("Shown to the model with a denial; kept with the action."),
+  }),
+);
+
 export const TurnSchema = named(
   "Turn",
   z.object({
@@ -90,6 +126,7 @@ export const TurnSchema = named(
     completed_at: unixSeconds().nullable(),
     duration_ms: z.int().min(0).nullable(),
     usage: UsageSchema.nullable().describe("null until the turn is final; then its model calls' usage summed."),
+    pending_action: PendingActionSchema.nullable().describe("The gated tool call the in_progress turn waits for a person to decide; null otherwise."),
   }),
 );
 

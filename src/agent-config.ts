@@ -3,6 +3,7 @@ import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
 import { parseWith, refuse } from "./request-schemas.js";
 import { validateAllowPattern } from "./address-guard.js";
 import { ENV_NAME_PATTERN } from "./env-values.js";
+import { APPROVAL_TOOLS, DEFAULT_APPROVAL_TIMEOUT_S, MAX_APPROVAL_TIMEOUT_S, PATH_TOOLS } from "./approval.js";
 
 /** Bounds of `config.limits` (the sandbox's defaults are in actors/sandbox-limits.ts and the README). */
 const limit = (min: number, max: number, what: string) => z.int().min(min).max(max).optional().describe(what);
@@ -63,6 +64,27 @@ export const AgentConfigSchema = z
       .describe("Default: no network at all inside the sandbox."),
     script: z.array(ScriptStepSchema).max(10_000).optional().describe("Only with model faux/scripted."),
     tokens_per_second: z.number().positive().max(1_000_000).optional(),
+    approval: z
+      .object({
+        rules: z
+          .array(
+            z
+              .object({
+                tool: z.enum(APPROVAL_TOOLS).describe('A built-in tool, or "*" for every tool.'),
+                command_prefix: z.string().min(1).max(1_000).optional().describe("bash only: gate commands that start with this (leading blanks ignored). A convenience, not a security boundary."),
+                path_glob: z.string().min(1).max(1_000).optional().describe("read, write, edit, ls only: gate paths (relative to the workspace) matching this glob: * within a directory, ** across directories, ? one character."),
+              })
+              .strict(),
+          )
+          .min(1)
+          .max(50)
+          .describe("A tool call needs a person's decision when any rule matches it."),
+        timeout_s: z.int().min(1).max(MAX_APPROVAL_TIMEOUT_S).optional().describe(`Seconds a person has to decide. Default ${DEFAULT_APPROVAL_TIMEOUT_S}.`),
+        on_timeout: z.enum(["approve", "deny"]).optional().describe("What expiry decides. Default deny."),
+      })
+      .strict()
+      .optional()
+      .describe("Tool calls a person approves or denies before they run. Without it no call waits."),
   })
   .strict();
 
@@ -88,6 +110,14 @@ export const DeploymentRequestSchema = z
     }
     const tools = config.tools ?? [];
     if (new Set(tools).size !== tools.length) refuse(ctx, "config.tools", "Each tool may appear once.");
+    for (const [i, rule] of (config.approval?.rules ?? []).entries()) {
+      if (rule.command_prefix !== undefined && rule.tool !== "bash") {
+        return refuse(ctx, `config.approval.rules.${i}.command_prefix`, `config.approval.rules.${i}.command_prefix: only for the bash tool.`);
+      }
+      if (rule.path_glob !== undefined && !(PATH_TOOLS as readonly string[]).includes(rule.tool)) {
+        return refuse(ctx, `config.approval.rules.${i}.path_glob`, `config.approval.rules.${i}.path_glob: only for the ${PATH_TOOLS.join(", ")} tools.`);
+      }
+    }
   });
 
 export type DeploymentRequest = { config: AgentConfig; upgrade_policy: "automatic" | "new_run_only"; activate: boolean };

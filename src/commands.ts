@@ -1,4 +1,4 @@
-import type { Disposition, InputPart, Plan } from "./domain.js";
+import type { Decision, Disposition, InputPart, Plan } from "./domain.js";
 import type { ErrorCode } from "./errors.js";
 
 /**
@@ -36,7 +36,8 @@ export type RunCommand =
     }
   | { op: "cancel"; workspace_id: string; run_id: string; turn_id?: string }
   | { op: "delete"; workspace_id: string; run_id: string }
-  | { op: "tags"; workspace_id: string; run_id: string; add: string[]; remove: string[] };
+  | { op: "tags"; workspace_id: string; run_id: string; add: string[]; remove: string[] }
+  | { op: "decide"; workspace_id: string; run_id: string; action_id: string; decision: Decision; reason: string | null };
 
 export const OnBusy = { queue: "queue", steer: "steer", reject: "reject" } as const;
 export type OnBusy = (typeof OnBusy)[keyof typeof OnBusy];
@@ -53,6 +54,8 @@ export type CommandReply =
       tags?: string[];
       /** The Run object as the admission left it (saves the gateway two reads). */
       run?: Record<string, unknown>;
+      /** The Action object a decision left. */
+      action?: Record<string, unknown>;
     }
   | { ok: false; code: ErrorCode; message?: string; param?: string | null }
   /** This node does not own the run's partition (any more): route again. */

@@ -1,3 +1,4 @@
+import type { ActionDoc } from "./approval.js";
 import type { AgentConfig, Disposition, InputPart, OutputPart, Plan, RunState, TurnError, TurnStatus, TurnUsage } from "./domain.js";
 
 /**
@@ -118,6 +119,15 @@ export interface TurnDoc {
   /** Run sequence of the turn's first event. */
   first_event_seq: number;
   epoch: number;
+  /**
+   * Gated tool calls of the turn (src/approval.ts), in the order asked; at most one is
+   * undecided, and while it is, `transcript` holds what the turn added up to it.
+   */
+  actions?: ActionDoc[];
+  /** Steering input that arrived while the turn waited for a decision, delivered after it. */
+  waiting_steers?: string[];
+  /** What the turn's model calls used before it waited (its `usage` is set when final). */
+  waiting_usage?: TurnUsage;
 }
 
 export interface IdempotencyDoc {

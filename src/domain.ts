@@ -92,6 +92,27 @@ export interface TurnUsage {
 
 export type ModelRef = string | { provider: "openai-compatible"; base_url: string; model: string; api_key_env?: string };
 
+/** A person's decision on a gated tool call (src/approval.ts). */
+export type Decision = "approve" | "deny";
+
+/** One rule of `config.approval`: the tool, and optionally what its call must match. */
+export interface ApprovalRule {
+  tool: "*" | BuiltinTool;
+  /** bash only: the command, leading blanks ignored, starts with this. */
+  command_prefix?: string;
+  /** read, write, edit, ls only: the path, relative to the workspace, matches this glob. */
+  path_glob?: string;
+}
+
+/** `config.approval`: tool calls a person approves or denies before they run. */
+export interface ApprovalPolicy {
+  rules: ApprovalRule[];
+  /** Seconds a person has to decide. Default 3600. */
+  timeout_s?: number;
+  /** What expiry decides. Default deny. */
+  on_timeout?: Decision;
+}
+
 /** A deployment's agent configuration (decisions §3), already validated. */
 export interface AgentConfig {
   model: ModelRef;
@@ -110,6 +131,8 @@ export interface AgentConfig {
   network?: { allow: string[] };
   script?: ScriptStep[];
   tokens_per_second?: number;
+  /** Tool calls a person approves or denies before they run (src/approval.ts). */
+  approval?: ApprovalPolicy;
 }
 
 /** A runtime event as the agent runner reports it, before numbering and storage. */

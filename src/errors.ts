@@ -50,6 +50,7 @@ export const ERROR_CATALOGUE = {
   agent_version_not_found: { status: 404, retryable: false, message: "The agent never had this version." },
   run_not_found: { status: 404, retryable: false, message: "No such run." },
   turn_not_found: { status: 404, retryable: false, message: "No such turn in this run." },
+  action_not_found: { status: 404, retryable: false, message: "No such pending or decided action in this run." },
   request_timeout: { status: 408, retryable: true, message: "The upload ran longer than allowed." },
   agent_version_not_ready: { status: 409, retryable: true, message: "This agent version is not ready." },
   idempotency_conflict: {
@@ -63,6 +64,7 @@ export const ERROR_CATALOGUE = {
     message: "The turn to steer ended before the input was stored; the input was not taken.",
   },
   run_busy: { status: 409, retryable: true, message: "The run is busy." },
+  action_already_decided: { status: 409, retryable: false, message: "The action was already decided; the earlier decision stands." },
   conflict: { status: 409, retryable: false, message: "The request conflicts with the current state." },
   run_expired: { status: 410, retryable: false, message: "The run has expired and its data was deleted." },
   event_cursor_expired: {

@@ -38,6 +38,7 @@ export const Ids = {
   turn: () => newId("turn"),
   file: () => newId("file"),
   webhook: () => newId("wh"),
+  action: () => newId("act"),
   /** A webhook message (Standard Webhooks' webhook-id; kept across retries and redeliveries). */
   webhookMessage: () => newId("msg"),
   webhookDelivery: () => newId("whd"),

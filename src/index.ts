@@ -13,6 +13,7 @@ export * from "./webhooks.js";
 export * from "./errors.js";
 export * from "./turn-errors.js";
 export * from "./turn-state.js";
+export * from "./approval.js";
 export * from "./scopes.js";
 export * from "./agent-config.js";
 export * from "./request-schemas.js";

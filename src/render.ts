@@ -2,6 +2,7 @@ import { unixSeconds } from "./clock.js";
 import { isFinalStatus, type Disposition } from "./domain.js";
 import type { AgentDoc, DeploymentDoc, RunDoc, TurnDoc } from "./documents.js";
 import { NO_USAGE } from "./usage.js";
+import { pendingActionOf, renderPendingAction } from "./approval.js";
 
 const secondsOrNull = (ms: number | null) => (ms === null ? null : unixSeconds(ms));
 
@@ -20,7 +21,14 @@ export function renderTurn(turn: TurnDoc) {
     duration_ms: turn.duration_ms,
     // Final turns stored without usage (interrupted, cancelled while queued) used nothing here.
     usage: turn.usage ?? (isFinalStatus(turn.status) ? NO_USAGE : null),
+    // The gated tool call the turn waits for a person to decide (null when none).
+    pending_action: pendingActionView(turn),
   };
+}
+
+function pendingActionView(turn: TurnDoc) {
+  const pending = isFinalStatus(turn.status) ? undefined : pendingActionOf(turn.actions);
+  return pending ? renderPendingAction(pending) : null;
 }
 
 /** The Run object with its selected turn; agent_version is the turn's version. */

@@ -9,7 +9,7 @@
  */
 import { createHmac, randomBytes } from "node:crypto";
 
-export const WEBHOOK_EVENT_TYPES = ["turn.completed", "turn.failed", "turn.cancelled", "turn.incomplete", "run.deleted", "run.expired"] as const;
+export const WEBHOOK_EVENT_TYPES = ["turn.completed", "turn.failed", "turn.cancelled", "turn.incomplete", "turn.action_required", "run.deleted", "run.expired"] as const;
 export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number];
 /** What an endpoint may ask for: event types, or every type. */
 export const WEBHOOK_WILDCARD = "*";

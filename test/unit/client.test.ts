@@ -81,6 +81,7 @@ function run(status: string, overrides: Partial<Run> = {}): Run {
       completed_at: null,
       duration_ms: null,
       usage: null,
+      pending_action: null,
     },
     ...overrides,
   };

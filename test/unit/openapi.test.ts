@@ -80,7 +80,7 @@ test("openapi - 429 and 503 error answers carry Retry-After; authenticated answe
 });
 
 test("openapi - path parameters are declared; Idempotency-Key where the specification requires it", (t) => {
-  const needsKey = new Set(["post /api/v1/runs", "post /api/v1/runs/{runId}/cancel", "delete /api/v1/runs/{runId}", "post /api/v1/files", "post /api/v1/agents/{agentId}/deployments"]);
+  const needsKey = new Set(["post /api/v1/runs", "post /api/v1/runs/{runId}/cancel", "delete /api/v1/runs/{runId}", "post /api/v1/files", "post /api/v1/agents/{agentId}/deployments", "post /api/v1/runs/{runId}/actions/{actionId}"]);
   for (const [path, item] of Object.entries<any>(doc.paths)) {
     const names = [...path.matchAll(/\{([^}]+)\}/g)].map((m) => m[1]);
     for (const method of METHODS) {

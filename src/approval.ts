@@ -1,0 +1,213 @@
+/**
+ * Human approval of tool calls (issue 18): which calls a deployment's `config.approval`
+ * gates, what a pending action is, and how a decision or a timeout settles it. Pure:
+ * the run's actor applies these decisions (actors/turn-execution.ts).
+ *
+ * Decisions:
+ * - A call is gated when any rule matches it: the rule's tool is the call's (or `*`),
+ *   and, when given, the bash command starts with `command_prefix` (leading blanks
+ *   ignored) or the file tool's path matches `path_glob`. A prefix or a glob is a
+ *   convenience, not a security boundary: `true; rm -rf .` does not start with `rm`.
+ *   To gate every command, name the tool without a prefix.
+ * - An action expires `timeout_s` after it was requested (default 1 hour); expiry
+ *   applies `on_timeout` (default `deny`). A decision arriving after expires_at finds
+ *   the action decided by its timeout (409 action_already_decided), even if the timer
+ *   has not fired yet: the outcome never depends on which came first on the node.
+ * - A denial reaches the model as the tool's error result, with the reason.
+ */
+import { type ApprovalPolicy, type ApprovalRule, BUILTIN_TOOLS, type BuiltinTool, type Decision } from "./domain.js";
+
+export type { ApprovalPolicy, ApprovalRule, Decision } from "./domain.js";
+import { unixSeconds } from "./clock.js";
+
+export const APPROVAL_TOOLS = ["*", ...BUILTIN_TOOLS] as const;
+
+export const DEFAULT_APPROVAL_TIMEOUT_S = 3600;
+export const MAX_APPROVAL_TIMEOUT_S = 12 * 3600;
+export const PATH_TOOLS: readonly BuiltinTool[] = ["read", "write", "edit", "ls"];
+
+
+/** Who decided: a person through the API, or the timeout. */
+export type DecidedBy = "person" | "timeout";
+
+/** A gated tool call, stored with its turn (TurnDoc.actions). Times in Unix ms. */
+export interface ActionDoc {
+  id: string;
+  tool_call_id: string;
+  tool: string;
+  arguments: Record<string, unknown>;
+  requested_at: number;
+  expires_at: number;
+  on_timeout: Decision;
+  /** Index in the turn's transcript of the assistant message that asked (where the loop resumes). */
+  assistant_index: number;
+  decision: Decision | null;
+  reason: string | null;
+  decided_at: number | null;
+  decided_by: DecidedBy | null;
+}
+
+/** Whether `policy` gates the call of `tool` with `args`. */
+export function approvalRequired(policy: ApprovalPolicy | undefined, tool: string, args: unknown): boolean {
+  if (!policy) return false;
+  return policy.rules.some((rule) => ruleMatches(rule, tool, args));
+}
+
+function ruleMatches(rule: ApprovalRule, tool: string, args: unknown): boolean {
+  if (rule.tool !== "*" && rule.tool !== tool) return false;
+  const fields = (args && typeof args === "object" ? args : {}) as Record<string, unknown>;
+  if (rule.command_prefix !== undefined) {
+    // A rule about commands gates only calls that carry one.
+    if (typeof fields.command !== "string") return false;
+    if (!fields.command.trimStart().startsWith(rule.command_prefix)) return false;
+  }
+  if (rule.path_glob !== undefined) {
+    const path = typeof fields.path === "string" ? fields.path : tool === "ls" ? "." : undefined;
+    if (path === undefined) return false;
+    if (!globMatches(rule.path_glob, workspacePath(path))) return false;
+  }
+  return true;
+}
+
+/**
+ * A tool's path as a path relative to the workspace, without `./`: `/workspace/a/b`,
+ * `./a//b/` and `a/b` are all `a/b`; the workspace itself is `.`. `..` segments are
+ * resolved (a path leaving the workspace is refused by the tool itself; here it keeps
+ * its `..` and matches only a glob that says so).
+ */
+export function workspacePath(p: string): string {
+  let rest = p.replace(/^\/workspace(?=\/|$)/, "");
+  rest = rest.replace(/^\/+/, "");
+  const out: string[] = [];
+  for (const segment of rest.split("/")) {
+    if (segment === "" || segment === ".") continue;
+    if (segment === ".." && out.length > 0 && out[out.length - 1] !== "..") out.pop();
+    else out.push(segment);
+  }
+  return out.length === 0 ? "." : out.join("/");
+}
+
+/**
+ * Glob match of a relative path: `*` is any run of characters but `/`, `**` any run
+ * including `/` (`**\/` also matches no directory at all), `?` one character but `/`;
+ * everything else is literal. The whole path must match.
+ */
+export function globMatches(glob: string, path: string): boolean {
+  return globRegExp(glob).test(path);
+}
+
+const globCache = new Map<string, RegExp>();
+
+function globRegExp(glob: string): RegExp {
+  const cached = globCache.get(glob);
+  if (cached) return cached;
+  let source = "";
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i]!;
+    if (c === "*" && glob[i + 1] === "*") {
+      i++;
+      if (glob[i + 1] === "/") {
+        i++;
+        source += "(?:.*/)?";
+      } else {
+        source += ".*";
+      }
+    } else if (c === "*") {
+      source += "[^/]*";
+    } else if (c === "?") {
+      source += "[^/]";
+    } else {
+      source += c.replace(/[.+^${}()|[\]\\]/g, "\\$&");
+    }
+  }
+  const re = new RegExp(`^${source}$`, "s");
+  if (globCache.size > 1_000) globCache.clear();
+  globCache.set(glob, re);
+  return re;
+}
+
+/** A new pending action for the call, requested now. */
+export function newAction(
+  policy: ApprovalPolicy,
+  call: { id: string; toolCallId: string; tool: string; arguments: Record<string, unknown>; assistantIndex: number },
+  nowMs: number,
+): ActionDoc {
+  return {
+    id: call.id,
+    tool_call_id: call.toolCallId,
+    tool: call.tool,
+    arguments: call.arguments,
+    requested_at: nowMs,
+    expires_at: nowMs + (policy.timeout_s ?? DEFAULT_APPROVAL_TIMEOUT_S) * 1000,
+    on_timeout: policy.on_timeout ?? "deny",
+    assistant_index: call.assistantIndex,
+    decision: null,
+    reason: null,
+    decided_at: null,
+    decided_by: null,
+  };
+}
+
+export type DecideOutcome =
+  | { kind: "decided"; action: ActionDoc }
+  /** Already decided (by a person, or by its timeout): the earlier decision stands. */
+  | { kind: "already_decided"; action: ActionDoc; expiredNow: boolean };
+
+/**
+ * Applies a person's decision at `nowMs`. Past expires_at the timeout decides first,
+ * whatever the person asked.
+ */
+export function decide(action: ActionDoc, decision: Decision, reason: string | null, nowMs: number): DecideOutcome {
+  if (action.decision !== null) return { kind: "already_decided", action, expiredNow: false };
+  if (nowMs >= action.expires_at) return { kind: "already_decided", action: expire(action, nowMs), expiredNow: true };
+  return { kind: "decided", action: { ...action, decision, reason, decided_at: nowMs, decided_by: "person" } };
+}
+
+/** The action decided by its timeout. */
+export function expire(action: ActionDoc, nowMs: number): ActionDoc {
+  if (action.decision !== null) return action;
+  const reason = `No decision within ${Math.round((action.expires_at - action.requested_at) / 1000)} s: the request expired.`;
+  return { ...action, decision: action.on_timeout, reason, decided_at: Math.max(nowMs, action.expires_at), decided_by: "timeout" };
+}
+
+/** What the model is told when the call is denied. */
+export function denialText(action: ActionDoc): string {
+  if (action.decided_by === "timeout") return `The call was not approved: ${action.reason ?? "the approval request expired."}`;
+  return action.reason ? `The call was denied by a person: ${action.reason}` : "The call was denied by a person.";
+}
+
+/** The undecided action of a turn, if it waits for one. */
+export function pendingActionOf(actions: readonly ActionDoc[] | undefined): ActionDoc | undefined {
+  return actions?.find((a) => a.decision === null);
+}
+
+/** The pending action as a Turn shows it (`pending_action`). */
+export function renderPendingAction(action: ActionDoc) {
+  return {
+    id: action.id,
+    tool: action.tool,
+    tool_call_id: action.tool_call_id,
+    arguments: action.arguments,
+    requested_at: unixSeconds(action.requested_at),
+    expires_at: unixSeconds(action.expires_at),
+  };
+}
+
+/** The Action object the decision endpoint answers with. */
+export function renderAction(action: ActionDoc, runId: string, turnId: string) {
+  return {
+    id: action.id,
+    object: "action" as const,
+    run_id: runId,
+    turn_id: turnId,
+    tool: action.tool,
+    tool_call_id: action.tool_call_id,
+    arguments: action.arguments,
+    requested_at: unixSeconds(action.requested_at),
+    expires_at: unixSeconds(action.expires_at),
+    decision: action.decision,
+    reason: action.reason,
+    decided_by: action.decided_by,
+    decided_at: action.decided_at === null ? null : unixSeconds(action.decided_at),
+  };
+}
