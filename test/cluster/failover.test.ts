@@ -409,3 +409,53 @@ test.serial("cluster - webhooks: the node retrying a delivery is killed while th
   await until("every delivery done", async () => ((await deliveries()).every((d) => d.status === "delivered") ? true : undefined), 30_000);
   for (const d of all) t.is(received.filter((r) => r.id === d.message_id && r.status === 200).length <= 1, true, d.id);
 });
+
+test.serial("cluster - approvals: kill -9 of the owner while an action waits; approved through another node, the call runs once and the model call that asked is not made again", async (t) => {
+  t.timeout(120_000);
+  const { cluster } = t.context;
+  const victim = 1;
+  const api = nodeApi(cluster, 0);
+  const agent = await api.agentWith(
+    {
+      model: "faux/scripted",
+      tools: ["bash"],
+      approval: { rules: [{ tool: "bash" }] },
+      script: [
+        { tool_call: { name: "bash", arguments: { command: "echo ran >> count.txt; wc -l < count.txt" } }, usage: { input: 100 } },
+        { text: "done", usage: { input: 10 } },
+      ],
+    },
+    "gated",
+  );
+  const run = await runOwnedBy(cluster, victim, agent, 0);
+  const others = await t.context.raw.runs.find({ agent_id: agent, _id: { $ne: run.id } }).toArray();
+  await Promise.all(others.map((r) => cancelQuietly(cluster, r._id)));
+  const waiting = await until("the turn waits for a decision", async () => (await getWithRetry(cluster, `/api/v1/runs/${run.id}`)).body?.turn?.pending_action ?? undefined, 20_000);
+  t.is(await cluster.ownerOf(run.id), victim);
+
+  const killedAt = Date.now();
+  await cluster.killNode(victim);
+  // Through a node other than the victim; it routes to whichever node owns the run by then.
+  const decided = await postWithRetry(cluster, 2, `/api/v1/runs/${run.id}/actions/${waiting.id}`, { decision: "approve" }, `approve-${run.id}`);
+  t.is(decided.status, 200, JSON.stringify(decided.body));
+  t.like(decided.body, { id: waiting.id, decision: "approve", decided_by: "person" });
+  const final = await waitFinal(cluster, run.id, run.turn.id, 30_000);
+  t.is(final.turn.status, "completed", JSON.stringify(final.turn.error));
+  t.deepEqual(final.turn.output, [{ type: "output_text", text: "done" }]);
+  t.is(final.turn.usage.input_tokens, 110, "two model calls: the asking one was not repeated");
+  const newOwner = await cluster.ownerOf(run.id);
+  t.true(newOwner !== undefined && newOwner !== victim, `new owner ${newOwner}`);
+
+  const events = await allEvents(cluster, run.id);
+  const count = (type: string) => events.filter((e) => e.type === type).length;
+  t.is(count("tool.approval_requested"), 1);
+  t.is(count("tool.approval_decided"), 1);
+  t.is(events.filter((e) => e.type === "message_end" && e.data.message.role === "assistant").length, 2);
+  const ends = events.filter((e) => e.type === "tool_execution_end");
+  t.is(ends.length, 1);
+  t.is(ends[0].data.result.content[0].text.trim(), "1", "the command ran once");
+  const counts = await turnEventCounts(cluster, run.id);
+  t.deepEqual(counts.get(run.turn.id), { started: 1, final: 1 });
+  t.deepEqual(events.map((e) => e.sequence), events.map((_, i) => i + 1), "no gap or repeat in the run's events");
+  t.log(`decided ${decided.attempts} attempt(s) after the kill; final ${Date.now() - killedAt} ms after it on node-${(newOwner ?? -1) + 1}`);
+});

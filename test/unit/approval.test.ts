@@ -1,0 +1,154 @@
+import test from "ava";
+import { approvalRequired, BUILTIN_TOOLS, decide, denialText, expire, globMatches, newAction, type ActionDoc, type ApprovalPolicy, workspacePath } from "../../src/index.js";
+import { closeToolCalls } from "../../actors/agent-runner.js";
+
+const T0 = 1_700_000_000_000;
+
+test("approval - a rule's tool matches that tool only; * matches every tool; no policy gates nothing", (t) => {
+  for (const ruleTool of ["*", ...BUILTIN_TOOLS] as const) {
+    for (const tool of [...BUILTIN_TOOLS, "unknown"]) {
+      const policy: ApprovalPolicy = { rules: [{ tool: ruleTool }] };
+      t.is(approvalRequired(policy, tool, {}), ruleTool === "*" || ruleTool === tool, `${ruleTool} × ${tool}`);
+    }
+  }
+  t.false(approvalRequired(undefined, "bash", { command: "rm -rf /" }));
+});
+
+test("approval - command_prefix: leading blanks ignored; only calls that carry a string command; a prefix is not a boundary", (t) => {
+  const policy: ApprovalPolicy = { rules: [{ tool: "bash", command_prefix: "rm " }] };
+  const cases: Array<[unknown, boolean]> = [
+    [{ command: "rm -rf x" }, true],
+    [{ command: "   \trm x" }, true],
+    [{ command: "rmdir x" }, false],
+    [{ command: "true; rm -rf x" }, false],
+    [{ command: 7 }, false],
+    [{}, false],
+    [null, false],
+    ["rm x", false],
+  ];
+  for (const [args, gated] of cases) t.is(approvalRequired(policy, "bash", args), gated, JSON.stringify(args));
+});
+
+test("approval - path_glob matches the workspace-relative path; ls without a path is the workspace", (t) => {
+  const policy: ApprovalPolicy = { rules: [{ tool: "write", path_glob: "**/*.sh" }, { tool: "ls", path_glob: "." }, { tool: "read", path_glob: "secrets/*" }] };
+  const cases: Array<[string, unknown, boolean]> = [
+    ["write", { path: "run.sh" }, true],
+    ["write", { path: "a/b/run.sh" }, true],
+    ["write", { path: "/workspace/a/run.sh" }, true],
+    ["write", { path: "./a//run.sh" }, true],
+    ["write", { path: "run.shx" }, false],
+    ["write", { path: "a/../run.sh" }, true],
+    ["write", {}, false],
+    ["ls", {}, true],
+    ["ls", { path: "/workspace" }, true],
+    ["ls", { path: "sub" }, false],
+    ["read", { path: "secrets/key" }, true],
+    ["read", { path: "secrets/deep/key" }, false],
+    ["read", { path: "other/secrets/key" }, false],
+  ];
+  for (const [tool, args, gated] of cases) t.is(approvalRequired(policy, tool, args), gated, `${tool} ${JSON.stringify(args)}`);
+});
+
+test("approval - glob syntax: * within a directory, ** across, **/ also none, ? one character, the rest literal", (t) => {
+  const cases: Array<[string, string, boolean]> = [
+    ["*.md", "a.md", true],
+    ["*.md", "d/a.md", false],
+    ["**/*.md", "a.md", true],
+    ["**/*.md", "d/e/a.md", true],
+    ["d/**", "d/e/f", true],
+    ["d/**", "e/f", false],
+    ["?.txt", "a.txt", true],
+    ["?.txt", "ab.txt", false],
+    ["?.txt", "/.txt", false],
+    ["a.b", "axb", false],
+    ["(x)+[y]", "(x)+[y]", true],
+    ["$^{}|\\", "$^{}|\\", true],
+    ["*", "", true],
+    ["a*", "a\nb", true],
+  ];
+  for (const [glob, path, matches] of cases) t.is(globMatches(glob, path), matches, `${glob} ~ ${JSON.stringify(path)}`);
+});
+
+test("approval - workspacePath normalizes the forms a tool accepts", (t) => {
+  const cases: Array<[string, string]> = [
+    ["a/b", "a/b"],
+    ["./a//b/", "a/b"],
+    ["/workspace/a", "a"],
+    ["/workspace", "."],
+    ["/workspaces/a", "workspaces/a"],
+    [".", "."],
+    ["a/../b", "b"],
+    ["../x", "../x"],
+    ["a/../../x", "../x"],
+  ];
+  for (const [input, expected] of cases) t.is(workspacePath(input), expected, input);
+});
+
+function action(overrides: Partial<ActionDoc> = {}): ActionDoc {
+  return { ...newAction({ rules: [{ tool: "bash" }], timeout_s: 60 }, { id: "act_1", toolCallId: "call_1", tool: "bash", arguments: { command: "ls" }, assistantIndex: 1 }, T0), ...overrides };
+}
+
+test("approval - a new action expires after timeout_s (default 1 h) and defaults to deny", (t) => {
+  const a = newAction({ rules: [{ tool: "*" }] }, { id: "act_1", toolCallId: "c", tool: "ls", arguments: {}, assistantIndex: 0 }, T0);
+  t.is(a.expires_at - a.requested_at, 3600_000);
+  t.is(a.on_timeout, "deny");
+  t.is(a.decision, null);
+  t.is(action().expires_at, T0 + 60_000);
+  t.is(newAction({ rules: [{ tool: "*" }], on_timeout: "approve" }, { id: "a", toolCallId: "c", tool: "ls", arguments: {}, assistantIndex: 0 }, T0).on_timeout, "approve");
+});
+
+test("approval - decide: every decision × before, at and after expiry × undecided or decided", (t) => {
+  for (const decision of ["approve", "deny"] as const) {
+    for (const [at, expired] of [
+      [T0 + 59_999, false],
+      [T0 + 60_000, true],
+      [T0 + 90_000, true],
+    ] as const) {
+      for (const onTimeout of ["approve", "deny"] as const) {
+        const undecided = action({ on_timeout: onTimeout });
+        const outcome = decide(undecided, decision, "why", at);
+        if (!expired) {
+          t.is(outcome.kind, "decided");
+          t.like(outcome.action, { decision, reason: "why", decided_by: "person", decided_at: at });
+        } else {
+          t.deepEqual(outcome.kind === "already_decided" && outcome.expiredNow, true);
+          t.like(outcome.action, { decision: onTimeout, decided_by: "timeout", decided_at: at });
+          t.regex(outcome.action.reason!, /No decision within 60 s/);
+        }
+        const decided = action({ decision: "deny", reason: "no", decided_at: T0 + 1, decided_by: "person" });
+        const again = decide(decided, decision, null, at);
+        t.is(again.kind, "already_decided");
+        t.is(again.action, decided, "the earlier decision stands unchanged");
+      }
+    }
+  }
+});
+
+test("approval - expire never changes a decided action and never dates a decision before expires_at", (t) => {
+  const decided = action({ decision: "approve", decided_at: T0 + 5, decided_by: "person", reason: null });
+  t.is(expire(decided, T0 + 100_000), decided);
+  t.is(expire(action(), T0).decided_at, T0 + 60_000);
+});
+
+test("approval - what the model is told on a denial", (t) => {
+  t.is(denialText(action({ decision: "deny", decided_by: "person", reason: null })), "The call was denied by a person.");
+  t.is(denialText(action({ decision: "deny", decided_by: "person", reason: "too risky" })), "The call was denied by a person: too risky");
+  t.regex(denialText(expire(action(), T0 + 60_000)), /^The call was not approved: No decision within 60 s/);
+});
+
+test("approval - closeToolCalls answers every unanswered call of the last assistant message, once", (t) => {
+  const asking = {
+    role: "assistant",
+    content: [
+      { type: "toolCall", id: "c1", name: "bash", arguments: {} },
+      { type: "text", text: "and" },
+      { type: "toolCall", id: "c2", name: "ls", arguments: {} },
+    ],
+  };
+  const answered = { role: "toolResult", toolCallId: "c1", toolName: "bash", content: [{ type: "text", text: "ok" }], isError: false };
+  const closed = closeToolCalls([{ role: "user", content: "go" }, asking, answered] as any, "did not run") as any[];
+  t.is(closed.length, 4);
+  t.like(closed[3], { role: "toolResult", toolCallId: "c2", toolName: "ls", isError: true, content: [{ type: "text", text: "did not run" }] });
+  t.deepEqual(closeToolCalls(closed, "again"), closed.map((m) => m), "closing twice adds nothing");
+  t.deepEqual(closeToolCalls([{ role: "user", content: "x" }] as any, "n"), [{ role: "user", content: "x" }]);
+});
