@@ -1,5 +1,5 @@
 import { rm } from "node:fs/promises";
-import { decide, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { type ActionDoc, decide, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import { closeToolCalls, SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
@@ -530,16 +530,23 @@ export class RunActor {
       if (outcome.kind === "decided") return ok({ run_id: run._id, turn_id: waiting.turn._id, action: renderAction(outcome.action, run._id, waiting.turn._id) });
       return fail("action_already_decided", "The action expired before this decision; its timeout decided it.", "actionId");
     }
-    // Decided before: the earlier decision stands.
-    if (await this.askedBefore(run, cmd.action_id)) return fail("action_already_decided", undefined, "actionId");
-    return fail("action_not_found", undefined, "actionId");
+    // Asked before: decided then, or its turn ended without a decision (cancelled, time limit).
+    const earlier = await this.askedBefore(run, cmd.action_id);
+    if (!earlier) return fail("action_not_found", undefined, "actionId");
+    const message = earlier.decision === null ? "The action's turn ended before a decision (cancelled or stopped by its time limit); nothing of the call ran." : undefined;
+    return fail("action_already_decided", message, "actionId");
   }
 
-  /** Whether a turn of the run asked for this action (the latest turn is read alone first). */
-  private async askedBefore(run: RunDoc, actionId: string): Promise<boolean> {
-    const asked = (turn: TurnDoc | null) => turn?.actions?.some((a) => a.id === actionId) === true;
-    if (asked(await this.r.store.getTurn(run.active_turn_id ?? run.latest_turn_id))) return true;
-    return (await this.r.store.listTurns(run._id)).some(asked);
+  /** The action, if a turn of the run asked for it (the latest turn is read alone first). */
+  private async askedBefore(run: RunDoc, actionId: string): Promise<ActionDoc | undefined> {
+    const find = (turn: TurnDoc | null) => turn?.actions?.find((a) => a.id === actionId);
+    const latest = find(await this.r.store.getTurn(run.active_turn_id ?? run.latest_turn_id));
+    if (latest) return latest;
+    for (const turn of await this.r.store.listTurns(run._id)) {
+      const found = find(turn);
+      if (found) return found;
+    }
+    return undefined;
   }
 
   private async deleteRun(run: RunDoc): Promise<CommandReply> {

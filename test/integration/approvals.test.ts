@@ -350,3 +350,38 @@ test("restart - a turn waiting for a decision survives the service stopping; the
   t.is(ends.length, 1);
   t.is(ends[0].data.result.content[0].text.trim(), "1");
 });
+
+test("waiting costs nothing: a waiting turn does not count against the active-turn limit, and its wait counts toward the turn's wall-clock limit", async (t) => {
+  // Its own servers: one active turn per workspace and a 4 s turn limit.
+  const servers = await startTestServers();
+  t.teardown(() => servers.stop());
+  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_ACTIVE_TURNS_SOLO: "1", RUNS_TURN_LIMIT_MS: "4000" });
+  t.teardown(() => service.close());
+  const ws = await newWorkspace(service);
+  const gated = await ws.api.agentWith(gatedConfig());
+  const echo = await ws.api.agentWith({ model: "faux/scripted" });
+  const waiting = await waitingRun(ws.api, gated);
+  const startedAt = Date.now();
+  // The limit is one executing turn: another run executes while the first waits for a person.
+  const other = await ws.api.post("/api/v1/runs", { agent: echo, input: "meanwhile" });
+  t.is(other.status, 200);
+  t.is(other.body.turn.status, "completed", JSON.stringify(other.body.turn.error));
+  // Nobody decides within the turn's 4 s: the wait ends the turn at its wall-clock limit.
+  const done = await ws.api.waitTurn(waiting.id, waiting.turn.id, 20_000);
+  t.is(done.turn.status, "incomplete");
+  t.is(done.turn.error.code, "turn_duration_limit");
+  t.is(done.turn.pending_action, null);
+  t.true(done.turn.duration_ms >= 3_900, `duration ${done.turn.duration_ms} ms`);
+  t.true(Date.now() - startedAt < 15_000);
+  const evs = await events(ws.api, waiting.id);
+  t.is(toolEnd(evs).length, 0, "the call never ran");
+  // The action was never decided: a decision now finds it settled with its turn.
+  const late = await ws.api.post(`/api/v1/runs/${waiting.id}/actions/${waiting.turn.pending_action.id}`, { decision: "approve" });
+  t.is(late.status, 409);
+  t.is(late.body.error.code, "action_already_decided");
+  t.regex(late.body.error.message, /ended before a decision/);
+  // The run's session holds the unrun call answered: the next turn runs normally.
+  const next = await ws.api.post("/api/v1/runs", { run_id: waiting.id, input: "after", background: true });
+  t.is(next.status, 202);
+  await ws.api.waitRun(waiting.id, (r) => r.turn?.id === next.body.turn.id && r.turn.pending_action != null);
+});

@@ -128,6 +128,38 @@ test("webhooks - a turn's end is delivered once, signed as Standard Webhooks ver
   t.deepEqual(listed.body.data.map((w: any) => [w.id, w.secret]), [[created.body.id, undefined]]);
 });
 
+test("webhooks - turn.action_required carries the waiting Run and its pending action, once per action; approving through the delivered ids completes the turn", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  const created = await ws.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.action_required", "turn.completed"] });
+  t.is(created.status, 201, JSON.stringify(created.body));
+  const agent = await ws.api.agentWith({
+    model: "faux/scripted",
+    tools: ["bash"],
+    approval: { rules: [{ tool: "bash" }] },
+    script: [{ tool_call: { name: "bash", arguments: { command: "echo approved" } } }, { text: "done" }],
+  });
+  const run = await ws.api.post("/api/v1/runs", { agent, input: "ask first", background: true });
+  t.is(run.status, 202);
+  await r.until(() => r.accepted().length >= 1);
+  const [asked] = r.accepted();
+  t.is(asked!.type, "turn.action_required");
+  const verified = new Webhook(created.body.secret).verify(r.requests[0]!.body, r.requests[0]!.headers as Record<string, string>) as { data: any };
+  t.is(verified.data.run.id, run.body.id);
+  t.is(verified.data.run.state, "busy");
+  t.is(verified.data.run.turn.status, "in_progress");
+  t.deepEqual(verified.data.run.turn.pending_action.arguments, { command: "echo approved" });
+  t.like(verified.data.action, { object: "action", run_id: run.body.id, turn_id: run.body.turn.id, tool: "bash", decision: null });
+  t.is(verified.data.action.id, verified.data.run.turn.pending_action.id);
+  // A receiver acts on what it was sent.
+  const decided = await ws.api.post(`/api/v1/runs/${verified.data.action.run_id}/actions/${verified.data.action.id}`, { decision: "approve" });
+  t.is(decided.status, 200);
+  await r.until(() => r.accepted().length >= 2);
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.deepEqual(r.accepted().map((m) => m.type), ["turn.action_required", "turn.completed"]);
+  t.deepEqual(r.accepted()[1]!.data.run.turn.output, [{ type: "output_text", text: "done" }]);
+});
+
 test("webhooks - event types, the agent filter and the wildcard choose what is sent: failed turns, deleted runs", async (t) => {
   const ws = await newWorkspace(t.context.service);
   const all = await receiver(t);
