@@ -331,14 +331,22 @@ export class TurnExecution {
     }
   }
 
-  /** Holds the waiting turn and arms its deadline: the action's expiry or the turn's wall-clock limit. */
-  private wait(turn: TurnDoc, action: ActionDoc, model: string): void {
+  /**
+   * Holds the waiting turn and arms its deadline: the action's expiry or the turn's
+   * wall-clock limit. A deadline that cannot be applied (the store away) is tried again.
+   */
+  private wait(turn: TurnDoc, action: ActionDoc, model: string, retryInMs?: number): void {
     this.waiting?.timer.cancel();
     const limitAt = (turn.started_at ?? this.r.clock.nowMs()) + this.r.config.turnLimitMs;
-    const at = Math.min(action.expires_at, limitAt);
+    const at = retryInMs !== undefined ? this.r.clock.nowMs() + retryInMs : Math.min(action.expires_at, limitAt);
     const timer = this.r.clock.after(
       Math.max(0, at - this.r.clock.nowMs()),
-      () => void this.host.enqueue(() => this.waitDeadline(action.id)).catch((err) => this.r.log.error({ err, run_id: this.host.runId }, "could not apply an action's expiry")),
+      () =>
+        void this.host.enqueue(() => this.waitDeadline(action.id)).catch((err) => {
+          if (err instanceof FencedError) return this.host.stop("fenced");
+          this.r.log.error({ err, run_id: this.host.runId, action_id: action.id }, "could not apply a waiting turn's deadline; trying again");
+          if (this.waiting?.action.id === action.id && !this.host.stopped) this.wait(turn, action, model, 5_000);
+        }),
       { keepAlive: false },
     );
     this.waiting = { turn, action, timer, model };

@@ -307,6 +307,30 @@ test("openapi - runs: start (wait, background, stream), read, list, turns, tags,
   check(t, "DELETE", "/api/v1/runs/{runId}", await api.request("DELETE", `/api/v1/runs/run_nope`, { idempotencyKey: "del-2" }), "404");
 });
 
+test("openapi - approvals: a waiting turn's pending_action, a decision and its errors", async (t) => {
+  const { api, other } = t.context;
+  const agent = await api.agentWith({
+    model: "faux/scripted",
+    tools: ["bash"],
+    approval: { rules: [{ tool: "bash" }] },
+    script: [{ tool_call: { name: "bash", arguments: { command: "echo hi" } } }, { text: "done" }],
+  });
+  const started = await api.post("/api/v1/runs", { agent, input: "go", background: true });
+  const waiting = await api.waitRun(started.body.id, (r) => r.turn?.pending_action != null);
+  check(t, "GET", "/api/v1/runs/{runId}", await api.get(`/api/v1/runs/${waiting.id}`), "pending_action");
+  const url = `/api/v1/runs/${waiting.id}/actions/${waiting.turn.pending_action.id}`;
+  const path = "/api/v1/runs/{runId}/actions/{actionId}";
+  check(t, "POST", path, await api.post(url, { decision: "maybe" }), "400");
+  check(t, "POST", path, await other.post(url, { decision: "approve" }), "404 run");
+  check(t, "POST", path, await api.post(`/api/v1/runs/${waiting.id}/actions/act_nope`, { decision: "approve" }), "404 action");
+  check(t, "POST", path, await api.post(url, { decision: "approve" }, "approve-1"), "200");
+  check(t, "POST", path, await api.post(url, { decision: "deny" }, "approve-1"), "409 idempotency");
+  check(t, "POST", path, await api.post(url, { decision: "deny" }), "409 decided");
+  const done = await api.waitTurn(waiting.id, waiting.turn.id);
+  t.is(done.turn.status, "completed");
+  check(t, "GET", "/api/v1/runs/{runId}", await api.get(`/api/v1/runs/${waiting.id}`), "decided");
+});
+
 test("openapi - events: page, stream, and cursor errors", async (t) => {
   const { api } = t.context;
   const agent = await api.agentWith({ model: "faux/scripted" }, "doc-events");
