@@ -29,7 +29,7 @@ import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-re
 import { toRuntimeEvent } from "./agent-events.js";
 import { providerFailure, sanitizeErrorText } from "./provider-failures.js";
 import { buildUserMessage, inputText } from "./user-message.js";
-import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS } from "./workspace-tools.js";
+import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS, Workspace } from "./workspace-tools.js";
 import type { Sandbox, SandboxFailure } from "./sandbox.js";
 import { limitsOf } from "./sandbox-limits.js";
 
@@ -179,16 +179,22 @@ class TurnExecution {
   /** Results of the asking message's calls that ran before the turn waited, by call id. */
   private readonly replayed = new Map<string, ToolResultMessage>();
   private historyLength = 0;
+  /** Tool paths as the tools themselves read them (for config.approval's path globs). */
+  private readonly workspace: Workspace;
 
   constructor(private readonly req: TurnRunRequest) {
     this.reference = req.newReference ?? newReference;
+    this.workspace = new Workspace(req.workspaceDir, req.sandbox.workspaceRoot);
   }
 
   steer(text: string): void {
     if (this.closed || this.aborted || !this.agent) throw new SteeringTargetEndedError();
     const message = steerMessage(text);
     this.steers.push(message);
-    this.agent.steer(message);
+    // While the part before the decision is replayed, the loop's first poll would put the
+    // input before the message that asked: it waits with the held steers instead.
+    if (this.replaying) this.heldSteers.push(message);
+    else this.agent.steer(message);
   }
 
   abort(): void {
@@ -320,7 +326,13 @@ class TurnExecution {
       const { transcript: added, ...at } = pause;
       return { outcome: "paused", output: [], transcript: added, pause: { ...at, steers: undelivered.map(messageText) }, usage: turnUsage(added, hasPrices(model.cost)) };
     }
-    const turnMessages = pause ? closeToolCalls(pause.transcript, "The call did not run: the turn was cancelled.") : agent.state.messages.slice(historyLength);
+    if (pause) {
+      // Aborted as it came to wait (cancel, time limit): the call never ran.
+      const added = closeToolCalls(pause.transcript, "The call did not run: the turn was cancelled.");
+      const output = textParts([...added].reverse().find((m): m is AssistantMessage => m.role === "assistant" && textParts(m).length > 0));
+      return { outcome: "aborted", output, transcript: [...added, ...undelivered], usage: turnUsage(added, hasPrices(model.cost)) };
+    }
+    const turnMessages = agent.state.messages.slice(historyLength);
     const transcript = [...turnMessages, ...undelivered];
     // Every model call of the turn counts, also the partial one of a cancelled or failed turn.
     return { ...this.conclude(turnMessages, transcript, thrown), usage: turnUsage(turnMessages, hasPrices(model.cost)) };
@@ -377,7 +389,12 @@ class TurnExecution {
     const resume = this.req.resume;
     if (this.replayed.has(toolCall.id)) return undefined;
     if (resume && toolCall.id === resume.toolCallId) return resume.decision === "approve" ? undefined : { block: true, reason: resume.denial };
-    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, toolCall.arguments)) return undefined;
+    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, toolCall.arguments, (p) => this.workspace.relative(p))) return undefined;
+    const ids = assistantMessage.content.flatMap((block) => (block.type === "toolCall" ? [block.id] : []));
+    if (!toolCall.id || ids.filter((id) => id === toolCall.id).length > 1) {
+      // A decision names its call by id: without a unique one it could reach another call.
+      return { block: true, reason: "This call needs a person's approval, but the model gave it no unique id; it was not run." };
+    }
     const transcript = this.agent!.state.messages.slice(this.historyLength);
     const assistantIndex = transcript.lastIndexOf(assistantMessage);
     if (assistantIndex < 0) throw new Error("the assistant message that asked is not in the transcript");

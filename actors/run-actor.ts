@@ -1,10 +1,9 @@
 import { rm } from "node:fs/promises";
 import { type ActionDoc, decide, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
-import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { closeToolCalls, SteeringTargetEndedError } from "./agent-runner.js";
+import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { workspaceDirOf } from "./run-workspace.js";
-import { TurnExecution } from "./turn-execution.js";
+import { TurnExecution, waitingTranscript } from "./turn-execution.js";
 import type { ActorResources } from "./actor-resources.js";
 
 export type { ActorResources } from "./actor-resources.js";
@@ -89,7 +88,7 @@ export class RunActor {
    * admitted here. A turn waiting for a decision moves (its next owner restores the wait).
    */
   get canMove(): boolean {
-    return this.isIdle || (this.pendingCommands === 0 && this.turns.active === undefined && this.turns.waiting !== undefined);
+    return this.isIdle || (this.pendingCommands === 0 && this.turns.active === undefined && this.turns.waiting !== undefined && this.turns.settledForMove);
   }
 
   /** Whether this actor has loaded (and so claimed) its run. */
@@ -278,8 +277,12 @@ export class RunActor {
     if (turn && status) {
       const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: this.r.ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
-      // A turn that waited stored what it added then; a call it was deciding never answered.
-      if (turn.actions?.length) final.transcript = closeToolCalls(turn.transcript as AgentMessage[], "The turn was interrupted before this call's result was stored.");
+      // A turn that waited stored what it added then (and the input it held); a call it was
+      // deciding never answered; its model calls before the wait were made.
+      if (turn.actions?.length) {
+        final.transcript = waitingTranscript(turn, "The turn was interrupted before this call's result was stored.", now);
+        if (turn.waiting_usage) final.usage = turn.waiting_usage;
+      }
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
       await this.turns.afterTurn(run, { ...turn, ...final }, now);
@@ -465,6 +468,7 @@ export class RunActor {
     if (!this.turns.active && this.turns.waiting) {
       // Kept with the waiting turn (durably) and delivered once the decision lets it go on.
       const turn = await this.turns.steerWaiting(steerId, inputText(input));
+      if (!turn) return fail("run_busy", "The turn waits for a decision and holds as much steering input as it takes; send it after the decision.");
       this.emit(turn._id, "platform", "turn.steered", { input });
       const now = this.r.clock.nowMs();
       const set = { last_activity_at: now, expires_at: now + run.retention_s * 1000 };
@@ -524,22 +528,30 @@ export class RunActor {
   private async decideAction(run: RunDoc, cmd: Extract<RunCommand, { op: "decide" }>): Promise<CommandReply> {
     const waiting = this.turns.waiting;
     if (waiting && waiting.action.id === cmd.action_id) {
-      const outcome = decide(waiting.action, cmd.decision, cmd.reason, this.r.clock.nowMs());
+      const outcome = decide(waiting.action, cmd.decision, cmd.reason, this.r.clock.nowMs(), cmd.decision_id);
       // Past its expiry the timeout decides, whatever the timer's progress.
       await this.turns.decided(run, outcome.action);
       if (outcome.kind === "decided") return ok({ run_id: run._id, turn_id: waiting.turn._id, action: renderAction(outcome.action, run._id, waiting.turn._id) });
       return fail("action_already_decided", "The action expired before this decision; its timeout decided it.", "actionId");
     }
     // Asked before: decided then, or its turn ended without a decision (cancelled, time limit).
-    const earlier = await this.askedBefore(run, cmd.action_id);
-    if (!earlier) return fail("action_not_found", undefined, "actionId");
+    const found = await this.askedBefore(run, cmd.action_id);
+    if (!found) return fail("action_not_found", undefined, "actionId");
+    const { action: earlier, turnId } = found;
+    // This very decision, resent (its answer was lost): answered as the first time.
+    if (earlier.decided_by === "person" && earlier.decision_id === cmd.decision_id) {
+      return ok({ run_id: run._id, turn_id: turnId, action: renderAction(earlier, run._id, turnId) });
+    }
     const message = earlier.decision === null ? "The action's turn ended before a decision (cancelled or stopped by its time limit); nothing of the call ran." : undefined;
     return fail("action_already_decided", message, "actionId");
   }
 
   /** The action, if a turn of the run asked for it (the latest turn is read alone first). */
-  private async askedBefore(run: RunDoc, actionId: string): Promise<ActionDoc | undefined> {
-    const find = (turn: TurnDoc | null) => turn?.actions?.find((a) => a.id === actionId);
+  private async askedBefore(run: RunDoc, actionId: string): Promise<{ action: ActionDoc; turnId: string } | undefined> {
+    const find = (turn: TurnDoc | null) => {
+      const action = turn?.actions?.find((a) => a.id === actionId);
+      return action && turn ? { action, turnId: turn._id } : undefined;
+    };
     const latest = find(await this.r.store.getTurn(run.active_turn_id ?? run.latest_turn_id));
     if (latest) return latest;
     for (const turn of await this.r.store.listTurns(run._id)) {

@@ -170,8 +170,12 @@ export class TurnExecution {
     if (this.countedTurn?.turnId === execution.turn._id) this.turnEnded();
     if (this.host.stopped || this.active !== execution) return;
     this.active = undefined;
+    // Model calls made before an earlier wait count when this part made none (it failed first).
+    result = { ...result, usage: result.usage ?? execution.turn.waiting_usage };
     if (result.outcome === "paused") {
-      if (!execution.abortReason && result.pause && execution.approval) return this.parkOrSettle(execution, result);
+      // A drain that came as the turn paused leaves it waiting, for the next owner to restore.
+      const parks = !execution.abortReason || execution.abortReason === "shutdown";
+      if (parks && result.pause && execution.approval) return this.parkOrSettle(execution, result);
       // Cancelled (or stopped by its limit) as it came to wait: it ends aborted, the waiting call unrun.
       const steers = (result.pause?.steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: this.r.clock.nowMs() }));
       result = { ...result, outcome: "aborted", transcript: [...closeToolCalls(result.transcript, "The call did not run: the turn was cancelled."), ...steers] };
@@ -317,7 +321,7 @@ export class TurnExecution {
         expires_at: unixSeconds(action.expires_at),
       });
       await this.host.appender().flush();
-      const set: Partial<TurnDoc> = { transcript: result.transcript, actions: [...(turn.actions ?? []), action], waiting_steers: pause.steers, waiting_usage: result.usage };
+      const set: Partial<TurnDoc> = { transcript: result.transcript, actions: [...(turn.actions ?? []), action], waiting_steers: pause.steers, waiting_usage: result.usage, waiting_model: execution.model };
       await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
       Object.assign(turn, set);
       this.wait(turn, action, execution.model);
@@ -333,20 +337,28 @@ export class TurnExecution {
 
   /**
    * Holds the waiting turn and arms its deadline: the action's expiry or the turn's
-   * wall-clock limit. A deadline that cannot be applied (the store away) is tried again.
+   * wall-clock limit, whichever comes first. A deadline that cannot be applied (the store
+   * away) is tried again.
    */
   private wait(turn: TurnDoc, action: ActionDoc, model: string, retryInMs?: number): void {
     this.waiting?.timer.cancel();
     const limitAt = (turn.started_at ?? this.r.clock.nowMs()) + this.r.config.turnLimitMs;
+    const kind: "limit" | "expiry" = limitAt <= action.expires_at ? "limit" : "expiry";
     const at = retryInMs !== undefined ? this.r.clock.nowMs() + retryInMs : Math.min(action.expires_at, limitAt);
     const timer = this.r.clock.after(
       Math.max(0, at - this.r.clock.nowMs()),
-      () =>
-        void this.host.enqueue(() => this.waitDeadline(action.id)).catch((err) => {
-          if (err instanceof FencedError) return this.host.stop("fenced");
-          this.r.log.error({ err, run_id: this.host.runId, action_id: action.id }, "could not apply a waiting turn's deadline; trying again");
-          if (this.waiting?.action.id === action.id && !this.host.stopped) this.wait(turn, action, model, 5_000);
-        }),
+      () => {
+        // Counted until applied: the partition does not move in the middle of it.
+        this.inFlight++;
+        void this.host
+          .enqueue(() => this.waitDeadline(action.id, kind))
+          .catch((err) => {
+            if (err instanceof FencedError) return this.host.stop("fenced");
+            this.r.log.error({ err, run_id: this.host.runId, action_id: action.id }, "could not apply a waiting turn's deadline; trying again");
+            if (this.waiting?.action.id === action.id && !this.host.stopped) this.wait(turn, action, model, 5_000);
+          })
+          .finally(() => this.inFlight--);
+      },
       { keepAlive: false },
     );
     this.waiting = { turn, action, timer, model };
@@ -356,71 +368,102 @@ export class TurnExecution {
   async restoreWaiting(run: RunDoc, turn: TurnDoc): Promise<boolean> {
     const action = pendingActionOf(turn.actions);
     if (!action || turn.status !== TurnStatus.in_progress) return false;
-    const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
-    this.wait(turn, action, deployment ? modelLabel(deployment.config.model) : "unknown");
+    this.wait(turn, action, turn.waiting_model ?? "unknown");
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id }, "restored a turn waiting for a decision");
     // The owner may have died before recording the delivery (keyed: never twice).
     await this.recordActionWebhook(turn, action);
     return true;
   }
 
-  private async waitDeadline(actionId: string): Promise<void> {
+  private async waitDeadline(actionId: string, kind: "limit" | "expiry"): Promise<void> {
     const waiting = this.waiting;
     const run = this.host.run;
     if (this.host.stopped || !waiting || waiting.action.id !== actionId || !run) return;
-    const now = this.r.clock.nowMs();
-    if (now >= (waiting.turn.started_at ?? now) + this.r.config.turnLimitMs) {
+    if (kind === "limit") {
       const decision = settleDecision("duration_limit", "aborted");
       return this.endWaiting(decision.status, turnError("turn_duration_limit", { reference: this.r.ids.reference() }), "The call did not run: the turn reached its time limit.");
     }
-    await this.decided(run, expire(waiting.action, now));
+    await this.decided(run, expire(waiting.action, this.r.clock.nowMs()));
   }
 
   /**
-   * A person decided (or the timeout did): the decision is stored, announced, and the
-   * turn goes on from the call that asked.
+   * A person decided (or the timeout did): the decision is stored and announced; the turn
+   * goes on from the call that asked as the next work of the mailbox (the decision's answer
+   * does not wait for the workspace to be restored). Until that work starts the agent, the
+   * run counts as in flight (it does not move to another node half-way).
    */
   async decided(run: RunDoc, action: ActionDoc): Promise<void> {
     const waiting = this.waiting!;
     const turn = waiting.turn;
     const actions = (turn.actions ?? []).map((a) => (a.id === action.id ? action : a));
-    const steers = turn.waiting_steers ?? [];
-    await this.r.store.updateTurnFenced(turn._id, this.host.epoch, { actions, waiting_steers: [] });
+    await this.r.store.updateTurnFenced(turn._id, this.host.epoch, { actions });
     turn.actions = actions;
-    turn.waiting_steers = [];
     waiting.timer.cancel();
     this.waiting = undefined;
     this.host.emit(turn._id, "runtime", "tool.approval_decided", { action_id: action.id, tool_call_id: action.tool_call_id, decision: action.decision, reason: action.reason, decided_by: action.decided_by });
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id, decision: action.decision, decided_by: action.decided_by }, "action decided");
-    await this.execute(run, turn, {
+    const resume: TurnResume = {
       transcript: turn.transcript as AgentMessage[],
       assistantIndex: action.assistant_index,
       toolCallId: action.tool_call_id,
       decision: action.decision!,
       denial: denialText(action),
-      steers,
-    });
+      // Kept on the turn until it stores more (a crash before then keeps them in its transcript).
+      steers: turn.waiting_steers ?? [],
+    };
+    this.inFlight++;
+    void this.host
+      .enqueue(async () => {
+        try {
+          await this.execute(run, turn, resume);
+        } catch (err) {
+          if (err instanceof FencedError) return this.host.stop("fenced");
+          await this.settleUnstored(turn, err, { usage: turn.waiting_usage, model: waiting.model });
+        }
+      })
+      .catch((err) => this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not resume a decided turn"))
+      .finally(() => this.inFlight--);
   }
 
-  /** Steering input for the waiting turn: stored with it, delivered after the decision. */
-  async steerWaiting(steerId: string, text: string): Promise<TurnDoc> {
+  /** Work of the waiting turn not yet done (a deadline being applied, a decision being resumed). */
+  private inFlight = 0;
+
+  /** Whether nothing of a waiting turn is in flight on this node (its partition may move). */
+  get settledForMove(): boolean {
+    return this.inFlight === 0;
+  }
+
+  /** Steering inputs a waiting turn keeps at most; past that a steer is refused (run_busy). */
+  static readonly MAX_WAITING_STEERS = 100;
+
+  /** Steering input for the waiting turn: stored with it, delivered after the decision. Undefined when it holds too many. */
+  async steerWaiting(steerId: string, text: string): Promise<TurnDoc | undefined> {
     const turn = this.waiting!.turn;
+    if ((turn.waiting_steers ?? []).length >= TurnExecution.MAX_WAITING_STEERS) return undefined;
     const set = { steer_ids: [...turn.steer_ids, steerId], waiting_steers: [...(turn.waiting_steers ?? []), text] };
     await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
     Object.assign(turn, set);
     return turn;
   }
 
-  /** Ends the waiting turn without its call running (cancel, time limit). */
+  /**
+   * Ends the waiting turn without its call running (cancel, time limit). A write that
+   * fails is settled like any finished turn's (settleUnstored): no run stays busy.
+   */
   async endWaiting(status: TurnStatus, error: TurnError | null, unanswered: string): Promise<void> {
     const waiting = this.waiting!;
     waiting.timer.cancel();
     this.waiting = undefined;
     const turn = waiting.turn;
-    const steers = (turn.waiting_steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: this.r.clock.nowMs() }));
-    const transcript = [...closeToolCalls(turn.transcript as AgentMessage[], unanswered), ...steers];
-    // Nothing ran since the wait began, which saved the workspace.
-    await this.finishTurn(turn, status, [], transcript, error, { checkpoint: false, usage: turn.waiting_usage, model: waiting.model });
+    const transcript = waitingTranscript(turn, unanswered, this.r.clock.nowMs());
+    const used = { usage: turn.waiting_usage, model: waiting.model };
+    try {
+      // Nothing ran since the wait began, which saved the workspace.
+      await this.finishTurn(turn, status, [], transcript, error, { checkpoint: false, ...used });
+    } catch (err) {
+      if (err instanceof FencedError) throw err;
+      await this.settleUnstored(turn, err, used);
+    }
   }
 
   /** The `turn.action_required` webhook delivery of a pending action (keyed by the action). */
@@ -538,6 +581,15 @@ export class TurnExecution {
   publishFinal(turnId: string): void {
     this.r.nc.publish(Subjects.turnFinal(turnId), "");
   }
+}
+
+/**
+ * What a turn that waited for a decision keeps when it ends without going on: what it
+ * added, the call it waited for answered with `unanswered`, and the steering input it held.
+ */
+export function waitingTranscript(turn: TurnDoc, unanswered: string, nowMs: number): AgentMessage[] {
+  const steers = (turn.waiting_steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: nowMs }));
+  return [...closeToolCalls(turn.transcript as AgentMessage[], unanswered), ...steers];
 }
 
 /** The largest Run a webhook body carries whole; a larger one is sent without its input and output. */

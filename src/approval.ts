@@ -18,6 +18,7 @@
 import { type ApprovalPolicy, type ApprovalRule, BUILTIN_TOOLS, type BuiltinTool, type Decision } from "./domain.js";
 
 export type { ApprovalPolicy, ApprovalRule, Decision } from "./domain.js";
+import { posix } from "node:path";
 import { unixSeconds } from "./clock.js";
 
 export const APPROVAL_TOOLS = ["*", ...BUILTIN_TOOLS] as const;
@@ -45,15 +46,22 @@ export interface ActionDoc {
   reason: string | null;
   decided_at: number | null;
   decided_by: DecidedBy | null;
+  /** The request that decided it (a resent command carries the same). */
+  decision_id?: string;
 }
 
-/** Whether `policy` gates the call of `tool` with `args`. */
-export function approvalRequired(policy: ApprovalPolicy | undefined, tool: string, args: unknown): boolean {
+/**
+ * Whether `policy` gates the call of `tool` with `args`. `relative` maps a tool's path to
+ * the workspace-relative path the tool itself will use (the tools' own mapping, so that no
+ * spelling of a path reaches a file a glob guards); when it refuses a path, a path rule
+ * gates the call (the tool will refuse it too).
+ */
+export function approvalRequired(policy: ApprovalPolicy | undefined, tool: string, args: unknown, relative: (path: string) => string = workspacePath): boolean {
   if (!policy) return false;
-  return policy.rules.some((rule) => ruleMatches(rule, tool, args));
+  return policy.rules.some((rule) => ruleMatches(rule, tool, args, relative));
 }
 
-function ruleMatches(rule: ApprovalRule, tool: string, args: unknown): boolean {
+function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: (path: string) => string): boolean {
   if (rule.tool !== "*" && rule.tool !== tool) return false;
   const fields = (args && typeof args === "object" ? args : {}) as Record<string, unknown>;
   if (rule.command_prefix !== undefined) {
@@ -64,7 +72,13 @@ function ruleMatches(rule: ApprovalRule, tool: string, args: unknown): boolean {
   if (rule.path_glob !== undefined) {
     const path = typeof fields.path === "string" ? fields.path : tool === "ls" ? "." : undefined;
     if (path === undefined) return false;
-    if (!globMatches(rule.path_glob, workspacePath(path))) return false;
+    let normalized: string;
+    try {
+      normalized = workspacePath(relative(path));
+    } catch {
+      return true;
+    }
+    if (!globMatches(rule.path_glob, normalized)) return false;
   }
   return true;
 }
@@ -76,7 +90,8 @@ function ruleMatches(rule: ApprovalRule, tool: string, args: unknown): boolean {
  * its `..` and matches only a glob that says so).
  */
 export function workspacePath(p: string): string {
-  let rest = p.replace(/^\/workspace(?=\/|$)/, "");
+  let rest = p.startsWith("/") ? posix.normalize(p) : p;
+  rest = rest.replace(/^\/workspace(?=\/|$)/, "");
   rest = rest.replace(/^\/+/, "");
   const out: string[] = [];
   for (const segment of rest.split("/")) {
@@ -126,6 +141,17 @@ function globRegExp(glob: string): RegExp {
   return re;
 }
 
+/** The largest arguments an action keeps whole (the transcript keeps them all). */
+export const MAX_ACTION_ARGUMENTS_BYTES = 64 * 1024;
+
+/** The call's arguments as the action keeps them: whole, or a preview when over {@link MAX_ACTION_ARGUMENTS_BYTES}. */
+export function actionArguments(args: Record<string, unknown>): Record<string, unknown> {
+  const json = JSON.stringify(args);
+  const bytes = Buffer.byteLength(json);
+  if (bytes <= MAX_ACTION_ARGUMENTS_BYTES) return args;
+  return { truncated: true, bytes, preview: Buffer.from(json).subarray(0, MAX_ACTION_ARGUMENTS_BYTES).toString("utf8") };
+}
+
 /** A new pending action for the call, requested now. */
 export function newAction(
   policy: ApprovalPolicy,
@@ -136,7 +162,7 @@ export function newAction(
     id: call.id,
     tool_call_id: call.toolCallId,
     tool: call.tool,
-    arguments: call.arguments,
+    arguments: actionArguments(call.arguments),
     requested_at: nowMs,
     expires_at: nowMs + (policy.timeout_s ?? DEFAULT_APPROVAL_TIMEOUT_S) * 1000,
     on_timeout: policy.on_timeout ?? "deny",
@@ -157,10 +183,10 @@ export type DecideOutcome =
  * Applies a person's decision at `nowMs`. Past expires_at the timeout decides first,
  * whatever the person asked.
  */
-export function decide(action: ActionDoc, decision: Decision, reason: string | null, nowMs: number): DecideOutcome {
+export function decide(action: ActionDoc, decision: Decision, reason: string | null, nowMs: number, decisionId?: string): DecideOutcome {
   if (action.decision !== null) return { kind: "already_decided", action, expiredNow: false };
   if (nowMs >= action.expires_at) return { kind: "already_decided", action: expire(action, nowMs), expiredNow: true };
-  return { kind: "decided", action: { ...action, decision, reason, decided_at: nowMs, decided_by: "person" } };
+  return { kind: "decided", action: { ...action, decision, reason, decided_at: nowMs, decided_by: "person", ...(decisionId ? { decision_id: decisionId } : {}) } };
 }
 
 /** The action decided by its timeout. */

@@ -37,7 +37,16 @@ export type RunCommand =
   | { op: "cancel"; workspace_id: string; run_id: string; turn_id?: string }
   | { op: "delete"; workspace_id: string; run_id: string }
   | { op: "tags"; workspace_id: string; run_id: string; add: string[]; remove: string[] }
-  | { op: "decide"; workspace_id: string; run_id: string; action_id: string; decision: Decision; reason: string | null };
+  | {
+      op: "decide";
+      workspace_id: string;
+      run_id: string;
+      action_id: string;
+      decision: Decision;
+      reason: string | null;
+      /** Names this decision (kept with its Idempotency-Key): a resent command is answered as the first. */
+      decision_id: string;
+    };
 
 export const OnBusy = { queue: "queue", steer: "steer", reject: "reject" } as const;
 export type OnBusy = (typeof OnBusy)[keyof typeof OnBusy];

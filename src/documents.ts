@@ -128,6 +128,8 @@ export interface TurnDoc {
   waiting_steers?: string[];
   /** What the turn's model calls used before it waited (its `usage` is set when final). */
   waiting_usage?: TurnUsage;
+  /** The deployment's model as usage names it, for a turn ended while it waits. */
+  waiting_model?: string;
 }
 
 export interface IdempotencyDoc {

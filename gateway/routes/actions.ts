@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
 import { ApiError, renderAction } from "../../src/index.js";
@@ -30,6 +31,8 @@ export const ACTION_OPERATIONS = {
 interface DecisionAnswer extends Record<string, unknown> {
   run_id: string;
   action_id: string;
+  /** Names the decision: a command resent under the same key is answered as the first. */
+  decision_id: string;
   turn_id?: string;
   /** The Action object; never stored with the key (read again from the turn). */
   view?: Record<string, unknown>;
@@ -50,9 +53,9 @@ export function actionRoutes(ctx: GatewayContext) {
       const reason = request.body.reason ?? null;
       const run = await loadRun(ctx, workspaceId, request.params.runId);
       const { result } = await ctx.idempotency.once<DecisionAnswer>(
-        { workspaceId, operation: "runs.decide", key, fingerprint: { run_id: run._id, action_id: actionId, decision, reason }, fresh: () => ({ run_id: run._id, action_id: actionId }) },
+        { workspaceId, operation: "runs.decide", key, fingerprint: { run_id: run._id, action_id: actionId, decision, reason }, fresh: () => ({ run_id: run._id, action_id: actionId, decision_id: randomUUID() }) },
         async (identity) => {
-          const reply = await ctx.router.send({ op: "decide", workspace_id: workspaceId, run_id: run._id, action_id: actionId, decision, reason });
+          const reply = await ctx.router.send({ op: "decide", workspace_id: workspaceId, run_id: run._id, action_id: actionId, decision, reason, decision_id: identity.decision_id });
           return { ...identity, turn_id: reply.turn_id, view: reply.action };
         },
         { record: ({ view: _view, ...identity }) => identity },

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
 import { z } from "zod";
-import { ApiError, startVersionOf, type Timer, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, Subjects, toRunRequest, TurnStatus } from "../../src/index.js";
+import { ApiError, pendingActionOf, startVersionOf, type Timer, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, Subjects, toRunRequest, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -306,7 +306,7 @@ async function admit(
 /**
  * Waits for the turn's final notice, up to the wait limit. The store is checked again
  * every few seconds, so a notice lost while NATS reconnected costs seconds, not the
- * whole wait.
+ * whole wait, and a turn that came to wait for a decision is answered within seconds.
  */
 async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notice: ReturnType<typeof finalNotice>): Promise<void> {
   const deadline = ctx.clock.nowMs() + ctx.config.waitTimeoutMs;
@@ -315,6 +315,8 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
       const turn = await loadTurn(ctx, run, turnId);
       // Settled once the run moved on too (the notice follows both writes, DESIGN §4).
       if (isFinalStatus(turn.status) && (await ctx.store.getRun(run._id))?.active_turn_id !== turnId) return;
+      // A turn that waits for a person's decision is not about to end: answer 202 now.
+      if (pendingActionOf(turn.actions)) return;
       const left = deadline - ctx.clock.nowMs();
       if (left <= 0) return;
       if (await notice.arrivedWithin(Math.min(left, 3_000))) return;

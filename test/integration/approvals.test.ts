@@ -104,6 +104,18 @@ test("approve - the turn waits in_progress with its pending action; nothing ran;
   t.deepEqual(after.map((e) => e.sequence), after.map((_, i) => i + 1));
 });
 
+test("the default wait answers 202 once the turn waits for a person (it is not about to end)", async (t) => {
+  const { api, gated } = t.context;
+  const started = Date.now();
+  const res = await api.post("/api/v1/runs", { agent: gated, input: "wait for me" });
+  t.is(res.status, 202, JSON.stringify(res.body));
+  t.true(Date.now() - started < 10_000, `answered after ${Date.now() - started} ms`);
+  t.truthy(res.headers.get("location"));
+  const run = await api.waitRun(res.body.id, (r) => r.turn.pending_action != null);
+  t.is(run.turn.status, "in_progress");
+  t.is((await api.post(`/api/v1/runs/${run.id}/cancel`, {})).status, 200);
+});
+
 test("deny - the model gets the tool's error result with the reason; the command never ran", async (t) => {
   const { api, gated } = t.context;
   const run = await waitingRun(api, gated);

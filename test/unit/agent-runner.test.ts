@@ -1,12 +1,12 @@
 import test from "ava";
 import { readdirSync, readFileSync } from "node:fs";
-import { access, chmod, mkdtemp, readFile, rm } from "node:fs/promises";
+import { access, chmod, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import type { AgentMessage, StreamFn } from "@mariozechner/pi-agent-core";
-import type { AssistantMessage, Context } from "@mariozechner/pi-ai";
+import { createAssistantMessageEventStream, type AssistantMessage, type Context, type ToolResultMessage } from "@mariozechner/pi-ai";
 import type { AgentConfig, InputPart, RuntimeEvent, ScriptStep } from "../../src/domain.js";
 import { startTurn, SteeringTargetEndedError, type RunningTurn, type TurnRunRequest } from "../../actors/agent-runner.js";
 import { buildUserMessage, classifyFile } from "../../actors/user-message.js";
@@ -610,4 +610,78 @@ test("agent-runner - classifyFile decides by media type, then extension, then co
   t.is(classifyFile(utf8, "application/x-custom", "main.py").kind, "text");
   t.is(classifyFile(utf8, "application/x-custom", "x.custom").kind, "binary");
   t.is(classifyFile(Buffer.from([0xff, 0xfe, 0]), undefined, "x.unknown").kind, "binary");
+});
+
+test("agent-runner - approvals: gated calls without a unique id are refused, not waited for; nothing of them runs", async (t) => {
+  const dir = await workspace();
+  let calls = 0;
+  const asking = (model: { api: string; provider: string; id: string }): AssistantMessage => ({
+    role: "assistant",
+    content: [
+      { type: "toolCall", id: "", name: "bash", arguments: { command: "touch one" } },
+      { type: "toolCall", id: "", name: "bash", arguments: { command: "touch two" } },
+    ],
+    api: model.api,
+    provider: model.provider,
+    model: model.id,
+    usage: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } },
+    stopReason: "toolUse",
+    timestamp: Date.now(),
+  });
+  const result = await run({
+    config: scripted(undefined, { approval: { rules: [{ tool: "bash" }] } }),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    resolveModel: () => ({
+      model: scriptedModel,
+      streamFn: (model) => {
+        calls++;
+        const message = calls === 1 ? asking(model) : { ...asking(model), content: [{ type: "text" as const, text: "gave up" }], stopReason: "stop" as const };
+        const stream = createAssistantMessageEventStream();
+        stream.push({ type: "done", reason: message.stopReason as "stop" | "toolUse", message });
+        stream.end(message);
+        return stream;
+      },
+    }),
+  }).turn.result;
+  t.is(result.outcome, "completed");
+  t.is(result.pause, undefined);
+  const results = result.transcript.filter((m) => m.role === "toolResult") as ToolResultMessage[];
+  t.is(results.length, 2);
+  for (const r of results) {
+    t.true(r.isError);
+    t.regex((r.content[0] as { text: string }).text, /no unique id/);
+  }
+  t.deepEqual(await readdir(dir), [], "no command ran");
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - approvals: a gated call pauses the turn before it runs; resuming with approve runs it once and asks the model only for what follows", async (t) => {
+  const dir = await workspace();
+  const config = scripted([bash("echo ran >> count.txt; wc -l < count.txt"), { text: "done" }], { approval: { rules: [{ tool: "bash" }] } });
+  const paused = await run({ config, workspaceDir: dir, history: [], input: text("go") }).turn.result;
+  t.is(paused.outcome, "paused");
+  t.is(paused.pause?.tool, "bash");
+  t.is(paused.pause?.assistantIndex, 1);
+  t.deepEqual(paused.transcript.map((m) => m.role), ["user", "assistant"]);
+  t.deepEqual(await readdir(dir), [], "nothing ran before the decision");
+  const { turn, events } = run({
+    config,
+    workspaceDir: dir,
+    history: [],
+    input: text("go"),
+    resume: { transcript: paused.transcript, assistantIndex: paused.pause!.assistantIndex, toolCallId: paused.pause!.toolCallId, decision: "approve", denial: "", steers: [] },
+  });
+  const resumed = await turn.result;
+  t.is(resumed.outcome, "completed");
+  t.deepEqual(resumed.output, [{ type: "output_text", text: "done" }]);
+  t.deepEqual(resumed.transcript.map((m) => m.role), ["user", "assistant", "toolResult", "assistant"]);
+  t.is(((resumed.transcript[2] as ToolResultMessage).content[0] as { text: string }).text.trim(), "1");
+  // Nothing before the decided call is reported again.
+  t.is(events.filter((e) => e.type === "message_end" && (e.data.message as { role: string }).role === "assistant").length, 1);
+  t.is(events.filter((e) => e.type === "tool_execution_start").length, 0);
+  t.is(events.filter((e) => e.type === "agent_start").length, 0);
+  t.is(events.filter((e) => e.type === "tool_execution_end").length, 1);
+  await rm(dir, { recursive: true });
 });

@@ -1,5 +1,5 @@
 import test from "ava";
-import { approvalRequired, BUILTIN_TOOLS, decide, denialText, expire, globMatches, newAction, type ActionDoc, type ApprovalPolicy, workspacePath } from "../../src/index.js";
+import { actionArguments, approvalRequired, BUILTIN_TOOLS, decide, MAX_ACTION_ARGUMENTS_BYTES, denialText, expire, globMatches, newAction, type ActionDoc, type ApprovalPolicy, workspacePath } from "../../src/index.js";
 import { closeToolCalls } from "../../actors/agent-runner.js";
 
 const T0 = 1_700_000_000_000;
@@ -151,4 +151,35 @@ test("approval - closeToolCalls answers every unanswered call of the last assist
   t.like(closed[3], { role: "toolResult", toolCallId: "c2", toolName: "ls", isError: true, content: [{ type: "text", text: "did not run" }] });
   t.deepEqual(closeToolCalls(closed, "again"), closed.map((m) => m), "closing twice adds nothing");
   t.deepEqual(closeToolCalls([{ role: "user", content: "x" }] as any, "n"), [{ role: "user", content: "x" }]);
+});
+
+test("approval - a path rule reads the path as the tool will: every spelling of a guarded file is gated; a path the tool refuses is gated", (t) => {
+  const policy: ApprovalPolicy = { rules: [{ tool: "write", path_glob: "secrets/**" }] };
+  for (const path of ["secrets/x", "/workspace/../workspace/secrets/x", "./secrets/../secrets/x", "/workspace//secrets/x"]) {
+    t.true(approvalRequired(policy, "write", { path }), path);
+  }
+  // The tools' own mapping (here: a host root) is what decides; a refusal gates.
+  const hostRoot = (p: string) => {
+    if (p.startsWith("/srv/ws/")) return `./${p.slice("/srv/ws/".length)}`;
+    if (p.startsWith("/")) throw new Error("outside the workspace");
+    return p;
+  };
+  t.true(approvalRequired(policy, "write", { path: "/srv/ws/secrets/x" }, hostRoot));
+  t.false(approvalRequired(policy, "write", { path: "/srv/ws/public/x" }, hostRoot));
+  t.true(approvalRequired(policy, "write", { path: "/etc/passwd" }, hostRoot));
+});
+
+test("approval - an action keeps arguments up to 64 KiB whole, a preview past that", (t) => {
+  const small = { command: "ls" };
+  t.is(actionArguments(small), small);
+  const big = { path: "a", content: "x".repeat(MAX_ACTION_ARGUMENTS_BYTES) };
+  const kept = actionArguments(big);
+  t.is(kept.truncated, true);
+  t.is(kept.bytes, Buffer.byteLength(JSON.stringify(big)));
+  t.is(Buffer.byteLength(String(kept.preview)), MAX_ACTION_ARGUMENTS_BYTES);
+});
+
+test("approval - a decision carries the id of the request that made it", (t) => {
+  const outcome = decide(action(), "approve", null, T0 + 1, "dec-1");
+  t.is(outcome.kind === "decided" && outcome.action.decision_id, "dec-1");
 });
