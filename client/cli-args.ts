@@ -17,6 +17,8 @@ runs:
   runs cancel RUN_ID [--turn TURN_ID]
   runs delete RUN_ID
   runs tag RUN_ID [--add T]... [--remove T]...
+  runs approve RUN_ID ACTION_ID [--reason TEXT]   (run the tool call the turn waits for; runs get RUN_ID shows it)
+  runs deny RUN_ID ACTION_ID [--reason TEXT]      (refuse the tool call the turn waits for; the model gets the reason)
 usage:
   runs usage [--from DATE] [--to DATE] [--group-by day|agent|version|model]
              (DATE: YYYY-MM-DD, an ISO time or Unix seconds; default this month)
@@ -26,7 +28,7 @@ usage:
 webhooks:
   runs webhooks [list]
   runs webhooks create URL [--event TYPE]... [--agent ID] [--description TEXT] [--disabled]
-             (TYPE: turn.completed|turn.failed|turn.cancelled|turn.incomplete|run.deleted|run.expired, default *)
+             (TYPE: turn.completed|turn.failed|turn.cancelled|turn.incomplete|turn.action_required|run.deleted|run.expired, default *)
   runs webhooks get|enable|disable|rotate-secret|delete|test|deliveries WEBHOOK_ID
   runs webhooks redeliver WEBHOOK_ID DELIVERY_ID
 agents:
@@ -42,8 +44,8 @@ admin (on the server's machine, against its store; not in the runs-client packag
   runs admin set-budget WORKSPACE_ID [--cost USD] [--tokens N] [--remove]
 
 Every command takes --json (one JSON document on stdout) and --help. start, continue,
-cancel and delete take --idempotency-key KEY (default: a new one per command) to repeat a
-command safely. INPUT "-" reads the input from stdin. --wait (the default) waits for the
+cancel, delete, approve and deny take --idempotency-key KEY (default: a new one per
+command) to repeat a command safely. INPUT "-" reads the input from stdin. --wait (the default) waits for the
 turn: the server's wait, then polling, with progress on a terminal's stderr; Ctrl-C stops
 waiting and leaves the turn running. runs --version prints the client's version.
 

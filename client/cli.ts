@@ -9,27 +9,17 @@
  * complete; 2 bad usage (with the usage text).
  */
 import { readFileSync } from "node:fs";
-import { readFile } from "node:fs/promises";
 import { DEFAULT_BASE_URL, RunsApiError, RunsClient, isFinalEventOf } from "./client.js";
-import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
+import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type Turn } from "./types.js";
 import { CLIENT_USAGE, COMMANDS, exactly, type FlagSpec, multi, oneOf, type Parsed, parseArgs, positiveInt, str, suggestion, UsageError, usageOf } from "./cli-args.js";
+import { agents, deploy } from "./cli-agents.js";
+import { decideAction } from "./cli-approvals.js";
+import { type CliIo, decideHint, type Environment, eventLine, Output, pendingActionLine, summaryLine, turnLine } from "./cli-output.js";
 import { budgetLine, timeOf, usageTable } from "./cli-usage.js";
 import { webhooks } from "./cli-webhooks.js";
 
 export { CLIENT_USAGE, UsageError, usageOf } from "./cli-args.js";
-
-/** Where the command writes (process.stdout and stderr are these); structural, so the package's types need no @types/node. */
-export interface TextSink {
-  write(text: string): unknown;
-}
-export type Environment = Record<string, string | undefined>;
-
-export interface CliIo {
-  stdout: TextSink;
-  stderr: TextSink & { isTTY?: boolean };
-  stdin: AsyncIterable<string | Uint8Array>;
-  env: Environment;
-}
+export type { CliIo, Environment, TextSink } from "./cli-output.js";
 
 type Delivery = "wait" | "background" | "stream";
 function delivery(p: Parsed): Delivery {
@@ -172,6 +162,9 @@ async function runCommand(command: string | undefined, rest: string[], args: str
       out.json(p) ? out.document(deleted) : out.line(`${deleted.id} deleted`);
       return 0;
     }
+    case "approve":
+    case "deny":
+      return decideAction(client, command === "approve" ? "approve" : "deny", rest, out);
     case "tag": {
       const p = parseArgs(rest, { add: "multi", remove: "multi" });
       const [runId] = exactly(p, 1, "RUN_ID");
@@ -249,12 +242,22 @@ async function deliver(client: RunsClient, request: CreateRunRequest, mode: Deli
     process.exit(130);
   };
   process.once("SIGINT", onSigint);
+  // A turn that waits for a person's decision: said once per action (stderr); this command goes on waiting.
+  let said: string | undefined;
+  const show = (r: Run) => {
+    const action = r.turn.pending_action;
+    progress.label(`${r.turn.id} ${action ? `waiting for approval of ${action.id}` : r.turn.status}`);
+    if (action && action.id !== said) {
+      said = action.id;
+      progress.say(`${pendingActionLine(action)}\n${decideHint(r.id, action.id)}`);
+    }
+  };
   try {
     let run = await client.createRun(request, { idempotencyKey });
     if (!isFinalTurnStatus(run.turn.status)) {
       waitingFor = run;
-      progress.label(`${run.turn.id} ${run.turn.status}`);
-      run = await client.waitForTurn(run.id, run.turn.id, { onPoll: (r) => progress.label(`${r.turn.id} ${r.turn.status}`) });
+      show(run);
+      run = await client.waitForTurn(run.id, run.turn.id, { onPoll: show });
     }
     progress.stop();
     out.json(p) ? out.document(run) : out.run(run);
@@ -279,6 +282,11 @@ async function stream(client: RunsClient, request: CreateRunRequest, idempotency
       if (!printed) {
         if (event.source === "platform") progress.label(`${event.turn_id ?? ""} ${event.type}`);
         else if (event.type === "tool_execution_start") progress.label(`${event.turn_id ?? ""} running ${String(event.data?.toolName ?? "a tool")}`);
+        else if (event.type === "tool.approval_requested") progress.label(`${event.turn_id ?? ""} waiting for approval of ${String(event.data?.action_id)}`);
+      }
+      if (event.type === "tool.approval_requested" && event.data) {
+        const { action_id: id, tool, arguments: args, expires_at } = event.data;
+        progress.say(`${pendingActionLine({ id, tool, arguments: args, expires_at })}\n${decideHint(event.run_id, id)}`);
       }
       if (event.type === "text_delta" && typeof event.data?.delta === "string" && !json) {
         progress.stop();
@@ -353,164 +361,6 @@ async function budget(client: () => RunsClient, args: string[], out: Output): Pr
     return 0;
   }
   throw new UsageError(`unknown command: budget ${sub}${suggestion(sub, ["show", "set", "delete"], "budget ")}`);
-}
-
-async function agents(client: () => RunsClient, args: string[], out: Output): Promise<number> {
-  const [sub = "list", ...rest] = args[0]?.startsWith("--") ? ["list", ...args] : args;
-  if (sub === "list") {
-    const p = parseArgs(rest, {});
-    exactly(p, 0, "");
-    const c = client();
-    const all = [];
-    for await (const agent of c.paginate((after) => c.listAgents({ limit: 100, after }))) all.push(agent);
-    if (out.json(p)) out.document({ object: "list", data: all, has_more: false, next_cursor: null });
-    else for (const a of all) out.line(`${a.id}  ${a.name}  ${a.active_version === null ? "no active version" : `v${a.active_version}`}`);
-    return 0;
-  }
-  if (sub === "create") {
-    const p = parseArgs(rest, { description: "string" });
-    const [name] = exactly(p, 1, "NAME");
-    const agent = await client().createAgent({ name, description: str(p, "description") });
-    out.json(p) ? out.document(agent) : out.line(`${agent.id}  ${agent.name}`);
-    return 0;
-  }
-  if (sub === "get") {
-    const p = parseArgs(rest, {});
-    const [agentId] = exactly(p, 1, "AGENT_ID");
-    const agent = await client().getAgent(agentId);
-    out.json(p) ? out.document(agent) : out.line(`${agent.id}  ${agent.name}  ${agent.active_version === null ? "no active version" : `v${agent.active_version}`}`);
-    return 0;
-  }
-  throw new UsageError(`unknown command: agents ${sub}`);
-}
-
-async function deploy(client: RunsClient, args: string[], out: Output): Promise<number> {
-  const p = parseArgs(args, { model: "string", config: "string", "config-file": "string", "no-activate": "boolean", "upgrade-policy": "string", "no-wait": "boolean", "idempotency-key": "string" });
-  const [agentId] = exactly(p, 1, "AGENT_ID");
-  const sources = ["model", "config", "config-file"].filter((f) => p.flags[f] !== undefined);
-  if (sources.length !== 1) throw new UsageError("deploy needs exactly one of --model, --config, --config-file");
-  let config: unknown;
-  try {
-    if (str(p, "model")) config = { model: str(p, "model") };
-    else config = JSON.parse(str(p, "config") ?? (await readFile(str(p, "config-file")!, "utf8")));
-  } catch (err) {
-    throw new UsageError(`the config is not valid JSON: ${err instanceof Error ? err.message : String(err)}`);
-  }
-  let deployment = await client.createDeployment(
-    agentId,
-    {
-      config: config as never,
-      activate: p.flags["no-activate"] ? false : undefined,
-      upgrade_policy: oneOf(str(p, "upgrade-policy"), ["automatic", "new_run_only"] as const, "upgrade-policy"),
-    },
-    { idempotencyKey: str(p, "idempotency-key") },
-  );
-  if (!p.flags["no-wait"]) {
-    const progress = out.progress(`building v${deployment.version}`);
-    try {
-      deployment = await client.waitForDeployment(agentId, deployment.version);
-    } finally {
-      progress.stop();
-    }
-  }
-  if (out.json(p)) out.document(deployment);
-  else out.line(`${deployment.agent_id} v${deployment.version} ${deployment.status}${deployment.error ? `  ${JSON.stringify(deployment.error)}` : ""}`);
-  return deployment.status === "failed" ? 1 : 0;
-}
-
-// ---- output ------------------------------------------------------------------------------
-
-function outputText(turn: Turn): string {
-  return turn.output
-    .filter((part): part is { type: "output_text"; text: string } => part.type === "output_text" && typeof part.text === "string")
-    .map((part) => part.text)
-    .join("\n");
-}
-
-function summaryLine(run: RunSummary): string {
-  return `${run.id}  ${run.state.padEnd(4)}  ${run.agent_id} v${run.agent_version}${run.tags.length ? `  [${run.tags.join(", ")}]` : ""}`;
-}
-
-function turnLine(turn: Turn): string {
-  const text = outputText(turn).split("\n")[0] ?? "";
-  const duration = turn.duration_ms === null ? "" : `  ${turn.duration_ms} ms`;
-  const error = turn.error ? `  ${turn.error.code}: ${turn.error.message}` : "";
-  return `${turn.id}  ${turn.status}  v${turn.agent_version}${duration}${error}${text ? `  ${truncate(text, 60)}` : ""}`;
-}
-
-function eventLine(event: RunEvent): string {
-  const detail = event.type === "text_delta" && typeof event.data?.delta === "string" ? JSON.stringify(event.data.delta) : truncate(JSON.stringify(event.data ?? null), 100);
-  return `${String(event.sequence).padStart(4)}  ${event.id}  ${event.source}/${event.type}  ${detail}`;
-}
-
-function truncate(text: string, max: number): string {
-  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
-}
-
-const SPINNER = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
-
-class Output {
-  constructor(private readonly io: CliIo) {}
-
-  json(p: Parsed): boolean {
-    return p.flags.json === true;
-  }
-
-  write(text: string): void {
-    this.io.stdout.write(text);
-  }
-
-  line(text: string): void {
-    this.io.stdout.write(`${text}\n`);
-  }
-
-  /** Remarks for people: stderr, so stdout stays the result. */
-  note(text: string): void {
-    this.io.stderr.write(`${text}\n`);
-  }
-
-  document(value: unknown): void {
-    this.line(JSON.stringify(value, null, 2));
-  }
-
-  /** `run_… idle  turn turn_… completed`, then the output text, or the turn's error. */
-  run(run: Run, options: { output?: boolean } = {}): void {
-    const turn = run.turn;
-    this.line(`${run.id} ${run.state}  turn ${turn.id} ${turn.status}`);
-    const text = outputText(turn);
-    if (options.output !== false && text) this.line(text);
-    if (turn.error) this.note(`error: ${turn.error.code}: ${turn.error.message}${turn.error.retryable ? " (retryable)" : ""}`);
-  }
-
-  /** A spinner with elapsed seconds on stderr, only when stderr is a terminal. */
-  progress(initial: string): { label(text: string): void; stop(): void } {
-    if (!this.io.stderr.isTTY) return { label: () => undefined, stop: () => undefined };
-    const started = Date.now();
-    let text = initial;
-    let frame = 0;
-    let stopped = false;
-    const draw = () => {
-      const seconds = Math.floor((Date.now() - started) / 1000);
-      this.io.stderr.write(`\r\x1b[2K${SPINNER[frame++ % SPINNER.length]} ${text}  ${seconds}s`);
-    };
-    const timer = setInterval(draw, 100);
-    timer.unref();
-    draw();
-    return {
-      // Shown at once: a step that begins and ends between two frames is still seen.
-      label: (next) => {
-        if (stopped || next === text) return;
-        text = next;
-        draw();
-      },
-      stop: () => {
-        if (stopped) return;
-        stopped = true;
-        clearInterval(timer);
-        this.io.stderr.write("\r\x1b[2K");
-      },
-    };
-  }
 }
 
 /**

@@ -23,6 +23,7 @@ import { nextWaitMs, parseRetryAfter, retryDelayMs } from "./schedule.js";
 import { sseFrames } from "./sse.js";
 import {
   isFinalTurnStatus,
+  type Action,
   type Agent,
   type ApiKey,
   type ContinueRunRequest,
@@ -30,6 +31,7 @@ import {
   type CreateApiKeyRequest,
   type CreateDeploymentRequest,
   type CreateRunRequest,
+  type DecideActionRequest,
   type Deployment,
   type EnvironmentValue,
   type EnvironmentValueDeleted,
@@ -337,6 +339,17 @@ export class RunsClient {
   cancelRun(runId: string, options: IdempotentCallOptions & { turnId?: string } = {}): Promise<Run> {
     const body = options.turnId === undefined ? {} : { turn_id: options.turnId };
     return this.json({ method: "POST", path: `/api/v1/runs/${enc(runId)}/cancel`, body, idempotent: true, policy: "safe" }, options);
+  }
+
+  /**
+   * POST /api/v1/runs/{runId}/actions/{actionId}: approves or denies the gated tool call an
+   * in_progress turn waits for (`run.turn.pending_action`); answers the Action with its
+   * decision, and the turn goes on. Retries reuse the Idempotency-Key, so a retried call
+   * answers as the first time; a decision on an action decided before (by a person or by its
+   * timeout) is 409 action_already_decided, never retried.
+   */
+  decideAction(runId: string, actionId: string, decision: DecideActionRequest, options: IdempotentCallOptions = {}): Promise<Action> {
+    return this.json({ method: "POST", path: `/api/v1/runs/${enc(runId)}/actions/${enc(actionId)}`, body: decision, idempotent: true, policy: "safe" }, options);
   }
 
   /** DELETE /api/v1/runs/{runId}: an idle run; a busy one answers 409 run_busy. */

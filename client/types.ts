@@ -43,6 +43,14 @@ export type Run = Schemas["Run"];
 export type RunSummary = Schemas["RunSummary"];
 export type RunTags = Schemas["RunTags"];
 export type RunDeleted = Schemas["RunDeleted"];
+/** The gated tool call an in_progress turn waits for a person to decide (`turn.pending_action`). */
+export type PendingAction = Schemas["PendingAction"];
+/** A gated tool call with its decision: the answer of {@link RunsClient.decideAction}. */
+export type Action = Schemas["Action"];
+/** What a person decides: "approve" runs the call, "deny" gives the model the tool's error with the reason. */
+export type ActionDecision = Schemas["ActionDecision"]["decision"];
+/** The body of {@link RunsClient.decideAction}: `reason` (at most 2000 characters) is kept with the action and shown to the model with a denial. */
+export type DecideActionRequest = Schemas["ActionDecision"];
 
 /** A page of a list: the shape every list answer has (here the runs list's), with its items. */
 export type List<T> = Omit<operations["listRuns"]["responses"][200]["content"]["application/json"], "data"> & { data: T[] };

@@ -6,7 +6,9 @@ import type { EventList, RunEvent } from "./types.js";
 type Item =
   | { kind: "platform"; event: RunEvent }
   | { kind: "text"; id: string; turnId: string | null; text: string }
-  | { kind: "tool"; id: string; name: string; args: unknown; result?: unknown; isError?: boolean; done: boolean };
+  | { kind: "tool"; id: string; name: string; args: unknown; result?: unknown; isError?: boolean; done: boolean; approval?: "waiting" | "approve" | "deny" }
+  /** tool.approval_requested and tool.approval_decided: a gated call asked for, and its decision. */
+  | { kind: "approval"; event: RunEvent };
 
 /** Folds events into what a person reads; exported for the run view's tests of shape. */
 export function itemsOf(events: RunEvent[]): Item[] {
@@ -27,6 +29,10 @@ export function itemsOf(events: RunEvent[]): Item[] {
     } else if (event.type === "tool_execution_end") {
       const tool = tools.get(String(data.toolCallId));
       if (tool) Object.assign(tool, { result: data.result, isError: data.isError === true, done: true });
+    } else if (event.type === "tool.approval_requested" || event.type === "tool.approval_decided") {
+      const tool = tools.get(String(data.tool_call_id));
+      if (tool) tool.approval = event.type === "tool.approval_requested" ? "waiting" : data.decision === "approve" ? "approve" : "deny";
+      items.push({ kind: "approval", event });
     }
   }
   return items;
@@ -38,10 +44,39 @@ function resultText(result: unknown): string {
   return JSON.stringify(result ?? null, null, 2);
 }
 
+function toolState(item: Extract<Item, { kind: "tool" }>): string {
+  if (!item.done) return item.approval === "waiting" ? "waiting for approval…" : "running…";
+  if (item.approval === "deny") return "denied";
+  return item.isError ? "failed" : item.approval === "approve" ? "done (approved)" : "done";
+}
+
+/** An approval event in words: what was asked and until when, or who decided what and why. */
+function ApprovalLine({ event }: { event: RunEvent }) {
+  const data = event.data as { action_id?: string; tool?: string; arguments?: unknown; expires_at?: number; decision?: string; reason?: string | null; decided_by?: string };
+  if (event.type === "tool.approval_requested") {
+    return (
+      <li class="approval requested" data-type={event.type} data-action-id={data.action_id}>
+        <time>{when(event.created_at)}</time> <strong>approval requested</strong>: tool <strong>{data.tool}</strong>, waiting for a person until {when(data.expires_at)}{" "}
+        <span class="muted">{data.action_id}</span>
+        <pre>{JSON.stringify(data.arguments ?? null, null, 2)}</pre>
+      </li>
+    );
+  }
+  const verb = data.decision === "approve" ? "approved" : "denied";
+  const by = data.decided_by === "timeout" ? "when the request expired" : "by a person";
+  return (
+    <li class={`approval decided ${data.decision === "approve" ? "approved" : "denied"}`} data-type={event.type} data-action-id={data.action_id} data-decision={data.decision}>
+      <time>{when(event.created_at)}</time> <strong>{verb}</strong> {by}
+      {data.reason ? `: ${data.reason}` : ""} <span class="muted">{data.action_id}</span>
+    </li>
+  );
+}
+
 const lastSeenItem = (runId: string) => `runs.console.last-event.${runId}`;
 
 /** The run's stored events, then its live stream resumed from the last one seen (kept across a reload). */
-export function Events({ runId, onPlatformEvent }: { runId: string; onPlatformEvent: (event: RunEvent) => void }) {
+/** The run's events; `onRunChange` hears those that change what the run view shows (platform events, approvals). */
+export function Events({ runId, onRunChange }: { runId: string; onRunChange: (event: RunEvent) => void }) {
   const [events, setEvents] = useState<RunEvent[]>([]);
   const [history, setHistory] = useState<string | null>(null);
   const [live, setLive] = useState<"connecting" | "live" | "ended" | "error">("connecting");
@@ -58,7 +93,7 @@ export function Events({ runId, onPlatformEvent }: { runId: string; onPlatformEv
       lastId = fresh.at(-1)!.id;
       sessionStorage.setItem(lastSeenItem(runId), lastId);
       setEvents((old) => [...old, ...fresh]);
-      for (const e of fresh) if (e.source === "platform") onPlatformEvent(e);
+      for (const e of fresh) if (e.source === "platform" || e.type.startsWith("tool.approval_")) onRunChange(e);
     };
     (async () => {
       try {
@@ -114,13 +149,15 @@ export function Events({ runId, onPlatformEvent }: { runId: string; onPlatformEv
               <time>{when(item.event.created_at)}</time> <strong>{item.event.type}</strong>
               {item.event.turn_id && <span class="muted"> {item.event.turn_id}</span>}
             </li>
+          ) : item.kind === "approval" ? (
+            <ApprovalLine key={item.event.id} event={item.event} />
           ) : item.kind === "text" ? (
             <li key={item.id} class="text" data-testid="event-text">{item.text}</li>
           ) : (
             <li key={item.id} class={`tool${item.isError ? " failed" : ""}`}>
               <details>
                 <summary>
-                  tool <strong>{item.name}</strong> {item.done ? (item.isError ? "failed" : "done") : "running…"}
+                  tool <strong>{item.name}</strong> {toolState(item)}
                 </summary>
                 <pre>{JSON.stringify(item.args, null, 2)}</pre>
                 {item.done && <pre>{resultText(item.result)}</pre>}

@@ -3,8 +3,7 @@ import { useEffect, useState } from "preact/hooks";
 import { ApiFailure, call, type Report, when, withQuery } from "./api.js";
 import { Events } from "./events.js";
 import { usageText } from "./usage.js";
-import { FINAL_STATUSES, type List, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
-
+import { FINAL_STATUSES, type Action, type List, type PendingAction, type Run, type RunEvent, type RunSummary, type Turn } from "./types.js";
 
 const REFRESH_MS = 3_000;
 
@@ -123,6 +122,7 @@ function TurnCard({ turn }: { turn: Turn }) {
     <li class={`turn ${turn.status}`} data-turn-id={turn.id}>
       <p>
         <strong class="status" data-testid="turn-status">{turn.status}</strong> <span class="muted">{turn.id} · version {turn.agent_version}</span>
+        {turn.pending_action && <span class="waiting" data-testid="turn-waiting"> waiting for approval of {turn.pending_action.tool}</span>}
       </p>
       <p class="muted">
         created {when(turn.created_at)} · started {when(turn.started_at)} · ended {when(turn.completed_at)}
@@ -145,6 +145,42 @@ function TurnCard({ turn }: { turn: Turn }) {
         </p>
       )}
     </li>
+  );
+}
+
+type Decision = "approve" | "deny";
+
+/** The tool call a turn waits for, shown whole (a person decides on what it shows), with Approve and Deny. */
+function PendingActionPanel({ turn, action, decide }: { turn: Turn; action: PendingAction; decide: (decision: Decision, reason: string) => Promise<void> }) {
+  const [reason, setReason] = useState("");
+  const [sending, setSending] = useState<Decision | null>(null);
+  const send = async (decision: Decision) => {
+    setSending(decision);
+    try {
+      await decide(decision, reason);
+    } finally {
+      setSending(null);
+    }
+  };
+  return (
+    <section class="pending-action" data-testid="pending-action" data-action-id={action.id} aria-label="tool call waiting for approval">
+      <h3>Waiting for approval</h3>
+      <p>
+        Turn <span class="muted">{turn.id}</span> asks to run the tool <strong data-testid="pending-tool">{action.tool}</strong> with these arguments; nothing of it has run yet.
+      </p>
+      <pre data-testid="pending-arguments">{JSON.stringify(action.arguments, null, 2)}</pre>
+      <p class="muted">
+        action {action.id} · call {action.tool_call_id} · requested {when(action.requested_at)} · expires <span data-testid="pending-expires">{when(action.expires_at)}</span> (then the agent's timeout rule decides)
+      </p>
+      <form class="decide" onSubmit={(e) => e.preventDefault()}>
+        <label>
+          reason (optional; kept with the decision, and the model reads it with a denial)
+          <input name="reason" value={reason} onInput={(e) => setReason((e.target as HTMLInputElement).value)} />
+        </label>
+        <button type="button" class="approve" disabled={sending !== null} onClick={() => void send("approve")}>{sending === "approve" ? "Approving…" : "Approve"}</button>
+        <button type="button" class="deny" disabled={sending !== null} onClick={() => void send("deny")}>{sending === "deny" ? "Denying…" : "Deny"}</button>
+      </form>
+    </section>
   );
 }
 
@@ -173,7 +209,23 @@ export function RunView({ runId, report }: { runId: string; report: Report }) {
     const timer = setInterval(() => void load(), REFRESH_MS);
     return () => clearInterval(timer);
   }, [runId]);
-  const onPlatformEvent = (_event: RunEvent) => void load();
+  const [decisionFailure, setDecisionFailure] = useState<Error | null>(null);
+  const onRunChange = (event: RunEvent) => {
+    void load();
+    // The request is announced just before the turn stores it: read again shortly after.
+    if (event.type === "tool.approval_requested") setTimeout(() => void load(), 1_000);
+  };
+  /** POST the decision (a fresh Idempotency-Key per click), show the answer or the API's error, and read the run again. */
+  const decide = async (action: PendingAction, decision: Decision, reason: string) => {
+    setDecisionFailure(null);
+    try {
+      const { status, body } = await call<Action>("POST", `/api/v1/runs/${runId}/actions/${action.id}`, reason.trim() ? { decision, reason: reason.trim() } : { decision });
+      setOutcome(`${decision}: ${status} ${body.decision === "approve" ? "approved" : "denied"} ${body.tool} (${body.id})`);
+    } catch (err) {
+      setDecisionFailure(err instanceof Error ? err : new Error(String(err)));
+    }
+    await load();
+  };
 
   const act = async (what: string, work: () => Promise<{ status: number; body: unknown }>, describe: (status: number, body: any) => string) => {
     try {
@@ -190,6 +242,9 @@ export function RunView({ runId, report }: { runId: string; report: Report }) {
   if (gone) return <p>Run {runId} was deleted. <a href="#/runs">Back to the runs</a></p>;
   if (!run) return <p class="muted">Loading {runId}…</p>;
   const busy = run.state === "busy" || !FINAL_STATUSES.includes(run.turn.status);
+  // The run's latest turn may be queued behind the one that waits: look through the turns too.
+  const waiting = run.turn.pending_action ? run.turn : turns.find((turn) => turn.pending_action && !FINAL_STATUSES.includes(turn.status));
+  const pending = waiting?.pending_action ?? null;
   return (
     <section class="run" data-testid="run-view">
       <h2>
@@ -214,6 +269,19 @@ export function RunView({ runId, report }: { runId: string; report: Report }) {
         </button>
         {outcome && <output data-testid="outcome">{outcome}</output>}
       </div>
+      {decisionFailure && (
+        <p class="error" role="alert" data-testid="decision-error">
+          decision refused:{" "}
+          {decisionFailure instanceof ApiFailure ? (
+            <>
+              <strong>{decisionFailure.code}</strong> ({decisionFailure.status}{decisionFailure.param ? `, ${decisionFailure.param}` : ""}): {decisionFailure.message}
+            </>
+          ) : (
+            decisionFailure.message
+          )}
+        </p>
+      )}
+      {waiting && pending && <PendingActionPanel key={pending.id} turn={waiting} action={pending} decide={(decision, reason) => decide(pending, decision, reason)} />}
       <p class="muted" data-testid="run-usage">usage: {usageText(run.usage)}</p>
       <div class="tags" data-testid="tags">
         tags:{" "}
@@ -234,7 +302,7 @@ export function RunView({ runId, report }: { runId: string; report: Report }) {
       </div>
       <h3>Turns</h3>
       <ol class="turns">{turns.map((turn) => <TurnCard key={turn.id} turn={turn} />)}</ol>
-      <Events runId={runId} onPlatformEvent={onPlatformEvent} />
+      <Events runId={runId} onRunChange={onRunChange} />
     </section>
   );
 }

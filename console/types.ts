@@ -42,6 +42,26 @@ export interface UsageSummary {
   budget: Budget | null;
 }
 
+/** A gated tool call the in_progress turn waits for a person to decide (the deployment's config.approval). */
+export interface PendingAction {
+  id: string;
+  tool: string;
+  tool_call_id: string;
+  arguments: Record<string, unknown>;
+  requested_at: number;
+  expires_at: number;
+}
+
+/** The answer of POST /api/v1/runs/{runId}/actions/{actionId}. */
+export interface Action extends PendingAction {
+  run_id: string;
+  turn_id: string;
+  decision: "approve" | "deny" | null;
+  reason: string | null;
+  decided_by: "person" | "timeout" | null;
+  decided_at: number | null;
+}
+
 export interface Turn {
   id: string;
   status: string;
@@ -55,6 +75,8 @@ export interface Turn {
   duration_ms: number | null;
   /** null until the turn is final. */
   usage: Usage | null;
+  /** The tool call the turn waits for a person to decide; null otherwise. */
+  pending_action: PendingAction | null;
 }
 
 export interface RunSummary {

@@ -5,7 +5,7 @@ import type { RunningService } from "../../node/service.js";
 import { artifactPath, browserMissing, launchBrowser } from "../helpers/browser.js";
 
 /** The web console in a real Chromium, against a real service: what a person does with it. */
-type Ctx = { servers: TestServers; service: RunningService; key: string; api: Api; echo: string; sleeper: string };
+type Ctx = { servers: TestServers; service: RunningService; key: string; api: Api; echo: string; sleeper: string; gated: string };
 const test = anyTest as TestFn<Ctx>;
 const missing = browserMissing();
 
@@ -16,7 +16,17 @@ test.before(async (t) => {
   const ws = await newWorkspace(service, "business");
   const echo = await ws.api.agentWith({ model: "faux/scripted" }, "echo");
   const sleeper = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 60" } } }, { text: "woke" }] }, "sleeper");
-  t.context = { servers, service, key: ws.key, api: ws.api, echo, sleeper };
+  // Its bash call waits for a person (config.approval), then it answers.
+  const gated = await ws.api.agentWith(
+    {
+      model: "faux/scripted",
+      tools: ["bash"],
+      approval: { rules: [{ tool: "bash", command_prefix: "echo" }] },
+      script: [{ tool_call: { name: "bash", arguments: { command: "echo from the console" } } }, { text: "approved in the console" }],
+    },
+    "gated",
+  );
+  t.context = { servers, service, key: ws.key, api: ws.api, echo, sleeper, gated };
 });
 
 test.after.always(async (t) => {
@@ -99,6 +109,55 @@ if (missing) {
     const types = await page.$$eval("[data-testid=timeline] li.platform", (items) => items.map((i) => i.getAttribute("data-type")));
     t.true(types.indexOf("turn.cancelling") >= 0 && types.indexOf("turn.cancelling") < types.indexOf("turn.cancelled"), types.join(","));
     t.is(await page.textContent("[data-testid=run-state]"), "idle");
+    clean();
+  });
+
+  test.serial("console - a tool call waiting for approval: shown with its arguments and expiry; a refused decision shows the API's error; Approve runs it and the turn completes", async (t) => {
+    t.timeout(90_000);
+    const { api, gated, service } = t.context;
+    const started = await api.post("/api/v1/runs", { agent: gated, input: "go", background: true });
+    t.is(started.status, 202);
+    const runId: string = started.body.id;
+    const action = (await api.waitRun(runId, (r) => r.turn?.pending_action != null)).turn.pending_action;
+    const { page, clean } = await openConsole(t);
+    await page.goto(`${service.url}/#/runs/${runId}`);
+    await page.waitForSelector(`[data-testid=pending-action][data-action-id='${action.id}']`, { timeout: 30_000 });
+    t.is(await page.textContent("[data-testid=pending-tool]"), "bash");
+    t.deepEqual(JSON.parse((await page.textContent("[data-testid=pending-arguments]")) ?? ""), { command: "echo from the console" });
+    t.is(await page.textContent("[data-testid=pending-expires]"), await page.evaluate((s) => new Date(s * 1000).toLocaleString(), action.expires_at));
+    t.regex((await page.textContent("[data-testid=turn-waiting]")) ?? "", /waiting for approval of bash/);
+    t.is(await page.textContent("[data-testid=turn-status]"), "in_progress");
+    // The live events say what was asked, and the tool call waits.
+    const requested = await page.waitForSelector(`[data-testid=timeline] li[data-type='tool.approval_requested'][data-action-id='${action.id}']`);
+    t.regex((await requested.textContent()) ?? "", /approval requested: tool bash, waiting for a person until .+"command": "echo from the console"/s);
+    t.regex((await page.textContent("[data-testid=timeline] li.tool summary")) ?? "", /tool bash waiting for approval…/);
+    await page.screenshot({ path: await artifactPath("console-approval.png"), fullPage: true });
+
+    // A decision the API refuses (a reason over 2000 characters) shows its code and message; the call still waits.
+    await page.fill("[data-testid=pending-action] input[name=reason]", "x".repeat(2001));
+    await page.click("[data-testid=pending-action] button.approve");
+    const refused = await page.waitForSelector("[data-testid=decision-error]");
+    t.regex((await refused.textContent()) ?? "", /invalid_request \(400, reason\): .*2000/);
+    t.is(await page.locator(`[data-testid=pending-action][data-action-id='${action.id}']`).count(), 1);
+    t.is((await api.get(`/api/v1/runs/${runId}`)).body.turn.pending_action.id, action.id, "nothing was decided");
+
+    await page.fill("[data-testid=pending-action] input[name=reason]", "fine by me");
+    await page.click("[data-testid=pending-action] button.approve");
+    await page.waitForSelector(`[data-testid=outcome]:has-text('approve: 200 approved bash (${action.id})')`);
+    t.is(await page.locator("[data-testid=decision-error]").count(), 0, "the earlier refusal is cleared");
+    await page.waitForSelector("[data-testid=pending-action]", { state: "detached" });
+    await page.waitForSelector("[data-testid=turn-status]:has-text('completed')", { timeout: 30_000 });
+    t.is((await page.textContent("[data-testid=turn-output]"))?.trim(), "approved in the console");
+    const decided = await page.waitForSelector(`[data-testid=timeline] li[data-type='tool.approval_decided'][data-decision='approve']`);
+    t.regex((await decided.textContent()) ?? "", /approved by a person: fine by me/);
+    t.regex((await page.textContent("[data-testid=timeline] li.tool summary")) ?? "", /tool bash done \(approved\)/);
+    t.is(await page.locator("[data-testid=api-error]").count(), 0);
+    // The service agrees: decided once, by a person, with the reason.
+    const events = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data;
+    t.deepEqual(
+      events.filter((e: any) => e.type === "tool.approval_decided").map((e: any) => [e.data.action_id, e.data.decision, e.data.decided_by, e.data.reason]),
+      [[action.id, "approve", "person", "fine by me"]],
+    );
     clean();
   });
 

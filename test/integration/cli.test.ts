@@ -172,6 +172,67 @@ test("cli - cancel a busy run, then delete it", async (t) => {
   t.is(deleted.stdout, `${run.id} deleted\n`);
 });
 
+test("cli - approvals: get and turns show the pending action and how to decide it; approve and deny print the action; a second decision exits 1", async (t) => {
+  t.timeout(120_000);
+  const { api } = t.context;
+  // bash commands starting with echo need a person; the model then says "after the decision".
+  const gated = await api.agentWith(
+    {
+      model: "faux/scripted",
+      tools: ["bash"],
+      approval: { rules: [{ tool: "bash", command_prefix: "echo" }] },
+      script: [{ tool_call: { name: "bash", arguments: { command: "echo gated" } } }, { text: "after the decision" }],
+    },
+    "gated",
+  );
+  const bg = await runs(t, ["start", "--agent", gated, "--background", "--json", "go"]);
+  t.is(bg.code, 0, bg.stderr);
+  const run = JSON.parse(bg.stdout);
+  const waiting = await api.waitRun(run.id, (r) => r.turn?.pending_action != null);
+  const action = waiting.turn.pending_action;
+
+  const got = await runs(t, ["get", run.id]);
+  t.is(got.code, 0, got.stderr);
+  t.regex(got.stdout, new RegExp(`^${run.id} busy {2}turn ${run.turn.id} in_progress\nwaiting for approval: ${action.id} {2}bash \\{"command":"echo gated"\\} {2}expires \\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\dZ \\(in \\d+ min\\)\n$`));
+  t.is(got.stderr, `decide: runs approve ${run.id} ${action.id} [--reason TEXT]  or  runs deny ${run.id} ${action.id} [--reason TEXT]\n`);
+  t.is(JSON.parse((await runs(t, ["get", run.id, "--json"])).stdout).turn.pending_action.id, action.id);
+  const turns = await runs(t, ["turns", run.id]);
+  t.regex(turns.stdout, new RegExp(`^${run.turn.id} {2}in_progress {2}v1 {2}waiting for approval: ${action.id} bash\n$`));
+
+  const approved = await runs(t, ["approve", run.id, action.id, "--reason", "fine by me"]);
+  t.is(approved.code, 0, approved.stderr);
+  t.is(approved.stdout, `${action.id} approved by person  ${run.id} ${run.turn.id}  bash {"command":"echo gated"}  reason: fine by me\n`);
+  const again = await runs(t, ["deny", run.id, action.id]);
+  t.is(again.code, 1);
+  t.regex(again.stderr, /^runs: action_already_decided: .+\n$/);
+  t.notRegex(again.stderr, NO_STACK);
+  const unknown = await runs(t, ["approve", run.id, "act_doesnotexist"]);
+  t.is(unknown.code, 1);
+  t.regex(unknown.stderr, /^runs: action_not_found: /);
+  const done = await api.waitTurn(run.id, run.turn.id);
+  t.is(done.turn.status, "completed");
+  t.deepEqual(done.turn.output, [{ type: "output_text", text: "after the decision" }]);
+
+  // A streamed turn says what it waits for on stderr and goes on after `runs deny` from elsewhere.
+  const tag = `gated-${Math.random().toString(36).slice(2)}`;
+  const streaming = runs(t, ["start", "--agent", gated, "--tag", tag, "--stream", "again"]);
+  let second: any;
+  for (const deadline = Date.now() + 60_000; !second?.turn?.pending_action && Date.now() < deadline; ) {
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const listed = await api.get(`/api/v1/runs?tag=${tag}`);
+    if (listed.body.data?.[0]) second = (await api.get(`/api/v1/runs/${listed.body.data[0].id}`)).body;
+  }
+  t.truthy(second?.turn?.pending_action, "the streamed turn waits for a decision");
+  const secondAction = second.turn.pending_action;
+  const denied = await runs(t, ["deny", second.id, secondAction.id, "--reason", "not today", "--json"]);
+  t.is(denied.code, 0, denied.stderr);
+  t.like(JSON.parse(denied.stdout), { id: secondAction.id, object: "action", run_id: second.id, decision: "deny", reason: "not today", decided_by: "person" });
+  const streamed = await streaming;
+  t.is(streamed.code, 0, streamed.stderr);
+  t.regex(streamed.stdout, new RegExp(`^after the decision\n${second.id} idle {2}turn ${second.turn.id} completed\n$`));
+  t.regex(streamed.stderr, new RegExp(`^waiting for approval: ${secondAction.id} {2}bash \\{"command":"echo gated"\\} {2}expires .+\ndecide: runs approve ${second.id} ${secondAction.id} `));
+});
+
 test("cli - a waited turn that does not complete exits 1 with its error", async (t) => {
   const agent = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ error: { message: "no credit", status: 402 } }] }, "broke");
   const res = await runs(t, ["start", "--agent", agent, "hi"]);
@@ -201,6 +262,9 @@ test("cli - bad usage exits 2 with the usage text and no stack trace", async (t)
     [["get"], /RUN_ID is required/],
     [["get", "run_x", "--bogus"], /unknown option --bogus/],
     [["tag", "run_x"], /tag needs --add or --remove/],
+    [["approve", "run_x"], /ACTION_ID is required \(act_…: runs get run_x shows the action the turn waits for\)/],
+    [["deny"], /RUN_ID is required/],
+    [["deny", "run_x", "act_x", "--reason"], /--reason needs a value/],
     [["frobnicate"], /unknown command: frobnicate/],
     [[], /no command given/],
     [["list"], /RUNS_API_KEY is not set/, { RUNS_API_KEY: undefined }],

@@ -3,7 +3,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
-import { RunsApiError, RunsClient, type RunEvent } from "../../client/index.js";
+import { RunsApiError, RunsClient, type Action, type PendingAction, type Run, type RunEvent } from "../../client/index.js";
 
 /**
  * RunsClient against the real service: a typed call for each endpoint family, and the
@@ -21,6 +21,8 @@ interface Context {
   echoAgent: string;
   /** Streams a long text slowly (many text_delta events). */
   slowAgent: string;
+  /** Asks for `echo gated` through bash, which its approval policy gives to a person, then says "approved or not". */
+  gatedAgent: string;
 }
 const test = anyTest as TestFn<Context>;
 
@@ -32,8 +34,17 @@ test.before(async (t) => {
   const { key, api } = await newWorkspace(service, "business");
   const echoAgent = await api.agentWith({ model: "faux/scripted", tools: [] }, "echo");
   const slowAgent = await api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: LONG_TEXT }], tokens_per_second: 60 }, "slow");
+  const gatedAgent = await api.agentWith(
+    {
+      model: "faux/scripted",
+      tools: ["bash"],
+      approval: { rules: [{ tool: "bash", command_prefix: "echo" }] },
+      script: [{ tool_call: { name: "bash", arguments: { command: "echo gated" } } }, { text: "approved or not" }],
+    },
+    "gated",
+  );
   const client = new RunsClient({ baseUrl: service.url!, apiKey: key });
-  t.context = { servers, service, key, api, client, echoAgent, slowAgent };
+  t.context = { servers, service, key, api, client, echoAgent, slowAgent, gatedAgent };
 });
 
 test.after.always(async (t) => {
@@ -201,6 +212,68 @@ test("client - errors carry status, code, type and param; 409 is not retried", a
   t.is(conflict?.status, 409);
   t.is(conflict?.code, "idempotency_conflict");
   t.is(conflict?.idempotencyKey, key);
+});
+
+/** Reads the run until its turn waits for a decision (the turn stays in_progress meanwhile). */
+async function pendingActionOf(client: RunsClient, runId: string): Promise<{ run: Run; action: PendingAction }> {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const run = await client.getRun(runId);
+    if (run.turn.pending_action) return { run, action: run.turn.pending_action };
+    if (!["queued", "in_progress"].includes(run.turn.status) || Date.now() > deadline) throw new Error(`the turn did not wait for a decision: ${JSON.stringify(run.turn)}`);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+}
+
+test("client - approvals: a gated call waits with its pending_action; decideAction approves it and the turn completes", async (t) => {
+  const { client, gatedAgent } = t.context;
+  const started = await client.startRun({ agent: gatedAgent, input: "go", background: true });
+  const { run, action } = await pendingActionOf(client, started.id);
+  t.is(run.turn.id, started.turn.id);
+  t.is(run.turn.status, "in_progress");
+  t.regex(action.id, /^act_/);
+  t.is(action.tool, "bash");
+  t.deepEqual(action.arguments, { command: "echo gated" });
+  t.true(action.expires_at > action.requested_at);
+
+  const decided: Action = await client.decideAction(run.id, action.id, { decision: "approve", reason: "looks harmless" }, { idempotencyKey: `approve-${run.id}` });
+  t.like(decided, { id: action.id, object: "action", run_id: run.id, turn_id: run.turn.id, tool: "bash", tool_call_id: action.tool_call_id, decision: "approve", reason: "looks harmless", decided_by: "person" });
+  t.is(typeof decided.decided_at, "number");
+  // The same key repeats the call safely: the same answer.
+  t.deepEqual(await client.decideAction(run.id, action.id, { decision: "approve", reason: "looks harmless" }, { idempotencyKey: `approve-${run.id}` }), decided);
+
+  const done = await client.waitForTurn(run.id, run.turn.id, { deadlineMs: 30_000 });
+  t.is(done.turn.status, "completed");
+  t.deepEqual(done.turn.output, [{ type: "output_text", text: "approved or not" }]);
+  t.is(done.turn.pending_action, null);
+  const events = await client.listEvents(run.id, { turn_id: run.turn.id, limit: 1000 });
+  t.like(events.data.find((e) => e.type === "tool.approval_requested")?.data, { action_id: action.id, tool: "bash" });
+  t.like(events.data.find((e) => e.type === "tool.approval_decided")?.data, { action_id: action.id, decision: "approve", decided_by: "person" });
+});
+
+test("client - approvals: a second decision with a new key is RunsApiError 409 action_already_decided, not retried; unknown actions are 404", async (t) => {
+  const { client, gatedAgent } = t.context;
+  const started = await client.startRun({ agent: gatedAgent, input: "go", background: true });
+  const { run, action } = await pendingActionOf(client, started.id);
+  const denied = await client.decideAction(run.id, action.id, { decision: "deny", reason: "not today" });
+  t.like(denied, { decision: "deny", reason: "not today", decided_by: "person" });
+
+  let requests = 0;
+  const counting = new RunsClient({ baseUrl: t.context.service.url!, apiKey: t.context.key, fetch: (input, init) => (requests++, fetch(input, init)) });
+  const again = await t.throwsAsync(counting.decideAction(run.id, action.id, { decision: "approve" }, { idempotencyKey: `second-${run.id}` }), { instanceOf: RunsApiError });
+  t.is(again?.status, 409);
+  t.is(again?.code, "action_already_decided");
+  t.is(again?.type, "conflict_error");
+  t.is(again?.param, "actionId");
+  t.is(again?.retryable, false);
+  t.is(again?.idempotencyKey, `second-${run.id}`);
+  t.is(requests, 1, "a 409 is not retried");
+
+  const unknown = await t.throwsAsync(client.decideAction(run.id, "act_doesnotexist", { decision: "approve" }), { instanceOf: RunsApiError });
+  t.is(unknown?.status, 404);
+  t.is(unknown?.code, "action_not_found");
+  const done = await client.waitForTurn(run.id, run.turn.id, { deadlineMs: 30_000 });
+  t.is(done.turn.status, "completed", "a denial goes back to the model, which answers");
 });
 
 test("client - agents, deployments and models", async (t) => {

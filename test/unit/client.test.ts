@@ -178,6 +178,44 @@ test("client - keyed endpoints send a key; keyless ones do not", async (t) => {
   );
 });
 
+test("client - decideAction: POST …/actions/{actionId} with a key kept across retries; 409 action_already_decided is thrown at once", async (t) => {
+  const action = {
+    id: "act_1",
+    object: "action",
+    run_id: "run_1",
+    turn_id: "turn_1",
+    tool: "bash",
+    tool_call_id: "call_1",
+    arguments: { command: "echo hi" },
+    requested_at: 1,
+    expires_at: 3601,
+    decision: "deny",
+    reason: "not now",
+    decided_by: "person",
+    decided_at: 2,
+  };
+  const h = harness([error(503, "runtime_unavailable", { "retry-after": "1" }), json(200, action)]);
+  const decided = await h.client.decideAction("run_1", "act_1", { decision: "deny", reason: "not now" });
+  t.deepEqual(decided, action);
+  t.deepEqual(
+    h.requests.map((r) => [r.method, new URL(r.url).pathname, r.headers["idempotency-key"], r.body]),
+    Array(2).fill(["POST", "/api/v1/runs/run_1/actions/act_1", "key-1", '{"decision":"deny","reason":"not now"}']),
+    "the retry repeats the same request under the same key",
+  );
+  t.deepEqual(h.sleeps, [1000]);
+
+  const late = harness([error(409, "action_already_decided", {}, { type: "conflict_error", param: "actionId", retryable: false }), json(200, action)]);
+  const err = await t.throwsAsync(late.client.decideAction("run_1", "act_1", { decision: "approve" }, { idempotencyKey: "decide-2" }), { instanceOf: RunsApiError });
+  t.is(err?.status, 409);
+  t.is(err?.code, "action_already_decided");
+  t.is(err?.param, "actionId");
+  t.is(err?.retryable, false);
+  t.is(err?.idempotencyKey, "decide-2");
+  t.is(late.requests.length, 1, "409 is not retried");
+  t.is(late.requests[0].body, '{"decision":"approve"}');
+  t.deepEqual(late.sleeps, []);
+});
+
 test("client - writes whose repeat is not harmless are retried on 429 only", async (t) => {
   const h = harness([error(503, "runtime_unavailable", { "retry-after": "1" })]);
   await t.throwsAsync(h.client.createAgent({ name: "a" }), { instanceOf: RunsApiError });
