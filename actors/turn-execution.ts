@@ -471,15 +471,7 @@ export class TurnExecution {
     const run = this.host.run;
     if (!run) return;
     try {
-      await this.r.webhooks.enqueue({
-        workspaceId: run.workspace_id,
-        agentId: run.agent_id,
-        runId: run._id,
-        partition: run.partition,
-        type: "turn.action_required",
-        eventKey: action.id,
-        data: { ...webhookData(renderRun(run, turn)), action: renderAction(action, run._id, turn._id) },
-      });
+      await this.r.webhooks.enqueue(webhookEvent(run, "turn.action_required", action.id, { ...webhookData(renderRun(run, turn)), action: renderAction(action, run._id, turn._id) }));
     } catch (err) {
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id, action_id: action.id }, "could not record the action's webhook deliveries");
     }
@@ -561,15 +553,7 @@ export class TurnExecution {
   async recordWebhooks(run: RunDoc, turn: TurnDoc, view: ReturnType<typeof renderRun>): Promise<void> {
     if (!isFinalStatus(turn.status)) return;
     try {
-      await this.r.webhooks.enqueue({
-        workspaceId: run.workspace_id,
-        agentId: run.agent_id,
-        runId: run._id,
-        partition: run.partition,
-        type: finalEventType(turn.status) as WebhookEventType,
-        eventKey: turn._id,
-        data: webhookData(view),
-      });
+      await this.r.webhooks.enqueue(webhookEvent(run, finalEventType(turn.status) as WebhookEventType, turn._id, webhookData(view)));
     } catch (err) {
       // A store that is away is retried with the run's move-on; anything else must not
       // hold the run busy: the deliveries are lost, and said so.
@@ -590,6 +574,11 @@ export class TurnExecution {
 export function waitingTranscript(turn: TurnDoc, unanswered: string, nowMs: number): AgentMessage[] {
   const steers = (turn.waiting_steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: nowMs }));
   return [...closeToolCalls(turn.transcript as AgentMessage[], unanswered), ...steers];
+}
+
+/** A webhook event of the run, keyed by `eventKey` (a repeat records nothing new). */
+function webhookEvent(run: RunDoc, type: WebhookEventType, eventKey: string, data: unknown) {
+  return { workspaceId: run.workspace_id, agentId: run.agent_id, runId: run._id, partition: run.partition, type, eventKey, data };
 }
 
 /** The largest Run a webhook body carries whole; a larger one is sent without its input and output. */
