@@ -7,7 +7,8 @@
  *
  * Every loop is bounded in count and time. Environment:
  *   BENCH_QUICK=1      smaller counts (a quick check, not for the record)
- *   BENCH_ONLY=a,b     only these sections (baselines, admission, turn, reads, stream, hop, sandbox, capacity, idle)
+ *   BENCH_ONLY=a,b     only these sections (baselines, admission, turn, reads, stream, hop, peer, sandbox, capacity, idle)
+ *   BENCH_PEER=0       without the Restate peer (installed into .bench/peer on first use)
  *   BENCH_CAPACITY=n   the large capacity step (default: as many as the fd limit allows, at most 10,000)
  *   BENCH_PROFILE=1    service nodes run with --cpu-prof into .bench/prof/
  */
@@ -30,6 +31,7 @@ import {
   storeRead,
   type BareClients,
 } from "./baselines.js";
+import { installPeer, peerCall, peerSend, RESTATE_SERVER_VERSION, startPeer } from "./peer.js";
 import { agentWith, benchWorkspace, startNoopServer, startServiceChild, type Child } from "./service.js";
 import { MiB, childrenOf, descendantsOf, fmt, load, pssOf, quantile, request, rssOf, sleep, sseCount, summarize, type LoadResult, type Summary } from "./lib.js";
 import { chmod, mkdtemp, rm } from "node:fs/promises";
@@ -828,6 +830,71 @@ async function idle(servers: TestServers): Promise<void> {
   }
 }
 
+// ---- the peer: Restate on the same machine, in the same run -----------------------------------
+
+/**
+ * Ours first (while Restate is not running), then Restate (while our node idles): call-and-
+ * wait at 1 and 64 clients against our default-wait echo turn, and idempotent sends at 64
+ * clients with the rate they completed at against our background start.
+ */
+async function peer(svc: Child, ws: Ws, echo: string): Promise<void> {
+  log("peer (Restate)");
+  const total64 = n(1024, 256);
+  results.turn ??= await repeated("default-wait start of an echo turn, 1 client", () =>
+    load(1, n(50, 20), 20_000, async () => {
+      const res = await startRun(svc.url, ws, echo);
+      return res.status === 200 && res.body?.turn?.status === "completed";
+    }),
+  );
+  results.turn64 = await repeated("default-wait start of an echo turn, 64 clients", () =>
+    load(64, total64, 30_000, async () => {
+      const res = await startRun(svc.url, ws, echo);
+      return res.status === 200 && res.body?.turn?.status === "completed";
+    }),
+  );
+  const completion: number[] = [];
+  const sends: LoadResult[] = [];
+  for (let r = 0; r < REPEATS; r++) {
+    const ids: string[] = [];
+    const started = performance.now();
+    sends.push(
+      await load(64, total64, 30_000, async () => {
+        const res = await startRun(svc.url, ws, echo, { background: true });
+        if (res.status !== 202) return false;
+        ids.push(res.body.id);
+      }),
+    );
+    await waitIdle(svc.url, ws, ids, 60_000);
+    completion.push((ids.length / (performance.now() - started)) * 1000);
+  }
+  results.oursSend = { rate: record("background start, 64 clients (peer comparison) rate", "op/s", sends.map((s) => s.rate)), completed: record("background starts completed, 64 clients, rate (first start to last idle)", "turn/s", completion) };
+
+  const missing = await installPeer(log);
+  if (missing) {
+    notes.push(`peer (Restate) skipped: ${missing}`);
+    return;
+  }
+  const restate = await startPeer();
+  try {
+    results.restateCall1 = await repeated(`Restate ${RESTATE_SERVER_VERSION}: call-and-wait of an echo object, 1 client`, () => peerCall(restate, 1, n(200, 50), 20_000));
+    results.restateCall64 = await repeated(`Restate ${RESTATE_SERVER_VERSION}: call-and-wait of an echo object, 64 clients`, () => peerCall(restate, 64, total64 * 2, 30_000));
+    const sent: LoadResult[] = [];
+    const done: number[] = [];
+    for (let r = 0; r < REPEATS; r++) {
+      const result = await peerSend(restate, 64, total64 * 2, 30_000);
+      sent.push(result.send);
+      done.push(result.completedRate);
+      if (result.completed !== result.send.ops) notes.push(`Restate: ${result.send.ops - result.completed} of ${result.send.ops} sent invocations did not complete`);
+    }
+    results.restateSend = {
+      rate: record(`Restate ${RESTATE_SERVER_VERSION}: idempotent send, 64 clients, rate`, "op/s", sent.map((s) => s.rate)),
+      completed: record(`Restate ${RESTATE_SERVER_VERSION}: sent invocations completed, 64 clients, rate (first send to last completion)`, "op/s", done),
+    };
+  } finally {
+    await restate.stop();
+  }
+}
+
 // ---- report ---------------------------------------------------------------------------------
 
 interface Target {
@@ -892,6 +959,23 @@ function targets(): Target[] {
   return out;
 }
 
+/** Our figure and Restate's for the same kind of work (medians of the repeats). */
+function peerRows(): string[] {
+  const m = (a: string, b: string) => results[a]?.[b]?.median as number | undefined;
+  const rows: string[] = [];
+  const row = (name: string, ours: number | undefined, theirs: number | undefined, unit: string, digits = 0) => {
+    if (ours === undefined || theirs === undefined) return;
+    rows.push(`| ${name} | ${fmt(ours, digits)} ${unit} | ${fmt(theirs, digits)} ${unit} | ${fmt(ours / theirs, 2)} |`);
+  };
+  row("call and wait (default-wait echo turn), 1 client, p50", m("turn", "p50"), m("restateCall1", "p50"), "ms", 2);
+  row("call and wait, 1 client, rate", m("turn", "rate"), m("restateCall1", "rate"), "op/s");
+  row("call and wait, 64 clients, rate", m("turn64", "rate"), m("restateCall64", "rate"), "op/s");
+  row("call and wait, 64 clients, p50", m("turn64", "p50"), m("restateCall64", "p50"), "ms", 1);
+  row("idempotent send (background start), 64 clients, rate", m("oursSend", "rate"), m("restateSend", "rate"), "op/s");
+  row("sent work completed, 64 clients, rate", m("oursSend", "completed"), m("restateSend", "completed"), "op/s");
+  return rows;
+}
+
 function extrapolate(keys: number[]): number {
   if (keys.length < 2) return NaN;
   const rssAt = (k: number) => metrics.find((x) => x.name.includes(`${results.capacity[k].children} active turns (bash`))!.summary.median;
@@ -911,6 +995,8 @@ function table(): string {
   const t = targets();
   lines.push("", "| target | measured | ratio | rule | result |", "| --- | --- | ---: | --- | --- |");
   for (const x of t) lines.push(`| ${x.name} | ${x.measured} | ${fmt(x.ratio, 2)} | ${x.rule} | ${x.pass ? "PASS" : "MISS"} |`);
+  const beside = peerRows();
+  if (beside.length) lines.push("", `| beside Restate ${RESTATE_SERVER_VERSION} (same machine, same run) | runs | Restate | runs ÷ Restate |`, "| --- | ---: | ---: | ---: |", ...beside);
   if (notes.length) lines.push("", ...notes.map((note) => `- ${note}`));
   return lines.join("\n");
 }
@@ -952,7 +1038,8 @@ async function main(): Promise<void> {
   running = servers;
   try {
     if (section("baselines")) await baselines(servers, `bench_base_${Date.now()}`);
-    const main = ["admission", "turn", "reads", "stream", "hop"].some(section);
+    const peerOn = section("peer") && process.env.BENCH_PEER !== "0";
+    const main = ["admission", "turn", "reads", "stream", "hop"].some(section) || peerOn;
     if (main) {
       const db = `bench_main_${Date.now()}`;
       const svc = await startServiceChild(servers, db);
@@ -966,6 +1053,7 @@ async function main(): Promise<void> {
         if (section("turn")) await turnLatency(svc, w, echo);
         if (section("hop")) await actorHop(svc, w, echo, servers);
         if (section("stream")) await streaming(svc, w);
+        if (peerOn && !overBudget()) await peer(svc, w, echo);
         let runIds: string[] = [];
         if (section("admission")) runIds = await admission(svc, w, echo);
         if (section("reads")) {

@@ -9,11 +9,13 @@
  */
 import pino from "pino";
 import { loadConfig } from "../src/config.js";
+import { systemClock, type Clock } from "../src/clock.js";
 import { startService } from "../node/service.js";
 
 const env = JSON.parse(process.env.BENCH_SERVICE_ENV ?? "{}") as Record<string, string>;
 let offsetMs = 0;
-const clock = { nowMs: () => Date.now() + offsetMs };
+// Real timers; "now" moves forward on request (idle passivation without waiting a minute).
+const clock: Clock = { ...systemClock, nowMs: () => Date.now() + offsetMs };
 
 // Store call tracing (BENCH_TRACE_STORE=1): count and time driver calls by method and collection.
 const storeStats = new Map<string, { count: number; totalMs: number }>();
