@@ -459,3 +459,118 @@ test("run-actor - usage: a turn that used nothing writes no ledger record", asyn
   t.is(w.store.turns.get("turn_1")!.status, "completed");
   t.deepEqual(w.usage, []);
 });
+
+// ---- approvals: a turn that waits for a person ---------------------------------------
+
+/** Expires after 30 s; the fakes' turn limit is 60 s. */
+const GATED = { model: "faux/scripted", tools: ["bash"], approval: { rules: [{ tool: "bash" }], timeout_s: 30 } } as const;
+
+/** An asking message: one bash call, as the agent runner pauses at it. */
+function asked(callId = "call_1") {
+  return [
+    { role: "user", content: [{ type: "text", text: "hi" }], timestamp: 1 },
+    { role: "assistant", content: [{ type: "toolCall", id: callId, name: "bash", arguments: { command: "rm x" } }], stopReason: "toolUse", usage: { input: 5, output: 1, cacheRead: 0, cacheWrite: 0, totalTokens: 6, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } }, timestamp: 2 },
+  ];
+}
+
+/** Starts turn_1 on a gated deployment and lets its agent pause at a bash call. */
+async function waitingWorld() {
+  const w = await world();
+  w.store.addDeployment(AGENT, 1, { config: GATED as never });
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const usage = { input_tokens: 5, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null };
+  w.turns.last.finish({ outcome: "paused", transcript: asked() as never, usage, pause: { toolCallId: "call_1", tool: "bash", arguments: { command: "rm x" }, assistantIndex: 1, steers: [] } });
+  await settled(actor);
+  const action = w.store.turns.get("turn_1")!.actions![0]!;
+  return { w, actor, action };
+}
+
+test("run-actor - approvals: a paused agent leaves the turn waiting (no agent, no active-turn count) with its action, transcript and usage stored", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "in_progress");
+  t.like(action, { tool: "bash", tool_call_id: "call_1", decision: null, assistant_index: 1, expires_at: action.requested_at + 30_000 });
+  t.is(turn.transcript.length, 2);
+  t.is(turn.waiting_usage?.input_tokens, 5);
+  t.is(w.store.runs.get(RUN)!.state, "busy");
+  t.false(actor.hasActiveTurn, "no agent runs while the turn waits");
+  t.true(actor.canMove, "its partition may move: the next owner restores the wait");
+  t.is(w.turns.started.length, 1);
+  t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("tool.")), ["tool.approval_requested"]);
+  t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey]), [["turn.action_required", action.id]]);
+});
+
+test("run-actor - approvals: expiry by the clock applies on_timeout (deny) and resumes the agent from the call that asked, the denial for the model", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  w.clock.advance(29_000);
+  await settled(actor);
+  t.is(w.turns.started.length, 1, "not before expires_at");
+  w.clock.advance(1_000);
+  await settled(actor);
+  await settled(actor);
+  t.is(w.turns.started.length, 2, "the agent resumed");
+  const resume = w.turns.last.request.resume!;
+  t.like(resume, { assistantIndex: 1, toolCallId: "call_1", decision: "deny" });
+  t.regex(resume.denial, /No decision within 30 s/);
+  t.like(w.store.turns.get("turn_1")!.actions![0], { id: action.id, decision: "deny", decided_by: "timeout" });
+});
+
+test("run-actor - approvals: the turn's wall-clock limit ends a wait that outlasts it: incomplete turn_duration_limit, the call answered, the model calls before it counted", async (t) => {
+  const w = await world();
+  w.store.addDeployment(AGENT, 1, { config: { ...GATED, approval: { rules: [{ tool: "bash" }], timeout_s: 3600 } } as never });
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const usage = { input_tokens: 5, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null };
+  w.turns.last.finish({ outcome: "paused", transcript: asked() as never, usage, pause: { toolCallId: "call_1", tool: "bash", arguments: {}, assistantIndex: 1, steers: [] } });
+  await settled(actor);
+  w.clock.advance(60_000); // the fakes' turn limit
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "incomplete");
+  t.is(turn.error?.code, "turn_duration_limit");
+  t.is(turn.usage?.input_tokens, 5);
+  const last = turn.transcript.at(-1) as { role: string; toolCallId: string; isError: boolean };
+  t.like(last, { role: "toolResult", toolCallId: "call_1", isError: true });
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+  t.is(w.turns.started.length, 1, "no agent ran for it again");
+});
+
+test("run-actor - approvals: a new owner restores the wait (nothing re-run) and a decision through it resumes the turn once; a resent decision is answered as the first", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  actor.stop("partition lost");
+  const second = w.actor(2);
+  await second.recover();
+  t.is(w.turns.started.length, 1, "restoring runs no agent");
+  t.is(w.store.turns.get("turn_1")!.status, "in_progress");
+  const decide = { op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "approve", reason: null, decision_id: "dec-1" } as const;
+  const reply = okReply(await second.command(decide));
+  t.like(reply.action, { id: action.id, decision: "approve", decided_by: "person" });
+  await settled(second);
+  t.is(w.turns.started.length, 2);
+  t.like(w.turns.last.request.resume, { decision: "approve", toolCallId: "call_1", assistantIndex: 1 });
+  // The same request resent (its answer lost): answered as before, nothing resumed twice.
+  t.like(okReply(await second.command(decide)).action, { id: action.id, decision: "approve" });
+  t.is(w.turns.started.length, 2);
+  // Another request: the decision stands.
+  const other = await second.command({ ...decide, decision: "deny", decision_id: "dec-2" });
+  t.like(other, { ok: false, code: "action_already_decided" });
+});
+
+test("run-actor - approvals: an owner lost while the approved call ran: the turn ends incomplete, the call answered, the held steer and the usage before the wait kept", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  okReply(await actor.command({ op: "continue", workspace_id: WS, run_id: RUN, turn_id: "steer_1", input: [{ type: "input_text", text: "also" }], on_busy: "steer" }));
+  okReply(await actor.command({ op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "approve", reason: null, decision_id: "d" }));
+  await settled(actor);
+  t.deepEqual(w.turns.last.request.resume?.steers, ["also"], "the held steer goes to the resumed agent");
+  actor.stop("partition lost"); // the approved call was running
+  const second = w.actor(2);
+  await second.recover();
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "incomplete");
+  t.is(turn.error?.code, "worker_execution_interrupted");
+  t.is(turn.usage?.input_tokens, 5);
+  const roles = (turn.transcript as Array<{ role: string }>).map((m) => m.role);
+  t.deepEqual(roles, ["user", "assistant", "toolResult", "user"]);
+  t.is(w.turns.started.length, 2, "the approved call is not run again");
+});
