@@ -179,6 +179,8 @@ class TurnExecution {
   /** Results of the asking message's calls that ran before the turn waited, by call id. */
   private readonly replayed = new Map<string, ToolResultMessage>();
   private historyLength = 0;
+  /** Resuming: the asking message's batch has ended (its stored results answer nothing more). */
+  private askingBatchDone = false;
   /** Tool paths as the tools themselves read them (for config.approval's path globs). */
   private readonly workspace: Workspace;
 
@@ -193,7 +195,8 @@ class TurnExecution {
     this.steers.push(message);
     // While the part before the decision is replayed, the loop's first poll would put the
     // input before the message that asked: it waits with the held steers instead.
-    if (this.replaying) this.heldSteers.push(message);
+    // Behind held ones too, so steers reach the model in the order they were taken.
+    if (this.replaying || this.heldSteers.length > 0) this.heldSteers.push(message);
     else this.agent.steer(message);
   }
 
@@ -371,6 +374,7 @@ class TurnExecution {
       if (event.type === "tool_execution_start" && event.toolCallId === this.req.resume?.toolCallId) this.replaying = false;
       return;
     }
+    if (event.type === "turn_end") this.askingBatchDone = true;
     if (event.type === "turn_end" && this.heldSteers.length > 0) {
       // After the decided call's batch: the loop takes them before its next model call.
       for (const message of this.heldSteers) this.agent?.steer(message);
@@ -384,12 +388,18 @@ class TurnExecution {
    * turn before it runs (the loop winds down without running or asking anything more).
    * Resuming, the decided call runs or is denied and replayed calls return their results.
    */
-  private async beforeToolCall({ toolCall, assistantMessage }: BeforeToolCallContext): Promise<BeforeToolCallResult | undefined> {
+  private async beforeToolCall({ toolCall, assistantMessage, args }: BeforeToolCallContext): Promise<BeforeToolCallResult | undefined> {
     if (this.pause) return { block: true, reason: "The turn waits for a decision." };
     const resume = this.req.resume;
-    if (this.replayed.has(toolCall.id)) return undefined;
-    if (resume && toolCall.id === resume.toolCallId) return resume.decision === "approve" ? undefined : { block: true, reason: resume.denial };
-    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, toolCall.arguments, (p) => this.workspace.relative(p))) return undefined;
+    // Only the calls of the message that asked are replayed or decided: a later message may
+    // reuse an id (providers number calls per message), and must be gated on its own.
+    if (resume && assistantMessage === this.asking()) {
+      if (this.replayed.has(toolCall.id)) return undefined;
+      if (toolCall.id === resume.toolCallId) return resume.decision === "approve" ? undefined : { block: true, reason: resume.denial };
+    }
+    // The arguments as the tool will run with them (validated, coerced), not as the model wrote them.
+    const called = (args && typeof args === "object" ? args : toolCall.arguments) as Record<string, unknown>;
+    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, called, (p) => this.workspace.relative(p))) return undefined;
     const ids = assistantMessage.content.flatMap((block) => (block.type === "toolCall" ? [block.id] : []));
     if (!toolCall.id || ids.filter((id) => id === toolCall.id).length > 1) {
       // A decision names its call by id: without a unique one it could reach another call.
@@ -398,7 +408,7 @@ class TurnExecution {
     const transcript = this.agent!.state.messages.slice(this.historyLength);
     const assistantIndex = transcript.lastIndexOf(assistantMessage);
     if (assistantIndex < 0) throw new Error("the assistant message that asked is not in the transcript");
-    this.pause = { toolCallId: toolCall.id, tool: toolCall.name, arguments: toolCall.arguments, assistantIndex, transcript };
+    this.pause = { toolCallId: toolCall.id, tool: toolCall.name, arguments: called, assistantIndex, transcript };
     return { block: true, reason: "The turn waits for a decision." };
   }
 
@@ -421,12 +431,19 @@ class TurnExecution {
   }
 
   /** Tools that return the stored result of a call that ran before the turn waited. */
+  /** The assistant message that asked, when resuming. */
+  private asking(): AssistantMessage | undefined {
+    const resume = this.req.resume;
+    return resume ? (resume.transcript[resume.assistantIndex] as AssistantMessage) : undefined;
+  }
+
   private withReplay(tools: AgentTool<any>[]): AgentTool<any>[] {
     if (this.replayed.size === 0) return tools;
     return tools.map((tool) => ({
       ...tool,
       execute: async (id, params, signal, onUpdate) => {
-        const stored = this.replayed.get(id);
+        // Stored results answer the asking message's batch only (see beforeToolCall).
+        const stored = this.askingBatchDone ? undefined : this.replayed.get(id);
         if (!stored) return tool.execute(id, params, signal, onUpdate);
         if (stored.isError) throw new Error(messageText(stored));
         return { content: stored.content, details: stored.details };

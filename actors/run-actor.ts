@@ -1,5 +1,5 @@
 import { rm } from "node:fs/promises";
-import { type ActionDoc, decide, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { workspaceDirOf } from "./run-workspace.js";
@@ -236,8 +236,17 @@ export class RunActor {
       return null;
     }
     this.hold(run);
-    await this.openEvents(run);
-    if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
+    try {
+      await this.openEvents(run);
+      if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
+    } catch (err) {
+      // Not held half-recovered: the next command (or the orphan check) activates it again.
+      this.run = null;
+      this.appender = undefined;
+      this.turns.waiting?.timer.cancel();
+      this.turns.waiting = undefined;
+      throw err;
+    }
     return this.run;
   }
 
@@ -281,7 +290,13 @@ export class RunActor {
       // deciding never answered; its model calls before the wait were made.
       if (turn.actions?.length) {
         final.transcript = waitingTranscript(turn, "The turn was interrupted before this call's result was stored.", now);
-        if (turn.waiting_usage) final.usage = turn.waiting_usage;
+        if (turn.waiting_usage) {
+          final.usage = turn.waiting_usage;
+          // The ledger too (keyed by the turn: a repeat is the same record).
+          if (hasUsage(turn.waiting_usage)) {
+            await this.r.usage.record({ _id: turn._id, workspace_id: run.workspace_id, run_id: run._id, agent_id: run.agent_id, agent_version: turn.agent_version, model: turn.waiting_model ?? "unknown", at: now, ...turn.waiting_usage });
+          }
+        }
       }
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       this.r.log.warn({ run_id: run._id, turn_id: turn._id, status }, "turn interrupted by a lost owner");
@@ -527,7 +542,7 @@ export class RunActor {
 
   private async decideAction(run: RunDoc, cmd: Extract<RunCommand, { op: "decide" }>): Promise<CommandReply> {
     const waiting = this.turns.waiting;
-    if (waiting && waiting.action.id === cmd.action_id) {
+    if (waiting && !waiting.decided && waiting.action.id === cmd.action_id) {
       const outcome = decide(waiting.action, cmd.decision, cmd.reason, this.r.clock.nowMs(), cmd.decision_id);
       // Past its expiry the timeout decides, whatever the timer's progress.
       await this.turns.decided(run, outcome.action);

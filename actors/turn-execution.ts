@@ -37,6 +37,8 @@ export interface WaitingTurn {
   action: ActionDoc;
   timer: Timer;
   model: string;
+  /** Decided, about to go on (scheduleResume); the action as decided. */
+  decided?: ActionDoc;
 }
 
 /** The actor as its turn execution sees it. */
@@ -89,7 +91,10 @@ export class TurnExecution {
       const reference = this.r.ids.reference();
       this.r.log.error({ err, run_id: run._id, turn_id: turn._id, reference }, "the turn could not start");
       if (this.active?.turn._id === turn._id) return;
-      await this.finishTurn(turn, TurnStatus.failed, [], this.before(resume), turnError("runtime_dispatch_failed", { reference }));
+      const used = { usage: turn.waiting_usage, model: turn.waiting_model };
+      // Stored final already (only the run's move-on failed): that is finished, not redone.
+      if (this.storedFinal?.turnId === turn._id) return this.settleUnstored(turn, err, used);
+      await this.finishTurn(turn, TurnStatus.failed, [], this.before(resume), turnError("runtime_dispatch_failed", { reference }), used);
     }
   }
 
@@ -364,10 +369,22 @@ export class TurnExecution {
     this.waiting = { turn, action, timer, model };
   }
 
-  /** A new owner finds a turn waiting for a decision: it waits here, nothing is re-run. */
+  /**
+   * A new owner finds a turn waiting for a decision: it waits here, nothing is re-run. One
+   * decided but never resumed (its owner died or drained in between) goes on here.
+   */
   async restoreWaiting(run: RunDoc, turn: TurnDoc): Promise<boolean> {
+    if (turn.status !== TurnStatus.in_progress) return false;
+    const unresumed = turn.actions?.find((a) => a.decision !== null && a.resumed_at === null);
+    if (unresumed) {
+      const waiting: WaitingTurn = { turn, action: unresumed, timer: { cancel: () => undefined }, model: turn.waiting_model ?? "unknown", decided: unresumed };
+      this.waiting = waiting;
+      this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: unresumed.id }, "resuming a turn decided before its owner changed");
+      this.scheduleResume(run, waiting);
+      return true;
+    }
     const action = pendingActionOf(turn.actions);
-    if (!action || turn.status !== TurnStatus.in_progress) return false;
+    if (!action) return false;
     this.wait(turn, action, turn.waiting_model ?? "unknown");
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id }, "restored a turn waiting for a decision");
     // The owner may have died before recording the delivery (keyed: never twice).
@@ -378,7 +395,7 @@ export class TurnExecution {
   private async waitDeadline(actionId: string, kind: "limit" | "expiry"): Promise<void> {
     const waiting = this.waiting;
     const run = this.host.run;
-    if (this.host.stopped || !waiting || waiting.action.id !== actionId || !run) return;
+    if (this.host.stopped || !waiting || waiting.action.id !== actionId || waiting.decided || !run) return;
     if (kind === "limit") {
       const decision = settleDecision("duration_limit", "aborted");
       return this.endWaiting(decision.status, turnError("turn_duration_limit", { reference: this.r.ids.reference() }), "The call did not run: the turn reached its time limit.");
@@ -395,34 +412,58 @@ export class TurnExecution {
   async decided(run: RunDoc, action: ActionDoc): Promise<void> {
     const waiting = this.waiting!;
     const turn = waiting.turn;
-    const actions = (turn.actions ?? []).map((a) => (a.id === action.id ? action : a));
+    // Stored decided and not yet resumed: a new owner resumes it (restoreWaiting).
+    const decided: ActionDoc = { ...action, resumed_at: null };
+    const actions = (turn.actions ?? []).map((a) => (a.id === action.id ? decided : a));
     await this.r.store.updateTurnFenced(turn._id, this.host.epoch, { actions });
     turn.actions = actions;
     waiting.timer.cancel();
-    this.waiting = undefined;
+    waiting.decided = decided;
     this.host.emit(turn._id, "runtime", "tool.approval_decided", { action_id: action.id, tool_call_id: action.tool_call_id, decision: action.decision, reason: action.reason, decided_by: action.decided_by });
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id, decision: action.decision, decided_by: action.decided_by }, "action decided");
-    const resume: TurnResume = {
-      transcript: turn.transcript as AgentMessage[],
-      assistantIndex: action.assistant_index,
-      toolCallId: action.tool_call_id,
-      decision: action.decision!,
-      denial: denialText(action),
-      // Kept on the turn until it stores more (a crash before then keeps them in its transcript).
-      steers: turn.waiting_steers ?? [],
-    };
+    this.scheduleResume(run, waiting);
+  }
+
+  /**
+   * The decided turn goes on as the next work of the mailbox. Until then it is still the
+   * waiting turn (a cancel ends it, a steer joins its held input) and in flight (its
+   * partition does not move).
+   */
+  private scheduleResume(run: RunDoc, waiting: WaitingTurn): void {
     this.inFlight++;
     void this.host
-      .enqueue(async () => {
-        try {
-          await this.execute(run, turn, resume);
-        } catch (err) {
-          if (err instanceof FencedError) return this.host.stop("fenced");
-          await this.settleUnstored(turn, err, { usage: turn.waiting_usage, model: waiting.model });
-        }
-      })
-      .catch((err) => this.r.log.error({ err, run_id: run._id, turn_id: turn._id }, "could not resume a decided turn"))
+      .enqueue(() => this.resume(run, waiting))
+      .catch((err) => this.r.log.error({ err, run_id: run._id, turn_id: waiting.turn._id }, "could not resume a decided turn"))
       .finally(() => this.inFlight--);
+  }
+
+  private async resume(run: RunDoc, waiting: WaitingTurn): Promise<void> {
+    // Cancelled, stopped or removed meanwhile: nothing goes on.
+    if (this.waiting !== waiting || this.host.stopped) return;
+    // A draining node leaves it decided and not resumed: the next owner resumes it.
+    if (this.r.node.draining) return;
+    const turn = waiting.turn;
+    const action = waiting.decided!;
+    try {
+      // Marked before the call can run: a new owner finding it marked does not run it again.
+      const actions = (turn.actions ?? []).map((a) => (a.id === action.id ? { ...a, resumed_at: this.r.clock.nowMs() } : a));
+      await this.r.store.updateTurnFenced(turn._id, this.host.epoch, { actions });
+      turn.actions = actions;
+      this.waiting = undefined;
+      await this.execute(run, turn, {
+        transcript: turn.transcript as AgentMessage[],
+        assistantIndex: action.assistant_index,
+        toolCallId: action.tool_call_id,
+        decision: action.decision!,
+        denial: denialText(action),
+        // Kept on the turn until it stores more (a crash before then keeps them in its transcript).
+        steers: turn.waiting_steers ?? [],
+      });
+    } catch (err) {
+      if (err instanceof FencedError) return this.host.stop("fenced");
+      this.waiting = undefined;
+      await this.settleUnstored(turn, err, { usage: turn.waiting_usage, model: waiting.model });
+    }
   }
 
   /** Work of the waiting turn not yet done (a deadline being applied, a decision being resumed). */
@@ -457,6 +498,9 @@ export class TurnExecution {
     const turn = waiting.turn;
     const transcript = waitingTranscript(turn, unanswered, this.r.clock.nowMs());
     const used = { usage: turn.waiting_usage, model: waiting.model };
+    // Its start was reported when the call asked: its end is reported too, never run.
+    const call = waiting.decided ?? waiting.action;
+    this.host.emit(turn._id, "runtime", "tool_execution_end", { toolCallId: call.tool_call_id, toolName: call.tool, result: { content: [{ type: "text", text: unanswered }], details: {} }, isError: true });
     try {
       // Nothing ran since the wait began, which saved the workspace.
       await this.finishTurn(turn, status, [], transcript, error, { checkpoint: false, ...used });

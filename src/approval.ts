@@ -48,6 +48,11 @@ export interface ActionDoc {
   decided_by: DecidedBy | null;
   /** The request that decided it (a resent command carries the same). */
   decision_id?: string;
+  /**
+   * When the turn went on after the decision: null while decided and not yet resumed (a new
+   * owner resumes it); set before the call can run (a new owner never runs it again).
+   */
+  resumed_at?: number | null;
 }
 
 /**
@@ -70,8 +75,10 @@ function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: 
     if (!fields.command.trimStart().startsWith(rule.command_prefix)) return false;
   }
   if (rule.path_glob !== undefined) {
-    const path = typeof fields.path === "string" ? fields.path : tool === "ls" ? "." : undefined;
-    if (path === undefined) return false;
+    // ls without a path lists the workspace; any other non-string path gates (fails closed).
+    if (fields.path === undefined && tool === "ls") return globMatches(rule.path_glob, ".");
+    if (typeof fields.path !== "string") return true;
+    const path = fields.path;
     let normalized: string;
     try {
       normalized = workspacePath(relative(path));

@@ -50,6 +50,7 @@ async function events(api: Api, runId: string): Promise<any[]> {
   return res.body.data;
 }
 
+const NOT_RUN_TEXTS = { cancelled: "The call did not run: the turn was cancelled.", limit: "The call did not run: the turn reached its time limit." };
 const toolEnd = (evs: any[]) => evs.filter((e) => e.type === "tool_execution_end");
 const assistantEnds = (evs: any[]) => evs.filter((e) => e.type === "message_end" && e.data.message.role === "assistant");
 
@@ -171,7 +172,8 @@ test("cancel while waiting - the turn settles cancelled at once (200); the run g
   t.is(res.body.turn.pending_action, null);
   t.is(res.body.state, "idle");
   const evs = await events(api, run.id);
-  t.is(toolEnd(evs).length, 0, "the call never ran");
+  // The call's start was reported when it asked; its end says it never ran.
+  t.deepEqual(toolEnd(evs).map((e) => [e.data.isError, e.data.result.content[0].text]), [[true, NOT_RUN_TEXTS.cancelled]], "the call never ran");
   t.is(evs.filter((e) => e.type === "turn.cancelled").length, 1);
   // The action is settled with its turn: deciding it now is a conflict, not a resumption.
   const late = await api.post(`/api/v1/runs/${run.id}/actions/${run.turn.pending_action.id}`, { decision: "approve" });
@@ -386,7 +388,8 @@ test("waiting costs nothing: a waiting turn does not count against the active-tu
   t.true(done.turn.duration_ms >= 3_900, `duration ${done.turn.duration_ms} ms`);
   t.true(Date.now() - startedAt < 15_000);
   const evs = await events(ws.api, waiting.id);
-  t.is(toolEnd(evs).length, 0, "the call never ran");
+  // The call's start was reported when it asked; its end says it never ran.
+  t.deepEqual(toolEnd(evs).map((e) => [e.data.isError, e.data.result.content[0].text]), [[true, NOT_RUN_TEXTS.limit]], "the call never ran");
   // The action was never decided: a decision now finds it settled with its turn.
   const late = await ws.api.post(`/api/v1/runs/${waiting.id}/actions/${waiting.turn.pending_action.id}`, { decision: "approve" });
   t.is(late.status, 409);

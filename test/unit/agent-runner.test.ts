@@ -685,3 +685,44 @@ test("agent-runner - approvals: a gated call pauses the turn before it runs; res
   t.is(events.filter((e) => e.type === "tool_execution_end").length, 1);
   await rm(dir, { recursive: true });
 });
+
+test("agent-runner - approvals: after a resume, a later message reusing the decided call's id is gated on its own", async (t) => {
+  const dir = await workspace();
+  const config = scripted(undefined, { approval: { rules: [{ tool: "bash" }] } });
+  const message = (model: { api: string; provider: string; id: string }, command: string): AssistantMessage => ({
+    role: "assistant",
+    content: [{ type: "toolCall", id: "call_0", name: "bash", arguments: { command } }],
+    api: model.api,
+    provider: model.provider,
+    model: model.id,
+    usage: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } },
+    stopReason: "toolUse",
+    timestamp: Date.now(),
+  });
+  const answering = (command: string) => () => ({
+    model: scriptedModel,
+    streamFn: ((model: { api: string; provider: string; id: string }) => {
+      const m = message(model, command);
+      const stream = createAssistantMessageEventStream();
+      stream.push({ type: "done", reason: "toolUse", message: m });
+      stream.end(m);
+      return stream;
+    }) as unknown as StreamFn,
+  });
+  const paused = await run({ config, workspaceDir: dir, history: [], input: text("go"), resolveModel: answering("touch approved") }).turn.result;
+  t.is(paused.outcome, "paused");
+  // The model asks again with the same id (providers number calls per message).
+  const again = await run({
+    config,
+    workspaceDir: dir,
+    history: [],
+    input: text("go"),
+    resolveModel: answering("touch never_approved"),
+    resume: { transcript: paused.transcript, assistantIndex: 1, toolCallId: "call_0", decision: "approve", denial: "", steers: [] },
+  }).turn.result;
+  t.is(again.outcome, "paused", "the second call waits for its own decision");
+  t.deepEqual(again.pause?.arguments, { command: "touch never_approved" });
+  t.is(again.pause?.assistantIndex, 3);
+  t.deepEqual((await readdir(dir)).sort(), ["approved"], "only the approved call ran");
+  await rm(dir, { recursive: true });
+});

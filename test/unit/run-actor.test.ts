@@ -574,3 +574,38 @@ test("run-actor - approvals: an owner lost while the approved call ran: the turn
   t.deepEqual(roles, ["user", "assistant", "toolResult", "user"]);
   t.is(w.turns.started.length, 2, "the approved call is not run again");
 });
+
+test("run-actor - approvals: a cancel that arrives between a decision and its resumption ends the turn cancelled; the approved call never runs", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  // Both in the mailbox before the decision's resumption is queued behind them.
+  const [decided, cancelled] = await Promise.all([
+    actor.command({ op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "approve", reason: null, decision_id: "d" }),
+    actor.command({ op: "cancel", workspace_id: WS, run_id: RUN }),
+  ]);
+  t.true(decided.ok);
+  t.like(cancelled, { ok: true, http_status: 200 });
+  await settled(actor);
+  t.is(w.store.turns.get("turn_1")!.status, "cancelled");
+  t.is(w.turns.started.length, 1, "no agent resumed");
+  const types = w.events.types(RUN);
+  t.deepEqual(types.slice(types.indexOf("tool.approval_requested")), ["tool.approval_requested", "tool.approval_decided", "tool_execution_end", "turn.cancelled"]);
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
+test("run-actor - approvals: a decision its owner could not resume (drained, or died first) is resumed by the next owner, not interrupted", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  w.resources.node.draining = true;
+  okReply(await actor.command({ op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "deny", reason: "no", decision_id: "d" }));
+  await settled(actor);
+  t.is(w.turns.started.length, 1, "a draining node leaves it for the next owner");
+  t.like(w.store.turns.get("turn_1")!.actions![0], { decision: "deny", resumed_at: null });
+  actor.stop("node stopped");
+  w.resources.node.draining = false;
+  const second = w.actor(2);
+  await second.recover();
+  await settled(second);
+  t.is(w.turns.started.length, 2);
+  t.like(w.turns.last.request.resume, { decision: "deny", toolCallId: "call_1", denial: "The call was denied by a person: no" });
+  t.is(typeof w.store.turns.get("turn_1")!.actions![0]!.resumed_at, "number");
+  t.is(w.store.turns.get("turn_1")!.status, "in_progress");
+});
