@@ -329,6 +329,13 @@ export class TurnExecution {
       const set: Partial<TurnDoc> = { transcript: result.transcript, actions: [...(turn.actions ?? []), action], waiting_steers: pause.steers, waiting_usage: result.usage, waiting_model: execution.model };
       await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
       Object.assign(turn, set);
+      const run = this.host.run;
+      if (run) {
+        // The run says it waits too: lists find the runs waiting for a person.
+        const waitingFor = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
+        await this.r.store.updateRunFenced(run._id, this.host.epoch, waitingFor);
+        Object.assign(run, waitingFor);
+      }
       this.wait(turn, action, execution.model);
       this.r.log.info({ run_id: this.host.runId, turn_id: turn._id, action_id: action.id, tool: action.tool }, "turn waits for a decision");
       await this.recordActionWebhook(turn, action);
@@ -419,6 +426,10 @@ export class TurnExecution {
     turn.actions = actions;
     waiting.timer.cancel();
     waiting.decided = decided;
+    if (run.pending_action) {
+      await this.r.store.updateRunFenced(run._id, this.host.epoch, { pending_action: null });
+      run.pending_action = null;
+    }
     this.host.emit(turn._id, "runtime", "tool.approval_decided", { action_id: action.id, tool_call_id: action.tool_call_id, decision: action.decision, reason: action.reason, decided_by: action.decided_by });
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id, decision: action.decision, decided_by: action.decided_by }, "action decided");
     this.scheduleResume(run, waiting);
@@ -541,6 +552,8 @@ export class TurnExecution {
       last_activity_at: now,
       expires_at: now + run.retention_s * 1000,
     };
+    // Whatever it waited for ended with the turn.
+    if (run.pending_action) set.pending_action = null;
     // The run's usage takes each final turn's once (this runs again after a failed write of the run).
     if (finished?.usage && run.usage_turn_id !== finished._id) {
       set.usage = addUsage(run.usage ?? NO_USAGE, finished.usage);

@@ -11,7 +11,7 @@ runs:
   runs start --agent ID [--version N] [--tag T]... [--wait|--background|--stream] INPUT...
   runs continue RUN_ID [--on-busy queue|steer|reject] [--wait|--background|--stream] INPUT...
   runs get RUN_ID [--turn TURN_ID]
-  runs list [--agent ID] [--version N] [--state idle|busy] [--tag T]... [--limit N] [--after CURSOR]
+  runs list [--agent ID] [--version N] [--state idle|busy] [--tag T]... [--waiting] [--limit N] [--after CURSOR]
   runs turns RUN_ID
   runs events RUN_ID [--turn TURN_ID] [--after EVENT_ID] [--follow]
   runs cancel RUN_ID [--turn TURN_ID]

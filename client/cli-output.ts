@@ -27,7 +27,8 @@ export function outputText(turn: Turn): string {
 }
 
 export function summaryLine(run: RunSummary): string {
-  return `${run.id}  ${run.state.padEnd(4)}  ${run.agent_id} v${run.agent_version}${run.tags.length ? `  [${run.tags.join(", ")}]` : ""}`;
+  const waiting = run.pending_action ? `  waiting for approval: ${run.pending_action.id} ${run.pending_action.tool}` : "";
+  return `${run.id}  ${run.state.padEnd(4)}  ${run.agent_id} v${run.agent_version}${run.tags.length ? `  [${run.tags.join(", ")}]` : ""}${waiting}`;
 }
 
 export function turnLine(turn: Turn): string {

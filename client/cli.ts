@@ -116,13 +116,15 @@ async function runCommand(command: string | undefined, rest: string[], args: str
       return 0;
     }
     case "list": {
-      const p = parseArgs(rest, { agent: "string", version: "string", state: "string", tag: "multi", limit: "string", after: "string" });
+      const p = parseArgs(rest, { agent: "string", version: "string", state: "string", tag: "multi", waiting: "boolean", limit: "string", after: "string" });
       exactly(p, 0, "");
       const page = await client().listRuns({
         agent_id: str(p, "agent"),
         version: positiveInt(p, "version"),
         state: oneOf(str(p, "state"), ["idle", "busy"] as const, "state"),
         tag: multi(p, "tag"),
+        // Runs waiting for a person's decision (runs approve|deny decides).
+        pending_action: p.flags.waiting ? true : undefined,
         limit: positiveInt(p, "limit"),
         after: str(p, "after"),
       });

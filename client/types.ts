@@ -116,6 +116,8 @@ export interface ListRunsQuery {
   tag?: string[];
   created_after?: number;
   created_before?: number;
+  /** true: runs whose active turn waits for a person's decision; false: the others. */
+  pending_action?: boolean;
   limit?: number;
   after?: string;
 }

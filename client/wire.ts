@@ -963,6 +963,13 @@ export interface components {
             /** @description Shown to the model with a denial; kept with the action. */
             reason?: string;
         };
+        RunPendingAction: {
+            id: string;
+            turn_id: string;
+            tool: string;
+            /** @description Unix seconds */
+            expires_at: number;
+        };
         Turn: {
             id: string;
             /** @constant */
@@ -1004,6 +1011,8 @@ export interface components {
             last_activity_at: number;
             /** @description The run's final turns' usage summed. */
             usage: components["schemas"]["Usage"];
+            /** @description The tool call the run's active turn waits for a person to decide (config.approval); null when none. List with pending_action=true. */
+            pending_action: components["schemas"]["RunPendingAction"] | null;
             /** @description The selected turn's agent_version. */
             agent_version: number;
             /**
@@ -1029,6 +1038,8 @@ export interface components {
             last_activity_at: number;
             /** @description The run's final turns' usage summed. */
             usage: components["schemas"]["Usage"];
+            /** @description The tool call the run's active turn waits for a person to decide (config.approval); null when none. List with pending_action=true. */
+            pending_action: components["schemas"]["RunPendingAction"] | null;
             /** @description The version the run's workspace is on. */
             agent_version: number;
         };
@@ -1631,6 +1642,8 @@ export interface operations {
                 created_after?: number;
                 /** @description Runs created at or before this Unix time (seconds). */
                 created_before?: number;
+                /** @description true: runs whose active turn waits for a person's decision (config.approval); false: the others. */
+                pending_action?: "true" | "false";
                 /** @description Page size, 1 to 100. */
                 limit?: number;
                 /** @description Cursor: next_cursor of the previous page (opaque). A cursor of another list: 400 invalid_cursor. */

@@ -14,9 +14,11 @@ interface Filters {
   tags: string;
   created_after: string;
   created_before: string;
+  /** "true": only runs waiting for a person's decision. */
+  pending_action: string;
 }
 
-const NO_FILTERS: Filters = { agent_id: "", version: "", state: "", tags: "", created_after: "", created_before: "" };
+const NO_FILTERS: Filters = { agent_id: "", version: "", state: "", tags: "", created_after: "", created_before: "", pending_action: "" };
 
 const seconds = (local: string) => (local ? String(Math.floor(new Date(local).getTime() / 1000)) : undefined);
 
@@ -29,6 +31,7 @@ function listPath(filters: Filters, after: string | undefined): string {
     tag: tags.length ? tags : undefined,
     created_after: seconds(filters.created_after),
     created_before: seconds(filters.created_before),
+    pending_action: filters.pending_action || undefined,
     limit: 20,
     after,
   });
@@ -87,6 +90,15 @@ export function RunsList({ report }: { report: Report }) {
         {field("tags", "tags (comma-separated, all must match)")}
         {field("created_after", "created after", "datetime-local")}
         {field("created_before", "created before", "datetime-local")}
+        <label>
+          <input
+            name="pending_action"
+            type="checkbox"
+            checked={draft.pending_action === "true"}
+            onChange={(e) => setDraft({ ...draft, pending_action: (e.target as HTMLInputElement).checked ? "true" : "" })}
+          />
+          waiting for approval
+        </label>
         <button type="submit">Filter</button>
       </form>
       <table class="runs" data-testid="runs-table">
@@ -99,7 +111,10 @@ export function RunsList({ report }: { report: Report }) {
               <td><a href={`#/runs/${run.id}`}>{run.id}</a></td>
               <td>{run.agent_id}</td>
               <td>{run.agent_version}</td>
-              <td class={`state ${run.state}`}>{run.state}</td>
+              <td class={`state ${run.state}`}>
+                {run.state}
+                {run.pending_action && <span class="waiting" data-testid="run-waiting"> waiting for approval of {run.pending_action.tool}</span>}
+              </td>
               <td>{run.tags.join(", ")}</td>
               <td>{when(run.created_at)}</td>
               <td>{when(run.last_activity_at)}</td>

@@ -88,6 +88,8 @@ export interface RunSummary {
   created_at: number;
   last_activity_at: number;
   usage: Usage;
+  /** What the run's active turn waits for a person to decide; null when nothing. */
+  pending_action: { id: string; turn_id: string; tool: string; expires_at: number } | null;
 }
 
 export interface Run extends RunSummary {

@@ -111,6 +111,17 @@ export const ActionDecisionSchema = named(
   }),
 );
 
+export const RunPendingActionSchema = named(
+  "RunPendingAction",
+  z.object({
+    id: z.string().regex(/^act_/),
+    turn_id: z.string(),
+    tool: z.string(),
+    expires_at: unixSeconds(),
+  }),
+  "What a run waits for: decide it with POST /api/v1/runs/{runId}/actions/{actionId}; the turn's pending_action has its arguments.",
+);
+
 export const TurnSchema = named(
   "Turn",
   z.object({
@@ -140,6 +151,7 @@ const runFields = {
   created_at: unixSeconds(),
   last_activity_at: unixSeconds(),
   usage: UsageSchema.describe("The run's final turns' usage summed."),
+  pending_action: RunPendingActionSchema.nullable().describe("The tool call the run's active turn waits for a person to decide (config.approval); null when none. List with pending_action=true."),
 };
 
 export const RunSchema = named(

@@ -91,6 +91,8 @@ export interface RunDoc {
   /** The sum of its final turns' usage, and the last turn added to it (each is added once). */
   usage?: TurnUsage;
   usage_turn_id?: string;
+  /** The gated tool call the run's active turn waits for a person to decide (lists filter on it). */
+  pending_action?: { id: string; turn_id: string; tool: string; expires_at: number } | null;
 }
 
 export interface TurnDoc {

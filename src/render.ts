@@ -53,6 +53,7 @@ export function renderRun(run: RunDoc, turn: TurnDoc, disposition?: Disposition)
     created_at: unixSeconds(run.created_at),
     last_activity_at: unixSeconds(run.last_activity_at),
     usage: run.usage ?? NO_USAGE,
+    pending_action: runPendingAction(run),
     turn: renderTurn(turn),
   };
   return disposition ? { ...out, disposition } : out;
@@ -69,7 +70,14 @@ export function renderRunSummary(run: RunDoc) {
     created_at: unixSeconds(run.created_at),
     last_activity_at: unixSeconds(run.last_activity_at),
     usage: run.usage ?? NO_USAGE,
+    pending_action: runPendingAction(run),
   };
+}
+
+/** The tool call the run's active turn waits for a person to decide, as runs and run lists show it. */
+function runPendingAction(run: RunDoc) {
+  const p = run.pending_action;
+  return p ? { id: p.id, turn_id: p.turn_id, tool: p.tool, expires_at: unixSeconds(p.expires_at) } : null;
 }
 
 export function renderAgent(agent: AgentDoc) {

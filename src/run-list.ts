@@ -15,6 +15,8 @@ export interface RunListFilters {
   tags: string[];
   createdAfterS?: number;
   createdBeforeS?: number;
+  /** true: only runs waiting for a person's decision; false: only runs that are not. */
+  pendingAction?: boolean;
 }
 
 const unixSeconds = (what: string) => queryInt(0, 999_999_999_999, "must be a Unix timestamp in seconds.").optional().describe(what);
@@ -29,6 +31,7 @@ export const RunListQuerySchema = z.object({
     .describe(`Runs carrying every given tag (exact, case-sensitive); up to ${MAX_TAG_FILTERS} times. A filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag.`),
   created_after: unixSeconds("Runs created at or after this Unix time (seconds)."),
   created_before: unixSeconds("Runs created at or before this Unix time (seconds)."),
+  pending_action: z.enum(["true", "false"], { error: "must be true or false." }).optional().describe("true: runs whose active turn waits for a person's decision (config.approval); false: the others."),
 });
 
 /** The filters of a validated query. */
@@ -39,6 +42,7 @@ export function runListFilters(query: z.output<typeof RunListQuerySchema>): RunL
   if (query.state !== undefined) filters.state = query.state;
   filters.createdAfterS = query.created_after;
   filters.createdBeforeS = query.created_before;
+  if (query.pending_action !== undefined) filters.pendingAction = query.pending_action === "true";
   return filters;
 }
 
@@ -62,6 +66,7 @@ export async function listRuns(
   if (filters.agentId !== undefined) base.agent_id = filters.agentId;
   if (filters.version !== undefined) base.versions = filters.version;
   if (filters.state !== undefined) base.state = filters.state;
+  if (filters.pendingAction !== undefined) base.pending_action = filters.pendingAction ? { $ne: null } : null;
   if (filters.createdAfterS !== undefined || filters.createdBeforeS !== undefined) {
     base.created_at = {};
     if (filters.createdAfterS !== undefined) base.created_at.$gte = filters.createdAfterS * 1000;

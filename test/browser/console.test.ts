@@ -132,6 +132,15 @@ if (missing) {
     t.regex((await requested.textContent()) ?? "", /approval requested: tool bash, waiting for a person until .+"command": "echo from the console"/s);
     t.regex((await page.textContent("[data-testid=timeline] li.tool summary")) ?? "", /tool bash waiting for approval…/);
     await page.screenshot({ path: await artifactPath("console-approval.png"), fullPage: true });
+    // The runs list says it waits, and its filter finds it.
+    await page.goto(`${service.url}/#/runs`);
+    await page.check("input[name=pending_action]");
+    await page.click("form.filters button[type=submit]");
+    await page.waitForSelector(`[data-testid=runs-table] tr[data-run-id='${runId}'] [data-testid=run-waiting]`, { timeout: 30_000 });
+    t.regex((await page.textContent(`[data-testid=runs-table] tr[data-run-id='${runId}']`)) ?? "", /waiting for approval of bash/);
+    t.false((await page.$$eval("[data-testid=runs-table] tr[data-run-id]", (rows) => rows.map((r) => r.textContent ?? ""))).some((text) => !text.includes("waiting for approval")), "only waiting runs are listed");
+    await page.goto(`${service.url}/#/runs/${runId}`);
+    await page.waitForSelector(`[data-testid=pending-action][data-action-id='${action.id}']`, { timeout: 30_000 });
 
     // A decision the API refuses (a reason over 2000 characters) shows its code and message; the call still waits.
     await page.fill("[data-testid=pending-action] input[name=reason]", "x".repeat(2001));

@@ -117,6 +117,27 @@ test("the default wait answers 202 once the turn waits for a person (it is not a
   t.is((await api.post(`/api/v1/runs/${run.id}/cancel`, {})).status, 200);
 });
 
+test("lists: a waiting run shows its pending action in summaries and pending_action=true finds it; once decided it is gone", async (t) => {
+  const { api, gated } = t.context;
+  const run = await waitingRun(api, gated, "inbox");
+  const tag = `inbox-${run.id}`;
+  await api.post(`/api/v1/runs/${run.id}/tags`, { add: [tag] });
+  const action = run.turn.pending_action;
+  const waiting = await api.get(`/api/v1/runs?pending_action=true&tag=${tag}`);
+  t.is(waiting.status, 200);
+  t.deepEqual(waiting.body.data.map((r: any) => [r.id, r.pending_action]), [[run.id, { id: action.id, turn_id: run.turn.id, tool: "bash", expires_at: action.expires_at }]]);
+  t.deepEqual((await api.get(`/api/v1/runs?pending_action=false&tag=${tag}`)).body.data, []);
+  t.like((await api.get(`/api/v1/runs/${run.id}`)).body.pending_action, { id: action.id });
+  const bad = await api.get("/api/v1/runs?pending_action=yes");
+  t.is(bad.status, 400);
+  t.is(bad.body.error.param, "pending_action");
+  t.is((await api.post(`/api/v1/runs/${run.id}/actions/${action.id}`, { decision: "approve" })).status, 200);
+  await api.waitTurn(run.id, run.turn.id);
+  t.deepEqual((await api.get(`/api/v1/runs?pending_action=true&tag=${tag}`)).body.data, []);
+  const after = await api.get(`/api/v1/runs?pending_action=false&tag=${tag}`);
+  t.deepEqual(after.body.data.map((r: any) => [r.id, r.pending_action]), [[run.id, null]]);
+});
+
 test("deny - the model gets the tool's error result with the reason; the command never ran", async (t) => {
   const { api, gated } = t.context;
   const run = await waitingRun(api, gated);

@@ -198,6 +198,10 @@ test("cli - approvals: get and turns show the pending action and how to decide i
   t.is(JSON.parse((await runs(t, ["get", run.id, "--json"])).stdout).turn.pending_action.id, action.id);
   const turns = await runs(t, ["turns", run.id]);
   t.regex(turns.stdout, new RegExp(`^${run.turn.id} {2}in_progress {2}v1 {2}waiting for approval: ${action.id} bash\n$`));
+  // The inbox: runs waiting for a person, with what they wait for.
+  const inbox = await runs(t, ["list", "--waiting", "--agent", gated]);
+  t.is(inbox.code, 0, inbox.stderr);
+  t.is(inbox.stdout, `${run.id}  busy  ${gated} v1  waiting for approval: ${action.id} bash\n`);
 
   const approved = await runs(t, ["approve", run.id, action.id, "--reason", "fine by me"]);
   t.is(approved.code, 0, approved.stderr);

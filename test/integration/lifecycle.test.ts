@@ -395,8 +395,10 @@ test("list - filters, ordering by activity, summaries without turns, cursors", a
   const all = await api.get(`/api/v1/runs?agent_id=${agent}`);
   t.is(all.status, 200);
   t.is(all.body.data[0].id, ids[0]);
-  t.deepEqual(Object.keys(all.body.data[0]).sort(), ["agent_id", "agent_version", "created_at", "id", "last_activity_at", "object", "state", "tags", "usage"]);
-  // A summary carries the run's usage (additive; issue 16), never its turns.
+  t.deepEqual(Object.keys(all.body.data[0]).sort(), ["agent_id", "agent_version", "created_at", "id", "last_activity_at", "object", "pending_action", "state", "tags", "usage"]);
+  // A summary carries the run's usage (additive; issue 16) and what it waits for (null here;
+  // additive; issue 18), never its turns.
+  t.is(all.body.data[0].pending_action, null);
   t.deepEqual(Object.keys(all.body.data[0].usage).sort(), ["cache_read_tokens", "cache_write_tokens", "cost_usd", "input_tokens", "output_tokens"]);
   t.is(all.body.data.length, 5);
   const odd = await api.get(`/api/v1/runs?agent_id=${agent}&tag=odd&tag=all`);

@@ -68,6 +68,7 @@ function run(status: string, overrides: Partial<Run> = {}): Run {
     created_at: 1,
     last_activity_at: 1,
     usage: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null },
+    pending_action: null,
     turn: {
       id: "turn_1",
       object: "turn",
