@@ -612,22 +612,30 @@ test("agent-runner - classifyFile decides by media type, then extension, then co
   t.is(classifyFile(Buffer.from([0xff, 0xfe, 0]), undefined, "x.unknown").kind, "binary");
 });
 
-test("agent-runner - approvals: gated calls without a unique id are refused, not waited for; nothing of them runs", async (t) => {
-  const dir = await workspace();
-  let calls = 0;
-  const asking = (model: { api: string; provider: string; id: string }): AssistantMessage => ({
+type ModelId = { api: string; provider: string; id: string };
+
+/** An assistant message asking for `calls`, as a provider would end it. */
+function toolUse(model: ModelId, calls: AssistantMessage["content"]): AssistantMessage {
+  return {
     role: "assistant",
-    content: [
-      { type: "toolCall", id: "", name: "bash", arguments: { command: "touch one" } },
-      { type: "toolCall", id: "", name: "bash", arguments: { command: "touch two" } },
-    ],
+    content: calls,
     api: model.api,
     provider: model.provider,
     model: model.id,
     usage: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } },
     stopReason: "toolUse",
     timestamp: Date.now(),
-  });
+  };
+}
+
+test("agent-runner - approvals: gated calls without a unique id are refused, not waited for; nothing of them runs", async (t) => {
+  const dir = await workspace();
+  let calls = 0;
+  const asking = (model: ModelId) =>
+    toolUse(model, [
+      { type: "toolCall", id: "", name: "bash", arguments: { command: "touch one" } },
+      { type: "toolCall", id: "", name: "bash", arguments: { command: "touch two" } },
+    ]);
   const result = await run({
     config: scripted(undefined, { approval: { rules: [{ tool: "bash" }] } }),
     workspaceDir: dir,
@@ -689,19 +697,10 @@ test("agent-runner - approvals: a gated call pauses the turn before it runs; res
 test("agent-runner - approvals: after a resume, a later message reusing the decided call's id is gated on its own", async (t) => {
   const dir = await workspace();
   const config = scripted(undefined, { approval: { rules: [{ tool: "bash" }] } });
-  const message = (model: { api: string; provider: string; id: string }, command: string): AssistantMessage => ({
-    role: "assistant",
-    content: [{ type: "toolCall", id: "call_0", name: "bash", arguments: { command } }],
-    api: model.api,
-    provider: model.provider,
-    model: model.id,
-    usage: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } },
-    stopReason: "toolUse",
-    timestamp: Date.now(),
-  });
+  const message = (model: ModelId, command: string) => toolUse(model, [{ type: "toolCall", id: "call_0", name: "bash", arguments: { command } }]);
   const answering = (command: string) => () => ({
     model: scriptedModel,
-    streamFn: ((model: { api: string; provider: string; id: string }) => {
+    streamFn: ((model: ModelId) => {
       const m = message(model, command);
       const stream = createAssistantMessageEventStream();
       stream.push({ type: "done", reason: "toolUse", message: m });
