@@ -331,7 +331,8 @@ export class TurnExecution {
       Object.assign(turn, set);
       const run = this.host.run;
       if (run) {
-        // The run says it waits too: lists find the runs waiting for a person.
+        // The run says it waits too: lists find the runs waiting for a person (a new owner
+        // marks it if this owner dies first: restoreWaiting).
         const waitingFor = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
         await this.r.store.updateRunFenced(run._id, this.host.epoch, waitingFor);
         Object.assign(run, waitingFor);
@@ -393,6 +394,12 @@ export class TurnExecution {
     const action = pendingActionOf(turn.actions);
     if (!action) return false;
     this.wait(turn, action, turn.waiting_model ?? "unknown");
+    if (run.pending_action?.id !== action.id) {
+      // Its owner died between storing the turn and marking the run: lists find it from now on.
+      const waitingFor = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
+      await this.r.store.updateRunFenced(run._id, this.host.epoch, waitingFor);
+      Object.assign(run, waitingFor);
+    }
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id }, "restored a turn waiting for a decision");
     // The owner may have died before recording the delivery (keyed: never twice).
     await this.recordActionWebhook(turn, action);

@@ -539,9 +539,12 @@ test("run-actor - approvals: the turn's wall-clock limit ends a wait that outlas
 test("run-actor - approvals: a new owner restores the wait (nothing re-run) and a decision through it resumes the turn once; a resent decision is answered as the first", async (t) => {
   const { w, actor, action } = await waitingWorld();
   actor.stop("partition lost");
+  // As if the owner died between storing the turn and marking the run.
+  w.store.runs.get(RUN)!.pending_action = null;
   const second = w.actor(2);
   await second.recover();
   t.is(w.turns.started.length, 1, "restoring runs no agent");
+  t.is(w.store.runs.get(RUN)!.pending_action?.id, action.id, "the new owner marks the run as waiting");
   t.is(w.store.turns.get("turn_1")!.status, "in_progress");
   const decide = { op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "approve", reason: null, decision_id: "dec-1" } as const;
   const reply = okReply(await second.command(decide));
