@@ -182,8 +182,8 @@ export class TurnExecution {
       const parks = !execution.abortReason || execution.abortReason === "shutdown";
       if (parks && result.pause && execution.approval) return this.parkOrSettle(execution, result);
       // Cancelled (or stopped by its limit) as it came to wait: it ends aborted, the waiting call unrun.
-      const steers = (result.pause?.steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: this.r.clock.nowMs() }));
-      result = { ...result, outcome: "aborted", transcript: [...closeToolCalls(result.transcript, "The call did not run: the turn was cancelled."), ...steers] };
+      const transcript = endedWithoutCall(result.transcript, result.pause?.steers ?? [], "The call did not run: the turn was cancelled.", this.r.clock.nowMs());
+      result = { ...result, outcome: "aborted", transcript };
     }
     const decision = settleDecision(execution.abortReason, result.outcome === "paused" ? "aborted" : result.outcome);
     const status = decision.status;
@@ -333,9 +333,7 @@ export class TurnExecution {
       if (run) {
         // The run says it waits too: lists find the runs waiting for a person (a new owner
         // marks it if this owner dies first: restoreWaiting).
-        const waitingFor = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
-        await this.r.store.updateRunFenced(run._id, this.host.epoch, waitingFor);
-        Object.assign(run, waitingFor);
+        await this.markRunWaiting(run, turn, action);
       }
       this.wait(turn, action, execution.model);
       this.r.log.info({ run_id: this.host.runId, turn_id: turn._id, action_id: action.id, tool: action.tool }, "turn waits for a decision");
@@ -396,14 +394,19 @@ export class TurnExecution {
     this.wait(turn, action, turn.waiting_model ?? "unknown");
     if (run.pending_action?.id !== action.id) {
       // Its owner died between storing the turn and marking the run: lists find it from now on.
-      const waitingFor = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
-      await this.r.store.updateRunFenced(run._id, this.host.epoch, waitingFor);
-      Object.assign(run, waitingFor);
+      await this.markRunWaiting(run, turn, action);
     }
     this.r.log.info({ run_id: run._id, turn_id: turn._id, action_id: action.id }, "restored a turn waiting for a decision");
     // The owner may have died before recording the delivery (keyed: never twice).
     await this.recordActionWebhook(turn, action);
     return true;
+  }
+
+  /** Marks the run as waiting for `action` (RunDoc.pending_action: what lists filter on). */
+  private async markRunWaiting(run: RunDoc, turn: TurnDoc, action: ActionDoc): Promise<void> {
+    const set = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
+    await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
+    Object.assign(run, set);
   }
 
   private async waitDeadline(actionId: string, kind: "limit" | "expiry"): Promise<void> {
@@ -636,8 +639,13 @@ export class TurnExecution {
  * added, the call it waited for answered with `unanswered`, and the steering input it held.
  */
 export function waitingTranscript(turn: TurnDoc, unanswered: string, nowMs: number): AgentMessage[] {
-  const steers = (turn.waiting_steers ?? []).map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: nowMs }));
-  return [...closeToolCalls(turn.transcript as AgentMessage[], unanswered), ...steers];
+  return endedWithoutCall(turn.transcript as AgentMessage[], turn.waiting_steers ?? [], unanswered, nowMs);
+}
+
+/** `transcript` with its unanswered calls answered `unanswered`, then the steering input it held. */
+function endedWithoutCall(transcript: AgentMessage[], steers: readonly string[], unanswered: string, nowMs: number): AgentMessage[] {
+  const held = steers.map((text) => ({ role: "user" as const, content: [{ type: "text" as const, text }], timestamp: nowMs }));
+  return [...closeToolCalls(transcript, unanswered), ...held];
 }
 
 /** A webhook event of the run, keyed by `eventKey` (a repeat records nothing new). */

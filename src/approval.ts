@@ -61,7 +61,7 @@ export interface ActionDoc {
  * spelling of a path reaches a file a glob guards); when it refuses a path, a path rule
  * gates the call (the tool will refuse it too).
  */
-export function approvalRequired(policy: ApprovalPolicy | undefined, tool: string, args: unknown, relative: (path: string) => string = workspacePath): boolean {
+export function approvalRequired(policy: ApprovalPolicy | undefined, tool: string, args: unknown, relative: (path: string) => string = (path) => path): boolean {
   if (!policy) return false;
   return policy.rules.some((rule) => ruleMatches(rule, tool, args, relative));
 }
@@ -229,15 +229,10 @@ export function renderPendingAction(action: ActionDoc) {
 /** The Action object the decision endpoint answers with. */
 export function renderAction(action: ActionDoc, runId: string, turnId: string) {
   return {
-    id: action.id,
+    ...renderPendingAction(action),
     object: "action" as const,
     run_id: runId,
     turn_id: turnId,
-    tool: action.tool,
-    tool_call_id: action.tool_call_id,
-    arguments: action.arguments,
-    requested_at: unixSeconds(action.requested_at),
-    expires_at: unixSeconds(action.expires_at),
     decision: action.decision,
     reason: action.reason,
     decided_by: action.decided_by,
