@@ -495,13 +495,19 @@ export class TurnExecution {
     return this.inFlight === 0;
   }
 
-  /** Steering inputs a waiting turn keeps at most; past that a steer is refused (run_busy). */
+  /**
+   * Steering input a waiting turn keeps at most (inputs, and bytes of text together: they are
+   * stored on the turn's document beside its transcript); past that a steer is refused (run_busy).
+   */
   static readonly MAX_WAITING_STEERS = 100;
+  static readonly MAX_WAITING_STEER_BYTES = 1024 * 1024;
 
-  /** Steering input for the waiting turn: stored with it, delivered after the decision. Undefined when it holds too many. */
+  /** Steering input for the waiting turn: stored with it, delivered after the decision. Undefined when it holds too much. */
   async steerWaiting(steerId: string, text: string): Promise<TurnDoc | undefined> {
     const turn = this.waiting!.turn;
-    if ((turn.waiting_steers ?? []).length >= TurnExecution.MAX_WAITING_STEERS) return undefined;
+    const held = turn.waiting_steers ?? [];
+    const bytes = held.reduce((sum, s) => sum + Buffer.byteLength(s), Buffer.byteLength(text));
+    if (held.length >= TurnExecution.MAX_WAITING_STEERS || bytes > TurnExecution.MAX_WAITING_STEER_BYTES) return undefined;
     const set = { steer_ids: [...turn.steer_ids, steerId], waiting_steers: [...(turn.waiting_steers ?? []), text] };
     await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
     Object.assign(turn, set);

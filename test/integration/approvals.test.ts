@@ -302,6 +302,25 @@ test("steer while waiting - the input is taken (steered) and reaches the model a
   t.true(steerDelivered > evs.findIndex((e) => e.type === "tool_execution_end"), "delivered after the decided call");
 });
 
+test("abuse: steering a waiting turn cannot grow its document without bound: past 1 MiB of held input a steer is 409 run_busy, and the turn still goes on", async (t) => {
+  const { api } = t.context;
+  const agent = await api.agentWith(gatedConfig({}, [{ tool_call: { name: "bash", arguments: { command: "echo hi" } } }]));
+  const run = await waitingRun(api, agent);
+  const big = "x".repeat(600 * 1024);
+  const first = await api.post("/api/v1/runs", { run_id: run.id, input: big, on_busy: "steer", background: true });
+  t.is(first.status, 202, JSON.stringify(first.body).slice(0, 300));
+  for (let i = 0; i < 3; i++) {
+    const refused = await api.post("/api/v1/runs", { run_id: run.id, input: big, on_busy: "steer", background: true });
+    t.is(refused.status, 409);
+    t.is(refused.body.error.code, "run_busy");
+    t.true(refused.body.error.retryable);
+  }
+  t.is((await api.post(`/api/v1/runs/${run.id}/actions/${run.turn.pending_action.id}`, { decision: "approve" })).status, 200);
+  const done = await api.waitTurn(run.id, run.turn.id);
+  t.is(done.turn.status, "completed");
+  t.is(done.turn.output[0].text.length, big.length, "the one steer taken reached the model");
+});
+
 test("two gated calls in one turn wait one after the other, each with its own action", async (t) => {
   const { api } = t.context;
   const agent = await api.agentWith(
