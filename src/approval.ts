@@ -79,6 +79,7 @@ function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: 
     if (fields.path === undefined && tool === "ls") return globMatches(rule.path_glob, ".");
     if (typeof fields.path !== "string") return true;
     const path = fields.path;
+    if (path.length > MAX_GLOB_PATH) return true;
     let normalized: string;
     try {
       normalized = workspacePath(relative(path));
@@ -113,39 +114,60 @@ export function workspacePath(p: string): string {
  * Glob match of a relative path: `*` is any run of characters but `/`, `**` any run
  * including `/` (`**\/` also matches no directory at all), `?` one character but `/`;
  * everything else is literal. The whole path must match.
+ *
+ * A tenant writes the glob and a model the path: matching walks the path once per glob
+ * token (O(glob × path)), never backtracks, so no pattern can stall the node; paths longer
+ * than {@link MAX_GLOB_PATH} are not matched at all (path rules gate them: fail closed).
  */
 export function globMatches(glob: string, path: string): boolean {
-  return globRegExp(glob).test(path);
+  const n = path.length;
+  let reach = new Uint8Array(n + 1);
+  reach[0] = 1;
+  for (const token of globTokens(glob)) {
+    const next = new Uint8Array(n + 1);
+    let seen = 0;
+    for (let i = 0; i <= n; i++) {
+      const prev = i > 0 ? path[i - 1] : undefined;
+      switch (token) {
+        case "**":
+          next[i] = reach[i] || (i > 0 ? next[i - 1] : 0);
+          break;
+        case "**/":
+          // Nothing, or anything that ends with a slash.
+          next[i] = reach[i] || (prev === "/" && seen ? 1 : 0);
+          break;
+        case "*":
+          next[i] = reach[i] || (i > 0 && prev !== "/" ? next[i - 1] : 0);
+          break;
+        case "?":
+          next[i] = i > 0 && prev !== "/" ? reach[i - 1] : 0;
+          break;
+        default:
+          next[i] = i > 0 && prev === token ? reach[i - 1] : 0;
+      }
+      seen |= reach[i];
+    }
+    reach = next;
+  }
+  return reach[n] === 1;
 }
 
-const globCache = new Map<string, RegExp>();
+/** The longest path a glob is matched against. */
+export const MAX_GLOB_PATH = 4096;
 
-function globRegExp(glob: string): RegExp {
-  const cached = globCache.get(glob);
-  if (cached) return cached;
-  let source = "";
+/** `**\/`, `**`, `*`, `?` or one literal character. */
+function globTokens(glob: string): string[] {
+  const tokens: string[] = [];
   for (let i = 0; i < glob.length; i++) {
-    const c = glob[i]!;
-    if (c === "*" && glob[i + 1] === "*") {
+    if (glob[i] === "*" && glob[i + 1] === "*") {
       i++;
       if (glob[i + 1] === "/") {
         i++;
-        source += "(?:.*/)?";
-      } else {
-        source += ".*";
-      }
-    } else if (c === "*") {
-      source += "[^/]*";
-    } else if (c === "?") {
-      source += "[^/]";
-    } else {
-      source += c.replace(/[.+^${}()|[\]\\]/g, "\\$&");
-    }
+        tokens.push("**/");
+      } else tokens.push("**");
+    } else tokens.push(glob[i]!);
   }
-  const re = new RegExp(`^${source}$`, "s");
-  if (globCache.size > 1_000) globCache.clear();
-  globCache.set(glob, re);
-  return re;
+  return tokens;
 }
 
 /** The largest arguments an action keeps whole (the transcript keeps them all). */

@@ -185,3 +185,15 @@ test("approval - a decision carries the id of the request that made it", (t) => 
   const outcome = decide(action(), "approve", null, T0 + 1, "dec-1");
   t.is(outcome.kind === "decided" && outcome.action.decision_id, "dec-1");
 });
+
+test("approval - abuse: a tenant's glob and a model's path cannot stall the node; an over-long path is gated", (t) => {
+  t.timeout(10_000);
+  // A backtracking regex takes exponential time on these; the matcher walks the path once per token.
+  const evil = `${"*a".repeat(400)}b`;
+  t.false(globMatches(evil, "a".repeat(4_000)));
+  t.false(globMatches(`${"**a".repeat(300)}b`, `${"a/".repeat(2_000)}`));
+  t.true(globMatches(`${"*a".repeat(400)}`, "a".repeat(4_000)));
+  const policy: ApprovalPolicy = { rules: [{ tool: "write", path_glob: "never/**" }] };
+  t.false(approvalRequired(policy, "write", { path: "a".repeat(4_096) }));
+  t.true(approvalRequired(policy, "write", { path: "a".repeat(4_097) }), "past 4096 characters a path rule gates (fails closed)");
+});
