@@ -3,6 +3,7 @@ import type { Page } from "playwright-core";
 import { type Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { artifactPath, browserMissing, launchBrowser } from "../helpers/browser.js";
+import { bashThen, gatedBashConfig } from "../helpers/agent-configs.js";
 
 /** The web console in a real Chromium, against a real service: what a person does with it. */
 type Ctx = { servers: TestServers; service: RunningService; key: string; api: Api; echo: string; sleeper: string; gated: string };
@@ -17,15 +18,7 @@ test.before(async (t) => {
   const echo = await ws.api.agentWith({ model: "faux/scripted" }, "echo");
   const sleeper = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 60" } } }, { text: "woke" }] }, "sleeper");
   // Its bash call waits for a person (config.approval), then it answers.
-  const gated = await ws.api.agentWith(
-    {
-      model: "faux/scripted",
-      tools: ["bash"],
-      approval: { rules: [{ tool: "bash", command_prefix: "echo" }] },
-      script: [{ tool_call: { name: "bash", arguments: { command: "echo from the console" } } }, { text: "approved in the console" }],
-    },
-    "gated",
-  );
+  const gated = await ws.api.agentWith(gatedBashConfig(bashThen("echo from the console", "approved in the console")), "gated");
   t.context = { servers, service, key: ws.key, api: ws.api, echo, sleeper, gated };
 });
 

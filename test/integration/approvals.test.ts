@@ -1,4 +1,5 @@
 import anyTest, { type TestFn } from "ava";
+import { gatedBashConfig } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 
@@ -11,15 +12,14 @@ const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; 
 
 /** bash commands starting with `echo` need a person; the command counts its runs in the workspace. */
 const COUNTING = "echo ran >> count.txt; wc -l < count.txt";
-const gatedConfig = (extra: Record<string, unknown> = {}, script?: unknown[]) => ({
-  model: "faux/scripted",
-  tools: ["bash"],
-  approval: { rules: [{ tool: "bash", command_prefix: "echo" }], ...extra },
-  script: script ?? [
-    { tool_call: { name: "bash", arguments: { command: COUNTING } }, usage: { input: 100 } },
-    { text: "done", usage: { input: 10 } },
-  ],
-});
+const gatedConfig = (extra: Record<string, unknown> = {}, script?: unknown[]) =>
+  gatedBashConfig(
+    script ?? [
+      { tool_call: { name: "bash", arguments: { command: COUNTING } }, usage: { input: 100 } },
+      { text: "done", usage: { input: 10 } },
+    ],
+    extra,
+  );
 
 test.before(async (t) => {
   const servers = await startTestServers();

@@ -2,6 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import { bashThen, gatedBashConfig } from "../helpers/agent-configs.js";
 import type { RunningService } from "../../node/service.js";
 import { PROJECT_ROOT } from "../../node/servers.js";
 import { existsSync } from "node:fs";
@@ -176,15 +177,7 @@ test("cli - approvals: get and turns show the pending action and how to decide i
   t.timeout(120_000);
   const { api } = t.context;
   // bash commands starting with echo need a person; the model then says "after the decision".
-  const gated = await api.agentWith(
-    {
-      model: "faux/scripted",
-      tools: ["bash"],
-      approval: { rules: [{ tool: "bash", command_prefix: "echo" }] },
-      script: [{ tool_call: { name: "bash", arguments: { command: "echo gated" } } }, { text: "after the decision" }],
-    },
-    "gated",
-  );
+  const gated = await api.agentWith(gatedBashConfig(bashThen("echo gated", "after the decision")), "gated");
   const bg = await runs(t, ["start", "--agent", gated, "--background", "--json", "go"]);
   t.is(bg.code, 0, bg.stderr);
   const run = JSON.parse(bg.stdout);

@@ -1,4 +1,5 @@
 import anyTest, { type TestFn } from "ava";
+import { bashThen, gatedBashConfig } from "../helpers/agent-configs.js";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
@@ -34,15 +35,7 @@ test.before(async (t) => {
   const { key, api } = await newWorkspace(service, "business");
   const echoAgent = await api.agentWith({ model: "faux/scripted", tools: [] }, "echo");
   const slowAgent = await api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: LONG_TEXT }], tokens_per_second: 60 }, "slow");
-  const gatedAgent = await api.agentWith(
-    {
-      model: "faux/scripted",
-      tools: ["bash"],
-      approval: { rules: [{ tool: "bash", command_prefix: "echo" }] },
-      script: [{ tool_call: { name: "bash", arguments: { command: "echo gated" } } }, { text: "approved or not" }],
-    },
-    "gated",
-  );
+  const gatedAgent = await api.agentWith(gatedBashConfig(bashThen("echo gated", "approved or not")), "gated");
   const client = new RunsClient({ baseUrl: service.url!, apiKey: key });
   t.context = { servers, service, key, api, client, echoAgent, slowAgent, gatedAgent };
 });
