@@ -212,42 +212,58 @@ async function getRuns(svc: Child, ws: Ws, runIds: string[]): Promise<void> {
   );
 }
 
+/**
+ * List pages as the workspace grows: 1,000, 10,000 and 100,000 runs in it, with
+ * 100,000 runs of another workspace beside them (n() scales these down in quick mode).
+ * Runs (idle, one completed turn; one in ten tagged "rare", all "bench") are
+ * seeded straight into the database: the adapter inserts one run at a time.
+ */
 async function listReads(svc: Child, servers: TestServers, db: string): Promise<void> {
   log("list runs");
-
-  // 10,000 runs inserted directly through the store: valid RunDoc/TurnDoc documents
-  // (idle, one completed turn), one run in ten tagged "rare", all tagged "bench".
   const big = await benchWorkspace(servers.mongoUri, db);
-  const count = n(10_000, 2_000);
-  const start = Date.now() - count * 1000;
-  for (let batch = 0; batch < count; batch += 1000) {
-    const runs: any[] = [];
-    const turns: any[] = [];
-    for (let i = batch; i < Math.min(count, batch + 1000); i++) {
-      const at = start + i * 1000;
-      const id = Ids.run();
-      const tags = i % 10 === 0 ? ["bench", "rare"] : ["bench"];
-      runs.push(runDoc(id, big.id, at, { agent_id: "agt_bench", partition: partitionOf(id, 64), tags }));
-      turns.push({
-        _id: `turn_${id.slice(4)}`, run_id: id, workspace_id: big.id, index: 0, status: "completed", agent_version: 1,
-        input: [{ type: "input_text", text: "hello" }], output: [{ type: "output_text", text: "hello" }], error: null,
-        created_at: at, started_at: at, completed_at: at, duration_ms: 1, transcript: [], disposition: "created", steer_ids: [], first_event_seq: 2, epoch: 1,
-      });
+  const other = await benchWorkspace(servers.mongoUri, db);
+  const runs = big.store.db.collection("runs");
+  const turns = big.store.db.collection("turns");
+  const scales = [n(1_000, 200), n(10_000, 2_000), n(100_000, 5_000)];
+  let seeded = 0;
+  const seed = async (workspaceId: string, from: number, to: number, withTurns: boolean) => {
+    const start = Date.now() - 200_000 * 1000;
+    for (let batch = from; batch < to; batch += 1000) {
+      const runDocs: any[] = [];
+      const turnDocs: any[] = [];
+      for (let i = batch; i < Math.min(to, batch + 1000); i++) {
+        const at = start + i * 1000;
+        const id = Ids.run();
+        const tags = i % 10 === 0 ? ["bench", "rare"] : ["bench"];
+        runDocs.push(runDoc(id, workspaceId, at, { agent_id: "agt_bench", partition: partitionOf(id, 64), tags }));
+        if (withTurns) {
+          turnDocs.push({
+            _id: `turn_${id.slice(4)}`, run_id: id, workspace_id: workspaceId, index: 0, status: "completed", agent_version: 1,
+            input: [{ type: "input_text", text: "hello" }], output: [{ type: "output_text", text: "hello" }], error: null,
+            created_at: at, started_at: at, completed_at: at, duration_ms: 1, transcript: [], disposition: "created", steer_ids: [], first_event_seq: 2, epoch: 1,
+          });
+        }
+      }
+      await runs.insertMany(runDocs);
+      if (turnDocs.length) await turns.insertMany(turnDocs);
     }
-    // Seeded straight into the database (the adapter inserts one run at a time).
-    await big.store.db.collection("runs").insertMany(runs);
-    await big.store.db.collection("turns").insertMany(turns);
+  };
+  const t0 = performance.now();
+  await seed(other.id, 0, scales.at(-1)!, false);
+  log(`  ${scales.at(-1)} runs of another workspace seeded in ${fmt((performance.now() - t0) / 1000, 1)} s`);
+  await other.store.close();
+  const page = (query: string) => async () => (await request(svc.url, "GET", `/api/v1/runs?limit=20${query}`, { key: big.key })).body?.data?.length === 20;
+  results.listScale = {};
+  for (const count of scales) {
+    await seed(big.id, seeded, count, true);
+    seeded = count;
+    results.listScale[count] = {
+      plain: await repeated(`list runs (${count} in the workspace), 1 client`, () => load(1, n(40, 10), 30_000, page("")), ["p50", "p99"]),
+      tag: await repeated(`list runs, tag filter, 1 in 10 carry it (${count} in the workspace)`, () => load(1, n(20, 5), 30_000, page("&tag=rare")), ["p50", "p99"]),
+      state: await repeated(`list runs, state=idle (${count} in the workspace)`, () => load(1, n(40, 10), 30_000, page("&state=idle")), ["p50", "p99"]),
+    };
   }
   await big.store.close();
-  const wsBig = { id: big.id, key: big.key };
-  results.listRuns = await repeated(`list runs (${count} runs in the workspace), 1 client`, () =>
-    load(1, n(4, 2), 30_000, async () => (await request(svc.url, "GET", "/api/v1/runs?limit=20", { key: wsBig.key })).body?.data?.length === 20),
-    ["rate", "p50", "p99"],
-  );
-  results.listRunsTag = await repeated(`list runs, tag filter (1 in 10 carry it), 1 client`, () =>
-    load(1, n(4, 2), 30_000, async () => (await request(svc.url, "GET", "/api/v1/runs?limit=20&tag=rare", { key: wsBig.key })).body?.data?.length === 20),
-    ["rate", "p50", "p99"],
-  );
 }
 
 async function streaming(svc: Child, ws: Ws): Promise<void> {
@@ -935,6 +951,21 @@ function targets(): Target[] {
     });
   }
   add(`${n(1_000, 100)} sleeping turns: node + descendants' memory, sandboxed vs unsandboxed`, "≤ 2", m("sandbox.memory_bwrap"), m("sandbox.memory_off"), (r) => r <= 2, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} MiB`);
+  const listKeys = Object.keys(results.listScale ?? {}).map(Number).sort((a, b) => a - b);
+  if (listKeys.length >= 2) {
+    const [small, large] = [listKeys[0]!, listKeys.at(-1)!];
+    for (const [kind, label] of [["plain", "list runs page"], ["tag", "list runs page, tag filter"], ["state", "list runs page, state filter"]] as const) {
+      const a = results.listScale[small][kind].p50.median as number;
+      const b = results.listScale[large][kind].p50.median as number;
+      out.push({
+        name: `${label}: p50 at ${large} runs in the workspace vs at ${small} (another workspace holds ${large})`,
+        measured: `${fmt(b, 1)} vs ${fmt(a, 1)} ms`,
+        ratio: b / a,
+        pass: b / a <= 2 && b < 50,
+        rule: "≤ 2 and < 50 ms",
+      });
+    }
+  }
   const capKeys = Object.keys(results.capacity ?? {}).map(Number).sort((a, b) => a - b);
   const largest = capKeys.at(-1);
   if (largest !== undefined) {

@@ -44,9 +44,19 @@ hash_stdin() {
   fi
 }
 
-# Stamp content for a tool: hash of its go.mod plus the recipe revision.
+# Stamp content for a tool: hash of its go.mod, its patches and the recipe revision.
+# Patches a tool's build applies (deploy/tools/<tool>/*.patch) are part of it.
+# (No patch is not a failure: under `set -e -o pipefail` a failing cat here ended
+# the script silently, right after the first unpatched tool was built.)
 want_stamp() {
-  { printf 'recipe=%s\n' "$RECIPE"; cat "$MOD_ROOT/$1/go.mod"; } | hash_stdin
+  local p
+  {
+    printf 'recipe=%s\n' "$RECIPE"
+    cat "$MOD_ROOT/$1/go.mod"
+    for p in "$MOD_ROOT/$1"/*.patch; do
+      if [[ -f "$p" ]]; then cat "$p"; fi
+    done
+  } | hash_stdin
 }
 
 # Pinned version of module $2 from deploy/tools/$1/go.mod (no go needed).
@@ -153,17 +163,21 @@ export CGO_ENABLED=0
 export GOFLAGS="-mod=readonly"
 BUILD_FLAGS=(-trimpath -buildvcs=false -ldflags=-s\ -w)
 
-# FerretDB 1.24's SQLite backend indexes `_id` as `_ferretdb_sjson->"_id"` but looks it
-# up as `_ferretdb_sjson->'$._id'`: the same value, a different expression, so SQLite
-# never uses the index and every `_id` find, update and delete scans the table (measured:
-# 24 ms per findOne at 5,000 documents, 0.3 ms with the index). Make the lookup spell
-# the indexed expression. Fails the build if the line is not found exactly once.
-patch_ferretdb_id_lookup() { # $1 module source dir
-  local f="$1/internal/backends/sqlite/metadata/metadata.go"
-  local from="IDColumn = DefaultColumn + \"->'\$._id'\""
-  [[ "$(grep -cF "$from" "$f")" == 1 ]] || { say "FerretDB patch: expected line not found in $f"; return 1; }
-  sed -i "s/->'\$\._id'/->'_id'/" "$f"
-  grep -qF "IDColumn = DefaultColumn + \"->'_id'\"" "$f" || { say "FerretDB patch did not apply"; return 1; }
+# FerretDB 1.24's SQLite backend answers only a bare `_id` from an index (and even that
+# spelled differently from the index, so it scanned). The patch
+# (deploy/tools/ferretdb/typed-pushdown.patch, see deploy/tools/README.md) makes `_id`
+# lookups use their index and lets SQLite's indexes narrow and order rows for equality,
+# $in and range filters. A patch that does not apply fails the build.
+patch_ferretdb() { # $1 module source dir
+  local patch="$MOD_ROOT/ferretdb/typed-pushdown.patch"
+  # GIT_CEILING_DIRECTORIES: apply as a plain patch, not inside this checkout's repository.
+  if command -v git >/dev/null 2>&1; then
+    (cd "$1" && GIT_CEILING_DIRECTORIES="$(dirname "$1")" git apply --whitespace=nowarn "$patch")
+  elif command -v patch >/dev/null 2>&1; then
+    (cd "$1" && patch -p1 -s <"$patch")
+  else
+    say "applying $patch needs git or patch (the Debian package 'patch'); neither is installed"; return 1
+  fi || { say "FerretDB patch $patch did not apply"; return 1; }
 }
 
 build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
@@ -180,7 +194,7 @@ build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
   cp -R "$src" "$BUILD_TMP/src"
   chmod -R u+w "$BUILD_TMP/src"
   printf '%s\n' "$4" >"$BUILD_TMP/src/build/version/version.txt"
-  patch_ferretdb_id_lookup "$BUILD_TMP/src" || return 1
+  patch_ferretdb "$BUILD_TMP/src" || return 1
   (cd "$BUILD_TMP" &&
     "$GO_BIN" mod edit -replace "$2=./src" &&
     "$GO_BIN" build "${BUILD_FLAGS[@]}" -o "$5" "$3")

@@ -8,6 +8,9 @@ import { queryInt, queryOnce } from "./request-schemas.js";
 
 export const MAX_TAG_FILTERS = 5;
 
+/** Runs a tag filter reads in list order before it counts the tags (a page at 1 in 50 fills within it). */
+const QUICK_TAG_SCAN = 1_000;
+
 export interface RunListFilters {
   agentId?: string;
   version?: number;
@@ -52,17 +55,33 @@ export interface RunListPage {
 }
 
 /**
- * Lists runs by most recent activity with keyset paging. A tag filter uses the tag
- * index when one of its tags is rare in the workspace (at most `scanLimit` runs carry
- * it). When every tag is common, it scans at most `scanLimit` runs in list order and
- * refuses (400, param tag) a page it cannot fill, rather than answering a short page.
+ * Lists runs by most recent activity with keyset paging. A tag filter first reads a
+ * few recent runs in list order; a page it cannot fill there comes from the tag index
+ * when one of its tags is rare in the workspace (at most `scanLimit` runs carry it), or
+ * else from reading on, at most `scanLimit` runs; it refuses (400, param tag) a page it
+ * cannot fill rather than answer a short one.
  */
 export async function listRuns(
   store: MongoStore,
-  input: { workspaceId: string; filters: RunListFilters; limit: number; after?: { lastActivityAt: number; id: string }; scanLimit: number },
+  input: {
+    workspaceId: string;
+    filters: RunListFilters;
+    limit: number;
+    after?: { lastActivityAt: number; id: string };
+    scanLimit: number;
+    /** Runs read before counting tags (tests lower it). */
+    quickScan?: number;
+  },
 ): Promise<RunListPage> {
   const { filters, limit } = input;
-  const base: Filter<RunDoc> = { workspace_id: input.workspaceId };
+  // The bounds on last_activity_at and _id match every run; they state the sort
+  // keys' types (numbers, strings), which lets the embedded store order rows from
+  // its index (deploy/tools/ferretdb/README.md) and read only the page.
+  const base: Filter<RunDoc> = {
+    workspace_id: input.workspaceId,
+    last_activity_at: { $gte: 0, $lte: input.after ? input.after.lastActivityAt : Number.MAX_SAFE_INTEGER },
+    _id: { $gte: "" },
+  };
   if (filters.agentId !== undefined) base.agent_id = filters.agentId;
   if (filters.version !== undefined) base.versions = filters.version;
   if (filters.state !== undefined) base.state = filters.state;
@@ -81,21 +100,32 @@ export async function listRuns(
   const page = (runs: RunDoc[]): RunListPage => ({ runs: runs.slice(0, limit), hasMore: runs.length > limit });
   if (filters.tags.length === 0) return page(await store.findRuns(base, limit + 1));
 
-  const counts = await Promise.all(filters.tags.map((tag) => store.countRunsWithTag(input.workspaceId, tag, input.scanLimit + 1)));
-  if (counts.some((count) => count <= input.scanLimit)) {
-    return page(await store.findRuns({ ...base, tags: { $all: filters.tags } }, limit + 1));
-  }
-  // Only common tags: scan in list order, bounded.
+  // In list order: a page of tags common among recent runs fills within the first
+  // runs read, without counting (and the embedded store, which cannot index array
+  // members, reads no further). Past those, a rare tag answers from the tag index;
+  // common tags read on up to the scan limit.
+  /** The page from the tag index when one of the tags is rare; undefined when all are common. */
+  const fromTagIndex = async (): Promise<RunListPage | undefined> => {
+    const counts = await Promise.all(filters.tags.map((tag) => store.countRunsWithTag(input.workspaceId, tag, input.scanLimit + 1)));
+    if (counts.some((count) => count <= input.scanLimit)) return page(await store.findRuns({ ...base, tags: { $all: filters.tags } }, limit + 1));
+  };
+  const quick = Math.min(input.scanLimit, input.quickScan ?? QUICK_TAG_SCAN);
+  let counted = false;
   const found: RunDoc[] = [];
   let scanned = 0;
   for await (const run of store.scanRuns(base, input.scanLimit + 1)) {
-    scanned++;
-    if (scanned > input.scanLimit) {
-      if (found.length >= limit) return { runs: found.slice(0, limit), hasMore: true };
-      throw invalid("tag", `These tags are common in the workspace; a page could not be filled from the ${input.scanLimit} most recent runs. Narrow the filter (agent_id, version, state, created_after/created_before) or add a rarer tag.`);
+    if (++scanned > input.scanLimit) break;
+    if (scanned > quick && !counted) {
+      counted = true;
+      const indexed = await fromTagIndex();
+      if (indexed) return indexed;
     }
     if (filters.tags.every((tag) => run.tags.includes(tag))) found.push(run);
-    if (found.length > limit) break;
+    if (found.length > limit) return page(found);
   }
-  return page(found);
+  if (scanned <= input.scanLimit) return page(found); // every run after the cursor was read
+  const indexed = counted ? undefined : await fromTagIndex();
+  if (indexed) return indexed;
+  if (found.length >= limit) return { runs: found.slice(0, limit), hasMore: true };
+  throw invalid("tag", `These tags are common in the workspace; a page could not be filled from the ${input.scanLimit} most recent runs. Narrow the filter (agent_id, version, state, created_after/created_before) or add a rarer tag.`);
 }

@@ -1,0 +1,219 @@
+import anyTest, { type ExecutionContext, type TestFn } from "ava";
+import { MongoClient, type Document } from "mongodb";
+import { startTestServers, type TestServers } from "../helpers/servers.js";
+import { MongoStore } from "../../src/mongo-store.js";
+import { FencedError } from "../../src/contracts.js";
+import { listRuns, type RunListFilters } from "../../src/run-list.js";
+import type { RunDoc, TurnDoc } from "../../src/documents.js";
+
+/**
+ * The hot reads are index-backed on the embedded store: the reads the service issues
+ * (captured from the driver as they are sent) are explained by FerretDB, whose plan is
+ * SQLite's EXPLAIN QUERY PLAN. Each must seek an index, scan no table, and, when it
+ * pages in an order, take that order from the index (no temporary sort). A plan that
+ * seeks `workspace_id = ?` reads no row of another workspace; `run_id = ?` none of
+ * another run. Answers are checked against the documents too.
+ */
+
+interface Context {
+  servers: TestServers;
+  client: MongoClient;
+  store: MongoStore;
+  /** find commands the store sent, in order */
+  finds: Document[];
+  /** every command name the store sent, in order */
+  sent: string[];
+}
+const test = anyTest as TestFn<Context>;
+
+const WS = "ws_plans";
+const OTHER = "ws_other";
+const RUNS = 300;
+const TURNS = 40;
+const T0 = 1_764_000_000_000;
+
+const embedded = !process.env.RUNS_TEST_MONGODB_URI;
+
+function run(i: number, workspaceId: string): RunDoc {
+  return {
+    _id: `run_${workspaceId}_${String(i).padStart(5, "0")}`,
+    workspace_id: workspaceId,
+    agent_id: i % 3 === 0 ? "agt_three" : "agt_other",
+    agent_version: 1,
+    versions: [1],
+    partition: i % 8,
+    state: i % 10 === 0 ? "busy" : "idle",
+    tags: i % 50 === 0 ? ["rare", "common"] : ["common"],
+    plan: "solo",
+    retention_s: 3600,
+    event_retention_s: 3600,
+    created_at: T0 + i,
+    // Every fourth pair shares an activity time: the page order falls back to _id.
+    last_activity_at: T0 + Math.floor(i / 2) * 1000,
+    expires_at: i % 7 === 0 ? T0 : T0 + 10_000_000,
+    epoch: 1,
+    turn_count: 1,
+    latest_turn_id: `turn_${i}`,
+    active_turn_id: null,
+    queued_turn_id: null,
+    event_seq: 0,
+    pending_action: null,
+  };
+}
+
+function turn(runId: string, index: number): TurnDoc {
+  return { _id: `${runId}_t${index}`, run_id: runId, workspace_id: WS, index, status: "completed" } as TurnDoc;
+}
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const client = new MongoClient(servers.mongoUri, { monitorCommands: true, maxPoolSize: 8 });
+  const finds: Document[] = [];
+  const sent: string[] = [];
+  client.on("commandStarted", (e) => {
+    sent.push(e.commandName);
+    if (e.commandName === "find") finds.push(e.command);
+  });
+  const store = await MongoStore.over(client, servers.dbName);
+  await store.provision();
+  const db = client.db(servers.dbName);
+  await db.collection<RunDoc>("runs").insertMany([...Array(RUNS).keys()].flatMap((i) => [run(i, WS), run(i, OTHER)]));
+  const turns: TurnDoc[] = [];
+  for (const r of [run(1, WS), run(2, WS), run(1, OTHER)]) for (let k = 0; k < TURNS; k++) turns.push(turn(r._id, k));
+  await db.collection<TurnDoc>("turns").insertMany(turns);
+  t.context = { servers, client, store, finds, sent };
+});
+
+test.after.always(async (t) => {
+  await t.context.store?.close();
+  await t.context.servers?.stop();
+});
+
+/** The find commands `read` sends, each explained by the store. */
+async function plansOf(t: ExecutionContext<Context>, read: () => Promise<unknown>): Promise<Array<{ command: Document; plan: string[]; sortPushdown: boolean }>> {
+  const from = t.context.finds.length;
+  await read();
+  const sent = t.context.finds.slice(from);
+  t.true(sent.length > 0, "the read sent a find");
+  const db = t.context.client.db(t.context.servers.dbName);
+  const out = [];
+  for (const command of sent) {
+    const { find, filter, sort, limit } = command;
+    const explained = await db.command({ explain: { find, filter, ...(sort ? { sort } : {}), ...(limit ? { limit } : {}) } });
+    out.push({ command, plan: (explained.queryPlanner?.Plan ?? []) as string[], sortPushdown: explained.sortPushdown === true });
+  }
+  return out;
+}
+
+function assertIndexBacked(t: ExecutionContext<Context>, explained: Array<{ command: Document; plan: string[]; sortPushdown: boolean }>, index: string, ordered: boolean): void {
+  for (const { command, plan, sortPushdown } of explained) {
+    const what = `${JSON.stringify(command.filter)} → ${plan.join(" | ")}`;
+    t.true(plan.some((line) => /SEARCH \S+ USING (COVERING )?INDEX \S+_\S*?/.test(line) && line.includes(`_${index} `)), `seeks ${index}: ${what}`);
+    t.false(plan.some((line) => /\bSCAN\b/.test(line)), `no scan: ${what}`);
+    if (ordered) {
+      t.false(plan.some((line) => line.includes("TEMP B-TREE")), `order from the index: ${what}`);
+      t.true(sortPushdown, `sort pushed down: ${what}`);
+    }
+  }
+}
+
+const expectedPage = (filter: (r: RunDoc) => boolean, after?: RunDoc) =>
+  [...Array(RUNS).keys()]
+    .map((i) => run(i, WS))
+    .filter(filter)
+    .sort((a, b) => b.last_activity_at - a.last_activity_at || (a._id < b._id ? 1 : -1))
+    .filter((r) => !after || r.last_activity_at < after.last_activity_at || (r.last_activity_at === after.last_activity_at && r._id < after._id));
+
+const listCases: Array<{ name: string; filters: RunListFilters; keep: (r: RunDoc) => boolean }> = [
+  { name: "no filter", filters: { tags: [] }, keep: () => true },
+  { name: "state", filters: { tags: [], state: "busy" }, keep: (r) => r.state === "busy" },
+  { name: "agent", filters: { tags: [], agentId: "agt_three" }, keep: (r) => r.agent_id === "agt_three" },
+  { name: "common tag", filters: { tags: ["common"] }, keep: (r) => r.tags.includes("common") },
+  { name: "rare tag", filters: { tags: ["rare"] }, keep: (r) => r.tags.includes("rare") },
+];
+
+for (const { name, filters, keep } of listCases) {
+  test.serial(`store plans - list runs (${name}): two pages seek the workspace's activity index, in order, and answer right`, async (t) => {
+    if (!embedded) return t.pass("plans are the embedded store's (RUNS_TEST_MONGODB_URI set)");
+    const { store } = t.context;
+    let first!: Awaited<ReturnType<typeof listRuns>>;
+    const plans1 = await plansOf(t, async () => {
+      first = await listRuns(store, { workspaceId: WS, filters, limit: 7, scanLimit: 1000 });
+    });
+    t.deepEqual(first.runs.map((r) => r._id), expectedPage(keep).slice(0, 7).map((r) => r._id));
+    const last = first.runs.at(-1)!;
+    let second!: Awaited<ReturnType<typeof listRuns>>;
+    const plans2 = await plansOf(t, async () => {
+      second = await listRuns(store, { workspaceId: WS, filters, limit: 7, scanLimit: 1000, after: { lastActivityAt: last.last_activity_at, id: last._id } });
+    });
+    t.deepEqual(second.runs.map((r) => r._id), expectedPage(keep, last).slice(0, 7).map((r) => r._id));
+    assertIndexBacked(t, [...plans1, ...plans2], "ws_activity", true);
+  });
+}
+
+test.serial("store plans - a tag filter past its first reads: a rare tag answers from the tag index, common tags read on; answers as the documents say", async (t) => {
+  const { store } = t.context;
+  // 300 runs carry "common": over a scan limit of 200 it is common, under 1000 rare.
+  for (const { filters, keep, scanLimit } of [
+    { filters: { tags: ["rare"] }, keep: (r: RunDoc) => r.tags.includes("rare"), scanLimit: 1000 },
+    { filters: { tags: ["common"], state: "busy" as const }, keep: (r: RunDoc) => r.state === "busy", scanLimit: 200 },
+  ]) {
+    const first = await listRuns(store, { workspaceId: WS, filters, limit: 3, scanLimit, quickScan: 5 });
+    t.deepEqual(first.runs.map((r) => r._id), expectedPage(keep).slice(0, 3).map((r) => r._id), JSON.stringify(filters));
+    t.true(first.hasMore);
+    const last = first.runs.at(-1)!;
+    const second = await listRuns(store, { workspaceId: WS, filters, limit: 3, scanLimit, quickScan: 5, after: { lastActivityAt: last.last_activity_at, id: last._id } });
+    t.deepEqual(second.runs.map((r) => r._id), expectedPage(keep, last).slice(0, 3).map((r) => r._id), JSON.stringify(filters));
+  }
+});
+
+test.serial("store plans - turn history and session load seek the run's turns in index order", async (t) => {
+  if (!embedded) return t.pass("plans are the embedded store's (RUNS_TEST_MONGODB_URI set)");
+  const { store } = t.context;
+  const runId = run(1, WS)._id;
+  let session!: TurnDoc[];
+  const sessionPlans = await plansOf(t, async () => {
+    session = await store.listTurns(runId, { withTranscript: true });
+  });
+  t.deepEqual(session.map((d) => d.index), [...Array(TURNS).keys()]);
+  let page!: TurnDoc[];
+  const historyPlans = await plansOf(t, async () => {
+    page = await store.listTurns(runId, { afterIndex: 9, limit: 5 });
+  });
+  t.deepEqual(page.map((d) => d.index), [10, 11, 12, 13, 14]);
+  t.true(page.every((d) => d.run_id === runId));
+  assertIndexBacked(t, [...sessionPlans, ...historyPlans], "run_order", true);
+});
+
+test.serial("store plans - expiry sweep and orphan check seek their partitions", async (t) => {
+  if (!embedded) return t.pass("plans are the embedded store's (RUNS_TEST_MONGODB_URI set)");
+  const { store } = t.context;
+  let expired!: Array<Pick<RunDoc, "_id" | "partition">>;
+  const sweepPlans = await plansOf(t, async () => {
+    expired = await store.expiredRunsIn([0, 3], T0 + 1);
+  });
+  const want = [WS, OTHER].flatMap((ws) => [...Array(RUNS).keys()].filter((i) => i % 7 === 0 && [0, 3].includes(i % 8)).map((i) => run(i, ws)._id));
+  t.deepEqual(expired.map((r) => r._id).sort(), want.sort());
+  let busy!: Array<Pick<RunDoc, "_id" | "partition" | "epoch">>;
+  const orphanPlans = await plansOf(t, async () => {
+    busy = await store.busyRunsIn([0, 5]);
+  });
+  const wantBusy = [WS, OTHER].flatMap((ws) => [...Array(RUNS).keys()].filter((i) => i % 10 === 0 && [0, 5].includes(i % 8)).map((i) => run(i, ws)._id));
+  t.deepEqual(busy.map((r) => r._id).sort(), wantBusy.sort());
+  assertIndexBacked(t, sweepPlans, "partition_expires", false);
+  assertIndexBacked(t, orphanPlans, "partition_state", false);
+});
+
+test.serial("store plans - a fenced write is one conditional update (the build's FerretDB reads `_id` beside the epoch from the key); a stale epoch is refused", async (t) => {
+  const { store, sent } = t.context;
+  const id = run(3, WS)._id;
+  const from = sent.length;
+  await store.updateRunFenced(id, 1, { state: "idle" });
+  t.deepEqual(sent.slice(from), ["update"]);
+  await t.throwsAsync(store.updateRunFenced(id, 0, { state: "busy" }), { instanceOf: FencedError });
+  t.is((await store.getRun(id))?.state, "idle");
+  if (embedded) {
+    const explained = await t.context.client.db(t.context.servers.dbName).command({ explain: { find: "runs", filter: { _id: id, epoch: 1 } } });
+    t.true((explained.queryPlanner.Plan as string[]).some((line) => /SEARCH \S+ USING INDEX \S+__id_ /.test(line)), JSON.stringify(explained.queryPlanner));
+  }
+});
