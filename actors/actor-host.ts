@@ -28,6 +28,10 @@ export class ActorHost {
   private readonly actors = new Map<string, RunActor>();
   private readonly subs = new Map<number, Subscription>();
   private readonly leases: PartitionLeases;
+  /** What the actors get: the host's resources and the write gate of their partition. */
+  private readonly actorResources: ActorResources;
+  /** Partitions whose lease is in doubt: event writes wait on these. */
+  private readonly doubts = new Map<number, { held: Promise<void>; confirm: () => void; lose: (err: Error) => void }>();
   private passivateTimer: Timer | undefined;
   private sweepTimer: Timer | undefined;
   private sweeping = false;
@@ -50,9 +54,14 @@ export class ActorHost {
         gained: (p, epoch) => this.gained(p, epoch),
         lost: (p) => this.lost(p),
         isIdle: (p) => this.partitionIdle(p),
+        doubt: (p) => this.doubt(p),
+        confirmed: (p) => this.endDoubt(p),
       },
       r.log.child({ component: "leases" }),
     );
+    // The gate asks the leases each time: past the confirmed lease's end a write waits,
+    // whether or not a tick has noticed yet.
+    this.actorResources = { ...r, writeGate: (p) => (this.leases.checkDoubt(p) ? this.doubts.get(p)?.held : undefined) };
   }
 
   async start(): Promise<void> {
@@ -195,7 +204,28 @@ export class ActorHost {
     if (busy.length) this.r.log.info({ partition, runs: busy.length }, "recovering busy runs");
   }
 
+  /** The lease may have lapsed: hold the partition's event writes (its actors go on). */
+  private doubt(partition: number): void {
+    if (this.doubts.has(partition)) return;
+    let confirm!: () => void;
+    let lose!: (err: Error) => void;
+    const held = new Promise<void>((resolve, reject) => {
+      confirm = resolve;
+      lose = reject;
+    });
+    held.catch(() => undefined); // each waiting write handles the rejection
+    this.doubts.set(partition, { held, confirm, lose });
+  }
+
+  /** Confirmed (nobody took the lease): the held writes go out, in order. */
+  private endDoubt(partition: number): void {
+    this.doubts.get(partition)?.confirm();
+    this.doubts.delete(partition);
+  }
+
   private lost(partition: number): void {
+    this.doubts.get(partition)?.lose(new Error(`partition ${partition} lost while its lease was in doubt`));
+    this.doubts.delete(partition);
     this.subs.get(partition)?.unsubscribe();
     this.subs.delete(partition);
     for (const [id, actor] of this.actors) {
@@ -216,6 +246,8 @@ export class ActorHost {
     if (epoch === undefined || !this.admitting || partitionOf(cmd.run_id, this.r.config.partitions) !== partition) {
       return { ok: false, not_owner: true };
     }
+    // In doubt, a command would wait on held writes past the router's timeout: 503, retried.
+    if (this.leases.checkDoubt(partition)) return { ok: false, code: "runtime_unavailable" };
     const actor = this.actorFor(cmd.run_id, partition, epoch);
     const reply = await actor.command(cmd);
     if (actor.isStopped) this.actors.delete(cmd.run_id);
@@ -225,7 +257,7 @@ export class ActorHost {
   private actorFor(runId: string, partition: number, epoch: number): RunActor {
     let actor = this.actors.get(runId);
     if (!actor || actor.isStopped || actor.epoch !== epoch) {
-      actor = new RunActor(runId, partition, epoch, this.r);
+      actor = new RunActor(runId, partition, epoch, this.actorResources);
       this.actors.set(runId, actor);
     }
     return actor;

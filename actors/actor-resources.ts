@@ -43,6 +43,12 @@ export interface ActorResources {
    * there to race commands, takeovers and failures against it. Unset in the service.
    */
   at?: (step: ActorStep, where: { runId: string; turnId?: string }) => Promise<void> | void;
+  /**
+   * While the partition's lease is in doubt (the KV did not answer renewals for a TTL),
+   * a promise that holds the actors' event writes until the lease is confirmed and
+   * rejects when it is lost; undefined otherwise. Set by the actor host.
+   */
+  writeGate?: (partition: number) => Promise<void> | undefined;
   /** Runs a turn's agent loop; startTurn (agent-runner.ts) unless a test parks turns at will. */
   startTurn?: (request: TurnRunRequest) => RunningTurn;
 }

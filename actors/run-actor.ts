@@ -262,6 +262,7 @@ export class RunActor {
     this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, Math.max(stored, run.event_seq) + 1, {
       turnFirstSeqs,
       onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
+      gate: () => this.r.writeGate?.(this.partition),
     });
   }
 
@@ -346,6 +347,7 @@ export class RunActor {
     const stored = cmd.fresh ? 0 : await this.r.events.lastSequence({ id: run._id, plan: run.plan });
     this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, stored + 1, {
       onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
+      gate: () => this.r.writeGate?.(this.partition),
     });
     this.emit(null, "platform", "run.created", { agent_id: run.agent_id, agent_version: run.agent_version, tags: run.tags });
     const firstSeq = this.emit(cmd.turn_id, "platform", "turn.started", { agent_version: cmd.version });

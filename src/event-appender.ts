@@ -26,7 +26,7 @@ export class JetStreamAppender implements EventAppender {
   private readonly maxInFlight: number;
 
   constructor(
-    private readonly publisher: AsyncPublisher,
+    private readonly publisher: Pick<AsyncPublisher, "publish">,
     private readonly key: Uint8Array,
     private readonly run: EventRunRef,
     nextRunSeq: number,
@@ -76,7 +76,9 @@ export class JetStreamAppender implements EventAppender {
     const outcome = new Promise<StoredAck | Error>((resolve) => (settle = resolve));
     const send = () => {
       this.inFlight++;
-      this.publisher.publish(this.subject, payload, `${this.run.id}:${sequence}`, hdrs).then(
+      const publish = () => this.publisher.publish(this.subject, payload, `${this.run.id}:${sequence}`, hdrs);
+      const held = this.options.gate?.();
+      (held ? held.then(publish) : publish()).then(
         (ack) => settle(ack),
         (err: unknown) => settle(err instanceof Error ? err : new Error(String(err))),
       ).finally(() => {

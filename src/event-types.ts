@@ -76,6 +76,11 @@ export interface AppenderOptions {
   turnFirstSeqs?: Record<string, number>;
   /** Maximum publishes awaiting their ack; further appends wait in memory (default 256). */
   maxInFlight?: number;
+  /**
+   * Asked before each publish: a promise holds it (the owner's lease is in doubt) until
+   * it resolves, or fails it when it rejects (the lease was lost). Undefined: go on.
+   */
+  gate?: () => Promise<void> | undefined;
 }
 
 /** Writes the events of one run; used only by the run's owner. */
