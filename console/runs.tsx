@@ -42,14 +42,18 @@ export function RunsList({ report }: { report: Report }) {
   const [filters, setFilters] = useState<Filters>(NO_FILTERS);
   // Cursors of the pages before this one: "previous" pops, "next" pushes.
   const [cursors, setCursors] = useState<Array<string | undefined>>([undefined]);
-  const [page, setPage] = useState<List<RunSummary> | null>(null);
+  // The page shown and the query it answers: after a new filter the old page stays in
+  // view, marked busy, until the new one arrives.
+  const [shown, setShown] = useState<{ path: string; page: List<RunSummary> } | null>(null);
+  const page = shown?.page ?? null;
   const after = cursors.at(-1);
+  const path = listPath(filters, after);
 
   useEffect(() => {
     let stopped = false;
     const load = () =>
-      call<List<RunSummary>>("GET", listPath(filters, after))
-        .then(({ body }) => !stopped && setPage(body))
+      call<List<RunSummary>>("GET", path)
+        .then(({ body }) => !stopped && setShown({ path, page: body }))
         .catch((err) => !stopped && report(err));
     void load();
     const timer = setInterval(load, REFRESH_MS);
@@ -101,7 +105,7 @@ export function RunsList({ report }: { report: Report }) {
         </label>
         <button type="submit">Filter</button>
       </form>
-      <table class="runs" data-testid="runs-table">
+      <table class="runs" data-testid="runs-table" data-query={shown?.path} aria-busy={shown?.path !== path ? "true" : "false"}>
         <thead>
           <tr><th>run</th><th>agent</th><th>version</th><th>state</th><th>tags</th><th>created</th><th>last activity</th></tr>
         </thead>

@@ -129,6 +129,8 @@ if (missing) {
     await page.goto(`${service.url}/#/runs`);
     await page.check("input[name=pending_action]");
     await page.click("form.filters button[type=submit]");
+    // The table shows the filtered page (the unfiltered one stays in view until it arrives).
+    await page.waitForSelector("[data-testid=runs-table][data-query*='pending_action=true'][aria-busy=false]", { timeout: 30_000 });
     await page.waitForSelector(`[data-testid=runs-table] tr[data-run-id='${runId}'] [data-testid=run-waiting]`, { timeout: 30_000 });
     t.regex((await page.textContent(`[data-testid=runs-table] tr[data-run-id='${runId}']`)) ?? "", /waiting for approval of bash/);
     t.false((await page.$$eval("[data-testid=runs-table] tr[data-run-id]", (rows) => rows.map((r) => r.textContent ?? ""))).some((text) => !text.includes("waiting for approval")), "only waiting runs are listed");
