@@ -195,12 +195,14 @@ build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
   chmod -R u+w "$BUILD_TMP/src"
   printf '%s\n' "$4" >"$BUILD_TMP/src/build/version/version.txt"
   patch_ferretdb "$BUILD_TMP/src" || return 1
+  local status=0
   (cd "$BUILD_TMP" &&
     "$GO_BIN" mod edit -replace "$2=./src" &&
-    "$GO_BIN" build "${BUILD_FLAGS[@]}" -o "$5" "$3")
+    "$GO_BIN" build "${BUILD_FLAGS[@]}" -o "$5" "$3") || status=$?
   rm -rf "$BUILD_TMP"
   rmdir "$TOOLS_DIR/build" 2>/dev/null || true
   BUILD_TMP=""
+  return "$status"
 }
 
 # Said once, before the long part: the first build takes minutes, later starts none.
@@ -213,7 +215,7 @@ while IFS='|' read -r name dir modpath pkg; do
   ver="$(pinned_version "$dir" "$modpath")"
   why="first run only"
   if [[ -x "$BIN_DIR/$name" ]]; then
-    why="pinned version changed"
+    why="pinned version or patch changed"
     [[ -f "$STAMP_DIR/$name" ]] || why="no build stamp"
   fi
   say "building $name ${ver:-?} ($why)…"
