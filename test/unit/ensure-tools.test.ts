@@ -26,7 +26,7 @@ function realGo(): string | undefined {
  * the package. The FerretDB source it builds from is the patched copy, so the script's
  * patch step runs for real.
  */
-function fakeGo(real: string, log: string): string {
+function fakeGo(real: string, log: string, failing = ""): string {
   return `#!/bin/bash
 set -e
 case "$1" in
@@ -41,6 +41,7 @@ case "$1" in
       prev="$a"
     done
     echo "build \${@: -1}" >>"${log}"
+    if [[ -n "${failing}" && "\${@: -1}" == *"${failing}"* ]]; then echo "compile error" >&2; exit 1; fi
     if [[ -f src/internal/backends/sqlite/pushdown.go ]]; then echo "patched" >>"${log}"; fi
     printf '#!/bin/sh\\n' >"$out"; chmod +x "$out" ;;
   *) echo "fake go: unexpected $*" >&2; exit 9 ;;
@@ -89,6 +90,37 @@ test("ensure-tools - an empty tools folder gets all three servers and stamps in 
     t.is(second.code, 0, second.stderr);
     t.is(second.stderr, "");
     t.is((await readFile(log, "utf8")).trim().split("\n").length, builds.length, "nothing rebuilt");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("ensure-tools - a build that fails ends in exit 1 naming the tool; no binary or stamp is left for it, the next run tries again", async (t) => {
+  const go = realGo();
+  if (!go) {
+    t.fail("no go toolchain on this machine: the bootstrap that runs before the tests needs it too");
+    return;
+  }
+  const dir = await mkdtemp(path.join(os.tmpdir(), "runs-ensure-tools-"));
+  try {
+    const log = path.join(dir, "builds.log");
+    const fake = path.join(dir, "go");
+    await writeFile(fake, fakeGo(go, log, "ferretdb"), { mode: 0o755 });
+    const tools = path.join(dir, "tools");
+    const failed = run({ GO: fake, RUNS_TOOLS_DIR: tools });
+    t.is(failed.code, 1, failed.stderr);
+    t.regex(failed.stderr, /building ferretdb failed/);
+    t.notRegex(failed.stderr, /cannot stat/);
+    t.deepEqual((await readdir(path.join(tools, "bin"))).sort(), ["nats", "nats-server"]);
+    t.deepEqual((await readdir(path.join(tools, "stamps"))).sort(), ["nats", "nats-server"]);
+    t.false(existsSync(path.join(tools, ".lock")), "the lock is released");
+    t.false(existsSync(path.join(tools, "build")), "the build folder is cleaned up");
+
+    await writeFile(fake, fakeGo(go, log), { mode: 0o755 });
+    const retried = run({ GO: fake, RUNS_TOOLS_DIR: tools });
+    t.is(retried.code, 0, retried.stderr);
+    t.deepEqual((await readdir(path.join(tools, "bin"))).sort(), ["ferretdb", "nats", "nats-server"]);
+    t.deepEqual((await readFile(log, "utf8")).trim().split("\n").slice(-2), ["build github.com/FerretDB/FerretDB/cmd/ferretdb", "patched"]);
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
