@@ -1636,7 +1636,7 @@ export interface operations {
                 version?: number;
                 /** @description idle or busy runs. */
                 state?: "idle" | "busy";
-                /** @description Runs carrying every given tag (exact, case-sensitive); up to 5 times. A filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag. */
+                /** @description Runs carrying every given tag (exact, case-sensitive); up to 5 times. On a store that cannot look into arrays (stock FerretDB; not MongoDB or the FerretDB this project builds), a filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag. */
                 tag?: string[];
                 /** @description Runs created at or after this Unix time (seconds). */
                 created_after?: number;

@@ -51,6 +51,13 @@ export class MongoStore implements RunStore {
      * against a stale owner, which the lease has already fenced off.)
      */
     readonly idOnlyFilters: boolean,
+    /**
+     * The store finds the runs carrying given tags without decoding every run it passes:
+     * MongoDB from its multikey index (`ws_tags_activity`), the FerretDB this project
+     * builds by looking into the arrays in SQL (its patch). Stock FerretDB decodes each
+     * run it reads; there a tag list reads a bounded number of runs (listRuns).
+     */
+    readonly tagFiltersInStore: boolean,
   ) {
     this.workspaces = db.collection("workspaces");
     this.keys = new ApiKeyStore(db);
@@ -74,12 +81,22 @@ export class MongoStore implements RunStore {
     return MongoStore.over(client, dbName);
   }
 
-  /** The store over a client made elsewhere (tests watch its commands); connects it. */
-  static async over(client: MongoClient, dbName: string): Promise<MongoStore> {
+  /**
+   * The store over a client made elsewhere (tests watch its commands); connects it.
+   * `assume` overrides what the server's build info says it can do (tests of the
+   * paths for stock FerretDB).
+   */
+  static async over(client: MongoClient, dbName: string, assume: { tagFiltersInStore?: boolean } = {}): Promise<MongoStore> {
     await client.connect();
     const info = await client.db("admin").command({ buildInfo: 1 });
-    const stockFerretDb = typeof info.ferretdbVersion === "string" && info.ferretdbFeatures?.typedIndexPushdown !== true;
-    return new MongoStore(client, client.db(dbName), stockFerretDb);
+    const ferretDb = typeof info.ferretdbVersion === "string";
+    const features = info.ferretdbFeatures ?? {};
+    return new MongoStore(
+      client,
+      client.db(dbName),
+      ferretDb && features.typedIndexPushdown !== true,
+      assume.tagFiltersInStore ?? (!ferretDb || features.arrayMemberPushdown === true),
+    );
   }
 
   async close(): Promise<void> {

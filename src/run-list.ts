@@ -31,7 +31,7 @@ export const RunListQuerySchema = z.object({
   state: z.enum(["idle", "busy"], { error: "must be idle or busy." }).optional().describe("idle or busy runs."),
   tag: z
     .preprocess((value) => (value === undefined ? [] : Array.isArray(value) ? value : [value]), z.array(TagSchema).max(MAX_TAG_FILTERS, `at most ${MAX_TAG_FILTERS} tag filters are allowed.`))
-    .describe(`Runs carrying every given tag (exact, case-sensitive); up to ${MAX_TAG_FILTERS} times. A filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag.`),
+    .describe(`Runs carrying every given tag (exact, case-sensitive); up to ${MAX_TAG_FILTERS} times. On a store that cannot look into arrays (stock FerretDB; not MongoDB or the FerretDB this project builds), a filter of only common tags that cannot fill a page within the scan limit: 400 invalid_request, param tag.`),
   created_after: unixSeconds("Runs created at or after this Unix time (seconds)."),
   created_before: unixSeconds("Runs created at or before this Unix time (seconds)."),
   pending_action: z.enum(["true", "false"], { error: "must be true or false." }).optional().describe("true: runs whose active turn waits for a person's decision (config.approval); false: the others."),
@@ -55,11 +55,13 @@ export interface RunListPage {
 }
 
 /**
- * Lists runs by most recent activity with keyset paging. A tag filter first reads a
- * few recent runs in list order; a page it cannot fill there comes from the tag index
- * when one of its tags is rare in the workspace (at most `scanLimit` runs carry it), or
- * else from reading on, at most `scanLimit` runs; it refuses (400, param tag) a page it
- * cannot fill rather than answer a short one.
+ * Lists runs by most recent activity with keyset paging. A tag filter is the store's
+ * where it can find tagged runs without decoding every run (MongoDB, the FerretDB this
+ * project builds). On stock FerretDB it first reads a few recent runs in list order; a
+ * page it cannot fill there comes from the tag index when one of its tags is rare in the
+ * workspace (at most `scanLimit` runs carry it), or else from reading on, at most
+ * `scanLimit` runs; it refuses (400, param tag) a page it cannot fill rather than
+ * answer a short one.
  */
 export async function listRuns(
   store: MongoStore,
@@ -99,10 +101,11 @@ export async function listRuns(
   }
   const page = (runs: RunDoc[]): RunListPage => ({ runs: runs.slice(0, limit), hasMore: runs.length > limit });
   if (filters.tags.length === 0) return page(await store.findRuns(base, limit + 1));
+  if (store.tagFiltersInStore) return page(await store.findRuns({ ...base, tags: { $all: filters.tags } }, limit + 1));
 
-  // In list order: a page of tags common among recent runs fills within the first
-  // runs read, without counting (and the embedded store, which cannot index array
-  // members, reads no further). Past those, a rare tag answers from the tag index;
+  // A store that decodes every run it reads to check its tags (stock FerretDB):
+  // in list order, a page of tags common among recent runs fills within the first
+  // runs read, without counting (and reads no further). Past those, a rare tag answers from the tag index;
   // common tags read on up to the scan limit.
   /** The page from the tag index when one of the tags is rare; undefined when all are common. */
   const fromTagIndex = async (): Promise<RunListPage | undefined> => {
