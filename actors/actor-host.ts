@@ -1,6 +1,7 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
+import { CommandReplies } from "./command-replies.js";
 import { PartitionLeases } from "./partition-leases.js";
 import { RunActor, type ActorResources } from "./run-actor.js";
 import type { KV } from "@nats-io/kv";
@@ -27,6 +28,7 @@ export interface HostResources extends ActorResources {
 export class ActorHost {
   private readonly actors = new Map<string, RunActor>();
   private readonly subs = new Map<number, Subscription>();
+  private readonly replies: CommandReplies;
   private readonly leases: PartitionLeases;
   /** What the actors get: the host's resources and the write gate of their partition. */
   private readonly actorResources: ActorResources;
@@ -61,6 +63,7 @@ export class ActorHost {
     );
     // The gate asks the leases each time: past the confirmed lease's end a write waits,
     // whether or not a tick has noticed yet.
+    this.replies = new CommandReplies(() => r.clock.nowMs());
     this.actorResources = { ...r, writeGate: (p) => (this.leases.checkDoubt(p) ? this.doubts.get(p)?.held : undefined) };
   }
 
@@ -248,10 +251,13 @@ export class ActorHost {
     }
     // In doubt, a command would wait on held writes past the router's timeout: 503, retried.
     if (this.leases.checkDoubt(partition)) return { ok: false, code: "runtime_unavailable" };
-    const actor = this.actorFor(cmd.run_id, partition, epoch);
-    const reply = await actor.command(cmd);
-    if (actor.isStopped) this.actors.delete(cmd.run_id);
-    return reply;
+    // A resend (its first reply was lost) is answered as the first, not run again.
+    return this.replies.answer(cmd.command_id, async () => {
+      const actor = this.actorFor(cmd.run_id, partition, epoch);
+      const reply = await actor.command(cmd);
+      if (actor.isStopped) this.actors.delete(cmd.run_id);
+      return reply;
+    });
   }
 
   private actorFor(runId: string, partition: number, epoch: number): RunActor {

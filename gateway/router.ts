@@ -1,15 +1,21 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
+import { ApiError, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
+/** How long one attempt waits for the owner's reply before the command is resent. */
+export const COMMAND_ATTEMPT_TIMEOUT_MS = 2_000;
+
 /**
  * Sends a command to the owner of the run's partition through NATS. No responder or
  * a "not owner" answer is retried with backoff for `retryMs`, then answered 503.
- * Commands are idempotent on their ids, so a resend after a timeout is safe.
+ * A reply that does not come within `attemptTimeoutMs` (lost with a NATS server, or
+ * the owner slow) is asked for again by resending the command under the same
+ * `command_id`: the owner answers a resend as the first (joining it while it runs),
+ * so it runs once; after `answerWithinMs` without a reply the answer is 503.
  */
 export class CommandRouter {
   constructor(
@@ -18,15 +24,19 @@ export class CommandRouter {
     private readonly retryMs: number,
     private readonly log: Logger,
     private readonly clock: Clock,
-    private readonly requestTimeoutMs = 15_000,
+    private readonly answerWithinMs = 15_000,
     private readonly connection: ConnectionState = { connected: true },
+    private readonly attemptTimeoutMs = COMMAND_ATTEMPT_TIMEOUT_MS,
   ) {}
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
     const subject = Subjects.command(partitionOf(cmd.run_id, this.partitions));
-    const payload = encoder.encode(JSON.stringify(cmd));
-    const deadline = this.clock.nowMs() + this.retryMs;
+    const commandId = cmd.command_id ?? randomBase62(16);
+    const payload = encoder.encode(JSON.stringify({ ...cmd, command_id: commandId }));
+    const startedMs = this.clock.nowMs();
+    const deadline = startedMs + this.retryMs;
     let delayMs = 25;
+    let resends = 0;
     for (let attempt = 0; attempt < 200; attempt++) {
       if (!this.connection.connected) {
         // NATS is down: wait for the reconnect within the retry budget, never for a request timeout.
@@ -36,10 +46,20 @@ export class CommandRouter {
         continue;
       }
       let reply: CommandReply | undefined;
+      const left = startedMs + this.answerWithinMs - this.clock.nowMs();
       try {
-        const msg = await this.nc.request(subject, payload, { timeout: this.requestTimeoutMs });
+        const msg = await this.nc.request(subject, payload, { timeout: Math.max(1, Math.min(this.attemptTimeoutMs, left)) });
         reply = JSON.parse(decoder.decode(msg.data)) as CommandReply;
       } catch (err) {
+        if (isTimeout(err)) {
+          if (this.clock.nowMs() - startedMs >= this.answerWithinMs) {
+            this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "no reply to the command in time");
+            throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
+          }
+          resends++;
+          this.log.info({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "the command's reply did not come: resending it");
+          continue;
+        }
         const retryable = err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders());
         if (!retryable) {
           this.log.warn({ err: String(err), subject, op: cmd.op }, "command request failed");
@@ -60,4 +80,10 @@ export class CommandRouter {
     this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id }, "no owner answered for the run's partition");
     throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
   }
+}
+
+/** A request that got no reply in time (not one refused for want of a responder). */
+function isTimeout(err: unknown): boolean {
+  if (err instanceof natsErrors.TimeoutError) return true;
+  return err instanceof natsErrors.RequestError && err.cause instanceof natsErrors.TimeoutError;
 }

@@ -6,7 +6,15 @@ import type { ErrorCode } from "./errors.js";
  * and the actor's replies. Every command is idempotent on the ids it carries, so a
  * gateway may resend one after a timeout.
  */
-export type RunCommand =
+export type RunCommand = RunCommandBody & {
+  /**
+   * Names this sending of the command: the router resends with the same id when an
+   * attempt's reply does not come, and the owner answers a resend as the first.
+   */
+  command_id?: string;
+};
+
+type RunCommandBody =
   | {
       op: "start";
       workspace_id: string;

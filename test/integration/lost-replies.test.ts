@@ -1,0 +1,116 @@
+import anyTest, { type TestFn } from "ava";
+import pino from "pino";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connectNats } from "../../src/nats.js";
+import { ApiError, Ids, partitionOf, Subjects, systemClock, type RunCommand } from "../../src/index.js";
+import { CommandRouter } from "../../gateway/router.js";
+import type { RunningService } from "../../node/service.js";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+
+const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; workspaceId: string; agent: string; nc: NatsConnection }>;
+const log = pino({ level: "silent" });
+/** As the service's config in the tests (test/helpers/servers.ts). */
+const PARTITIONS = 8;
+const encoder = new TextEncoder();
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  const ws = await newWorkspace(service);
+  const agent = await ws.api.agentWith({ model: "faux/scripted" });
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "lost-replies-test" });
+  t.context = { servers, service, api: ws.api, workspaceId: ws.id, agent, nc };
+});
+
+test.after.always(async (t) => {
+  await t.context.nc?.drain();
+  await t.context.service?.close();
+  await t.context.servers?.stop();
+});
+
+test.serial("lost replies - a delete whose reply was lost is answered as the first when resent, not run again (which would say run_not_found)", async (t) => {
+  const { api, agent, workspaceId, nc } = t.context;
+  const run = (await api.post("/api/v1/runs", { agent, input: "hello" })).body;
+  t.is(run.turn.status, "completed");
+  const del: RunCommand = { op: "delete", workspace_id: workspaceId, run_id: run.id, command_id: `lost-${run.id}` };
+  // Sent without a reply subject: the owner deletes the run and its reply goes nowhere.
+  nc.publish(Subjects.command(partitionOf(run.id, PARTITIONS)), encoder.encode(JSON.stringify(del)));
+  const router = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock);
+  const resent = await router.send(del);
+  t.like(resent, { ok: true, run_id: run.id });
+  t.is((await api.get(`/api/v1/runs/${run.id}`)).status, 404, "the run is deleted");
+  // A new delete (another command id) is a new command: the run is gone.
+  const fresh = await router.send({ op: "delete", workspace_id: workspaceId, run_id: run.id }).catch((err: unknown) => err);
+  t.true(fresh instanceof ApiError);
+  t.like(fresh, { code: "run_not_found" });
+});
+
+test.serial("lost replies - a start resent while the first is still running joins it: one run, one turn.started", async (t) => {
+  const { api, agent, workspaceId, nc } = t.context;
+  const agentDoc = (await api.get(`/api/v1/agents/${agent}`)).body;
+  t.true(Number.isInteger(agentDoc.active_version));
+  // The same start twice on the wire, back to back; the first one's reply goes nowhere.
+  const start: Extract<RunCommand, { op: "start" }> = {
+    op: "start", workspace_id: workspaceId, run_id: Ids.run(), turn_id: Ids.turn(), agent_id: agent,
+    version: agentDoc.active_version, input: [{ type: "input_text", text: "twice?" }], tags: [], plan: "solo", command_id: "start-once",
+  };
+  const subject = Subjects.command(partitionOf(start.run_id, PARTITIONS));
+  nc.publish(subject, encoder.encode(JSON.stringify(start)));
+  const router = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock);
+  const reply = await router.send(start);
+  t.like(reply, { ok: true, run_id: start.run_id, turn_id: start.turn_id });
+  await api.waitTurn(start.run_id, start.turn_id);
+  const listed = await api.get(`/api/v1/runs/${start.run_id}/events?limit=100`);
+  t.is(listed.status, 200);
+  t.false(listed.body.has_more);
+  const events = listed.body.data;
+  t.is(events.filter((e: any) => e.type === "run.created").length, 1);
+  t.is(events.filter((e: any) => e.type === "turn.started").length, 1);
+});
+
+test.serial("lost replies - the router resends a command whose reply does not come within the attempt timeout, with the same command id, and returns the answer in a few seconds", async (t) => {
+  const { nc } = t.context;
+  // A partition the service does not serve (it has 8): this test answers it, dropping the first try.
+  const partitions = 1_000;
+  const runId = "run_lostreplyrouter";
+  const partition = partitionOf(runId, partitions);
+  t.true(partition >= PARTITIONS, `partition ${partition}`);
+  const seen: string[] = [];
+  const sub = nc.subscribe(Subjects.command(partition), {
+    callback: (_err, msg) => {
+      const cmd = JSON.parse(new TextDecoder().decode(msg.data)) as RunCommand;
+      seen.push(cmd.command_id ?? "");
+      if (seen.length > 1) msg.respond(encoder.encode(JSON.stringify({ ok: true, run_id: runId, tags: ["a"] })));
+    },
+  });
+  t.teardown(() => sub.unsubscribe());
+  await nc.flush();
+  const router = new CommandRouter(nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
+  const started = Date.now();
+  const reply = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["a"], remove: [] });
+  const tookMs = Date.now() - started;
+  t.like(reply, { ok: true, tags: ["a"] });
+  t.is(seen.length, 2);
+  t.truthy(seen[0]);
+  t.is(seen[1], seen[0], "the resend carries the first send's command id");
+  t.true(tookMs >= 1_000 && tookMs < 3_000, `answered in ${tookMs} ms`);
+});
+
+test.serial("lost replies - with no reply at all the router answers 503 after its bound, not later", async (t) => {
+  const { nc } = t.context;
+  const partitions = 1_000;
+  const runId = "run_lostreplysilent";
+  const partition = partitionOf(runId, partitions);
+  t.true(partition >= PARTITIONS, `partition ${partition}`);
+  let received = 0;
+  const sub = nc.subscribe(Subjects.command(partition), { callback: () => void received++ });
+  t.teardown(() => sub.unsubscribe());
+  await nc.flush();
+  const router = new CommandRouter(nc, partitions, 1_500, log, systemClock, 3_000, { connected: true }, 1_000);
+  const started = Date.now();
+  const err = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["a"], remove: [] }).catch((e: unknown) => e);
+  const tookMs = Date.now() - started;
+  t.like(err, { code: "runtime_unavailable" });
+  t.true(tookMs >= 2_900 && tookMs < 4_500, `answered in ${tookMs} ms`);
+  t.true(received >= 3 && received <= 4, `sent ${received} times`);
+});
