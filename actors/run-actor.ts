@@ -1,5 +1,5 @@
 import { rm } from "node:fs/promises";
-import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { workspaceDirOf } from "./run-workspace.js";
@@ -342,15 +342,22 @@ export class RunActor {
       queued_turn_id: null,
       event_seq: 0,
     };
-    // A fresh start's events begin at 1; a resent one's message ids repeat an earlier
-    // attempt's, which JetStream de-duplicates.
+    // A fresh start's events begin at 1. A resent one may follow an attempt that stored
+    // its first events and died before the documents: those events are this start's,
+    // kept and not repeated (no second run.created or turn.started).
     const stored = cmd.fresh ? 0 : await this.r.events.lastSequence({ id: run._id, plan: run.plan });
+    const earlier = stored > 0 ? await this.earlierStartEvents(run, stored) : [];
     this.appender = this.r.events.appender({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }, stored + 1, {
       onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
       gate: () => this.r.writeGate?.(this.partition),
     });
-    this.emit(null, "platform", "run.created", { agent_id: run.agent_id, agent_version: run.agent_version, tags: run.tags });
-    const firstSeq = this.emit(cmd.turn_id, "platform", "turn.started", { agent_version: cmd.version });
+    if (!earlier.some((event) => event.type === "run.created")) {
+      this.emit(null, "platform", "run.created", { agent_id: run.agent_id, agent_version: run.agent_version, tags: run.tags });
+    }
+    const firstSeq =
+      earlier.find((event) => event.type === "turn.started" && event.turn_id === cmd.turn_id)?.sequence ??
+      this.emit(cmd.turn_id, "platform", "turn.started", { agent_version: cmd.version });
+    if (earlier.length) this.r.log.info({ run_id: run._id, events: earlier.length }, "start resent after an attempt that stored only its first events: kept them");
     const turn = this.newTurn(run, cmd.turn_id, 0, TurnStatus.in_progress, cmd.version, cmd.input, now, firstSeq, Disposition.created);
     // Events first: a turn is announced only once its first event is recorded (rule 9).
     await this.appender.flush();
@@ -371,6 +378,12 @@ export class RunActor {
     this.turns.session = [];
     await this.turns.execute(run, turn);
     return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created, run: renderRun(run, turn, Disposition.created) });
+  }
+
+  /** The events an earlier attempt of this start stored (a start stores at most two before its documents). */
+  private async earlierStartEvents(run: RunDoc, stored: number): Promise<RunEvent[]> {
+    const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: stored };
+    return (await this.r.events.read(ref, { limit: 10, nowMs: this.r.clock.nowMs() })).events;
   }
 
   private newTurn(

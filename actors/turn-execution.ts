@@ -58,6 +58,14 @@ export interface ExecutionHost {
   markUnsettled(): void;
 }
 
+/** A finished turn's result, kept to store it again after a failed write. */
+interface FinishedTurn {
+  status: TurnStatus;
+  output: TurnDoc["output"];
+  transcript: AgentMessage[];
+  error: TurnError | null;
+}
+
 export class TurnExecution {
   /** The turn whose agent runs on this node now. */
   active: ActiveExecution | undefined;
@@ -190,34 +198,45 @@ export class TurnExecution {
     const output = decision.output === "agent" ? result.output : [];
     const error: TurnError | null =
       decision.error === "agent" ? (result.error ?? null) : decision.error === "none" ? null : turnError(decision.error, { reference: this.r.ids.reference() });
+    const used = { usage: result.usage, model: execution.model };
+    const finished: FinishedTurn = { status, output, transcript: result.transcript as AgentMessage[], error };
     try {
-      await this.finishTurn(execution.turn, status, output, result.transcript as AgentMessage[], error, { usage: result.usage, model: execution.model });
+      await this.finishTurn(execution.turn, status, output, finished.transcript, error, used);
     } catch (err) {
       if (err instanceof FencedError) this.host.stop("fenced");
-      else await this.settleUnstored(execution.turn, err, { usage: result.usage, model: execution.model });
+      else await this.settleUnstored(execution.turn, err, used, finished);
     }
   }
 
   /**
    * The finished turn (or the run after it) could not be stored. No run may stay busy
-   * because a write failed: the turn is stored `failed` without its result, retried for
-   * a while; if even that cannot be written (the store is down), the actor stops as
+   * because a write failed, and no turn may lose its result to a store outage shorter
+   * than the retries: a temporary failure (the store or NATS away for a moment) retries
+   * the turn's own result; any other stores it `failed` without its result. Retried for
+   * ~15 s; if even that cannot be written (the store is down), the actor stops as
    * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
    */
-  private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}): Promise<void> {
+  private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}, finished?: FinishedTurn): Promise<void> {
     const reference = this.r.ids.reference();
-    this.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
+    let own = finished !== undefined && isTransientFailure(cause);
+    if (own) this.r.log.warn({ err: cause, run_id: this.host.runId, turn_id: turn._id }, "could not store a finished turn for now; retrying it");
+    else this.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
     const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
     for (let attempt = 0; attempt < 5 && !this.host.stopped; attempt++) {
       try {
         const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
         // The turn itself was stored: only the run's move to its next state is left.
         if (stored && this.host.run) await this.afterTurn(this.host.run, stored.turn, stored.now);
+        else if (own && finished) await this.finishTurn(turn, finished.status, finished.output, finished.transcript, finished.error, used);
         else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false, ...used });
         return;
       } catch (err) {
         if (err instanceof FencedError) return this.host.stop("fenced");
-        this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, "storing the failed turn failed; retrying");
+        if (own && !isTransientFailure(err)) {
+          own = false;
+          this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
+        }
+        this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, own ? "storing the finished turn failed; retrying" : "storing the failed turn failed; retrying");
         await this.r.clock.sleep(500 * 2 ** attempt);
       }
     }

@@ -36,6 +36,8 @@ export class MemoryRunStore implements RunStore {
   readonly writes: string[] = [];
   /** Makes the next turn write that matches fail once, as a store that went away would. */
   failTurnWriteOnce?: (id: string, set: Partial<TurnDoc>) => boolean;
+  /** What that failed write throws (default a plain Error: not a temporary failure). */
+  failTurnWriteError?: Error;
 
   async insertRunOnce(doc: RunDoc): Promise<boolean> {
     if (this.runs.has(doc._id)) return false;
@@ -78,7 +80,7 @@ export class MemoryRunStore implements RunStore {
   async updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void> {
     if (this.failTurnWriteOnce?.(id, set)) {
       this.failTurnWriteOnce = undefined;
-      throw new Error("store unavailable (injected)");
+      throw this.failTurnWriteError ?? new Error("store unavailable (injected)");
     }
     const turn = this.turns.get(id);
     if (!turn || turn.epoch > epoch) throw new FencedError(id);
@@ -175,8 +177,11 @@ export class MemoryEventLog implements EventLog {
   async lastSequence(run: { id: string }): Promise<number> {
     return this.events(run.id).at(-1)?.sequence ?? 0;
   }
-  async read(): Promise<never> {
-    throw new Error("not used by the actor");
+  /** The run's events from the first (the actor reads them only to resume a start). */
+  async read(run: { id: string }, options: { limit: number }): Promise<{ events: RunEvent[]; hasMore: boolean; history: never }> {
+    const log = this.events(run.id);
+    const events = log.slice(0, options.limit).map((e) => ({ id: `evt_${e.sequence}`, sequence: e.sequence, source: e.source, type: e.type, run_id: run.id, turn_id: e.turn_id, created_at: 0, data: e.data }) as RunEvent);
+    return { events, hasMore: log.length > options.limit, history: undefined as never };
   }
   async subscribe(): Promise<never> {
     throw new Error("not used by the actor");

@@ -87,7 +87,7 @@ test("20 uploaded files of 1 MiB: the turn completes, files past the budget are 
   t.is(included + described, 20);
 });
 
-test.serial("the store gone when a turn finishes: the turn still becomes final, the run idle, and cancel settles", async (t) => {
+test.serial("the store gone for seconds when a turn finishes: the turn keeps its result (completed, not failed), the run goes idle, cancel settles", async (t) => {
   t.timeout(150_000);
   const { servers, api } = t.context;
   // The command ends when the test says so (a file in the run's workspace), not after a
@@ -111,10 +111,10 @@ test.serial("the store gone when a turn finishes: the turn still becomes final, 
   const run = await api.waitRun(runId, (r) => r.state === "idle", 90_000);
   t.is(run.state, "idle");
   const final = (await api.get(`/api/v1/runs/${runId}/turns`)).body.data.find((x: { id: string }) => x.id === turn.id);
-  t.true(
-    (final.status === "failed" && final.error.code === "platform_failure") || (final.status === "incomplete" && final.error.code === "worker_execution_interrupted"),
-    JSON.stringify(final),
-  );
+  // A store outage shorter than the finished turn's write retries (~15 s) costs the turn nothing.
+  t.is(final.status, "completed", JSON.stringify(final));
+  t.is(final.error, null);
+  t.deepEqual(final.output, [{ type: "output_text", text: "slept" }]);
   // The turn has exactly one final event.
   const events = (await api.get(`/api/v1/runs/${runId}/events?turn_id=${turn.id}&limit=1000`)).body.data as Array<{ type: string }>;
   t.is(events.filter((e) => /^turn\.(completed|failed|cancelled|incomplete)$/.test(e.type)).length, 1, JSON.stringify(events.map((e) => e.type)));

@@ -7,6 +7,7 @@
 import test from "ava";
 import { RunActor } from "../../actors/run-actor.js";
 import type { CommandReply, RunCommand } from "../../src/commands.js";
+import { StoreUnavailableError } from "../../src/mongo-guard.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
 
 const WS = "ws_test";
@@ -404,6 +405,35 @@ test("run-actor - race: a start parked between its turn and its run is not visib
   t.deepEqual(w.events.types(RUN).filter((type) => type === "run.created"), ["run.created"]);
 });
 
+test("run-actor - a start resent after an attempt that stored its first events and died before its run: those events are kept, no second run.created or turn.started", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  const spot = w.steps.park("start:turn_stored");
+  void first.command(startCmd());
+  await spot.reached;
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started"]);
+  // The owner dies here: its events and its turn are stored, its run is not.
+  first.stop("node died");
+  const owner = w.actor(2);
+  const again = okReply(await owner.command(startCmd("turn_1", { fresh: false })));
+  t.is(again.turn_id, "turn_1");
+  t.true(w.store.runs.has(RUN));
+  t.is(w.store.turns.get("turn_1")!.first_event_seq, 2, "the turn points at its one turn.started");
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "once" }] });
+  await settled(owner);
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started", "turn.completed"]);
+  t.deepEqual(w.events.events(RUN).map((e) => e.sequence), [1, 2, 3]);
+});
+
+test("run-actor - a start resent after an attempt that stored only run.created: turn.started follows it, once", async (t) => {
+  const w = await world();
+  w.events.appender({ id: RUN, workspace_id: WS, plan: "business" }, 1).append(null, "platform", "run.created", { agent_id: AGENT, agent_version: 1, tags: ["a", "b"] }, 0);
+  const owner = w.actor(2);
+  okReply(await owner.command(startCmd("turn_1", { fresh: false })));
+  t.deepEqual(w.events.types(RUN), ["run.created", "turn.started"]);
+  t.is(w.store.turns.get("turn_1")!.first_event_seq, 2);
+});
+
 test("run-actor - usage: a turn's is stored with it and added to the run once, also when the move-on after it is retried", async (t) => {
   const w = await world();
   const actor = w.actor();
@@ -448,6 +478,38 @@ test("run-actor - webhooks: a final turn's event is recorded once, also when the
   t.deepEqual(w.webhookEvents.map((e) => e.type), ["turn.completed", "turn.failed"]);
   t.true(okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN })).run_id === RUN);
   t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey]).at(-1), ["run.deleted", `${RUN}_deleted`]);
+});
+
+test("run-actor - a finished turn whose write meets a store outage keeps its own result: the write is retried, the turn completes with its output", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_1" && set.status === "completed";
+  w.store.failTurnWriteError = new StoreUnavailableError(new Error("connection refused"));
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
+  await settled(actor);
+  t.true(w.store.failTurnWriteOnce === undefined, "the first write failed");
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "completed");
+  t.deepEqual(turn.output, [{ type: "output_text", text: "kept" }]);
+  t.is(turn.error, null);
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+  t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("turn.")), ["turn.started", "turn.completed"]);
+});
+
+test("run-actor - a finished turn whose write fails otherwise (not a temporary failure) is stored failed without its result, never left busy", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_1" && set.status === "completed";
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "lost" }] });
+  await settled(actor);
+  t.true(w.store.failTurnWriteOnce === undefined, "the first write failed");
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "platform_failure");
+  t.deepEqual(turn.output, []);
+  t.is(w.store.runs.get(RUN)!.state, "idle");
 });
 
 test("run-actor - usage: a turn that used nothing writes no ledger record", async (t) => {
