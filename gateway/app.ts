@@ -1,6 +1,6 @@
 /** The Fastify app: hooks, parsers, error answers and every route plugin. */
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
-import { STATUS_CODES } from "node:http";
+import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http";
 import type { Socket } from "node:net";
 import type { KV } from "@nats-io/kv";
 import { ApiError, fieldOfPath, invalid, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
@@ -77,6 +77,7 @@ export async function buildApp(
     genReqId: (req) => acceptedRequestId(req.headers[REQUEST_ID_HEADER]) ?? ctx.ids.reference().replace("ref_", "req_"),
   });
   app.decorateRequest("auth", null);
+  closeConnectionsOnClose(app);
   // First, so every answer (401s, 404s, hijacked event streams) carries the id and is counted.
   app.addHook("onRequest", async (request, reply) => {
     reply.header(REQUEST_ID_HEADER, request.id);
@@ -133,4 +134,37 @@ export async function buildApp(
   await app.register(openapiRoutes(JSON.stringify(buildOpenApiDocument())));
   await app.register(consoleRoutes());
   return { app, context };
+}
+
+/**
+ * A node that closes must not wait on connections: Node counts one that has not sent a
+ * whole request (connected and silent, or headers still coming) as busy until its
+ * headers timeout, and one whose request finishes after the close began stays open for
+ * its keep-alive (72 s with Fastify). At close, the first kind are ended; requests in
+ * flight finish, and their connections close after the answer (`Connection: close`
+ * where the headers are still to go).
+ */
+function closeConnectionsOnClose(app: FastifyInstance): void {
+  const silent = new Set<Socket>();
+  const inFlight = new Set<ServerResponse>();
+  let closing = false;
+  app.server.on("connection", (socket: Socket) => {
+    silent.add(socket);
+    socket.once("close", () => silent.delete(socket));
+  });
+  app.server.on("request", (request: IncomingMessage, response: ServerResponse) => {
+    silent.delete(request.socket);
+    inFlight.add(response);
+    if (closing) response.shouldKeepAlive = false;
+    response.once("finish", () => {
+      if (closing) request.socket.end();
+    });
+    response.once("close", () => inFlight.delete(response));
+  });
+  app.addHook("preClose", async () => {
+    closing = true;
+    for (const socket of silent) socket.destroy();
+    silent.clear();
+    for (const response of inFlight) if (!response.headersSent) response.shouldKeepAlive = false;
+  });
 }

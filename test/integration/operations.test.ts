@@ -169,3 +169,34 @@ test.serial("pages - an asset name that is a property of every object (toString,
   t.is((await anon.get("/docs/assets/init.js")).status, 200);
   t.is((await anon.get("/console/app.css")).status, 200);
 });
+
+test.serial("http layer - a closing node waits on no connection: silent ones and half-sent headers are ended, a request in flight gets its answer and its keep-alive connection closes after it", async (t) => {
+  t.timeout(60_000);
+  const { servers } = t.context;
+  const service = await startService(testConfig(servers), { log: pino({ level: "silent" }) });
+  const { port } = new URL(service.url!);
+  const open = (bytes: string) =>
+    new Promise<net.Socket>((resolve, reject) => {
+      const socket = net.connect(Number(port), "127.0.0.1", () => {
+        if (bytes) socket.write(bytes);
+        resolve(socket);
+      });
+      socket.on("error", reject);
+    });
+  const silent = await open("");
+  const halfHeaders = await open("GET /healthz HTTP/1.1\r\nHost: x\r\n");
+  const ended = (socket: net.Socket) => new Promise<void>((resolve) => (socket.destroyed ? resolve() : socket.once("close", () => resolve())));
+  // A request in flight (a start that waits for its 2 s turn) still gets its answer.
+  const { api } = await newWorkspace(service);
+  const agent = await api.agentWith(sleeper(2));
+  const inFlight = api.post("/api/v1/runs", { agent, input: "go" });
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  const started = Date.now();
+  await service.close();
+  const tookMs = Date.now() - started;
+  await Promise.all([ended(silent), ended(halfHeaders)]);
+  t.true(tookMs < 10_000, `closed in ${tookMs} ms`);
+  const answer = await inFlight;
+  t.is(answer.status, 200, JSON.stringify(answer.body));
+  t.is(answer.body.turn.status, "completed");
+});

@@ -5,6 +5,7 @@ import { connect } from "@nats-io/transport-node";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { eventStreamName } from "../../src/nats.js";
+import { bashThen } from "../helpers/agent-configs.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; key: string; wsId: string }>;
 
@@ -176,4 +177,51 @@ test("stream - background and stream together is 400 param stream", async (t) =>
   const res = await api.post("/api/v1/runs", { agent: "agt_x", input: "x", stream: true, background: true });
   t.is(res.status, 400);
   t.is(res.body.error.param, "stream");
+});
+
+test("stream - a client that drops its connection mid-turn (a streamed start, a waiting continuation) does not interrupt the turn: both complete with their output", async (t) => {
+  t.timeout(60_000);
+  const { api, key, service } = t.context;
+  const agent = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("sleep 1.5", "finished anyway") });
+  // A streamed start: the socket is destroyed after the first frame.
+  const runId = await new Promise<string>((resolve, reject) => {
+    const req = http.request(new URL("/api/v1/runs", service.url), {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json", "idempotency-key": `drop-${Math.random()}` },
+    });
+    req.setTimeout(30_000, () => req.destroy(new Error("no first frame")));
+    req.on("response", (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (chunk: string) => {
+        text += chunk;
+        const created = /"run_id":"(run_[A-Za-z0-9]+)"/.exec(text);
+        if (created) {
+          req.destroy();
+          resolve(created[1]!);
+        }
+      });
+      res.on("error", () => undefined);
+    });
+    req.on("error", (err) => (/socket hang up|aborted/.test(String(err)) ? undefined : reject(err)));
+    req.end(JSON.stringify({ agent, input: "go", stream: true }));
+  });
+  const run = await api.waitRun(runId, (r) => r.state === "idle", 30_000);
+  t.is(run.turn.status, "completed", JSON.stringify(run.turn));
+  t.deepEqual(run.turn.output, [{ type: "output_text", text: "finished anyway" }]);
+
+  // A continuation that waits for its turn: the request is aborted while the turn runs.
+  const controller = new AbortController();
+  const waiting = fetch(new URL("/api/v1/runs", service.url), {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json", "idempotency-key": `drop-wait-${runId}` },
+    body: JSON.stringify({ run_id: runId, input: "again" }),
+    signal: controller.signal,
+  }).catch((err: unknown) => err);
+  await api.waitRun(runId, (r) => r.state === "busy", 10_000);
+  controller.abort();
+  t.true((await waiting) instanceof Error, "the request was aborted");
+  const after = await api.waitRun(runId, (r) => r.state === "idle" && r.turn.id !== run.turn.id, 30_000);
+  t.is(after.turn.status, "completed", JSON.stringify(after.turn));
+  t.deepEqual(after.turn.output, [{ type: "output_text", text: "finished anyway" }]);
 });
