@@ -9,6 +9,7 @@ import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
 import { FinalTurnCache } from "./final-turns.js";
 import { RateLimiter } from "./rate-limits.js";
+import { UploadSlots } from "./upload-slots.js";
 import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, toApiError } from "./context.js";
 import { runRoutes } from "./routes/runs.js";
 import { turnRoutes } from "./routes/turns.js";
@@ -50,12 +51,13 @@ function answerClientError(err: Error & { code?: string }, socket: Socket): void
 const STORE_PING_BOUND_MS = 1_000;
 
 export async function buildApp(
-  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "finalTurns" | "metrics"> & { rateLimits: KV },
+  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "uploadSlots" | "finalTurns" | "metrics"> & { rateLimits: KV },
 ): Promise<{ app: FastifyInstance; context: GatewayContext }> {
   const connection = trackConnection(ctx.nc);
   const context: GatewayContext = {
     ...ctx,
     rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock),
+    uploadSlots: new UploadSlots(ctx.rateLimits, ctx.clock, ctx.config.files.takeoverMs),
     router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, 15_000, connection),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock),

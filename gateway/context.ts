@@ -14,6 +14,7 @@ import type { FinalTurnCache } from "./final-turns.js";
 import type { GatewayMetrics } from "./metrics.js";
 import { retryAfterSeconds } from "./unavailable.js";
 import { RateClass, type RateDecision, type RateLimiter } from "./rate-limits.js";
+import type { UploadSlots } from "./upload-slots.js";
 
 /** Everything the routes use, built once at the composition root. */
 export interface GatewayContext {
@@ -27,6 +28,8 @@ export interface GatewayContext {
   auth: Authenticator;
   idempotency: IdempotencyRecords;
   rateLimiter: RateLimiter;
+  /** The concurrent-upload cap's slots, shared by every node (gateway/upload-slots.ts). */
+  uploadSlots: UploadSlots;
   /** Final turns (immutable) as rendered, so reads of idle runs skip the turn read. */
   finalTurns: FinalTurnCache;
   builder: DeploymentBuilds;

@@ -114,7 +114,6 @@ export class FileStore {
       await this.files.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
       await this.files.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.uploads.createIndex({ expires_at: 1 }, { name: "expires" });
-      await this.uploads.createIndex({ workspace_id: 1, state: 1 }, { name: "ws_state" });
     });
   }
 
@@ -184,13 +183,6 @@ export class FileStore {
    * upload_in_progress (503) or conflict (409). Races between repeats are settled by
    * conditional writes; a loser decides again on the winner's record.
    */
-  /** Uploads of a workspace still receiving bytes (heard from within `takeoverMs`). */
-  countRunning(workspaceId: string, nowMs: number, takeoverMs: number): Promise<number> {
-    return guard(() =>
-      this.uploads.countDocuments({ workspace_id: workspaceId, state: UploadState.uploading, heartbeat_at: { $gt: nowMs - takeoverMs } }),
-    );
-  }
-
   async claim(workspaceId: string, key: string, fingerprint: string, takeoverMs: number): Promise<UploadClaim> {
     const uploadId = this.uploadId(workspaceId, key);
     for (let attempt = 0; attempt < 10; attempt++) {
@@ -239,8 +231,10 @@ export class FileStore {
    * runtime_unavailable) when the record cannot be written for about a minute or the
    * object store fails. Errors of `source` itself come back as {@link UploadSourceError}. On any
    * failure the stored chunks are removed; the caller then calls {@link abandon}.
+   * `onProgress` is called at each heartbeat that saw new bytes (the gateway refreshes
+   * the upload's concurrency slot with it).
    */
-  async receive(session: UploadSession, source: Readable, limits: UploadLimits): Promise<ReceivedObject> {
+  async receive(session: UploadSession, source: Readable, limits: UploadLimits, onProgress?: () => void): Promise<ReceivedObject> {
     const hash = createHash("sha256");
     let bytes = 0;
     let beatBytes = 0;
@@ -257,6 +251,7 @@ export class FileStore {
     const heartbeat = this.clock.every(heartbeatMs, () => {
       if (ticking || stopped) return;
       ticking = true;
+      if (bytes !== beatBytes) onProgress?.();
       void this.beat(session, bytes !== beatBytes)
         .then((owned) => {
           lastStoreOk = this.clock.nowMs();

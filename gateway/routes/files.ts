@@ -6,6 +6,7 @@ import multipart from "@fastify/multipart";
 import { ApiError, type Clock, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
+import type { UploadSlot } from "../upload-slots.js";
 import { retryAfterSeconds } from "../unavailable.js";
 import { type Operation, route, fileId } from "../operation.js";
 import { FileSchema, FileUploadRequestSchema } from "../schemas.js";
@@ -159,6 +160,7 @@ export function fileRoutes(ctx: GatewayContext) {
       let session: UploadSession | undefined;
       let received: ReceivedObject | undefined;
       let replayed: FileDoc | undefined;
+      let slot: UploadSlot | undefined;
       try {
         for await (const part of request.parts()) {
           if (part.type === "field") {
@@ -178,14 +180,20 @@ export function fileRoutes(ctx: GatewayContext) {
             filename: checkFilename(filename, "filename"),
             media_type: fields.media_type ?? checkMediaType(part.mimetype || "application/octet-stream", "media_type"),
           };
-          // Concurrent uploads per workspace are capped (decisions §7); a finished key's replay is not an upload.
+          // Concurrent uploads per workspace are capped (decisions §7), across nodes: an
+          // upload runs in one of the workspace's slots. A finished key's replay is not an upload.
           const existing = await files.getUpload(files.uploadId(workspaceId, key));
           const cap = ctx.config.uploadConcurrency[auth.workspace.plan];
-          if (existing?.state !== "done" && (await files.countRunning(workspaceId, ctx.clock.nowMs(), limits.takeoverMs)) >= cap) {
-            throw new ApiError("rate_limited", {
-              retryAfterS: 1,
-              message: `The workspace already runs ${cap} uploads at once; retry when one finishes.`,
+          if (existing?.state !== "done") {
+            slot = await ctx.uploadSlots.take(workspaceId, cap, files.uploadId(workspaceId, key)).catch((err: unknown) => {
+              throw new StoreUnavailableError(err);
             });
+            if (!slot) {
+              throw new ApiError("rate_limited", {
+                retryAfterS: 1,
+                message: `The workspace already runs ${cap} uploads at once; retry when one finishes.`,
+              });
+            }
           }
           const claim = await files.claim(workspaceId, key, uploadFingerprint(meta), limits.takeoverMs);
           if (claim.kind === "replay") {
@@ -199,7 +207,9 @@ export function fileRoutes(ctx: GatewayContext) {
             continue;
           }
           session = claim.session;
-          received = await files.receive(session, part.file, limits);
+          const held = slot;
+          // The slot is held while bytes arrive, as the upload record's heartbeat is.
+          received = await files.receive(session, part.file, limits, held && (() => void held.refresh().catch(() => undefined)));
         }
         if (replayed) return reply.status(201).send(renderFile(replayed));
         if (!session || !received || !meta) throw invalid("file", "The form has no part named file.");
@@ -213,6 +223,8 @@ export function fileRoutes(ctx: GatewayContext) {
         const answer = uploadError(err, request);
         if (answer instanceof ApiError) return refuse(reply, answer);
         throw answer;
+      } finally {
+        await slot?.release();
       }
     });
 

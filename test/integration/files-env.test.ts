@@ -517,6 +517,38 @@ test("files - concurrent uploads per workspace are capped: the next one is 429 u
   }
 });
 
+test("files - the upload cap holds across nodes: 8 uploads started at once through two nodes of a workspace capped at 2, exactly 2 run, the rest 429; finished ones free their slots", async (t) => {
+  t.timeout(90_000);
+  const env = { ...RATE_ENV, RUNS_UPLOADS_BUSINESS: "2" };
+  const [nodeA, nodeB] = await Promise.all([startWith(t.context.servers, env), startWith(t.context.servers, env)]);
+  try {
+    const ws = await newWorkspace(nodeA!, "business");
+    const apis = [ws.api, new Api(nodeB!.url!, ws.key)];
+    const uploads = Array.from({ length: 8 }, (_, i) => rawUpload(apis[i % 2]!, newKey(), `race-${i}.bin`));
+    const stops = uploads.map((u) => trickle(u, 100));
+    // The refused answer at once; the admitted ones keep sending.
+    const refused: number[] = [];
+    for (const [i, u] of uploads.entries()) void u.response.then((r) => "status" in r && r.status === 429 && refused.push(i));
+    await waitFor(async () => refused.length, (n) => n >= 6, 20_000);
+    await sleep(500);
+    t.is(refused.length, 6, `refused: ${refused.length} of 8`);
+    const records = (await t.context.servers.raw()).db.collection<{ workspace_id: string; state: string }>("file_uploads");
+    t.is(await records.countDocuments({ workspace_id: ws.id, state: "uploading" }), 2);
+    const running = uploads.filter((_, i) => !refused.includes(i));
+    for (const stop of stops) stop();
+    for (const u of running) u.finish();
+    for (const u of running) {
+      const done = await u.response;
+      t.is("status" in done ? done.status : 0, 201, JSON.stringify(done));
+    }
+    for (const u of uploads) if (!u.req.destroyed) u.abort();
+    // Both slots are free again, on either node.
+    for (const api of apis) t.is((await upload(api, newKey(), fileParts(Buffer.from("after")))).status, 201);
+  } finally {
+    await Promise.all([nodeA?.close(), nodeB?.close()]);
+  }
+});
+
 test("files - an uploaded text file given by file_id reaches the agent as text", async (t) => {
   const { api } = t.context;
   const content = "the quarterly numbers are up 7 percent";
