@@ -3,6 +3,7 @@ import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import { startFerretDb, startNatsServer } from "../../node/servers.js";
 import type { RunningService } from "../../node/service.js";
+import { Ids, partitionOf } from "../../src/index.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; agent: string }>;
 
@@ -84,3 +85,36 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   t.is(res!.status, 200, JSON.stringify(res!.body));
   t.is(res!.body.turn.status, "completed");
 });
+
+test.serial("faults - inserts are not fenced: a run a stale owner inserts after the partition moved (its owner paused between its events and its documents) is recovered by the orphan check within 2 lease TTLs: its turn incomplete, the run idle and usable", async (t) => {
+  t.timeout(60_000);
+  const { servers, api, agent } = t.context;
+  // The service holds every partition at an epoch of 1 or more; the stale owner had 0.
+  const known = (await api.post("/api/v1/runs", { agent, input: "who am I" })).body;
+  const raw = (await servers.raw()).db;
+  const template = await raw.collection("runs").findOne({ _id: known.id } as any);
+  t.truthy(template);
+  const runId = Ids.run();
+  const turnId = Ids.turn();
+  const now = Date.now();
+  await raw.collection("turns").insertOne({
+    _id: turnId, run_id: runId, workspace_id: template!.workspace_id, index: 0, status: "in_progress", agent_version: template!.agent_version,
+    input: [{ type: "input_text", text: "stale" }], output: [], error: null, created_at: now, started_at: now, completed_at: null, duration_ms: null,
+    transcript: [], disposition: "created", steer_ids: [], first_event_seq: 0, epoch: 0,
+  } as any);
+  await raw.collection("runs").insertOne({
+    ...template!, _id: runId, partition: partitionOf(runId, 8), state: "busy", epoch: 0, created_at: now, last_activity_at: now,
+    turn_count: 1, latest_turn_id: turnId, active_turn_id: turnId, queued_turn_id: null, event_seq: 0, tags: [],
+  } as any);
+  const started = Date.now();
+  const run = await api.waitRun(runId, (r) => r.state === "idle", 15_000);
+  const tookMs = Date.now() - started;
+  t.true(tookMs <= 2 * 3_000 + 1_000, `recovered in ${tookMs} ms (lease TTL 3 s)`);
+  t.is(run.turn.id, turnId);
+  t.is(run.turn.status, "incomplete");
+  t.is(run.turn.error?.code, "worker_execution_interrupted");
+  const after = await api.post("/api/v1/runs", { run_id: runId, input: "still usable" });
+  t.is(after.status, 200, JSON.stringify(after.body));
+  t.is(after.body.turn.status, "completed");
+});
+
