@@ -104,6 +104,15 @@ export interface Cluster {
   killNats(i: number): void;
   /** Starts a killed NATS server again with its store dir. */
   startNats(i: number): Promise<void>;
+  /**
+   * Ends FerretDB, as a store outage: SIGTERM (or SIGKILL of its process group with
+   * `crash`). The nodes' and `store`'s drivers see connection errors until `startStore`.
+   */
+  stopStore(options?: { crash?: boolean }): Promise<void>;
+  /** Starts a stopped FerretDB again on the same port and data dir (its documents kept). */
+  startStore(): Promise<void>;
+  /** Whether FerretDB is running. */
+  storeUp(): boolean;
   /** The node index holding the lease of the run's partition (from the leases bucket), if any. */
   ownerOf(runId: string): Promise<number | undefined>;
   /** Stops everything and removes the temp dir; safe to call twice and after a failed start. */
@@ -134,6 +143,10 @@ function signalGroup(pid: number, signal: NodeJS.Signals): void {
 
 function exited(child: ChildProcess): boolean {
   return child.exitCode !== null || child.signalCode !== null;
+}
+
+function serverExited(server: ServerProcess): boolean {
+  return exited(server.child);
 }
 
 function waitExit(child: ChildProcess, timeoutMs: number): Promise<boolean> {
@@ -396,6 +409,25 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
       async startNats(i) {
         if (nats[i].server && nats[i].server.child.exitCode === null && nats[i].server.child.signalCode === null) return;
         await launchNats(nats[i]);
+      },
+      async stopStore(storeOptions = {}) {
+        const server = ferret;
+        if (!server || serverExited(server)) return;
+        if (storeOptions.crash) {
+          const gone = new Promise((resolve) => server.child.once("exit", resolve));
+          server.kill();
+          await Promise.race([gone, sleep(5_000)]);
+        } else {
+          await server.stop();
+        }
+      },
+      async startStore() {
+        if (ferret && !serverExited(ferret)) return;
+        // Same port: the nodes' MONGODB_URI names it, and their drivers reconnect to it.
+        ferret = await startFerretDb({ port: ferretPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") });
+      },
+      storeUp() {
+        return ferret !== undefined && !serverExited(ferret);
       },
       async ownerOf(runId) {
         const entry = await leases!.get(`p${partitionOf(runId, config.partitions)}`);
