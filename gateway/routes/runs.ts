@@ -212,8 +212,17 @@ export function runRoutes(ctx: GatewayContext) {
       // A refused delete (busy, unknown) leaves the key free for a later retry.
       await ctx.idempotency.once<{ run_id: string; deleted?: boolean }>(
         { workspaceId, operation: "runs.delete", key, fingerprint: { run_id: runId }, fresh: () => ({ run_id: runId }) },
-        async () => {
-          await loadRun(ctx, workspaceId, runId);
+        async (_identity, firstClaim) => {
+          try {
+            await loadRun(ctx, workspaceId, runId);
+          } catch (err) {
+            // A repeat of a delete whose first attempt failed after it took effect (a 503
+            // while NATS or the owner went away) answers as the first would have: deleted.
+            if (!firstClaim && err instanceof ApiError && err.code === "run_not_found" && (await deletedHere(ctx, workspaceId, runId))) {
+              return { run_id: runId, deleted: true };
+            }
+            throw err;
+          }
           await ctx.router.send({ op: "delete", workspace_id: workspaceId, run_id: runId });
           return { run_id: runId, deleted: true };
         },
@@ -358,4 +367,10 @@ async function deliver(
     return reply.status(202).send(renderRun(run, turn, answer.disposition));
   }
   return reply.status(200).send(renderRun(run, turn, answer.disposition));
+}
+
+/** Whether the run was deleted (not expired) in this workspace: its tombstone says so. */
+async function deletedHere(ctx: GatewayContext, workspaceId: string, runId: string): Promise<boolean> {
+  const tombstone = await ctx.store.getTombstone(runId);
+  return tombstone !== null && tombstone.workspace_id === workspaceId && tombstone.reason === "deleted";
 }

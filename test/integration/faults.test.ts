@@ -57,10 +57,11 @@ test.serial("faults - the store going away answers 503 runtime_unavailable with 
   t.is(after.body.turn.status, "completed");
 });
 
-test.serial("faults - NATS going away: commands answer 503 quickly, reads from the store still work, and it recovers", async (t) => {
+test.serial("faults - NATS going away: commands answer 503 quickly, reads from the store still work, and it recovers; a DELETE answered 503 and repeated with its key after the run was deleted answers deleted", async (t) => {
   t.timeout(90_000);
   const { servers, api, agent } = t.context;
   const run = (await api.post("/api/v1/runs", { agent, input: "before" })).body;
+  const doomed = (await api.post("/api/v1/runs", { agent, input: "to delete" })).body;
   const port = servers.nats.port;
   await servers.nats.stop();
   const started = Date.now();
@@ -68,6 +69,8 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   assertUnavailable(t, cont);
   t.true(Date.now() - started < 10_000, `answered in ${Date.now() - started} ms`);
   t.is((await api.get(`/api/v1/runs/${run.id}`)).status, 200, "reads come from the store");
+  const deleteKey = `del-${doomed.id}`;
+  assertUnavailable(t, await api.request("DELETE", `/api/v1/runs/${doomed.id}`, { idempotencyKey: deleteKey }));
 
   servers.nats = await startNatsServer({
     port,
@@ -84,6 +87,15 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   }
   t.is(res!.status, 200, JSON.stringify(res!.body));
   t.is(res!.body.turn.status, "completed");
+
+  // The run is deleted meanwhile (here by another request; as well by the first attempt
+  // itself when its answer was lost): the repeat with the key answers as the first would have.
+  t.is((await api.request("DELETE", `/api/v1/runs/${doomed.id}`, { idempotencyKey: `other-${doomed.id}` })).status, 200);
+  const repeat = await api.request("DELETE", `/api/v1/runs/${doomed.id}`, { idempotencyKey: deleteKey });
+  t.is(repeat.status, 200, JSON.stringify(repeat.body));
+  t.deepEqual(repeat.body, { id: doomed.id, object: "run.deleted", deleted: true });
+  // A new delete of the deleted run, with a new key: not found.
+  t.is((await api.request("DELETE", `/api/v1/runs/${doomed.id}`, { idempotencyKey: `fresh-${doomed.id}` })).status, 404);
 });
 
 test.serial("faults - inserts are not fenced: a run a stale owner inserts after the partition moved (its owner paused between its events and its documents) is recovered by the orphan check within 2 lease TTLs: its turn incomplete, the run idle and usable", async (t) => {
