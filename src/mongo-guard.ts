@@ -25,8 +25,16 @@ export function isDuplicateKey(err: unknown): boolean {
   return err instanceof MongoError && err.code === DUPLICATE_KEY;
 }
 
+/**
+ * Socket failures the driver can let through as plain Node errors (seen: EPIPE when
+ * FerretDB was killed mid-write), not as MongoNetworkError.
+ */
+const NETWORK_CODES = new Set(["EPIPE", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENOTCONN"]);
+
 /** Driver errors that mean "try again later" rather than "your request is wrong". */
 function isTransient(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (err instanceof Error && !(err instanceof MongoError) && typeof code === "string") return NETWORK_CODES.has(code);
   if (!(err instanceof MongoError)) return false;
   const name = err.name;
   return (
