@@ -1,5 +1,5 @@
 import type { KV } from "@nats-io/kv";
-import type { Clock, Plan } from "../src/index.js";
+import { type Clock, isCasConflict, type Plan } from "../src/index.js";
 
 /** Request classes with their own limits (decisions §7). */
 export const RateClass = { standard: "standard", expensive: "expensive", exempt: "exempt" } as const;
@@ -115,8 +115,10 @@ export class RateLimiter {
         state.tokens += size;
         state.sharedCount = count + size;
         return;
-      } catch {
-        // Another node advanced the counter first: read again.
+      } catch (err) {
+        // Another node advanced the counter first: read again. Anything else (NATS or
+        // JetStream away) is a 503 with a short Retry-After, not a spent window's 429.
+        if (!isCasConflict(err)) throw err;
       }
     }
   }

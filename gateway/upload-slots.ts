@@ -1,6 +1,5 @@
 import type { KV } from "@nats-io/kv";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
-import type { Clock } from "../src/index.js";
+import { type Clock, isCasConflict } from "../src/index.js";
 
 /** A slot held by one running upload. */
 export interface UploadSlot {
@@ -82,12 +81,4 @@ export class UploadSlots {
   private hold(holder: string): string {
     return JSON.stringify({ holder, until: this.clock.nowMs() + this.holdMs });
   }
-}
-
-/** A compare-and-set that lost: the key's last revision was not the one expected. */
-function isCasConflict(err: unknown): boolean {
-  return (
-    err instanceof JetStreamApiError &&
-    (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
-  );
 }

@@ -1,5 +1,5 @@
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager, RetentionPolicy, StorageType, DiscardPolicy, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, JetStreamApiCodes, JetStreamApiError, RetentionPolicy, StorageType, DiscardPolicy, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import { Objm, type ObjectStore } from "@nats-io/obj";
 import type { Plan } from "./domain.js";
@@ -128,4 +128,12 @@ export async function provisionNats(
   // A key a crashed node never removed expires an hour after the longest possible turn.
   const activeTurns = await kvm.create(ACTIVE_TURNS_BUCKET, { history: 1, replicas, ttl: turnLimitMs + 3_600_000 });
   return { nc, js, jsm, leases, nodes, checkpoints, files, rateLimits, activeTurns };
+}
+
+/** A KV compare-and-set (create, update, conditional delete) that lost: the key's last revision was not the one expected. */
+export function isCasConflict(err: unknown): boolean {
+  return (
+    err instanceof JetStreamApiError &&
+    (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
+  );
 }
