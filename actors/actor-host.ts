@@ -245,6 +245,9 @@ export class ActorHost {
 
   private async serve(partition: number, data: Uint8Array): Promise<CommandReply> {
     const cmd = JSON.parse(new TextDecoder().decode(data)) as RunCommand;
+    // A resend of a command this node ran (or runs) gets that answer, also while draining or in doubt.
+    const earlier = this.replies.known(cmd.command_id);
+    if (earlier) return earlier;
     const epoch = this.leases.epochOf(partition);
     if (epoch === undefined || !this.admitting || partitionOf(cmd.run_id, this.r.config.partitions) !== partition) {
       return { ok: false, not_owner: true };

@@ -4,6 +4,8 @@ import type { CommandReply } from "../src/index.js";
 export const REPLY_MEMORY_MS = 60_000;
 /** At most this many answers are remembered (the oldest go first). */
 export const REPLY_MEMORY_MAX = 10_000;
+/** An answer larger than this (serialized) is not remembered. */
+const MAX_REMEMBERED_BYTES = 4_096;
 
 /**
  * The answers this node gave to commands, by command id, so that a command resent
@@ -26,13 +28,22 @@ export class CommandReplies {
     private readonly max = REPLY_MEMORY_MAX,
   ) {}
 
+  /**
+   * The answer of the command with this id if it ran or runs here: a resend is answered
+   * from it before anything else is asked (ownership, doubt), as the first was.
+   */
+  known(commandId: string | undefined): Promise<CommandReply> | undefined {
+    if (commandId === undefined) return undefined;
+    const remembered = this.answered.get(commandId);
+    if (remembered && this.nowMs() - remembered.atMs < this.memoryMs) return Promise.resolve(remembered.reply);
+    return this.running.get(commandId);
+  }
+
   /** `work`'s answer, or the answer of the earlier run of the command with this id. */
   answer(commandId: string | undefined, work: () => Promise<CommandReply>): Promise<CommandReply> {
     if (commandId === undefined) return work();
-    const remembered = this.answered.get(commandId);
-    if (remembered && this.nowMs() - remembered.atMs < this.memoryMs) return Promise.resolve(remembered.reply);
-    const running = this.running.get(commandId);
-    if (running) return running;
+    const earlier = this.known(commandId);
+    if (earlier) return earlier;
     const reply = work().finally(() => this.running.delete(commandId));
     this.running.set(commandId, reply);
     reply.then(
@@ -50,8 +61,13 @@ export class CommandReplies {
   }
 
   private remember(commandId: string, reply: CommandReply): void {
+    // Without the rendered Run (the gateway reads it when absent), an answer is a few
+    // hundred bytes; one still larger (an action's arguments) is not kept: its resend
+    // relies on the ids the command carries. So the memory stays within ~40 MB.
+    const kept: CommandReply = reply.ok && reply.run ? { ...reply, run: undefined } : reply;
+    if (JSON.stringify(kept).length > MAX_REMEMBERED_BYTES) return;
     this.answered.delete(commandId);
-    this.answered.set(commandId, { reply, atMs: this.nowMs() });
+    this.answered.set(commandId, { reply: kept, atMs: this.nowMs() });
     // Insertion order is age order: drop from the front while too many or too old.
     const cutoff = this.nowMs() - this.memoryMs;
     for (const [id, { atMs }] of this.answered) {

@@ -73,6 +73,8 @@ export class TurnExecution {
   waiting: WaitingTurn | undefined;
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   session: AgentMessage[] | undefined;
+  /** The last turn whose workspace checkpoint was saved (a retried final write skips it). */
+  private checkpointedTurnId: string | undefined;
   /** The last turn whose final write succeeded, for a retry of what follows it. */
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
   /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
@@ -263,7 +265,8 @@ export class TurnExecution {
         error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
       }
     }
-    if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false) {
+    // Once per turn: a retried final write (store away for a moment) does not save it again.
+    if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false && this.checkpointedTurnId !== turn._id) {
       if (!(await this.saveCheckpoint(turn)) && status === TurnStatus.completed) {
         status = TurnStatus.failed;
         error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
@@ -303,6 +306,7 @@ export class TurnExecution {
         await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
         run.checkpointed = true;
       }
+      this.checkpointedTurnId = turn._id;
       return true;
     } catch (err) {
       if (!(err instanceof CheckpointError)) throw err;

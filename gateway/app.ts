@@ -140,7 +140,8 @@ export async function buildApp(
 
 /**
  * A node that closes must not wait on connections: Node counts one that has not sent a
- * whole request (connected and silent, or headers still coming) as busy until its
+ * whole request (connected and silent, or headers still coming, also a kept-alive
+ * connection's next request) as busy until its
  * headers timeout, and one whose request finishes after the close began stays open for
  * its keep-alive (72 s with Fastify). At close, the first kind are ended; requests in
  * flight finish, and their connections close after the answer (`Connection: close`
@@ -160,6 +161,8 @@ function closeConnectionsOnClose(app: FastifyInstance): void {
     if (closing) response.shouldKeepAlive = false;
     response.once("finish", () => {
       if (closing) request.socket.end();
+      // Kept alive, it waits for its next request: silent again until that one's headers are in.
+      else if (!request.socket.destroyed) silent.add(request.socket);
     });
     response.once("close", () => inFlight.delete(response));
   });

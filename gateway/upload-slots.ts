@@ -27,7 +27,8 @@ export class UploadSlots {
 
   /**
    * A free slot of the workspace's `cap`, or undefined when every slot is held.
-   * `holder` names the upload (its key's record id).
+   * `holder` names the upload attempt. A hold taken whose answer was lost (a timeout)
+   * stays until it runs out (`holdMs`).
    */
   async take(workspaceId: string, cap: number, holder: string): Promise<UploadSlot | undefined> {
     for (let slot = 0; slot < cap && slot < 1_000; slot++) {
@@ -48,11 +49,8 @@ export class UploadSlots {
     }
     const entry = await this.kv.get(key);
     if (!entry || entry.operation !== "PUT") return undefined; // released or taken in between: next slot
-    const hold = entry.json() as { holder?: unknown; until?: unknown };
-    const until = Number(hold.until);
-    // A hold runs out unrefreshed; a repeat of the same upload (same key) takes its own
-    // slot over, as it takes the upload over.
-    if (hold.holder !== holder && Number.isFinite(until) && until > this.clock.nowMs()) return undefined;
+    const until = Number((entry.json() as { until?: unknown }).until);
+    if (Number.isFinite(until) && until > this.clock.nowMs()) return undefined;
     try {
       return await this.kv.update(key, this.hold(holder), entry.revision);
     } catch (err) {
@@ -62,17 +60,25 @@ export class UploadSlots {
   }
 
   private held(key: string, holder: string, revision: number): UploadSlot {
+    // One write at a time: a release waits for a refresh in flight, so that it deletes
+    // the hold at its latest revision.
+    let last: Promise<unknown> = Promise.resolve();
     return {
-      refresh: async () => {
-        try {
-          revision = await this.kv.update(key, this.hold(holder), revision);
-          return true;
-        } catch (err) {
-          if (isCasConflict(err)) return false;
-          throw err;
-        }
+      refresh: () => {
+        const refreshed = last.then(async () => {
+          try {
+            revision = await this.kv.update(key, this.hold(holder), revision);
+            return true;
+          } catch (err) {
+            if (isCasConflict(err)) return false;
+            throw err;
+          }
+        });
+        last = refreshed.catch(() => undefined);
+        return refreshed;
       },
       release: async () => {
+        await last;
         await this.kv.delete(key, { previousSeq: revision }).catch(() => undefined); // taken over, or the bucket's max age ends it
       },
     };

@@ -180,21 +180,6 @@ export function fileRoutes(ctx: GatewayContext) {
             filename: checkFilename(filename, "filename"),
             media_type: fields.media_type ?? checkMediaType(part.mimetype || "application/octet-stream", "media_type"),
           };
-          // Concurrent uploads per workspace are capped (decisions §7), across nodes: an
-          // upload runs in one of the workspace's slots. A finished key's replay is not an upload.
-          const existing = await files.getUpload(files.uploadId(workspaceId, key));
-          const cap = ctx.config.uploadConcurrency[auth.workspace.plan];
-          if (existing?.state !== "done") {
-            slot = await ctx.uploadSlots.take(workspaceId, cap, files.uploadId(workspaceId, key)).catch((err: unknown) => {
-              throw new StoreUnavailableError(err);
-            });
-            if (!slot) {
-              throw new ApiError("rate_limited", {
-                retryAfterS: 1,
-                message: `The workspace already runs ${cap} uploads at once; retry when one finishes.`,
-              });
-            }
-          }
           const claim = await files.claim(workspaceId, key, uploadFingerprint(meta), limits.takeoverMs);
           if (claim.kind === "replay") {
             // The first upload finished: the new body is hashed and dropped, never stored;
@@ -207,6 +192,19 @@ export function fileRoutes(ctx: GatewayContext) {
             continue;
           }
           session = claim.session;
+          // Concurrent uploads per workspace are capped (decisions §7), across nodes: an
+          // upload runs in one of the workspace's slots, taken once the key is this
+          // request's (a replay is not an upload; a repeat refused by the claim takes none).
+          const cap = ctx.config.uploadConcurrency[auth.workspace.plan];
+          slot = await ctx.uploadSlots.take(workspaceId, cap, session.fileId).catch((err: unknown) => {
+            throw new StoreUnavailableError(err);
+          });
+          if (!slot) {
+            throw new ApiError("rate_limited", {
+              retryAfterS: 1,
+              message: `The workspace already runs ${cap} uploads at once; retry when one finishes.`,
+            });
+          }
           const held = slot;
           // The slot is held while bytes arrive, as the upload record's heartbeat is.
           received = await files.receive(session, part.file, limits, held && (() => void held.refresh().catch(() => undefined)));

@@ -506,6 +506,12 @@ test("files - concurrent uploads per workspace are capped: the next one is 429 u
     t.is(second.status, 429);
     t.is(second.body.error.code, "rate_limited");
     t.truthy(second.headers.get("retry-after"));
+    // A repeat of the running upload's key is refused by its claim (503) and takes no
+    // slot: it cannot free the running upload's slot for another key either.
+    const repeat = await upload(ws.api, (first.req.getHeader("idempotency-key") as string) ?? "", fileParts(Buffer.from("repeat")));
+    t.is(repeat.status, 503, JSON.stringify(repeat.body));
+    t.is(repeat.body.error.code, "upload_in_progress");
+    t.is((await upload(ws.api, newKey(), fileParts(Buffer.from("still capped")))).status, 429);
     stop();
     first.finish();
     const done = await first.response;

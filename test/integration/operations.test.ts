@@ -170,7 +170,7 @@ test.serial("pages - an asset name that is a property of every object (toString,
   t.is((await anon.get("/console/app.css")).status, 200);
 });
 
-test.serial("http layer - a closing node waits on no connection: silent ones and half-sent headers are ended, a request in flight gets its answer and its keep-alive connection closes after it", async (t) => {
+test.serial("http layer - a closing node waits on no connection: silent ones and half-sent headers (also a kept-alive connection's next request) are ended, a request in flight gets its answer and its keep-alive connection closes after it", async (t) => {
   t.timeout(60_000);
   const { servers } = t.context;
   const service = await startService(testConfig(servers), { log: pino({ level: "silent" }) });
@@ -185,6 +185,10 @@ test.serial("http layer - a closing node waits on no connection: silent ones and
     });
   const silent = await open("");
   const halfHeaders = await open("GET /healthz HTTP/1.1\r\nHost: x\r\n");
+  // Kept alive after one answered request, then half of the next one's headers.
+  const keptAlive = await open("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  await new Promise<void>((resolve) => keptAlive.once("data", () => resolve()));
+  keptAlive.write("GET /healthz HTTP/1.1\r\nHost: x\r\n");
   const ended = (socket: net.Socket) => new Promise<void>((resolve) => (socket.destroyed ? resolve() : socket.once("close", () => resolve())));
   // A request in flight (a start that waits for its 2 s turn) still gets its answer.
   const { api } = await newWorkspace(service);
@@ -194,7 +198,7 @@ test.serial("http layer - a closing node waits on no connection: silent ones and
   const started = Date.now();
   await service.close();
   const tookMs = Date.now() - started;
-  await Promise.all([ended(silent), ended(halfHeaders)]);
+  await Promise.all([ended(silent), ended(halfHeaders), ended(keptAlive)]);
   t.true(tookMs < 10_000, `closed in ${tookMs} ms`);
   const answer = await inFlight;
   t.is(answer.status, 200, JSON.stringify(answer.body));

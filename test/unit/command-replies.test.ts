@@ -83,3 +83,28 @@ test("the memory holds at most its bound of answers, dropping the oldest", async
   await replies.answer("c0", async () => (runs++, okReply));
   t.is(runs, 1, "the oldest was dropped");
 });
+
+test("a resend is answered from what is known before anything else: known() gives the running or remembered answer", async (t) => {
+  const replies = new CommandReplies(() => 0);
+  t.is(replies.known("c1"), undefined);
+  t.is(replies.known(undefined), undefined);
+  const { state, run } = work(okReply);
+  const first = replies.answer("c1", run);
+  const joined = replies.known("c1");
+  t.truthy(joined);
+  state.finish();
+  t.deepEqual(await joined, okReply);
+  await first;
+  t.deepEqual(await replies.known("c1"), okReply);
+});
+
+test("remembered answers are kept small: the rendered Run is dropped, an answer still over 4 KiB is not kept", async (t) => {
+  const replies = new CommandReplies(() => 0);
+  const withRun: CommandReply = { ok: true, run_id: "run_1", turn_id: "turn_1", run: { id: "run_1", input: "x".repeat(100_000) } };
+  await replies.answer("c1", async () => withRun);
+  t.deepEqual(await replies.known("c1"), { ok: true, run_id: "run_1", turn_id: "turn_1", run: undefined });
+  const large: CommandReply = { ok: true, run_id: "run_1", action: { arguments: "y".repeat(10_000) } };
+  await replies.answer("c2", async () => large);
+  t.is(replies.known("c2"), undefined);
+  t.is(replies.size, 1);
+});

@@ -495,6 +495,7 @@ test("run-actor - a finished turn whose write meets a store outage keeps its own
   t.is(turn.error, null);
   t.is(w.store.runs.get(RUN)!.state, "idle");
   t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("turn.")), ["turn.started", "turn.completed"]);
+  t.is(w.checkpoints.saved, 1, "the retried write does not save the workspace again");
 });
 
 test("run-actor - a finished turn whose write fails otherwise (not a temporary failure) is stored failed without its result, never left busy", async (t) => {
