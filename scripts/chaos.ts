@@ -34,7 +34,7 @@ import { fileURLToPath } from "node:url";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { RunsApiError, RunsClient, isFinalEventOf, type Run, type RunEvent } from "../client/index.js";
 import { LEASES_BUCKET } from "../src/nats.js";
-import { startCluster, type Cluster } from "./cluster.js";
+import { FAULT_LOAD_ENV, startCluster, type Cluster } from "./cluster.js";
 import { FINAL_STATUSES, Recorder, buildLedger, summaryText, type CutReason, type RunReadback, type StreamLog } from "./chaos-ledger.js";
 
 const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -1123,15 +1123,9 @@ async function main(args: string[]): Promise<number> {
       natsServers: 3,
       keepDir: options.keep,
       env: {
+        // A waiting call's server-side wait (20 s there) stays well within the client's bound.
+        ...FAULT_LOAD_ENV,
         RUNS_LEASE_TTL_MS: String(LEASE_TTL_MS),
-        RUNS_DRAIN_MS: "2000",
-        RUNS_PARTITIONS: "32",
-        // The server's wait for a turn (default 120 s) is shortened so a waiting call stays well within the client's bound.
-        RUNS_WAIT_TIMEOUT_MS: "20000",
-        // The run is about faults, not the per-workspace limits.
-        RUNS_ACTIVE_TURNS_BUSINESS: "10000",
-        RUNS_RATE_BUSINESS: "1000000",
-        RUNS_RATE_EXPENSIVE_BUSINESS: "1000000",
         LOG_LEVEL: process.env.LOG_LEVEL ?? "info",
       },
     });

@@ -27,6 +27,21 @@ import { createWorkspace } from "../node/workspaces.js";
 import { partitionOf } from "../src/partition.js";
 import type { Plan } from "../src/domain.js";
 
+/**
+ * Node settings for a cluster under a fault load (the cluster tests, `npm run chaos`): a
+ * 3 s lease and a short drain so that failover takes seconds, waits within the clients'
+ * bounds, and workspace limits out of the way (the load is about faults, not limits).
+ */
+export const FAULT_LOAD_ENV: Readonly<Record<string, string>> = {
+  RUNS_LEASE_TTL_MS: "3000",
+  RUNS_DRAIN_MS: "2000",
+  RUNS_PARTITIONS: "32",
+  RUNS_WAIT_TIMEOUT_MS: "20000",
+  RUNS_ACTIVE_TURNS_BUSINESS: "10000",
+  RUNS_RATE_BUSINESS: "1000000",
+  RUNS_RATE_EXPENSIVE_BUSINESS: "1000000",
+};
+
 export interface ClusterOptions {
   /** Runtime nodes (default 3). */
   nodes?: number;

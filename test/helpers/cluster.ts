@@ -1,4 +1,4 @@
-import { startCluster, type Cluster, type ClusterOptions } from "../../scripts/cluster.js";
+import { FAULT_LOAD_ENV, startCluster, type Cluster, type ClusterOptions } from "../../scripts/cluster.js";
 import { Api } from "./servers.js";
 
 export { type Cluster } from "../../scripts/cluster.js";
@@ -16,14 +16,7 @@ export function startTestCluster(options: ClusterOptions = {}): Promise<Cluster>
     keepDir: process.env.RUNS_CLUSTER_KEEP === "1",
     ...options,
     env: {
-      RUNS_LEASE_TTL_MS: "3000",
-      RUNS_DRAIN_MS: "2000",
-      RUNS_PARTITIONS: "32",
-      RUNS_WAIT_TIMEOUT_MS: "20000",
-      RUNS_ACTIVE_TURNS_BUSINESS: "10000",
-      // The load tests are about faults, not the per-workspace rate limit.
-      RUNS_RATE_BUSINESS: "1000000",
-      RUNS_RATE_EXPENSIVE_BUSINESS: "1000000",
+      ...FAULT_LOAD_ENV,
       LOG_LEVEL: process.env.RUNS_TEST_LOG_LEVEL ?? "info",
       ...options.env,
     },

@@ -5,7 +5,7 @@
  * source), writes their stamps, and a second run builds nothing. A missing Go ends in
  * exit 3 and plain words, not a stack trace.
  */
-import test from "ava";
+import test, { type ExecutionContext } from "ava";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
@@ -58,7 +58,15 @@ function run(env: Record<string, string>) {
   return { code: result.status, stderr: result.stderr };
 }
 
-test("ensure-tools - an empty tools folder gets all three servers and stamps in one run; the next run builds nothing", async (t) => {
+/**
+ * Runs `body` with a temp dir holding a stand-in `go` (failing builds of `failing`), its
+ * build log and a tools folder; fails the test when this machine has no Go at all.
+ */
+async function withFakeGo(
+  t: ExecutionContext,
+  failing: string,
+  body: (env: { go: string; fake: string; log: string; tools: string }) => Promise<void>,
+): Promise<void> {
   const go = realGo();
   if (!go) {
     t.fail("no go toolchain on this machine: the bootstrap that runs before the tests needs it too");
@@ -68,8 +76,15 @@ test("ensure-tools - an empty tools folder gets all three servers and stamps in 
   try {
     const log = path.join(dir, "builds.log");
     const fake = path.join(dir, "go");
-    await writeFile(fake, fakeGo(go, log), { mode: 0o755 });
-    const tools = path.join(dir, "tools");
+    await writeFile(fake, fakeGo(go, log, failing), { mode: 0o755 });
+    await body({ go, fake, log, tools: path.join(dir, "tools") });
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+test("ensure-tools - an empty tools folder gets all three servers and stamps in one run; the next run builds nothing", async (t) => {
+  await withFakeGo(t, "", async ({ fake, log, tools }) => {
 
     const first = run({ GO: fake, RUNS_TOOLS_DIR: tools });
     t.is(first.code, 0, first.stderr);
@@ -90,23 +105,11 @@ test("ensure-tools - an empty tools folder gets all three servers and stamps in 
     t.is(second.code, 0, second.stderr);
     t.is(second.stderr, "");
     t.is((await readFile(log, "utf8")).trim().split("\n").length, builds.length, "nothing rebuilt");
-  } finally {
-    await rm(dir, { recursive: true, force: true });
-  }
+  });
 });
 
 test("ensure-tools - a build that fails ends in exit 1 naming the tool; no binary or stamp is left for it, the next run tries again", async (t) => {
-  const go = realGo();
-  if (!go) {
-    t.fail("no go toolchain on this machine: the bootstrap that runs before the tests needs it too");
-    return;
-  }
-  const dir = await mkdtemp(path.join(os.tmpdir(), "runs-ensure-tools-"));
-  try {
-    const log = path.join(dir, "builds.log");
-    const fake = path.join(dir, "go");
-    await writeFile(fake, fakeGo(go, log, "ferretdb"), { mode: 0o755 });
-    const tools = path.join(dir, "tools");
+  await withFakeGo(t, "ferretdb", async ({ go, fake, log, tools }) => {
     const failed = run({ GO: fake, RUNS_TOOLS_DIR: tools });
     t.is(failed.code, 1, failed.stderr);
     t.regex(failed.stderr, /building ferretdb failed/);
@@ -121,9 +124,7 @@ test("ensure-tools - a build that fails ends in exit 1 naming the tool; no binar
     t.is(retried.code, 0, retried.stderr);
     t.deepEqual((await readdir(path.join(tools, "bin"))).sort(), ["ferretdb", "nats", "nats-server"]);
     t.deepEqual((await readFile(log, "utf8")).trim().split("\n").slice(-2), ["build github.com/FerretDB/FerretDB/cmd/ferretdb", "patched"]);
-  } finally {
-    await rm(dir, { recursive: true, force: true });
-  }
+  });
 });
 
 test("ensure-tools - without Go it exits 3 with what to do instead", async (t) => {
