@@ -8,8 +8,10 @@ export const SSE_PING_INTERVAL_MS = 15_000;
 
 /**
  * How long a stream that ends with a turn waits for that turn's final platform event after
- * the turn is known to be final and nothing else arrived. Only a lost or expired final
- * event makes it run out; the stream then ends with `event: error` event_history_unavailable.
+ * the turn is known to be final and nothing else arrived. Then what the subscription did
+ * not deliver (it stalls when its consumer's server dies) is read from the log directly;
+ * only a lost or expired final event ends the stream with `event: error`
+ * event_history_unavailable.
  */
 export const FINAL_EVENT_GRACE_MS = 10_000;
 
@@ -258,6 +260,24 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   armGrace();
 
   let ended = false;
+  let lastId = options.afterId;
+  /**
+   * The subscription stalled while the turn ended (its consumer's NATS server died: the
+   * client notices only after two missed heartbeats, ~30 s): what it did not deliver is
+   * read from the log directly, up to the turn's final event. True when that came.
+   */
+  const catchUp = async (): Promise<boolean> => {
+    for (let page = 0; page < 20; page++) {
+      const read = await ctx.events.read(eventRun, { afterId: lastId, turnId: options.turnId, limit: 500, nowMs: ctx.clock.nowMs() });
+      for (const event of read.events) {
+        send(frameOf(event.id, event.type, JSON.stringify(event)));
+        lastId = event.id;
+        if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) return true;
+      }
+      if (!read.hasMore) return false;
+    }
+    return false;
+  };
   try {
     await ctx.events.subscribe(
       eventRun,
@@ -265,6 +285,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
       (event, json) => {
         if (signal.aborted) return;
         send(frameOf(event.id, event.type, json));
+        lastId = event.id;
         armGrace();
         if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) {
           ended = true;
@@ -275,6 +296,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
       },
       signal,
     );
+    if (graceExpired && !ended && !res.destroyed) ended = await catchUp();
     flush();
     if (graceExpired && !ended) {
       writeError(res, new ApiError("event_history_unavailable", { message: "The turn is final but its final event could not be read. Read the run for its result." }));

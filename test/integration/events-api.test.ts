@@ -766,6 +766,35 @@ test("sse - a turn known final whose final event never comes ends with event: er
   t.is(JSON.parse(stream.frames[1].data!).error.code, "event_history_unavailable");
 });
 
+test("sse - a subscription that stalls (its consumer's server died) while the turn ends: after the grace the rest is read from the log, the stream ends with the final event, no error", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const turnId = f.turns[0]._id;
+  const [started] = await f.append([{ turn: 0, source: "platform", type: "turn.started" }]);
+  const stalled: EventLog = {
+    appender: () => {
+      throw new Error("unused");
+    },
+    lastSequence: async () => 0,
+    read: (run, options) => t.context.log.read(run, options),
+    // Delivers what was stored when it began, then nothing more until aborted.
+    async subscribe(_run, _options, onEvent, signal) {
+      await onEvent(started!, JSON.stringify(started));
+      await new Promise<void>((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
+    },
+    purge: async () => undefined,
+  };
+  const { url } = await sseApp(t, stalled, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 });
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  await stream.waitFrames(1);
+  const rest = await f.append([{ turn: 0 }, { turn: 0, source: "platform", type: "turn.completed" }]);
+  await (await t.context.servers.raw()).turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
+  t.context.nc.publish(`runs.turn.${turnId}.final`, "");
+  await stream.ended;
+  t.deepEqual(stream.frames.map((fr) => fr.event), ["turn.started", rest[0]!.type, "turn.completed"]);
+  t.deepEqual(parsed(stream.frames), [started, ...rest]);
+});
+
 test("sse - an error after the stream began is sent as event: error with the error body, then the stream closes", async (t) => {
   const { business } = t.context;
   const f = await fixture(t, business.id, "business", ["in_progress"]);
