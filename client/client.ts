@@ -11,7 +11,9 @@
  *   API key, delete an environment value) are retried only on 429, which refuses a request
  *   before it does anything: a 5xx may come after the work was done (item 2).
  * - Streams reconnect a cut connection from the last received event id
- *   (GET …/events?stream=true with Last-Event-ID), a bounded number of times.
+ *   (GET …/events?stream=true with Last-Event-ID), a bounded number of times; so does a
+ *   retryable `event: error` (503: the server could not go on for now). Any other error
+ *   frame is thrown.
  * - {@link RunsClient.waitForTurn} polls with the recommended schedule
  *   ({@link waitSchedule}); abandoning a wait never cancels the turn.
  *
@@ -682,8 +684,8 @@ export class RunsClient {
   }
 
   /**
-   * Yields the events of `connect(lastId)` and reconnects after a cut (body read failed)
-   * or a close without the awaited final event. A reconnect of a turn stream that closes
+   * Yields the events of `connect(lastId)` and reconnects after a cut (body read failed),
+   * a retryable `event: error`, or a close without the awaited final event. A reconnect of a turn stream that closes
    * at once without any event means the server has nothing left of the turn (it ended
    * before the last received event). Gives up after `maxReconnects` reconnects in a row
    * that brought no event: a cut is rethrown, a close ends the iteration.
@@ -719,7 +721,7 @@ export class RunsClient {
           if (state.endWithTurn && isFinalEventOf(event, state.turnId)) return;
         }
       } catch (err) {
-        if (err instanceof RunsApiError || options.signal?.aborted) throw err;
+        if ((err instanceof RunsApiError && err.retryable !== true) || options.signal?.aborted) throw err;
         cut = err;
       }
       if (state.endWithTurn && cut === undefined && received === 0 && (connection > 0 || initialLastId !== undefined)) return;

@@ -676,8 +676,9 @@ class Worker {
           return;
         } catch (err) {
           if (err instanceof RunsApiError) this.h.rec.streamErrors.push({ at: Date.now(), stream: stream.id, status: err.status, code: err.code });
-          // The reference client ends a stream on an `event: error` frame, retryable or not. A
-          // retryable one (503) is resumed here after the last event received, as a client would.
+          // The reference client resumes a retryable `event: error` (503) itself, a bounded
+          // number of times; one that still ends the stream is resumed here after the last
+          // event received (so the ledger's error-frame count sees only those).
           const retryable = err instanceof RunsApiError && err.status === 503;
           if (!retryable || deadline.aborted || resume === 3 || !stream.runId || !stream.turnId) throw err;
           await sleep(Math.min(3_000, 1_000 * Math.max(1, (err as RunsApiError).retryAfterS ?? 1)), deadline);

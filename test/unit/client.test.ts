@@ -412,23 +412,45 @@ test("client - streamRun: a cut before the first event repeats the POST with the
   ]);
 });
 
-test("client - streamRun: event: error throws RunsApiError, JSON errors before the stream too", async (t) => {
-  const h = harness([sse([frame(event(1)), `event: error\ndata: ${JSON.stringify({ error: { code: "event_history_unavailable", type: "unavailable_error", message: "m", param: null, retryable: true } })}\n\n`])]);
+const errorFrame = (code: string, type: string, retryable: boolean) =>
+  `event: error\ndata: ${JSON.stringify({ error: { code, type, message: "m", param: null, retryable } })}\n\n`;
+
+test("client - streamRun: a retryable event: error (503) resumes from the last event, like a cut; another error frame throws RunsApiError, JSON errors before the stream too", async (t) => {
+  const h = harness([
+    sse([frame(event(1, "turn.started", "platform")), frame(event(2)), errorFrame("event_history_unavailable", "unavailable_error", true)]),
+    sse([frame(event(3)), frame(event(4, "turn.completed", "platform"))]),
+  ], { random: 0 });
+  const events = await collect(h.client.streamRun({ agent: "agt_1", input: "x" }));
+  t.deepEqual(events.map((e) => e.id), ["evt_1", "evt_2", "evt_3", "evt_4"]);
+  t.is(h.requests[1].url, "http://runs.test/api/v1/runs/run_1/events?stream=true&turn_id=turn_1");
+  t.is(h.requests[1].headers["last-event-id"], "evt_2");
+
+  const final = harness([sse([frame(event(1)), errorFrame("event_cursor_expired", "not_found_error", false)])]);
   const seen: string[] = [];
   const err = await t.throwsAsync(
     (async () => {
-      for await (const e of h.client.streamRun({ agent: "agt_1", input: "x" })) seen.push(e.id);
+      for await (const e of final.client.streamRun({ agent: "agt_1", input: "x" })) seen.push(e.id);
     })(),
     { instanceOf: RunsApiError },
   );
-  t.is(err?.code, "event_history_unavailable");
-  t.is(err?.status, 503);
+  t.is(err?.code, "event_cursor_expired");
   t.deepEqual(seen, ["evt_1"]);
+  t.is(final.requests.length, 1, "not retried");
 
   const refused = harness([error(409, "run_busy")]);
   const busy = await t.throwsAsync(collect(refused.client.streamRun({ run_id: "run_1", input: "x", on_busy: "reject" })), { instanceOf: RunsApiError });
   t.is(busy?.code, "run_busy");
   t.is(refused.requests.length, 1);
+});
+
+test("client - streamEvents: retryable error frames without progress are bounded like cuts, then the error is thrown", async (t) => {
+  const failing = () => sse([errorFrame("event_history_unavailable", "unavailable_error", true)]);
+  const h = harness([failing(), failing(), failing()], { random: 0 });
+  const err = await t.throwsAsync(collect(h.client.streamEvents("run_1", { maxReconnects: 2 })), { instanceOf: RunsApiError });
+  t.is(err?.code, "event_history_unavailable");
+  t.is(err?.status, 503);
+  t.is(h.requests.length, 3);
+  t.deepEqual(h.sleeps, [500, 1000]);
 });
 
 test("client - streamEvents: follows a turn, reconnects on a clean close, ends on an empty resume", async (t) => {
