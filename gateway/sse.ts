@@ -264,19 +264,31 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   /**
    * The subscription stalled while the turn ended (its consumer's NATS server died: the
    * client notices only after two missed heartbeats, ~30 s): what it did not deliver is
-   * read from the log directly, up to the turn's final event. True when that came.
+   * read from the log directly, up to the turn's final event. True when that came (or
+   * the server closed meanwhile).
    */
   const catchUp = async (): Promise<boolean> => {
-    for (let page = 0; page < 20; page++) {
-      const read = await ctx.events.read(eventRun, { afterId: lastId, turnId: options.turnId, limit: 500, nowMs: ctx.clock.nowMs() });
-      for (const event of read.events) {
-        send(frameOf(event.id, event.type, JSON.stringify(event)));
-        lastId = event.id;
-        if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) return true;
+    // The stream's own signal is spent by now: this one lets a closing server end the wait
+    // for a slow client, which pauses the catch-up as it pauses the subscription.
+    const paused = new AbortController();
+    streams.add(paused);
+    try {
+      for (let page = 0; page < 20 && !res.destroyed; page++) {
+        const read = await ctx.events.read(eventRun, { afterId: lastId, turnId: options.turnId, limit: 500, nowMs: ctx.clock.nowMs() });
+        for (const event of read.events) {
+          send(frameOf(event.id, event.type, JSON.stringify(event)));
+          lastId = event.id;
+          if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) return true;
+          if (res.writableNeedDrain) await drained(res, paused.signal);
+          // The server closes: the stream ends as every open one does then, without an error frame.
+          if (paused.signal.aborted) return true;
+        }
+        if (!read.hasMore) return false;
       }
-      if (!read.hasMore) return false;
+      return false;
+    } finally {
+      streams.delete(paused);
     }
-    return false;
   };
   try {
     await ctx.events.subscribe(

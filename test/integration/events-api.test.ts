@@ -179,6 +179,7 @@ interface RawStream {
   isEnded(): boolean;
   waitFrames(n: number, timeoutMs?: number): Promise<SseFrame[]>;
   pause(): void;
+  resume(): void;
   close(): void;
 }
 
@@ -221,6 +222,7 @@ function openStream(baseUrl: string, path: string, key: string, headers: Record<
           return frames.slice(0, n);
         },
         pause: () => res.pause(),
+        resume: () => res.resume(),
         close: () => req.destroy(),
       };
       if (!String(res.headers["content-type"]).startsWith("text/event-stream")) {
@@ -793,6 +795,48 @@ test("sse - a subscription that stalls (its consumer's server died) while the tu
   await stream.ended;
   t.deepEqual(stream.frames.map((fr) => fr.event), ["turn.started", rest[0]!.type, "turn.completed"]);
   t.deepEqual(parsed(stream.frames), [started, ...rest]);
+});
+
+test("sse - abuse: a client that stops reading during that catch-up pauses it: the log is not read ahead of the socket (a turn of large events cannot fill the node's memory)", async (t) => {
+  t.timeout(60_000);
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const turnId = f.turns[0]._id;
+  const [started] = await f.append([{ turn: 0, source: "platform", type: "turn.started" }]);
+  // 1,200 events of 16 KiB (~19 MiB): three catch-up pages of 500.
+  const big = "x".repeat(16 * 1024);
+  for (let i = 0; i < 6; i++) await f.append(Array.from({ length: 200 }, () => ({ turn: 0, data: { delta: big } })));
+  await f.append([{ turn: 0, source: "platform", type: "turn.completed" }]);
+  let reads = 0;
+  const stalled: EventLog = {
+    appender: () => {
+      throw new Error("unused");
+    },
+    lastSequence: async () => 0,
+    read: (run, options) => (reads++, t.context.log.read(run, options)),
+    async subscribe(_run, _options, onEvent, signal) {
+      await onEvent(started!, JSON.stringify(started));
+      await new Promise<void>((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
+    },
+    purge: async () => undefined,
+  };
+  const { url } = await sseApp(t, stalled, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 });
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  await stream.waitFrames(1);
+  stream.pause();
+  const readsBefore = reads;
+  await (await t.context.servers.raw()).turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
+  t.context.nc.publish(`runs.turn.${turnId}.final`, "");
+  // The grace runs out and the catch-up starts; the client reads nothing for 2 s.
+  await new Promise((resolve) => setTimeout(resolve, 2_000));
+  t.is(reads - readsBefore, 1, "one page read, the next waits for the socket");
+  t.false(stream.isEnded());
+  // Read on: every event comes, in order, and the stream ends with the final one.
+  stream.resume();
+  await stream.ended;
+  t.is(stream.frames.length, 1 + 1_200 + 1);
+  t.is(stream.frames.at(-1)!.event, "turn.completed");
+  t.deepEqual(stream.frames.map((fr) => JSON.parse(fr.data!).sequence), Array.from({ length: 1_202 }, (_, i) => i + 1));
 });
 
 test("sse - an error after the stream began is sent as event: error with the error body, then the stream closes", async (t) => {
