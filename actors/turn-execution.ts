@@ -220,7 +220,8 @@ export class TurnExecution {
    */
   private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}, finished?: FinishedTurn): Promise<void> {
     const reference = this.r.ids.reference();
-    let own = finished !== undefined && isTransientFailure(cause);
+    // The turn's own result while the failures are temporary; undefined once one is not.
+    let own = isTransientFailure(cause) ? finished : undefined;
     if (own) this.r.log.warn({ err: cause, run_id: this.host.runId, turn_id: turn._id }, "could not store a finished turn for now; retrying it");
     else this.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
     const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
@@ -229,13 +230,13 @@ export class TurnExecution {
         const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
         // The turn itself was stored: only the run's move to its next state is left.
         if (stored && this.host.run) await this.afterTurn(this.host.run, stored.turn, stored.now);
-        else if (own && finished) await this.finishTurn(turn, finished.status, finished.output, finished.transcript, finished.error, used);
+        else if (own) await this.finishTurn(turn, own.status, own.output, own.transcript, own.error, used);
         else await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false, ...used });
         return;
       } catch (err) {
         if (err instanceof FencedError) return this.host.stop("fenced");
         if (own && !isTransientFailure(err)) {
-          own = false;
+          own = undefined;
           this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
         }
         this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, own ? "storing the finished turn failed; retrying" : "storing the failed turn failed; retrying");

@@ -207,7 +207,7 @@ export function fileRoutes(ctx: GatewayContext) {
           }
           const held = slot;
           // The slot is held while bytes arrive, as the upload record's heartbeat is.
-          received = await files.receive(session, part.file, limits, held && (() => void held.refresh().catch(() => undefined)));
+          received = await files.receive(session, part.file, limits, () => void held.refresh().catch(() => undefined));
         }
         if (replayed) return reply.status(201).send(renderFile(replayed));
         if (!session || !received || !meta) throw invalid("file", "The form has no part named file.");
