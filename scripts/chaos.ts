@@ -35,6 +35,7 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { RunsApiError, RunsClient, isFinalEventOf, type Run, type RunEvent } from "../client/index.js";
 import { LEASES_BUCKET } from "../src/nats.js";
 import { FAULT_LOAD_ENV, startCluster, type Cluster } from "./cluster.js";
+import { seededRandom } from "./seeded-random.js";
 import { FINAL_STATUSES, Recorder, buildLedger, summaryText, type CutReason, type RunReadback, type StreamLog } from "./chaos-ledger.js";
 
 const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -72,18 +73,6 @@ function parseOptions(args: string[], env: NodeJS.ProcessEnv): Options {
 }
 
 // ---- small utilities ------------------------------------------------------------------
-
-/** A seeded PRNG (mulberry32): the run's choices are reproducible from its seed, its timing is not. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Resolves after `ms`, or early when `signal` aborts (never rejects: loops check the signal). */
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
@@ -1087,7 +1076,8 @@ async function copyLogs(cluster: Cluster, dir: string): Promise<string[]> {
 async function main(args: string[]): Promise<number> {
   const options = parseOptions(args, process.env);
   const out = new Output(PROJECT_ROOT);
-  const random = seeded(options.seed);
+  // The run's choices are reproducible from its seed, its timing is not.
+  const random = seededRandom(options.seed);
   const loadMs = options.minutes * 60_000;
   // Load, then at most 2.5 min to settle and a few to read back: past this the runner stops.
   const hardStopMs = loadMs + 8 * 60_000;

@@ -1,6 +1,7 @@
 import anyTest, { type TestFn } from "ava";
 import { BSON, MongoClient, ObjectId, type Collection, type Document, type Filter, type Sort } from "mongodb";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
+import { seededRandom } from "../../scripts/seeded-random.js";
 
 /**
  * The build's FerretDB patch (deploy/tools/ferretdb/typed-pushdown.patch) lets SQLite's
@@ -24,17 +25,6 @@ const test = anyTest as TestFn<Context>;
 
 const embedded = !process.env.RUNS_TEST_MONGODB_URI;
 const { EJSON } = BSON;
-
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const MISSING = Symbol("missing");
 const scalars: unknown[] = ["x", "y", "xa", "", "[q", 0, 1, 2.5, -3, 10, 2 ** 40, true, false, null, new Date(5), new ObjectId("64b000000000000000000001")];
@@ -98,7 +88,7 @@ test.before(async (t) => {
     await coll.createIndex({ b: 1 }, { name: "b" });
     await coll.createIndex({ c: 1, a: 1 }, { name: "c_a" });
     await coll.createIndex({ a: 1, u: 1 }, { name: "a_u", unique: true });
-    await coll.insertMany(documents(prng(7), 600, kind as "mixed" | "typed"));
+    await coll.insertMany(documents(seededRandom(7), 600, kind as "mixed" | "typed"));
   }
   t.context = { servers, client, colls };
 });
@@ -113,7 +103,7 @@ const ids = (docs: Document[]) => docs.map((d) => EJSON.stringify(d._id));
 for (const kind of ["mixed", "typed"] as const) {
   test.serial(`ferretdb pushdown - 300 random filters, sorts and limits on ${kind} documents answer as FerretDB's own evaluation does`, async (t) => {
     const coll = t.context.colls[kind];
-    const rand = prng(kind === "mixed" ? 11 : 12);
+    const rand = seededRandom(kind === "mixed" ? 11 : 12);
     let pushedDown = 0;
     let sortedByIndex = 0;
     for (let q = 0; q < 300; q++) {
