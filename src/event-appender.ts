@@ -10,32 +10,39 @@ import { MAX_STORED_EVENT_BYTES, sanitizeEvent } from "./event-sanitize.js";
 import { ID_ALLOWANCE_BYTES, SEQ_HEADER, type StoredEnvelope, TURN_HEADER } from "./event-envelope.js";
 import { type AppenderOptions, type EventAppender, type EventRunRef, type EventSource, EventWriteError, type RunEvent } from "./event-types.js";
 import { encodeEventId } from "./event-ids.js";
-import { eventSubject } from "./nats.js";
+import { FLOOR_HEADER, MAX_EVENTS_AHEAD, STORED_BELOW_HEADER } from "./event-order.js";
+import { eventStreamName, eventSubject } from "./nats.js";
 import type { AsyncPublisher, StoredAck } from "./js-publisher.js";
 
 export class JetStreamAppender implements EventAppender {
   private next: number;
-  private inFlight = 0;
-  /** Publishes waiting for room in flight, in sequence order. */
-  private readonly backlog: Array<{ send: () => void; settle: (result: StoredAck | Error) => void }> = [];
+  /** Every event numbered below this one is stored. */
+  private storedBelow: number;
+  /** Stored events numbered above `storedBelow`. */
+  private readonly storedAhead = new Set<number>();
+  /** Events waiting for the window to move, in sequence order. */
+  private readonly backlog: Array<{ sequence: number; send: () => void; settle: (result: StoredAck | Error) => void }> = [];
   /** Completion chain: acks are handled, and onStored called, strictly in sequence order. */
   private tail: Promise<void> = Promise.resolve();
   private firstFailure: EventWriteError | null = null;
   private readonly turnFirstSeqs: Map<string, number>;
   private readonly subject: string;
+  private readonly stream: string;
   private readonly maxInFlight: number;
 
   constructor(
-    private readonly publisher: Pick<AsyncPublisher, "publish">,
+    private readonly publisher: Pick<AsyncPublisher, "publish" | "floor">,
     private readonly key: Uint8Array,
     private readonly run: EventRunRef,
     nextRunSeq: number,
     private readonly options: AppenderOptions,
   ) {
     this.next = nextRunSeq;
+    this.storedBelow = nextRunSeq;
     this.subject = eventSubject(run.plan, run.id);
+    this.stream = eventStreamName(run.plan);
     this.turnFirstSeqs = new Map(Object.entries(options.turnFirstSeqs ?? {}));
-    this.maxInFlight = options.maxInFlight ?? 256;
+    this.maxInFlight = Math.min(options.maxInFlight ?? MAX_EVENTS_AHEAD, MAX_EVENTS_AHEAD);
   }
 
   get nextSequence(): number {
@@ -75,19 +82,25 @@ export class JetStreamAppender implements EventAppender {
     let settle!: (ack: StoredAck | Error) => void;
     const outcome = new Promise<StoredAck | Error>((resolve) => (settle = resolve));
     const send = () => {
-      this.inFlight++;
+      // Taken at the first send (retries keep them): where a reader resumes after this
+      // event, and which earlier events a reader need not wait for (src/event-order.ts).
+      const floor = this.publisher.floor(this.stream);
+      if (floor !== undefined) hdrs.set(FLOOR_HEADER, String(floor));
+      hdrs.set(STORED_BELOW_HEADER, String(this.storedBelow));
       const publish = () => this.publisher.publish(this.subject, payload, `${this.run.id}:${sequence}`, hdrs);
       const held = this.options.gate?.();
       (held ? held.then(publish) : publish()).then(
-        (ack) => settle(ack),
+        (ack) => {
+          this.markStored(sequence);
+          settle(ack);
+        },
         (err: unknown) => settle(err instanceof Error ? err : new Error(String(err))),
-      ).finally(() => {
-        this.inFlight--;
-        if (!this.firstFailure) this.backlog.shift()?.send();
-      });
+      );
     };
-    if (this.inFlight < this.maxInFlight && this.backlog.length === 0) send();
-    else this.backlog.push({ send, settle });
+    // A window, not a count in flight: one event retried for long holds back the events
+    // `maxInFlight` after it, so none is stored that far ahead of it (src/event-order.ts).
+    if (this.backlog.length === 0 && sequence < this.storedBelow + this.maxInFlight) send();
+    else this.backlog.push({ sequence, send, settle });
 
     this.tail = this.tail.then(async () => {
       const result = await outcome;
@@ -107,6 +120,19 @@ export class JetStreamAppender implements EventAppender {
       }
     });
     return sequence;
+  }
+
+  /** Moves the window past the stored events and sends what it now lets through. */
+  private markStored(sequence: number): void {
+    if (sequence !== this.storedBelow) {
+      this.storedAhead.add(sequence);
+      return;
+    }
+    this.storedBelow++;
+    while (this.storedAhead.delete(this.storedBelow)) this.storedBelow++;
+    while (!this.firstFailure && this.backlog.length > 0 && this.backlog[0].sequence < this.storedBelow + this.maxInFlight) {
+      this.backlog.shift()!.send();
+    }
   }
 
   async flush(): Promise<void> {

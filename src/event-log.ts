@@ -5,10 +5,13 @@ import {
   type JetStreamClient,
   type JetStreamManager,
   type JsMsg,
+  type MsgRequest,
 } from "@nats-io/jetstream";
+import { Plan } from "./domain.js";
 import { ApiError } from "./errors.js";
 import type { EventKeyring } from "./event-crypto.js";
 import { decodeEventId, type EventPosition } from "./event-ids.js";
+import { FLOOR_HEADER, MAX_EVENTS_AHEAD, ORDER_HORIZON_MS, resumePosition, SequenceOrder, STORED_BELOW_HEADER, type StoredInfo } from "./event-order.js";
 import { AsyncPublisher } from "./js-publisher.js";
 import { eventStreamName, eventSubject } from "./nats.js";
 import type { Clock } from "./clock.js";
@@ -39,6 +42,8 @@ export interface JetStreamEventLogOptions {
   jsm: JetStreamManager;
   keyring: EventKeyring;
   clock: Clock;
+  /** How long readers hold events for a missing one (default ORDER_HORIZON_MS; tests shorten it). */
+  horizonMs?: number;
 }
 
 export class JetStreamEventLog implements EventLog {
@@ -47,6 +52,7 @@ export class JetStreamEventLog implements EventLog {
   private readonly keyring: EventKeyring;
   private readonly clock: Clock;
   private readonly publisher: AsyncPublisher;
+  private readonly horizonMs: number;
 
   constructor(options: JetStreamEventLogOptions) {
     this.publisher = new AsyncPublisher(options.nc, options.clock);
@@ -54,6 +60,15 @@ export class JetStreamEventLog implements EventLog {
     this.jsm = options.jsm;
     this.keyring = options.keyring;
     this.clock = options.clock;
+    this.horizonMs = options.horizonMs ?? ORDER_HORIZON_MS;
+    // Events sent before any ack came carry a floor too: each stream's last sequence now.
+    for (const plan of Object.values(Plan)) {
+      const stream = eventStreamName(plan);
+      void this.jsm.streams.info(stream).then(
+        (info) => this.publisher.raiseFloor(stream, info.state.last_seq),
+        () => undefined, // not there yet, or NATS away: floors come with the first acks
+      );
+    }
   }
 
   /**
@@ -62,9 +77,23 @@ export class JetStreamEventLog implements EventLog {
    * what the run document recorded (RunDoc.event_seq).
    */
   async lastSequence(run: Pick<EventRunRef, "id" | "plan">): Promise<number> {
+    const stream = eventStreamName(run.plan);
+    const subject = eventSubject(run.plan, run.id);
     try {
-      const msg = await this.jsm.streams.getMessage(eventStreamName(run.plan), { last_by_subj: eventSubject(run.plan, run.id) });
-      return msg ? headerSeq(msg.header.get(SEQ_HEADER)) : 0;
+      const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
+      if (!last) return 0;
+      // The last stored event may have been stored late (src/event-order.ts): events numbered
+      // after it are stored after its floor. Their number is bounded by the appender's window.
+      let highest = headerSeq(last.header.get(SEQ_HEADER));
+      let at = resumePosition(last.seq, last.header.get(FLOOR_HEADER));
+      for (let i = 0; at < last.seq && i <= MAX_EVENTS_AHEAD; i++) {
+        // STREAM.MSG.GET takes `next_by_subj` with `seq` (the client's type omits it).
+        const msg = await this.jsm.streams.getMessage(stream, { seq: at, next_by_subj: subject } as unknown as MsgRequest);
+        if (!msg || msg.seq >= last.seq) break;
+        highest = Math.max(highest, headerSeq(msg.header.get(SEQ_HEADER)));
+        at = msg.seq + 1;
+      }
+      return highest;
     } catch (err) {
       throw unavailable(err);
     }
@@ -84,23 +113,32 @@ export class JetStreamEventLog implements EventLog {
     const retentionDays = run.event_retention_s / 86_400;
 
     return withUnavailable(async () => {
-      if (cursor) await this.checkCursor(run, cursor, minMs);
+      const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : 1;
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
-      const startSeq = cursor ? cursor.streamSeq + 1 : 1;
 
       const selected: RunEvent[] = [];
       let firstOfSelection: StoredEnvelope | undefined;
+      /** Takes the next event in sequence order; false once the page (and one more) is full. */
+      const take = (item: Ordered): boolean => {
+        const { envelope, streamSeq } = item;
+        if (envelope.ms < minMs) return true; // older than the run's retention: never returned
+        if (options.turnId !== undefined && envelope.event.turn_id !== options.turnId) return true;
+        if (selected.length === 0) firstOfSelection = envelope;
+        selected.push(toRunEvent(envelope, streamSeq, run.id));
+        return selected.length <= options.limit;
+      };
+      const order = new SequenceOrder<Ordered>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
+      let full = false;
       if (last && last.seq >= startSeq) {
         await this.scan(stream, subject, startSeq, (msg) => {
           const envelope = decodeEnvelope(key, msg.data);
-          if (envelope.ms < minMs) return true; // older than the run's retention: never returned
-          if (options.turnId !== undefined && envelope.event.turn_id !== options.turnId) return true;
-          if (selected.length === 0) firstOfSelection = envelope;
-          selected.push(toRunEvent(envelope, msg.seq, run.id));
-          return selected.length <= options.limit;
+          full = !order.push(envelope.event.sequence, { envelope, streamSeq: msg.seq }, () => storedInfo(msg)).every(take);
+          return !full;
         });
       }
-      const hasMore = selected.length > options.limit;
+      // At the end of what is stored: events held for one that is not coming are released.
+      if (!full) full = !order.release(options.nowMs).every(take);
+      const hasMore = selected.length > options.limit || order.holding;
       const events = selected.slice(0, options.limit);
       if (cursor) return { events, hasMore, history: { status: null, retention_days: retentionDays } };
 
@@ -127,14 +165,12 @@ export class JetStreamEventLog implements EventLog {
     if (signal.aborted) return;
 
     let consumer: Consumer;
-    await withUnavailable(async () => {
-      if (cursor) await this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs);
-    });
+    const startSeq = cursor ? await withUnavailable(() => this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs)) : 1;
     try {
       consumer = await this.js.consumers.get(stream, {
         filter_subjects: subject,
         deliver_policy: DeliverPolicy.StartSequence,
-        opt_start_seq: cursor ? cursor.streamSeq + 1 : 1,
+        opt_start_seq: startSeq,
       });
     } catch (err) {
       throw unavailable(err);
@@ -150,18 +186,25 @@ export class JetStreamEventLog implements EventLog {
     signal.addEventListener("abort", stop, { once: true });
     try {
       if (signal.aborted) stop();
+      const order = new SequenceOrder<Ordered & { text: string }>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
       for await (const msg of messages) {
         if (signal.aborted) break;
         const { envelope, text } = decodeStoredOrUnavailable(key, msg.data);
-        if (envelope.ms < this.clock.nowMs() - retentionMs) continue;
-        if (options.turnId !== undefined && envelope.event.turn_id !== options.turnId) continue;
-        const event = toRunEvent(envelope, msg.seq, run.id);
-        try {
-          // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
-          const pending = onEvent(event, eventJson(event, text));
-          if (pending) await pending;
-        } catch (err) {
-          throw new CallbackFailure(err);
+        let ready = order.push(envelope.event.sequence, { envelope, text, streamSeq: msg.seq }, () => storedInfo(msg));
+        // Nothing more is stored for now: events held for one that is not coming go out.
+        if (order.holding && msg.info.pending === 0) ready = [...ready, ...order.release(this.clock.nowMs())];
+        for (const item of ready) {
+          if (signal.aborted) break;
+          if (item.envelope.ms < this.clock.nowMs() - retentionMs) continue;
+          if (options.turnId !== undefined && item.envelope.event.turn_id !== options.turnId) continue;
+          const event = toRunEvent(item.envelope, item.streamSeq, run.id);
+          try {
+            // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
+            const pending = onEvent(event, eventJson(event, item.text));
+            if (pending) await pending;
+          } catch (err) {
+            throw new CallbackFailure(err);
+          }
         }
       }
     } catch (err) {
@@ -180,8 +223,11 @@ export class JetStreamEventLog implements EventLog {
     await withUnavailable(() => this.jsm.streams.purge(eventStreamName(run.plan), { filter: eventSubject(run.plan, run.id) }));
   }
 
-  /** A cursor must name a stored, retained event of this run: else 410 (gone) or 400 (not this run's). */
-  private async checkCursor(run: EventReadRun, cursor: EventPosition, minMs: number): Promise<void> {
+  /**
+   * A cursor must name a stored, retained event of this run: else 410 (gone) or 400 (not
+   * this run's). Returns the stream sequence to read from for the events after it.
+   */
+  private async checkCursor(run: EventReadRun, cursor: EventPosition, minMs: number): Promise<number> {
     const msg = await this.jsm.streams.getMessage(eventStreamName(run.plan), { seq: cursor.streamSeq });
     if (!msg) throw new ApiError("event_cursor_expired", { param: "after" });
     if (msg.subject !== eventSubject(run.plan, run.id) || headerSeq(msg.header.get(SEQ_HEADER)) !== cursor.runSeq) {
@@ -189,6 +235,7 @@ export class JetStreamEventLog implements EventLog {
     }
     const envelope = decodeEnvelope(this.keyring.keyFor(run.workspace_id), msg.data);
     if (envelope.ms < minMs) throw new ApiError("event_cursor_expired", { param: "after" });
+    return resumePosition(cursor.streamSeq, msg.header.get(FLOOR_HEADER));
   }
 
   /**
@@ -223,6 +270,16 @@ export class JetStreamEventLog implements EventLog {
       await consumer.delete().catch(() => undefined);
     }
   }
+}
+
+/** A decoded event waiting for its turn in sequence order. */
+interface Ordered {
+  envelope: StoredEnvelope;
+  streamSeq: number;
+}
+
+function storedInfo(msg: JsMsg): StoredInfo {
+  return { storedMs: msg.info.timestampNanos / 1e6, storedBelow: headerSeq(msg.headers?.get(STORED_BELOW_HEADER) ?? "") };
 }
 
 /** Marks an exception thrown by a subscriber's callback, so it is not reported as a store failure. */

@@ -74,7 +74,11 @@ export interface AppenderOptions {
    * begins at the first event this appender writes for it.
    */
   turnFirstSeqs?: Record<string, number>;
-  /** Maximum publishes awaiting their ack; further appends wait in memory (default 256). */
+  /**
+   * An event is sent only when every event this many numbers before it is stored; later
+   * appends wait in memory (default and maximum MAX_EVENTS_AHEAD of
+   * src/event-order.ts, which readers rely on to put events back in order).
+   */
   maxInFlight?: number;
   /**
    * Asked before each publish: a promise holds it (the owner's lease is in doubt) until

@@ -37,6 +37,14 @@ export interface AsyncPublisherOptions {
   retryDelayMs?: number;
 }
 
+const DEFAULT_TIMEOUT_MS = 5_000;
+const DEFAULT_RETRY_FOR_MS = 20_000;
+/**
+ * The longest a publish with the default options can take from its first send to its
+ * storing: the retry budget plus the last attempt's ack timeout.
+ */
+export const MAX_PUBLISH_SPAN_MS = DEFAULT_RETRY_FOR_MS + DEFAULT_TIMEOUT_MS;
+
 interface Waiting {
   deadline: number;
   settle: (result: StoredAck | PublishError) => void;
@@ -57,6 +65,8 @@ export class AsyncPublisher {
   private readonly prefix: string;
   private readonly sub: Subscription;
   private readonly waiting = new Map<string, Waiting>();
+  /** Per stream, the highest sequence an ack reported (see {@link AsyncPublisher.floor}). */
+  private readonly acked = new Map<string, number>();
   private readonly sweeper: Timer;
   private counter = 0;
   private closed = false;
@@ -70,8 +80,8 @@ export class AsyncPublisher {
     private readonly clock: Clock,
     options: AsyncPublisherOptions = {},
   ) {
-    this.timeoutMs = options.timeoutMs ?? 5_000;
-    this.retryForMs = options.retryForMs ?? 20_000;
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.retryForMs = options.retryForMs ?? DEFAULT_RETRY_FOR_MS;
     this.attempts = options.attempts ?? 40;
     this.retryDelayMs = options.retryDelayMs ?? 250;
     this.prefix = `${createInbox()}.`;
@@ -91,6 +101,20 @@ export class AsyncPublisher {
       if (!result.retryable || attempt >= this.attempts || this.closed || this.clock.nowMs() + pause >= giveUpAt) throw result;
       await this.clock.sleep(pause);
     }
+  }
+
+  /**
+   * The highest sequence of `stream` this publisher has seen acknowledged, or its last
+   * sequence when it was raised to it (undefined: neither yet). A message first sent after
+   * this call is stored after that position.
+   */
+  floor(stream: string): number | undefined {
+    return this.acked.get(stream);
+  }
+
+  /** Raises the floor of `stream` to `seq`, a sequence known to be stored (or 0 for an empty stream). */
+  raiseFloor(stream: string, seq: number): void {
+    if (seq > (this.acked.get(stream) ?? -1)) this.acked.set(stream, seq);
   }
 
   /** Fails what still waits for an ack and stops listening. */
@@ -121,10 +145,12 @@ export class AsyncPublisher {
 
   private onAck(msg: Msg): void {
     const token = msg.subject.slice(this.prefix.length);
+    const ack = parseAck(msg);
+    if (!(ack instanceof PublishError)) this.raiseFloor(ack.stream, ack.seq);
     const w = this.waiting.get(token);
     if (!w) return; // expired meanwhile: its retry carries the same message id
     this.waiting.delete(token);
-    w.settle(parseAck(msg));
+    w.settle(ack);
   }
 
   private expire(): void {

@@ -129,8 +129,11 @@ test("event-log - stored bytes carry no plaintext; headers carry only ids", asyn
   t.is(msg!.header.get("Runs-Turn"), turn);
   t.deepEqual(
     [...msg!.header.keys()].filter((k) => !k.startsWith("Nats-")).sort(),
-    ["Runs-Seq", "Runs-Turn"],
+    ["Runs-Floor", "Runs-Seq", "Runs-Stored-Below", "Runs-Turn"],
   );
+  // The two that let readers order events are numbers: a stream position and a sequence.
+  t.regex(msg!.header.get("Runs-Floor"), /^\d+$/);
+  t.is(msg!.header.get("Runs-Stored-Below"), "1");
 });
 
 test("event-log - sanitizing applies before storing (images omitted, size limit)", async (t) => {

@@ -16,6 +16,7 @@ function world() {
       published.push(msgId);
       return { stream: "EVENTS", seq: published.length, duplicate: false };
     },
+    floor: () => undefined,
   };
   let gate: Promise<void> | undefined;
   const appender = new JetStreamAppender(publisher, new Uint8Array(32), { id: "run_1", workspace_id: "ws_1", plan: "solo" }, 1, { gate: () => gate });
