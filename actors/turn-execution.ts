@@ -247,6 +247,22 @@ export class TurnExecution {
     this.host.stop("a finished turn could not be stored");
   }
 
+  /**
+   * Runs `write`, again while it fails for a moment (the store or NATS away: ~15 s in all,
+   * as settleUnstored); any other failure, or the last, is thrown.
+   */
+  private async whileTransient<T>(turn: TurnDoc, write: () => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await write();
+      } catch (err) {
+        if (attempt >= 4 || this.host.stopped || !isTransientFailure(err)) throw err;
+        this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, "storing the waiting turn failed for now; retrying");
+        await this.r.clock.sleep(500 * 2 ** attempt);
+      }
+    }
+  }
+
   /** One fenced write makes the turn final, then the run moves on. */
   async finishTurn(
     turn: TurnDoc,
@@ -328,7 +344,7 @@ export class TurnExecution {
     const turn = execution.turn;
     const used = { usage: result.usage, model: execution.model };
     try {
-      if (!(await this.saveCheckpoint(turn))) {
+      if (!(await this.whileTransient(turn, () => this.saveCheckpoint(turn)))) {
         const error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
         return await this.finishTurn(turn, TurnStatus.failed, [], closeToolCalls(result.transcript, "The call did not run: the turn failed first."), error, { ...used, checkpoint: false });
       }
@@ -351,14 +367,16 @@ export class TurnExecution {
       });
       await this.host.appender().flush();
       const set: Partial<TurnDoc> = { transcript: result.transcript, actions: [...(turn.actions ?? []), action], waiting_steers: pause.steers, waiting_usage: result.usage, waiting_model: execution.model };
-      await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
-      Object.assign(turn, set);
-      const run = this.host.run;
-      if (run) {
+      // Both writes are the same when repeated: a store away for a moment does not fail a
+      // turn whose request was announced (failing it then would announce it twice).
+      await this.whileTransient(turn, async () => {
+        await this.r.store.updateTurnFenced(turn._id, this.host.epoch, set);
+        const run = this.host.run;
         // The run says it waits too: lists find the runs waiting for a person (a new owner
         // marks it if this owner dies first: restoreWaiting).
-        await this.markRunWaiting(run, turn, action);
-      }
+        if (run) await this.markRunWaiting(run, turn, action);
+      });
+      Object.assign(turn, set);
       this.wait(turn, action, execution.model);
       this.r.log.info({ run_id: this.host.runId, turn_id: turn._id, action_id: action.id, tool: action.tool }, "turn waits for a decision");
       await this.recordActionWebhook(turn, action);

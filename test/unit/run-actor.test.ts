@@ -564,6 +564,42 @@ test("run-actor - approvals: a paused agent leaves the turn waiting (no agent, n
   t.deepEqual(w.webhookEvents.map((e) => [e.type, e.eventKey]), [["turn.action_required", action.id]]);
 });
 
+test("run-actor - approvals: a store outage as the turn comes to wait retries the wait's writes: it waits with one request, not failed", async (t) => {
+  const w = await world();
+  w.store.addDeployment(AGENT, 1, { config: GATED as never });
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_1" && set.actions !== undefined;
+  w.store.failTurnWriteError = new StoreUnavailableError(new Error("connection refused"));
+  const usage = { input_tokens: 5, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null };
+  w.turns.last.finish({ outcome: "paused", transcript: asked() as never, usage, pause: { toolCallId: "call_1", tool: "bash", arguments: { command: "rm x" }, assistantIndex: 1, steers: [] } });
+  for (let i = 0; i < 20 && w.store.failTurnWriteOnce !== undefined; i++) await new Promise((resolve) => setImmediate(resolve));
+  t.true(w.store.failTurnWriteOnce === undefined, "the first write failed");
+  await new Promise((resolve) => setImmediate(resolve));
+  w.clock.advance(500); // the pause before the retry
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "in_progress");
+  t.is(turn.actions?.length, 1);
+  t.is(w.store.runs.get(RUN)!.pending_action?.id, turn.actions![0]!.id);
+  t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("tool.") || type.startsWith("turn.")), ["turn.started", "tool.approval_requested"], "announced once, and not failed");
+  t.deepEqual(w.webhookEvents.map((e) => e.type), ["turn.action_required"]);
+});
+
+test("run-actor - approvals: a wait whose write fails otherwise (not a temporary failure) ends the turn failed, never left busy", async (t) => {
+  const w = await world();
+  w.store.addDeployment(AGENT, 1, { config: GATED as never });
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_1" && set.actions !== undefined;
+  w.turns.last.finish({ outcome: "paused", transcript: asked() as never, pause: { toolCallId: "call_1", tool: "bash", arguments: {}, assistantIndex: 1, steers: [] } });
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "platform_failure");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
 test("run-actor - approvals: expiry by the clock applies on_timeout (deny) and resumes the agent from the call that asked, the denial for the model", async (t) => {
   const { w, actor, action } = await waitingWorld();
   w.clock.advance(29_000);
