@@ -3,7 +3,7 @@ import { ApiError, type RunDoc, type TurnDoc } from "../src/index.js";
 import type { GatewayContext } from "./context.js";
 
 /** The run of the workspace; 404 naming `param` (the path's `runId`, or the body's `run_id`). */
-export async function loadRun(ctx: GatewayContext, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
+export async function loadRun(ctx: Pick<GatewayContext, "store" | "clock">, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
   const run = await ctx.store.getRun(runId);
   if (run && run.workspace_id === workspaceId) {
     // Past retention the run is gone even before the sweeper deleted it.

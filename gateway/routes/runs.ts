@@ -212,20 +212,7 @@ export function runRoutes(ctx: GatewayContext) {
       // A refused delete (busy, unknown) leaves the key free for a later retry.
       await ctx.idempotency.once<{ run_id: string; deleted?: boolean }>(
         { workspaceId, operation: "runs.delete", key, fingerprint: { run_id: runId }, fresh: () => ({ run_id: runId }) },
-        async (_identity, firstClaim) => {
-          try {
-            await loadRun(ctx, workspaceId, runId);
-          } catch (err) {
-            // A repeat of a delete whose first attempt failed after it took effect (a 503
-            // while NATS or the owner went away) answers as the first would have: deleted.
-            if (!firstClaim && err instanceof ApiError && err.code === "run_not_found" && (await deletedHere(ctx, workspaceId, runId))) {
-              return { run_id: runId, deleted: true };
-            }
-            throw err;
-          }
-          await ctx.router.send({ op: "delete", workspace_id: workspaceId, run_id: runId });
-          return { run_id: runId, deleted: true };
-        },
+        async (_identity, firstClaim) => deleteRunOnce(ctx, workspaceId, runId, firstClaim),
       );
       return { id: runId, object: "run.deleted" as const, deleted: true as const };
     });
@@ -369,8 +356,38 @@ async function deliver(
   return reply.status(200).send(renderRun(run, turn, answer.disposition));
 }
 
+/**
+ * The work of one DELETE of a run. A repeat of a delete whose first attempt failed after
+ * it took effect (a 503 while NATS or the owner went away) answers as the first would have:
+ * deleted. So does an attempt whose run was deleted between its read and its command: an
+ * earlier attempt with the same key, still running on a node that had paused, and this one
+ * (taking over after the wait for it) raced to the owner. Its `run_not_found` would have
+ * released the key, and a later repeat would then have been a first claim: 404.
+ */
+export async function deleteRunOnce(
+  ctx: Pick<GatewayContext, "store" | "router" | "clock">,
+  workspaceId: string,
+  runId: string,
+  firstClaim: boolean,
+): Promise<{ run_id: string; deleted: true }> {
+  const deletedMeanwhile = async (err: unknown) => err instanceof ApiError && err.code === "run_not_found" && (await deletedHere(ctx, workspaceId, runId));
+  try {
+    await loadRun(ctx, workspaceId, runId);
+  } catch (err) {
+    if (!firstClaim && (await deletedMeanwhile(err))) return { run_id: runId, deleted: true };
+    throw err;
+  }
+  try {
+    await ctx.router.send({ op: "delete", workspace_id: workspaceId, run_id: runId });
+  } catch (err) {
+    if (await deletedMeanwhile(err)) return { run_id: runId, deleted: true };
+    throw err;
+  }
+  return { run_id: runId, deleted: true };
+}
+
 /** Whether the run was deleted (not expired) in this workspace: its tombstone says so. */
-async function deletedHere(ctx: GatewayContext, workspaceId: string, runId: string): Promise<boolean> {
+async function deletedHere(ctx: Pick<GatewayContext, "store">, workspaceId: string, runId: string): Promise<boolean> {
   const tombstone = await ctx.store.getTombstone(runId);
   return tombstone !== null && tombstone.workspace_id === workspaceId && tombstone.reason === "deleted";
 }
