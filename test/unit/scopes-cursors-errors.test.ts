@@ -1,6 +1,8 @@
 import test from "ava";
 import { SCOPES, scopeListProblem } from "../../src/scopes.js";
 import { decodeCursor, encodeCursor } from "../../src/cursors.js";
+import { createHmac } from "node:crypto";
+import { cursorTag, useCursorKey } from "../../src/cursor-key.js";
 import { parseWith, queryLimit } from "../../src/request-schemas.js";
 import { z } from "zod";
 
@@ -63,6 +65,16 @@ test("cursors - a forged or edited cursor is invalid_cursor before its position 
     t.is(err.param, "after");
   }
   t.deepEqual(decodeCursor(raw, "runs", "ws_a"), { s: "runs", o: "ws_a", k: "1000", id: "run_x" });
+});
+
+test("cursors - the tag is the HMAC of each part as `length:text;` in turn: cursors and event ids handed out before stay valid", (t) => {
+  const master = Buffer.alloc(32, 3).toString("base64");
+  useCursorKey(master);
+  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  const mac = createHmac("sha256", key);
+  for (const part of ["evt", "run_abc", 1234, 7]) mac.update(`${String(part).length}:${part};`);
+  t.deepEqual(cursorTag(["evt", "run_abc", 1234, 7], 8), mac.digest().subarray(0, 8));
+  t.notDeepEqual(cursorTag(["evt", "run_abc", 123, 47], 8), cursorTag(["evt", "run_abc", 1234, 7], 8), "parts are joined unambiguously");
 });
 
 test("cursors - limit is a whole number within range", (t) => {
