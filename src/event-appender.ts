@@ -20,8 +20,13 @@ export class JetStreamAppender implements EventAppender {
   private storedBelow: number;
   /** Stored events numbered above `storedBelow`. */
   private readonly storedAhead = new Set<number>();
-  /** Events waiting for the window to move, in sequence order. */
-  private readonly backlog: Array<{ sequence: number; send: () => void; settle: (result: StoredAck | Error) => void }> = [];
+  /**
+   * Events waiting for the window to move, in sequence order, from `backlogHead` on (an
+   * index, not `shift()`: a turn that appends 50,000 events at once would move the whole
+   * array for each one sent).
+   */
+  private backlog: Array<{ sequence: number; send: () => void; settle: (result: StoredAck | Error) => void }> = [];
+  private backlogHead = 0;
   /** Completion chain: acks are handled, and onStored called, strictly in sequence order. */
   private tail: Promise<void> = Promise.resolve();
   private firstFailure: EventWriteError | null = null;
@@ -99,7 +104,7 @@ export class JetStreamAppender implements EventAppender {
     };
     // A window, not a count in flight: one event retried for long holds back the events
     // `maxInFlight` after it, so none is stored that far ahead of it (src/event-order.ts).
-    if (this.backlog.length === 0 && sequence < this.storedBelow + this.maxInFlight) send();
+    if (this.backlogHead === this.backlog.length && sequence < this.storedBelow + this.maxInFlight) send();
     else this.backlog.push({ sequence, send, settle });
 
     this.tail = this.tail.then(async () => {
@@ -108,7 +113,7 @@ export class JetStreamAppender implements EventAppender {
       if (result instanceof Error) {
         this.firstFailure = new EventWriteError(sequence, result);
         // Later events are not sent: the stored history must not skip over the failed one.
-        for (const waiting of this.backlog.splice(0)) waiting.settle(new Error("not sent after an earlier failure"));
+        for (const waiting of this.takeBacklog()) waiting.settle(new Error("not sent after an earlier failure"));
         return;
       }
       if (!this.options.onStored) return;
@@ -130,9 +135,22 @@ export class JetStreamAppender implements EventAppender {
     }
     this.storedBelow++;
     while (this.storedAhead.delete(this.storedBelow)) this.storedBelow++;
-    while (!this.firstFailure && this.backlog.length > 0 && this.backlog[0].sequence < this.storedBelow + this.maxInFlight) {
-      this.backlog.shift()!.send();
+    while (!this.firstFailure && this.backlogHead < this.backlog.length && this.backlog[this.backlogHead]!.sequence < this.storedBelow + this.maxInFlight) {
+      this.backlog[this.backlogHead++]!.send();
     }
+    // Drop what was sent once it is most of the array.
+    if (this.backlogHead > 1024 && this.backlogHead * 2 > this.backlog.length) {
+      this.backlog = this.backlog.slice(this.backlogHead);
+      this.backlogHead = 0;
+    }
+  }
+
+  /** Empties the backlog, returning what waited in it. */
+  private takeBacklog(): typeof this.backlog {
+    const waiting = this.backlog.slice(this.backlogHead);
+    this.backlog = [];
+    this.backlogHead = 0;
+    return waiting;
   }
 
   async flush(): Promise<void> {
