@@ -283,7 +283,8 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
           // The server closes: the stream ends as every open one does then, without an error frame.
           if (paused.signal.aborted) return true;
         }
-        if (!read.hasMore) return false;
+        // Nothing new (more is held back for an event still to come): not worth asking again now.
+        if (!read.hasMore || read.events.length === 0) return false;
       }
       return false;
     } finally {

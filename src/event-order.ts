@@ -107,7 +107,9 @@ export class SequenceOrder<T> {
     }
     const { storedMs, storedBelow } = info();
     // Every event below `storedBelow` was stored before this one: not met by now, it is gone.
-    const out = storedBelow > this.next ? this.skipTo(storedBelow) : [];
+    // It is at most the event's own number (it was not stored when sent): a larger one is
+    // not ours, and must not hide the events it claims.
+    const out = storedBelow > this.next && storedBelow <= sequence ? this.skipTo(storedBelow) : [];
     if (sequence < this.next) return out;
     if (sequence === this.next) {
       this.next++;

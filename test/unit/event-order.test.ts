@@ -163,6 +163,11 @@ test("event-order - a later event's stored-below header gives up what expired at
   t.deepEqual(held.push(5, 5, at(0)), []);
   t.deepEqual(held.push(8, 8, () => ({ storedMs: 1, storedBelow: 7 })), [5], "1-4 and 6 gone; 5 was held, so it comes out, then 8 waits for 7");
   t.deepEqual(held.push(7, 7, at(2)), [7, 8]);
+  // A stored-below past the event's own number is not the appender's: it gives nothing up.
+  const odd = new SequenceOrder<number>(1, HORIZON);
+  t.deepEqual(odd.push(3, 3, () => ({ storedMs: 0, storedBelow: 1_000 })), []);
+  t.deepEqual(odd.push(1, 1, at(0)), [1]);
+  t.deepEqual(odd.push(2, 2, at(0)), [2, 3]);
 });
 
 test("event-order - giving up by distance emits the held events below the new start, it never drops them", (t) => {
