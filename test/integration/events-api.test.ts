@@ -11,7 +11,7 @@ import type { RunningService } from "../../node/service.js";
 import { connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
 import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
-import type { EventLog, EventSource, RunEvent } from "../../src/event-types.js";
+import type { EventCallback, EventLog, EventSource, RunEvent } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
 import { Ids, newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
@@ -768,24 +768,33 @@ test("sse - a turn known final whose final event never comes ends with event: er
   t.is(JSON.parse(stream.frames[1].data!).error.code, "event_history_unavailable");
 });
 
+/**
+ * An event log whose subscription stalls (as when its consumer's NATS server died): it
+ * delivers `first`, then nothing until aborted. Reads go to `log` and are counted.
+ */
+function stallingLog(log: EventLog, first: RunEvent): EventLog & { reads: number } {
+  const stalled = {
+    reads: 0,
+    appender: (): never => {
+      throw new Error("unused");
+    },
+    lastSequence: async () => 0,
+    read: (run: Parameters<EventLog["read"]>[0], options: Parameters<EventLog["read"]>[1]) => (stalled.reads++, log.read(run, options)),
+    async subscribe(_run: unknown, _options: unknown, onEvent: EventCallback, signal: AbortSignal) {
+      await onEvent(first, JSON.stringify(first));
+      await new Promise<void>((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
+    },
+    purge: async () => undefined,
+  };
+  return stalled;
+}
+
 test("sse - a subscription that stalls (its consumer's server died) while the turn ends: after the grace the rest is read from the log, the stream ends with the final event, no error", async (t) => {
   const { business } = t.context;
   const f = await fixture(t, business.id, "business", ["in_progress"]);
   const turnId = f.turns[0]._id;
   const [started] = await f.append([{ turn: 0, source: "platform", type: "turn.started" }]);
-  const stalled: EventLog = {
-    appender: () => {
-      throw new Error("unused");
-    },
-    lastSequence: async () => 0,
-    read: (run, options) => t.context.log.read(run, options),
-    // Delivers what was stored when it began, then nothing more until aborted.
-    async subscribe(_run, _options, onEvent, signal) {
-      await onEvent(started!, JSON.stringify(started));
-      await new Promise<void>((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
-    },
-    purge: async () => undefined,
-  };
+  const stalled = stallingLog(t.context.log, started!);
   const { url } = await sseApp(t, stalled, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 });
   const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
   await stream.waitFrames(1);
@@ -807,29 +816,17 @@ test("sse - abuse: a client that stops reading during that catch-up pauses it: t
   const big = "x".repeat(16 * 1024);
   for (let i = 0; i < 6; i++) await f.append(Array.from({ length: 200 }, () => ({ turn: 0, data: { delta: big } })));
   await f.append([{ turn: 0, source: "platform", type: "turn.completed" }]);
-  let reads = 0;
-  const stalled: EventLog = {
-    appender: () => {
-      throw new Error("unused");
-    },
-    lastSequence: async () => 0,
-    read: (run, options) => (reads++, t.context.log.read(run, options)),
-    async subscribe(_run, _options, onEvent, signal) {
-      await onEvent(started!, JSON.stringify(started));
-      await new Promise<void>((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
-    },
-    purge: async () => undefined,
-  };
+  const stalled = stallingLog(t.context.log, started!);
   const { url } = await sseApp(t, stalled, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 });
   const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
   await stream.waitFrames(1);
   stream.pause();
-  const readsBefore = reads;
+  const readsBefore = stalled.reads;
   await (await t.context.servers.raw()).turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
   t.context.nc.publish(`runs.turn.${turnId}.final`, "");
   // The grace runs out and the catch-up starts; the client reads nothing for 2 s.
   await new Promise((resolve) => setTimeout(resolve, 2_000));
-  t.is(reads - readsBefore, 1, "one page read, the next waits for the socket");
+  t.is(stalled.reads - readsBefore, 1, "one page read, the next waits for the socket");
   t.false(stream.isEnded());
   // Read on: every event comes, in order, and the stream ends with the final one.
   stream.resume();
