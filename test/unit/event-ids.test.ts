@@ -1,5 +1,7 @@
 import test from "ava";
+import { createHmac } from "node:crypto";
 import { ApiError } from "../../src/errors.js";
+import { useCursorKey } from "../../src/cursor-key.js";
 import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
 
 const RUN = "run_0000000AAAAAAAAAAAAAAA";
@@ -85,5 +87,21 @@ test("event-ids - an id made up from a run id alone (any stream sequence) is 400
     const edited = Buffer.from(genuine);
     edited[i] ^= 0x01;
     invalidCursor(t, () => decodeEventId("evt_" + edited.toString("base64url"), RUN));
+  }
+});
+
+test("event-ids - the bytes are version 2, both sequences as uvarints and the first 8 bytes of the HMAC: ids handed out before stay the same", (t) => {
+  const master = Buffer.alloc(32, 7).toString("base64");
+  useCursorKey(master);
+  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  const uvarint = (n: number) => {
+    const out: number[] = [];
+    for (; n >= 0x80; n = Math.floor(n / 0x80)) out.push((n % 0x80) | 0x80);
+    return [...out, n];
+  };
+  for (const [streamSeq, runSeq] of [[1, 1], [127, 128], [128, 127], [16_383, 16_384], [2 ** 32 + 5, 999_999], [Number.MAX_SAFE_INTEGER, 1]]) {
+    const tag = createHmac("sha256", key).update(`3:evt;${RUN.length}:${RUN};${String(streamSeq).length}:${streamSeq};${String(runSeq).length}:${runSeq};`).digest();
+    const expected = "evt_" + Buffer.from([2, ...uvarint(streamSeq), ...uvarint(runSeq), ...tag.subarray(0, 8)]).toString("base64url");
+    t.is(encodeEventId({ streamSeq, runSeq, runId: RUN }), expected, `${streamSeq}/${runSeq}`);
   }
 });
