@@ -1,5 +1,6 @@
 import { createHmac, randomFillSync } from "node:crypto";
 import nacl from "tweetnacl";
+import { openSealed } from "./secretbox-open.js";
 
 /**
  * Encryption of stored events (spec Events rule 10, DESIGN §5): tweetnacl secretbox
@@ -65,17 +66,12 @@ export function masterKeyBytes(masterKeyBase64: string, what: string): Buffer {
 }
 
 /**
- * tweetnacl's own crypto_secretbox functions. Its `secretbox`/`secretbox.open` wrappers
- * copy the message byte by byte into padded arrays, which cost more than the cipher on
- * event-sized payloads (profile in docs/performance.md); the same functions are called
- * here with native copies, or none. The format is unchanged (a unit test checks both ways
- * against the wrappers).
+ * tweetnacl's own crypto_secretbox, without its byte-copying wrapper (it cost more than
+ * the cipher on event-sized payloads; profile in docs/performance.md). The format is
+ * unchanged (a unit test checks both ways against the wrappers).
  */
 const lowlevel = (nacl as unknown as {
-  lowlevel: {
-    crypto_secretbox(c: Uint8Array, m: Uint8Array, d: number, n: Uint8Array, k: Uint8Array): number;
-    crypto_secretbox_open(m: Uint8Array, c: Uint8Array, d: number, n: Uint8Array, k: Uint8Array): number;
-  };
+  lowlevel: { crypto_secretbox(c: Uint8Array, m: Uint8Array, d: number, n: Uint8Array, k: Uint8Array): number };
 }).lowlevel;
 /** crypto_secretbox works on the message after 32 zero bytes; the box starts after 16. */
 const ZERO_BYTES = 32;
@@ -111,12 +107,20 @@ export function seal(key: Uint8Array, plaintext: Uint8Array): Uint8Array {
 
 /** Decrypts a `seal` result; throws {@link EventDecryptError} on a wrong key or any change. */
 export function open(key: Uint8Array, sealed: Uint8Array): Uint8Array {
+  return openedOrThrow(key, sealed).slice();
+}
+
+const utf8 = new TextDecoder();
+
+/** A `seal` result's plaintext as UTF-8 text, decoded where it was opened (no copy). */
+export function openText(key: Uint8Array, sealed: Uint8Array): string {
+  return utf8.decode(openedOrThrow(key, sealed));
+}
+
+function openedOrThrow(key: Uint8Array, sealed: Uint8Array): Uint8Array {
   if (sealed.length < NONCE_BYTES + nacl.secretbox.overheadLength) throw new EventDecryptError("The stored event is too short.");
   if (key.length !== KEY_BYTES) throw new RangeError("bad key size");
-  // crypto_secretbox_open reads the box from c[16..] and ignores c[0..16): the last 16
-  // nonce bytes can stand there, so the sealed bytes are used in place.
-  const c = sealed.subarray(NONCE_BYTES - BOX_ZERO_BYTES);
-  const m = new Uint8Array(c.length);
-  if (lowlevel.crypto_secretbox_open(m, c, c.length, sealed.subarray(0, NONCE_BYTES), key) !== 0) throw new EventDecryptError();
-  return m.subarray(ZERO_BYTES);
+  const plain = openSealed(key, sealed);
+  if (!plain) throw new EventDecryptError();
+  return plain;
 }

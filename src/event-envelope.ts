@@ -3,7 +3,7 @@
  * API's event (its id rebuilt from the stream sequence) or its JSON.
  */
 import { ApiError } from "./errors.js";
-import { open } from "./event-crypto.js";
+import { openText } from "./event-crypto.js";
 import { encodeEventId } from "./event-ids.js";
 import type { RunEvent } from "./event-types.js";
 
@@ -29,11 +29,9 @@ export function headerSeq(value: string): number {
   return Number.isSafeInteger(n) && n > 0 ? n : 0;
 }
 
-const utf8 = new TextDecoder();
-
 /** The stored envelope and its JSON text. */
 export function decodeStored(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
-  const text = utf8.decode(open(key, data));
+  const text = openText(key, data);
   return { envelope: JSON.parse(text) as StoredEnvelope, text };
 }
 
