@@ -10,9 +10,9 @@ import nacl from "tweetnacl";
  *
  * The box is copied into a scratch area of the module's memory and opened there; the
  * plaintext is handed out as a view of that memory, valid until the next call (callers
- * decode it at once). If the module cannot be loaded, or fails the self-check below (a
- * future build calling the function differently), tweetnacl opens instead:
- * {@link secretboxBackend} says which one is in use.
+ * decode it at once). Until the module is loaded ({@link secretboxReady}), or if it
+ * cannot be, or fails the self-check below (a future build calling the function
+ * differently), tweetnacl opens instead: {@link secretboxBackend} says which one is in use.
  */
 
 interface Sodium {
@@ -106,9 +106,16 @@ async function selfCheck(candidate: Sodium): Promise<boolean> {
   }
 }
 
-try {
-  const candidate = createRequire(import.meta.url)("libsodium") as Sodium;
-  if (await selfCheck(candidate)) sodium = candidate;
-} catch {
-  // Not installed or not loadable here: tweetnacl opens (slower, same format).
-}
+/**
+ * Resolves once libsodium is in use (or known not to be usable). Loading is asynchronous
+ * (WebAssembly); until then tweetnacl opens, with the same results. No top-level await:
+ * this module is also loaded where that is not allowed (CommonJS transforms).
+ */
+export const secretboxReady: Promise<void> = (async () => {
+  try {
+    const candidate = createRequire(import.meta.url)("libsodium") as Sodium;
+    if (await selfCheck(candidate)) sodium = candidate;
+  } catch {
+    // Not installed or not loadable here: tweetnacl opens (slower, same format).
+  }
+})();

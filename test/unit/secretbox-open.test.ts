@@ -1,12 +1,16 @@
 import test from "ava";
 import nacl from "tweetnacl";
 import { open, openText, seal, EventDecryptError } from "../../src/event-crypto.js";
-import { naclOpen, openSealed, secretboxBackend } from "../../src/secretbox-open.js";
+import { naclOpen, openSealed, secretboxBackend, secretboxReady } from "../../src/secretbox-open.js";
 
 const sealedByNacl = (key: Uint8Array, message: Uint8Array) => {
   const nonce = nacl.randomBytes(24);
   return new Uint8Array([...nonce, ...nacl.secretbox(message, nonce, key)]);
 };
+
+test.before(async () => {
+  await secretboxReady;
+});
 
 test("secretbox-open - events are opened by libsodium (WebAssembly), not the slower fallback", (t) => {
   // The fallback is for a machine where the module cannot load; here (and in CI) it must.
