@@ -133,9 +133,9 @@ export async function fillSubject(c: BareClients, count: number): Promise<string
 }
 
 /** Reads `count` messages of `subject` with an ordered consumer, as the SSE path does (consume, 256 at a time). */
-export async function orderedRead(c: BareClients, subject: string, count: number): Promise<{ rate: number; elapsedMs: number; read: number }> {
+export async function orderedRead(c: Pick<BareClients, "js">, subject: string, count: number, stream = BENCH_STREAM): Promise<{ rate: number; elapsedMs: number; read: number }> {
   const start = performance.now();
-  const consumer = await c.js.consumers.get(BENCH_STREAM, { filter_subjects: subject, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: 1 });
+  const consumer = await c.js.consumers.get(stream, { filter_subjects: subject, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: 1 });
   const messages = await consumer.consume({ max_messages: 256 });
   let read = 0;
   const timer = setTimeout(() => void messages.close(), 60_000);

@@ -266,7 +266,7 @@ async function listReads(svc: Child, servers: TestServers, db: string): Promise<
   await big.store.close();
 }
 
-async function streaming(svc: Child, ws: Ws): Promise<void> {
+async function streaming(svc: Child, ws: Ws, servers: TestServers): Promise<void> {
   log("streaming");
   // Chunks are 3–5 tokens × 4 characters (16 on average): 800,000 characters ≈ 50,000 text_delta events.
   const chars = n(800_000, 80_000);
@@ -287,13 +287,25 @@ async function streaming(svc: Child, ws: Ws): Promise<void> {
   const runId = list.body.data[0].id as string;
   const run = await request(svc.url, "GET", `/api/v1/runs/${runId}`, { key: ws.key });
   turnRef = { run: runId, turn: run.body.turn.id };
-  for (let i = 0; i < REPEATS; i++) {
-    // Replay: the stored turn from JetStream (delivery only: ordered consumer → decrypt → SSE → client).
-    const t = await sseCount(svc.url, "GET", `/api/v1/runs/${turnRef.run}/events?stream=true&turn_id=${turnRef.turn}`, { key: ws.key, countType: "text_delta", timeoutMs: 120_000 });
-    replay.push((t.events / t.endMs) * 1000);
+  // The same stored messages read by a bare ordered consumer, alternating with the replays:
+  // the baselines section's read (another stream, a minute earlier) moved 2× between runs.
+  const { connectNats, eventStreamName, eventSubject } = await import("../src/nats.js");
+  const { jetstream } = await import("@nats-io/jetstream");
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "bench-replay-baseline" });
+  const sameRead: number[] = [];
+  try {
+    for (let i = 0; i < REPEATS; i++) {
+      // Replay: the stored turn from JetStream (delivery only: ordered consumer → decrypt → SSE → client).
+      const t = await sseCount(svc.url, "GET", `/api/v1/runs/${turnRef.run}/events?stream=true&turn_id=${turnRef.turn}`, { key: ws.key, countType: "text_delta", timeoutMs: 120_000 });
+      replay.push((t.events / t.endMs) * 1000);
+      sameRead.push((await orderedRead({ js: jetstream(nc) }, eventSubject("business", turnRef.run), t.events, eventStreamName("business"))).rate);
+    }
+  } finally {
+    await nc.close();
   }
   results.sseLive = { rate: record(`SSE live, one turn of ${deltas} text_delta events`, "event/s", live) };
   results.sseReplay = { rate: record(`SSE replay of that stored turn (${deltas} text_delta)`, "event/s", replay) };
+  results.sseReplayBase = { rate: record("bare ordered-consumer read of that turn's stored messages, alternating with the replays", "msg/s", sameRead) };
 
   // 100 concurrent streams: each replays a stored turn of ~5,000 text_delta events.
   const smallChars = n(32_000, 16_000);
@@ -938,6 +950,7 @@ function targets(): Target[] {
   const hop = m("hopAdded.p50");
   if (hop !== undefined) out.push({ name: "actor hop added at p50 (1 client)", measured: `${fmt(hop, 3)} ms (bare ${fmt(m("hopBare.p50")!, 3)} ms)`, ratio: hop / 0.5, pass: hop <= 0.5, rule: "≤ 0.5 ms" });
   add("SSE delivery of one turn vs ordered-consumer read", "≥ 0.5", m("sseReplay.rate"), m("orderedRead.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} event/s`);
+  add("SSE delivery of one turn vs a bare read of the same messages, alternating", "≥ 0.5", m("sseReplay.rate"), m("sseReplayBase.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} event/s`);
   add("GET run vs Fastify + one _id read (64 clients)", "≥ 0.5", m("getRun64.rate"), m("noopRead64.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} req/s`);
   const added = m("sandbox.addedP50");
   if (added !== undefined) {
@@ -1085,7 +1098,7 @@ async function main(): Promise<void> {
         // The cheap, quiet measurements first; admission at 64 clients leaves the store busy for a while.
         if (section("turn")) await turnLatency(svc, w, echo);
         if (section("hop")) await actorHop(svc, w, echo, servers);
-        if (section("stream")) await streaming(svc, w);
+        if (section("stream")) await streaming(svc, w, servers);
         if (peerOn && !overBudget()) await peer(svc, w, echo);
         let runIds: string[] = [];
         if (section("admission")) runIds = await admission(svc, w, echo);
