@@ -707,7 +707,10 @@ async function capacity(servers: TestServers): Promise<void> {
   // default RUNS_SANDBOX_MAX (1,024), and sandboxed turns start at ~15–20 a second here,
   // so the ramp alone would take ~10 minutes. The sandbox section measures 1,000
   // sandboxed turns against this section's 1,000 step.
-  const svc = await startServiceChild(servers, db, { RUNS_PARTITIONS: "64", RUNS_SANDBOX: "off" });
+  // RUNS_SANDBOX_MAX bounds concurrent commands in "off" mode too (1,024 by default): raised
+  // past the step, or the 10,000 step stops at 1,024 sleeping commands (it did from the
+  // sandbox's arrival until this line).
+  const svc = await startServiceChild(servers, db, { RUNS_PARTITIONS: "64", RUNS_SANDBOX: "off", RUNS_SANDBOX_MAX: String(large + 64) });
   results.capacityMode = "RUNS_SANDBOX=off";
   notes.push("capacity: measured with RUNS_SANDBOX=off (commands unsandboxed): 10,000 sandboxes exceed RUNS_SANDBOX_MAX and the time budget; the sandbox section measures 1,000 sandboxed turns");
   const ws = await benchWorkspace(servers.mongoUri, db);
