@@ -20,6 +20,7 @@ export function useCursorKey(masterKeyBase64: string): void {
 
 /** The first `bytes` bytes of the HMAC of `parts` (joined unambiguously). */
 export function cursorTag(parts: readonly (string | number)[], bytes: number): Buffer {
+  if (!Number.isInteger(bytes) || bytes < 1 || bytes > 32) throw new RangeError("a cursor tag is 1 to 32 bytes of an HMAC-SHA256");
   let joined = "";
   for (const part of parts) {
     const text = String(part);

@@ -39,6 +39,7 @@ export * from "./ids.js";
 export * from "./api-keys.js";
 export * from "./cursor-key.js";
 export * from "./event-crypto.js";
+export { secretboxBackend, secretboxReady } from "./secretbox-open.js";
 export * from "./blob-crypto.js";
 export * from "./address-guard.js";
 export * from "./transient.js";

@@ -63,6 +63,9 @@ export function openSealed(key: Uint8Array, sealed: Uint8Array): Uint8Array | nu
   const n = base + KEY_BYTES;
   const c = n + NONCE_BYTES;
   const m = c + capacity;
+  // A build whose memory view does not follow its growth (libsodium's JavaScript fallback,
+  // used where WebAssembly is missing) would misplace the box: tweetnacl opens instead.
+  if (heap.length < m + capacity) return naclOpen(key, sealed);
   heap.set(key, base);
   heap.set(sealed, n); // the nonce, and the box right behind it at c: one copy
   return s._crypto_secretbox_open_easy(m, c, boxBytes, 0, n, base) === 0 ? heap.subarray(m, m + boxBytes - TAG_BYTES) : null;
@@ -112,6 +115,9 @@ async function selfCheck(candidate: Sodium): Promise<boolean> {
  * this module is also loaded where that is not allowed (CommonJS transforms).
  */
 export const secretboxReady: Promise<void> = (async () => {
+  // Without WebAssembly (`node --jitless`) libsodium falls back to a JavaScript build that
+  // leaves a rejected promise unhandled while loading, which would end the process.
+  if (typeof WebAssembly === "undefined") return;
   try {
     const candidate = createRequire(import.meta.url)("libsodium") as Sodium;
     if (await selfCheck(candidate)) sodium = candidate;

@@ -75,6 +75,8 @@ test("cursors - the tag is the HMAC of each part as `length:text;` in turn: curs
   for (const part of ["evt", "run_abc", 1234, 7]) mac.update(`${String(part).length}:${part};`);
   t.deepEqual(cursorTag(["evt", "run_abc", 1234, 7], 8), mac.digest().subarray(0, 8));
   t.notDeepEqual(cursorTag(["evt", "run_abc", 123, 47], 8), cursorTag(["evt", "run_abc", 1234, 7], 8), "parts are joined unambiguously");
+  t.is(cursorTag(["list", "x"], 32).length, 32);
+  t.throws(() => cursorTag(["list", "x"], 33), { instanceOf: RangeError }, "an HMAC-SHA256 has 32 bytes");
 });
 
 test("cursors - limit is a whole number within range", (t) => {

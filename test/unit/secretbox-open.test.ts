@@ -61,3 +61,23 @@ test("secretbox-open - the tweetnacl fallback opens and refuses exactly as libso
   }
   t.pass();
 });
+
+test("secretbox-open - a process without WebAssembly (node --jitless) starts and opens with tweetnacl, small boxes and one past 4 MiB", async (t) => {
+  const { execFile } = await import("node:child_process");
+  const { fileURLToPath } = await import("node:url");
+  const src = (name: string) => fileURLToPath(new URL(`../../src/${name}`, import.meta.url));
+  const script = `
+    const { open, seal } = await import(${JSON.stringify(src("event-crypto.ts"))});
+    const { secretboxReady, secretboxBackend } = await import(${JSON.stringify(src("secretbox-open.ts"))});
+    await secretboxReady;
+    const key = new Uint8Array(32).fill(3);
+    const big = open(key, seal(key, new Uint8Array(4_500_000).fill(7)));
+    const small = Buffer.from(open(key, seal(key, new TextEncoder().encode("hi")))).toString();
+    console.log(JSON.stringify({ backend: secretboxBackend(), big: big.length, small }));`;
+  const out = await new Promise<string>((resolve, reject) =>
+    execFile(process.execPath, ["--jitless", "--import", "tsx", "--input-type=module", "-e", script], { timeout: 60_000 }, (err, stdout, stderr) =>
+      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+    ),
+  );
+  t.deepEqual(JSON.parse(out.trim().split("\n").at(-1)!), { backend: "tweetnacl", big: 4_500_000, small: "hi" });
+});
