@@ -950,6 +950,7 @@ function targets(): Target[] {
     out.push({ name, measured: measured(value, base), ratio, pass: pass(ratio), rule });
   };
   add("background admission vs bare insert+publish (64 clients)", "≥ 0.5", m("bgStart.rate"), m("insPub64.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} op/s`);
+  add("default-wait echo turn p50 vs bare insert+publish p50 (1 client)", "≤ 3", m("turn.p50"), m("insPub1.p50"), (r) => r <= 3, (v, b) => `${fmt(v, 1)} vs ${fmt(b, 3)} ms`);
   const hop = m("hopAdded.p50");
   if (hop !== undefined) out.push({ name: "actor hop added at p50 (1 client)", measured: `${fmt(hop, 3)} ms (bare ${fmt(m("hopBare.p50")!, 3)} ms)`, ratio: hop / 0.5, pass: hop <= 0.5, rule: "≤ 0.5 ms" });
   add("SSE delivery of one turn vs ordered-consumer read", "≥ 0.5", m("sseReplay.rate"), m("orderedRead.rate"), (r) => r >= 0.5, (v, b) => `${fmt(v, 0)} vs ${fmt(b, 0)} event/s`);
