@@ -116,25 +116,23 @@ export class HmacSha256 {
     const bytes = typeof message === "string" ? asciiOrUtf8(message) : message;
     inner.set(this.innerStart);
     finish(inner, bytes);
-    const d = this.digestBytes;
-    for (let i = 0; i < 8; i++) {
-      const v = inner[i]!;
-      d[i * 4] = v >>> 24;
-      d[i * 4 + 1] = v >>> 16;
-      d[i * 4 + 2] = v >>> 8;
-      d[i * 4 + 3] = v;
-    }
+    bigEndian(inner, this.digestBytes);
     const outer = new Int32Array(this.outerStart);
-    finish(outer, d);
+    finish(outer, this.digestBytes);
     const out = new Uint8Array(32);
-    for (let i = 0; i < 8; i++) {
-      const v = outer[i]!;
-      out[i * 4] = v >>> 24;
-      out[i * 4 + 1] = v >>> 16;
-      out[i * 4 + 2] = v >>> 8;
-      out[i * 4 + 3] = v;
-    }
+    bigEndian(outer, out);
     return out;
+  }
+}
+
+/** The eight state words as 32 big-endian bytes into `out`. */
+function bigEndian(state: Int32Array, out: Uint8Array): void {
+  for (let i = 0; i < 8; i++) {
+    const v = state[i]!;
+    out[i * 4] = v >>> 24;
+    out[i * 4 + 1] = v >>> 16;
+    out[i * 4 + 2] = v >>> 8;
+    out[i * 4 + 3] = v;
   }
 }
 
