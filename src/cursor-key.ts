@@ -39,3 +39,8 @@ export function cursorTag(parts: readonly (string | number)[], bytes: number): B
 export function joinedTag(joined: string): Uint8Array {
   return hmac.digest(joined);
 }
+
+/** {@link joinedTag} of bytes already joined, written into `out[0, 32)`. */
+export function joinedTagInto(joined: Uint8Array, out: Uint8Array): void {
+  hmac.digestInto(joined, out);
+}

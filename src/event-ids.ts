@@ -1,5 +1,5 @@
 import { timingSafeEqual } from "node:crypto";
-import { joinedTag } from "./cursor-key.js";
+import { joinedTag, joinedTagInto } from "./cursor-key.js";
 import { ApiError } from "./errors.js";
 
 /**
@@ -25,11 +25,64 @@ export interface EventPosition {
   runSeq: number;
 }
 
-/** The first 8 bytes of cursorTag(["evt", runId, streamSeq, runSeq]), joined here in one template. */
+/**
+ * The first 8 bytes of cursorTag(["evt", runId, streamSeq, runSeq]). Every replayed event
+ * needs one, so the HMAC input is written as bytes: the run's part once per run, then the
+ * two numbers' digits (building it as a string was 4 % of a replay's profile).
+ */
 function tagOf(runId: string, streamSeq: number, runSeq: number): Uint8Array {
-  const s = String(streamSeq);
-  const r = String(runSeq);
-  return joinedTag(`3:evt;${runId.length}:${runId};${s.length}:${s};${r.length}:${r};`).subarray(0, TAG_BYTES);
+  let at = runPrefix(runId);
+  if (at < 0) return joinedTag(`3:evt;${runId.length}:${runId};${part(streamSeq)}${part(runSeq)}`).subarray(0, TAG_BYTES);
+  at = writePart(input, at, streamSeq);
+  at = writePart(input, at, runSeq);
+  joinedTagInto(input.subarray(0, at), tag);
+  return tag.subarray(0, TAG_BYTES);
+}
+
+/** The HMAC input being built, and the tag written; used synchronously, one id at a time. */
+const input = new Uint8Array(128);
+const tag = new Uint8Array(32);
+let prefixOf: string | undefined;
+let prefixBytes = -1;
+
+/** Writes `3:evt;<length>:<runId>;` into `input` (kept for the next id of the same run); its length, or -1 for a run id that is not short ASCII. */
+function runPrefix(runId: string): number {
+  if (runId === prefixOf) return prefixBytes;
+  prefixOf = runId;
+  const text = `3:evt;${runId.length}:${runId};`;
+  prefixBytes = -1;
+  // Room for the two numbers' parts (at most 2 × 20 bytes) after it.
+  if (text.length > input.length - 40) return -1;
+  for (let i = 0; i < text.length; i++) {
+    const code = text.charCodeAt(i);
+    if (code >= 0x80) return -1;
+    input[i] = code;
+  }
+  prefixBytes = text.length;
+  return prefixBytes;
+}
+
+function part(n: number): string {
+  const text = String(n);
+  return `${text.length}:${text};`;
+}
+
+/** Writes `<digits>:<n>;` for a positive safe integer (at most 16 digits) at `offset`. */
+function writePart(bytes: Uint8Array, offset: number, n: number): number {
+  let digits = 1;
+  for (let v = n; v >= 10; v = Math.floor(v / 10)) digits++;
+  let at = offset;
+  if (digits >= 10) bytes[at++] = 0x30 + Math.floor(digits / 10);
+  bytes[at++] = 0x30 + (digits % 10);
+  bytes[at++] = 0x3a; // :
+  let v = n;
+  for (let i = at + digits - 1; i >= at; i--) {
+    bytes[i] = 0x30 + (v % 10);
+    v = Math.floor(v / 10);
+  }
+  at += digits;
+  bytes[at++] = 0x3b; // ;
+  return at;
 }
 
 export function encodeEventId(position: EventPosition & { runId: string }): string {

@@ -27,6 +27,7 @@ const MAX_MESSAGE_BYTES = 2 ** 24;
 const w = new Int32Array(64);
 const block = new Uint8Array(BLOCK * 2);
 const inner = new Int32Array(8);
+const outer = new Int32Array(8);
 const encoder = new TextEncoder();
 
 /** One SHA-256 compression of `bytes[offset, offset + 64)` into `state`. */
@@ -113,15 +114,19 @@ export class HmacSha256 {
 
   /** The HMAC of `message` (a string is hashed as its UTF-8 bytes). A new 32-byte array. */
   digest(message: string | Uint8Array): Uint8Array {
-    const bytes = typeof message === "string" ? asciiOrUtf8(message) : message;
-    inner.set(this.innerStart);
-    finish(inner, bytes);
-    bigEndian(inner, this.digestBytes);
-    const outer = new Int32Array(this.outerStart);
-    finish(outer, this.digestBytes);
     const out = new Uint8Array(32);
-    bigEndian(outer, out);
+    this.digestInto(typeof message === "string" ? asciiOrUtf8(message) : message, out);
     return out;
+  }
+
+  /** The HMAC of `message` written into `out[0, 32)` (no allocation: event ids use it). */
+  digestInto(message: Uint8Array, out: Uint8Array): void {
+    inner.set(this.innerStart);
+    finish(inner, message);
+    bigEndian(inner, this.digestBytes);
+    outer.set(this.outerStart);
+    finish(outer, this.digestBytes);
+    bigEndian(outer, out);
   }
 }
 

@@ -99,9 +99,14 @@ test("event-ids - the bytes are version 2, both sequences as uvarints and the fi
     for (; n >= 0x80; n = Math.floor(n / 0x80)) out.push((n % 0x80) | 0x80);
     return [...out, n];
   };
-  for (const [streamSeq, runSeq] of [[1, 1], [127, 128], [128, 127], [16_383, 16_384], [2 ** 32 + 5, 999_999], [Number.MAX_SAFE_INTEGER, 1]]) {
-    const tag = createHmac("sha256", key).update(`3:evt;${RUN.length}:${RUN};${String(streamSeq).length}:${streamSeq};${String(runSeq).length}:${runSeq};`).digest();
-    const expected = "evt_" + Buffer.from([2, ...uvarint(streamSeq), ...uvarint(runSeq), ...tag.subarray(0, 8)]).toString("base64url");
-    t.is(encodeEventId({ streamSeq, runSeq, runId: RUN }), expected, `${streamSeq}/${runSeq}`);
+  // Runs interleaved (the encoder keeps the last run's part of the HMAC input), one not ASCII and one long.
+  const runs = [RUN, OTHER, "run_é", `run_${"x".repeat(120)}`, RUN];
+  for (const [streamSeq, runSeq] of [[1, 1], [9, 10], [127, 128], [128, 127], [16_383, 16_384], [999_999_999, 1_000_000_000], [2 ** 32 + 5, 999_999], [Number.MAX_SAFE_INTEGER, 1], [1, Number.MAX_SAFE_INTEGER]]) {
+    for (const runId of runs) {
+      const tag = createHmac("sha256", key).update(`3:evt;${runId.length}:${runId};${String(streamSeq).length}:${streamSeq};${String(runSeq).length}:${runSeq};`).digest();
+      const expected = "evt_" + Buffer.from([2, ...uvarint(streamSeq), ...uvarint(runSeq), ...tag.subarray(0, 8)]).toString("base64url");
+      t.is(encodeEventId({ streamSeq, runSeq, runId }), expected, `${runId} ${streamSeq}/${runSeq}`);
+      t.deepEqual(decodeEventId(expected, runId), { streamSeq, runSeq });
+    }
   }
 });
