@@ -16,7 +16,8 @@ const servers = await startTestServers();
 const db = `trace_${Date.now()}`;
 const svc = await startServiceChild(servers, db, process.env.EXTRA ? JSON.parse(process.env.EXTRA) : {});
 const ws = await benchWorkspace(servers.mongoUri, db);
-const echo = await agentWith(svc.url, ws.key, { model: "faux/scripted", tools: [] });
+// AGENT='{"tokens_per_second":0.05}' keeps each turn waiting in its model call past the measurement: admission and turn start alone.
+const echo = await agentWith(svc.url, ws.key, { model: "faux/scripted", tools: [], ...(process.env.AGENT ? JSON.parse(process.env.AGENT) : {}) });
 const cpu = (pid: number) => { const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" "); return (Number(f[11]) + Number(f[12])) / 100; };
 const start = (bg = true) => request(svc.url, "POST", "/api/v1/runs", { key: ws.key, body: { agent: echo, input: "hello", background: bg }, idempotencyKey: `k-${Math.random().toString(36).slice(2)}`, timeoutMs: 20_000 });
 await load(64, 256, 30_000, async () => (await start()).status === 202); // warm-up
