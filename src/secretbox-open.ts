@@ -29,6 +29,8 @@ const NONCE_BYTES = 24;
 const TAG_BYTES = 16;
 /** The scratch area starts at this size and doubles as boxes need (events are small). */
 const INITIAL_CAPACITY = 64 * 1024;
+/** How long loading libsodium may take before tweetnacl is kept for good. */
+const LOAD_TIMEOUT_MS = 10_000;
 
 let sodium: Sodium | undefined;
 /** Key (32 bytes) and nonce (24) at `base`, the box behind them, `capacity` bytes on the plaintext. */
@@ -93,7 +95,16 @@ export function secretboxBackend(): "libsodium" | "tweetnacl" {
 
 /** True when `candidate` opens what tweetnacl sealed, and refuses it once changed. */
 async function selfCheck(candidate: Sodium): Promise<boolean> {
-  await candidate.ready;
+  // A module that never gets ready must not hold up the node's start (which awaits this).
+  let timer: NodeJS.Timeout | undefined;
+  const loaded = await Promise.race([
+    candidate.ready.then(() => true),
+    new Promise<false>((resolve) => {
+      timer = setTimeout(() => resolve(false), LOAD_TIMEOUT_MS);
+      timer.unref();
+    }),
+  ]).finally(() => clearTimeout(timer));
+  if (!loaded) return false;
   const key = nacl.randomBytes(KEY_BYTES);
   const nonce = nacl.randomBytes(NONCE_BYTES);
   const message = nacl.randomBytes(300);
