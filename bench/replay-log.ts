@@ -25,7 +25,7 @@ const log = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, key
 const run: EventReadRun = { id: newId("run"), workspace_id: newId("ws"), plan: "business", event_retention_s: 3600, created_at: Date.now() };
 const turnId = newId("turn");
 
-const appender = log.appender({ ...run, event_retention_s: 3600 } as never, 1);
+const appender = log.appender(run as never, 1);
 const t0 = performance.now();
 for (let seq = 1; seq <= N; seq++) appender.append(turnId, "runtime", "text_delta", { delta: "xxxx".repeat(3 + (seq % 3)), content_index: 0 }, Date.now());
 await appender.flush();

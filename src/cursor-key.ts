@@ -18,7 +18,11 @@ export function useCursorKey(masterKeyBase64: string): void {
   hmac = new HmacSha256(createHmac("sha256", Buffer.from(masterKeyBase64, "base64")).update("runs-cursors:v1").digest());
 }
 
-/** The first `bytes` bytes of the HMAC of `parts` (joined unambiguously). */
+/**
+ * The first `bytes` bytes of the HMAC of `parts` (joined unambiguously). The HMAC is computed
+ * in JavaScript from the key's pads hashed once (src/hmac-sha256.ts), which is cheaper than
+ * building a node:crypto Hmac per tag.
+ */
 export function cursorTag(parts: readonly (string | number)[], bytes: number): Buffer {
   if (!Number.isInteger(bytes) || bytes < 1 || bytes > 32) throw new RangeError("a cursor tag is 1 to 32 bytes of an HMAC-SHA256");
   let joined = "";
@@ -26,21 +30,15 @@ export function cursorTag(parts: readonly (string | number)[], bytes: number): B
     const text = String(part);
     joined += `${text.length}:${text};`;
   }
-  const tag = joinedTag(joined);
+  const tag = hmac.digest(joined);
   return Buffer.from(tag.buffer, tag.byteOffset, bytes);
 }
 
 /**
- * The HMAC of parts already joined as `length:text;` each (what {@link cursorTag} does), for
- * callers that join a fixed shape faster themselves: every event id costs one. Computed in
- * JavaScript from the key's pads hashed once (src/hmac-sha256.ts), which is cheaper than
- * building a node:crypto Hmac per tag.
+ * The HMAC of parts already joined as bytes, `length:text;` each (what {@link cursorTag}
+ * does with strings), written into `out[0, 32)`: every event id costs one, and its
+ * encoder joins its fixed shape faster itself (src/event-ids.ts).
  */
-export function joinedTag(joined: string): Uint8Array {
-  return hmac.digest(joined);
-}
-
-/** {@link joinedTag} of bytes already joined, written into `out[0, 32)`. */
 export function joinedTagInto(joined: Uint8Array, out: Uint8Array): void {
   hmac.digestInto(joined, out);
 }

@@ -1,5 +1,5 @@
 import { timingSafeEqual } from "node:crypto";
-import { joinedTag, joinedTagInto } from "./cursor-key.js";
+import { cursorTag, joinedTagInto } from "./cursor-key.js";
 import { ApiError } from "./errors.js";
 
 /**
@@ -32,7 +32,7 @@ export interface EventPosition {
  */
 function tagOf(runId: string, streamSeq: number, runSeq: number): Uint8Array {
   let at = runPrefix(runId);
-  if (at < 0) return joinedTag(`3:evt;${runId.length}:${runId};${part(streamSeq)}${part(runSeq)}`).subarray(0, TAG_BYTES);
+  if (at < 0) return cursorTag(["evt", runId, streamSeq, runSeq], TAG_BYTES);
   at = writePart(input, at, streamSeq);
   at = writePart(input, at, runSeq);
   joinedTagInto(input.subarray(0, at), tag);
@@ -60,11 +60,6 @@ function runPrefix(runId: string): number {
   }
   prefixBytes = text.length;
   return prefixBytes;
-}
-
-function part(n: number): string {
-  const text = String(n);
-  return `${text.length}:${text};`;
 }
 
 /** Writes `<digits>:<n>;` for a positive safe integer (at most 16 digits) at `offset`. */

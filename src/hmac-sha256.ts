@@ -28,6 +28,8 @@ const w = new Int32Array(64);
 const block = new Uint8Array(BLOCK * 2);
 const inner = new Int32Array(8);
 const outer = new Int32Array(8);
+/** The inner hash's digest, hashed again by the outer one. */
+const innerDigest = new Uint8Array(32);
 const encoder = new TextEncoder();
 
 /** One SHA-256 compression of `bytes[offset, offset + 64)` into `state`. */
@@ -98,7 +100,6 @@ function finish(state: Int32Array, message: Uint8Array): void {
 export class HmacSha256 {
   private readonly innerStart = new Int32Array(8);
   private readonly outerStart = new Int32Array(8);
-  private readonly digestBytes = new Uint8Array(32);
 
   /** `key` of at most 64 bytes (every key here is 32). */
   constructor(key: Uint8Array) {
@@ -123,9 +124,9 @@ export class HmacSha256 {
   digestInto(message: Uint8Array, out: Uint8Array): void {
     inner.set(this.innerStart);
     finish(inner, message);
-    bigEndian(inner, this.digestBytes);
+    bigEndian(inner, innerDigest);
     outer.set(this.outerStart);
-    finish(outer, this.digestBytes);
+    finish(outer, innerDigest);
     bigEndian(outer, out);
   }
 }
