@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type ActionDoc, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
+import { type ActionDoc, encodeFinalNotice, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -619,19 +619,22 @@ export class TurnExecution {
     }
     // Once per turn, also when a failed write of the run makes settleUnstored come back here.
     const emitted = this.storedFinal?.turnId === finished?._id && this.storedFinal?.finalEmitted === true;
+    // The run as this move-on leaves it (its event sequence is not shown): the final event,
+    // the webhooks and the final notice all carry it.
+    const view = finished ? renderRun({ ...run, ...set }, finished) : undefined;
     if (finished && !emitted && options.emitFinal !== false) {
-      this.host.emit(finished._id, "platform", finalEventType(finished.status), { run: renderRun({ ...run, ...set }, finished) });
+      this.host.emit(finished._id, "platform", finalEventType(finished.status), { run: view });
       if (this.storedFinal?.turnId === finished._id) this.storedFinal.finalEmitted = true;
     }
     if (next) this.host.emit(next._id, "platform", "turn.started", { agent_version: next.agent_version });
     await this.host.appender().flush().catch((err) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     set.event_seq = this.host.appender().nextSequence - 1;
     // Before the run moves on: until then a new owner finds the turn active and records them.
-    if (finished) await this.recordWebhooks(run, finished, renderRun({ ...run, ...set }, finished));
+    if (finished) await this.recordWebhooks(run, finished, view!);
     if (this.r.at) await this.r.at("turn:run_moving_on", { runId: run._id, turnId: finished?._id });
     await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
     Object.assign(run, set);
-    if (finished) this.publishFinal(finished._id);
+    if (finished) this.publishFinal(finished._id, view);
     if (next) {
       await this.r.store.updateTurnFenced(next._id, this.host.epoch, { status: TurnStatus.in_progress, started_at: now });
       next.status = TurnStatus.in_progress;
@@ -677,8 +680,9 @@ export class TurnExecution {
     }
   }
 
-  publishFinal(turnId: string): void {
-    this.r.nc.publish(Subjects.turnFinal(turnId), "");
+  /** Tells those waiting for the turn that it is final and the run moved on (src/final-notice.ts). */
+  publishFinal(turnId: string, view?: RunView): void {
+    this.r.nc.publish(Subjects.turnFinal(turnId), encodeFinalNotice(view));
   }
 }
 

@@ -27,6 +27,7 @@ export * from "./json-depth.js";
 export * from "./partition.js";
 export * from "./models.js";
 export * from "./render.js";
+export * from "./final-notice.js";
 export * from "./commands.js";
 export * from "./documents.js";
 export * from "./contracts.js";

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
 import { z } from "zod";
-import { ApiError, pendingActionOf, startVersionOf, type Timer, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, Subjects, toRunRequest, TurnStatus } from "../../src/index.js";
+import { ApiError, decodeFinalNotice, type RunView, pendingActionOf, startVersionOf, type Timer, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, Subjects, toRunRequest, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -21,15 +21,30 @@ interface RunAnswer extends Record<string, unknown> {
   error?: { code: string; message: string; param: string | null };
 }
 
-/** Subscribes to a turn's final notice; `arrivedWithin` resolves true once it has arrived. */
-function finalNotice(ctx: GatewayContext, turnId: string): { sub: Subscription; arrivedWithin: (timeoutMs: number) => Promise<boolean> } {
+interface FinalNotice {
+  sub: Subscription;
+  turnId: string;
+  /** True once the notice has arrived (false when `timeoutMs` passed first). */
+  arrivedWithin: (timeoutMs: number) => Promise<boolean>;
+  /** The run the notice carried, once it arrived with one for this turn. */
+  view: () => RunView | undefined;
+}
+
+/** Subscribes to a turn's final notice (published after the turn's and the run's final writes). */
+function finalNotice(ctx: GatewayContext, runId: string, turnId: string): FinalNotice {
   const sub = ctx.nc.subscribe(Subjects.turnFinal(turnId), { max: 1 });
+  let view: RunView | undefined;
   const arrived = (async () => {
-    for await (const _ of sub) return true;
+    for await (const msg of sub) {
+      view = decodeFinalNotice(msg.data, runId, turnId);
+      return true;
+    }
     return false;
   })();
   return {
     sub,
+    turnId,
+    view: () => view,
     arrivedWithin: async (timeoutMs) => {
       let timer: Timer | undefined;
       const timeout = new Promise<boolean>((resolve) => {
@@ -150,7 +165,9 @@ export function runRoutes(ctx: GatewayContext) {
 
       // Subscribed before admission (to the turn id the claim holds) so a fast turn's
       // final notice is not missed.
-      let waitFor: ReturnType<typeof finalNotice> | undefined;
+      let waitFor: FinalNotice | undefined;
+      // Set when this request admitted the turn it subscribed to: its notice is still to come.
+      let admittedHere = false;
       try {
         // Refused without effect (busy, unknown run): the key stays free for a retry.
         const { result: answer } = await ctx.idempotency.once<RunAnswer>(
@@ -165,13 +182,15 @@ export function runRoutes(ctx: GatewayContext) {
             // A spent budget refuses new turns; a retry whose turn was admitted goes on (a
             // concurrent twin of a refused request finds no turn: it is checked too).
             if (firstClaim || !(await ctx.store.getTurn(identity.turn_id))) await ctx.usage.admit(workspaceId);
-            if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.turn_id);
-            return admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
+            if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.run_id, identity.turn_id);
+            const admitted = await admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
+            admittedHere = firstClaim;
+            return admitted;
           },
           // The run as admission left it is answered, never stored with the key.
           { record: ({ view: _view, ...identity }) => identity },
         );
-        if (!waitFor && !body.background && !body.stream) waitFor = finalNotice(ctx, answer.turn_id);
+        if (!waitFor && !body.background && !body.stream) waitFor = finalNotice(ctx, answer.run_id, answer.turn_id);
         if (answer.error) {
           throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
         }
@@ -181,7 +200,7 @@ export function runRoutes(ctx: GatewayContext) {
           await streamEvents(ctx, request, reply, run, { turnId: answer.turn_id, endWithTurnId: answer.turn_id });
           return reply;
         }
-        return await deliver(ctx, reply, workspaceId, answer, body, waitFor);
+        return await deliver(ctx, reply, workspaceId, answer, body, waitFor, admittedHere);
       } finally {
         waitFor?.sub.unsubscribe();
       }
@@ -299,13 +318,15 @@ async function admit(
   }
 }
 
+/** How long a request that admitted its turn waits for the final notice before it reads the store. */
+const NOTICE_FIRST_MS = 3_000;
+
 /**
- * Waits for the turn's final notice, up to the wait limit. The store is checked again
- * every few seconds, so a notice lost while NATS reconnected costs seconds, not the
- * whole wait, and a turn that came to wait for a decision is answered within seconds.
+ * Waits for the turn's final notice, until `deadline`. The store is checked again every
+ * few seconds, so a notice lost while NATS reconnected costs seconds, not the whole
+ * wait, and a turn that came to wait for a decision is answered within seconds.
  */
-async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notice: ReturnType<typeof finalNotice>): Promise<void> {
-  const deadline = ctx.clock.nowMs() + ctx.config.waitTimeoutMs;
+async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notice: FinalNotice, deadline: number): Promise<void> {
   try {
     for (let i = 0; i < 10_000; i++) {
       const turn = await loadTurn(ctx, run, turnId);
@@ -322,14 +343,21 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
   }
 }
 
-/** Answers a start or continue: background at once, otherwise after the turn is final or the wait ends. */
+/**
+ * Answers a start or continue: background at once, otherwise after the turn is final or
+ * the wait ends. A turn this request admitted (`admittedHere`, subscribed to before) is
+ * answered from its final notice, which carries the run as both final writes left it:
+ * no store read. Without it (a retry, a steered turn, a notice lost or too large to carry
+ * the run, a turn that waits for a decision) the store is read.
+ */
 async function deliver(
   ctx: GatewayContext,
   reply: FastifyReply,
   workspaceId: string,
   answer: RunAnswer,
   body: RunRequest,
-  waitFor: ReturnType<typeof finalNotice> | undefined,
+  waitFor: FinalNotice | undefined,
+  admittedHere: boolean,
 ) {
   if (body.background && answer.view) {
     // Background: the run as the admission left it, straight from the owner's reply.
@@ -337,13 +365,26 @@ async function deliver(
     reply.header("location", `/api/v1/runs/${answer.run_id}?turn_id=${turnView.id}`);
     return reply.status(202).send(answer.view);
   }
+  const deadline = ctx.clock.nowMs() + ctx.config.waitTimeoutMs;
+  const fromNotice = (notice: FinalNotice | undefined) => {
+    const view = notice?.view();
+    return view && reply.status(200).send(answer.disposition ? { ...view, disposition: answer.disposition } : view);
+  };
+  if (!body.background && admittedHere && waitFor?.turnId === answer.turn_id) {
+    if (await waitFor.arrivedWithin(Math.min(ctx.config.waitTimeoutMs, NOTICE_FIRST_MS))) {
+      const sent = fromNotice(waitFor);
+      if (sent) return sent;
+    }
+  }
   let run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
   let turn = await loadTurn(ctx, run, answer.turn_id);
   // Settled once the turn is final and the run moved on too (its second write, DESIGN §4).
   if (!body.background && !(isFinalStatus(turn.status) && run.active_turn_id !== turn._id)) {
-    // A steered answer names the active turn, whose notice we were not subscribed to.
-    const notice = waitFor && turn._id === answer.turn_id ? waitFor : finalNotice(ctx, turn._id);
-    await waitUntilFinal(ctx, run, turn._id, notice);
+    // A steered answer names the active turn, whose notice was not subscribed to before.
+    const notice = waitFor?.turnId === turn._id ? waitFor : finalNotice(ctx, run._id, turn._id);
+    await waitUntilFinal(ctx, run, turn._id, notice, deadline);
+    const sent = fromNotice(notice);
+    if (sent) return sent;
     run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
     turn = await loadTurn(ctx, run, turn._id);
   }

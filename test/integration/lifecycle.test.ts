@@ -106,6 +106,23 @@ test("steer - input reaches the active turn's agent at its next step boundary", 
   t.is(turns.body.data.length, 1, "a steer adds no turn");
 });
 
+test("steer - a default-wait steer answers when the active turn ends (its final notice), not at the next store check 3 s on", async (t) => {
+  const { api } = t.context;
+  const agent = await api.agentWith(sleepConfig(1.5));
+  const run = await busyRun(api, agent);
+  const sent = Date.now();
+  const steered = await api.post("/api/v1/runs", { run_id: run.id, input: "steered here", on_busy: "steer" });
+  const took = Date.now() - sent;
+  t.is(steered.status, 200);
+  t.is(steered.body.disposition, "steered");
+  t.is(steered.body.turn.id, run.turn.id);
+  t.is(steered.body.turn.status, "completed");
+  t.deepEqual(steered.body.turn.output, [{ type: "output_text", text: "steered here" }]);
+  // The active turn had ≤ 1.5 s of sleep left; a wait on the wrong notice lasted until the
+  // store check 3 s after admission.
+  t.true(took < 2_800, `answered ${took} ms after the steer`);
+});
+
 test("steer - a cancelling target is 409 steering_target_ended, retryable false, and the same key answers the same", async (t) => {
   const { api, sleeper } = t.context;
   const run = await busyRun(api, sleeper);

@@ -44,6 +44,31 @@ test("runs - start on the active deployment waits and answers 200 with the echoe
   t.true(run.turn.created_at < 1e11, "timestamps are Unix seconds");
 });
 
+test.serial("runs - a default wait is answered from the turn's final notice: no run or turn read, the same body a GET then shows", async (t) => {
+  const { api, echoAgent, service } = t.context;
+  const store = service.store;
+  const reads = { runs: 0, turns: 0 };
+  const { getRun, getTurn } = store;
+  // Counted, not replaced: the store's own methods answer (serial: nothing else runs meanwhile).
+  store.getRun = (...args) => (reads.runs++, getRun.apply(store, args));
+  store.getTurn = (...args) => (reads.turns++, getTurn.apply(store, args));
+  let res;
+  try {
+    res = await api.post("/api/v1/runs", { agent: echoAgent, input: "from the notice", tags: ["b", "a"] });
+  } finally {
+    store.getRun = getRun;
+    store.getTurn = getTurn;
+  }
+  t.is(res.status, 200);
+  t.deepEqual(reads, { runs: 0, turns: 0 });
+  t.is(res.body.turn.status, "completed");
+  t.deepEqual(res.body.turn.output, [{ type: "output_text", text: "from the notice" }]);
+  const { disposition, ...view } = res.body;
+  t.is(disposition, "created");
+  const read = await api.get(`/api/v1/runs/${res.body.id}?turn_id=${res.body.turn.id}`);
+  t.deepEqual(view, read.body);
+});
+
 test("runs - a bash step then a text step completes with that text", async (t) => {
   const { api } = t.context;
   const agent = await api.agentWith({

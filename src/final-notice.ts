@@ -1,0 +1,31 @@
+/**
+ * A turn's final notice (`Subjects.turnFinal`): published by the run's owner after the
+ * turn's and the run's final writes, awaited by requests that wait for the turn. It
+ * carries the run as those requests would read it then (`renderRun` of the run and the
+ * final turn), so they answer without reading the store; a view too large to carry is
+ * left out (an empty notice), and they read it.
+ */
+import { isFinalStatus, type TurnStatus } from "./domain.js";
+import type { renderRun } from "./render.js";
+
+export type RunView = ReturnType<typeof renderRun>;
+
+/** A view is carried up to this many characters (NATS takes 8 MB a message here). */
+export const FINAL_NOTICE_MAX_CHARS = 1 << 20;
+
+/** The notice's payload: the view as JSON, or empty when there is none or it is too large. */
+export function encodeFinalNotice(view: RunView | undefined, maxChars = FINAL_NOTICE_MAX_CHARS): string {
+  const json = view ? JSON.stringify(view) : "";
+  return json.length <= maxChars ? json : "";
+}
+
+/** The view a notice carries, when it is one of run `runId`'s turn `turnId`, final; else undefined (read the store). */
+export function decodeFinalNotice(data: Uint8Array, runId: string, turnId: string): RunView | undefined {
+  if (data.length === 0) return undefined;
+  try {
+    const view = JSON.parse(new TextDecoder().decode(data)) as RunView | null;
+    return view?.id === runId && view.turn?.id === turnId && isFinalStatus(view.turn.status as TurnStatus) ? view : undefined;
+  } catch {
+    return undefined;
+  }
+}
