@@ -60,7 +60,7 @@ export async function buildApp(
     uploadSlots: new UploadSlots(ctx.rateLimits, ctx.clock, ctx.config.files.takeoverMs),
     router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, 15_000, connection),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
-    idempotency: new IdempotencyRecords(ctx.store, ctx.clock),
+    idempotency: new IdempotencyRecords(ctx.store, ctx.clock, undefined, ctx.log.child({ component: "idempotency" })),
     finalTurns: new FinalTurnCache(),
     metrics: new GatewayMetrics({
       turns: ctx.turnCounts,
@@ -80,6 +80,8 @@ export async function buildApp(
   });
   app.decorateRequest("auth", null);
   closeConnectionsOnClose(app);
+  // Answers are sent before their idempotency records are completed: those are written before the store closes.
+  app.addHook("onClose", () => context.idempotency.settled());
   // First, so every answer (401s, 404s, hijacked event streams) carries the id and is counted.
   app.addHook("onRequest", async (request, reply) => {
     reply.header(REQUEST_ID_HEADER, request.id);

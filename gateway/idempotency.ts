@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
 import type { FastifyRequest } from "fastify";
+import type { Logger } from "pino";
 import { ApiError, type Clock, type IdempotencyDoc, invalid, type MongoStore } from "../src/index.js";
 
 const KEEP_MS = 48 * 3600_000;
@@ -43,10 +44,14 @@ export type Claim<T> =
  * same ids (the actor's admission is idempotent on them).
  */
 export class IdempotencyRecords {
+  /** Completions written after their answer went out; `settled` waits for them. */
+  private readonly completing = new Set<Promise<void>>();
+
   constructor(
     private readonly store: MongoStore,
     private readonly clock: Clock,
     private readonly staleMs = 5_000,
+    private readonly log?: Logger,
   ) {}
 
   private async claim<T extends Record<string, unknown>>(
@@ -90,7 +95,10 @@ export class IdempotencyRecords {
    * The one sequence of an idempotent operation: claims (workspace, operation, key);
    * unless an earlier request with the key finished, runs `work` with the claim's
    * identity (`fresh` allocated it, or the pending first request did) and records
-   * `record(result)` as done. A failure that `releaseOn` accepts (default: a refusal
+   * `record(result)` as done. That record is written after the answer: the work is stored
+   * by then, and until the record is (or when writing it fails) a retry finds the claim
+   * pending, waits for it, then re-drives the same identity, which the work takes as done.
+   * A failure that `releaseOn` accepts (default: a refusal
    * without effect, an API error below 500) frees the key for a retry. If freeing it
    * fails (the store is away), that failure is answered (503), unless `quietRelease`:
    * then the original failure is, and the pending claim is re-driven by a retry after
@@ -114,12 +122,24 @@ export class IdempotencyRecords {
       }
       throw err;
     }
-    await this.complete(claimed.id, options.record ? options.record(result) : result);
+    this.complete(claimed.id, options.record ? options.record(result) : result);
     return { result, replayed: false };
   }
 
-  private complete(id: string, result: Record<string, unknown>): Promise<unknown> {
-    return this.store.completeIdempotency(id, result);
+  /** Waits for the completions still being written (at close, before the store closes). */
+  async settled(): Promise<void> {
+    await Promise.all([...this.completing]);
+  }
+
+  private complete(id: string, result: Record<string, unknown>): void {
+    const write = this.store
+      .completeIdempotency(id, result)
+      .then(
+        () => undefined,
+        (err: unknown) => this.log?.warn({ err, idempotency_id: id }, "completing an idempotency record failed; a retry with its key re-drives the request"),
+      )
+      .finally(() => this.completing.delete(write));
+    this.completing.add(write);
   }
 
   /** Forgets a pending claim whose request failed before doing anything. */

@@ -281,6 +281,36 @@ test("runs - Idempotency-Key is required and a retry returns the same run and tu
   t.is(otherVersion.body.error.code, "idempotency_conflict");
 });
 
+test.serial("runs - the key's record is completed after the answer: when that write fails, the answer stands and a retry gets the same run and turn", async (t) => {
+  const { api, echoAgent, service } = t.context;
+  const store = service.store;
+  const complete = store.completeIdempotency;
+  let failed = 0;
+  // Fails once, as a store that went away would (serial: nothing else runs meanwhile).
+  store.completeIdempotency = async () => {
+    store.completeIdempotency = complete;
+    failed++;
+    throw new Error("store away for a moment");
+  };
+  const key = `complete-fails-${Date.now()}`;
+  try {
+    const first = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
+    t.is(first.status, 200);
+    t.is(first.body.turn.status, "completed");
+    // The claim stays pending: the retry waits for it to go stale, then re-drives the same ids.
+    const retry = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
+    t.is(failed, 1);
+    t.is(retry.status, 200);
+    t.is(retry.body.id, first.body.id);
+    t.is(retry.body.turn.id, first.body.turn.id);
+    t.deepEqual(retry.body.turn.output, [{ type: "output_text", text: "once" }]);
+    const turns = await api.get(`/api/v1/runs/${first.body.id}/turns`);
+    t.is(turns.body.data.length, 1, "the retry admitted no second turn");
+  } finally {
+    store.completeIdempotency = complete;
+  }
+});
+
 test("runs - two concurrent requests with one key create one run", async (t) => {
   const { api, echoAgent } = t.context;
   const key = `race-${Date.now()}`;
