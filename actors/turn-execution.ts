@@ -444,11 +444,15 @@ export class TurnExecution {
     return true;
   }
 
-  /** Marks the run as waiting for `action` (RunDoc.pending_action: what lists filter on). */
+  /**
+   * Marks the run as waiting for `action` (RunDoc.pending_action: what lists filter on),
+   * then tells requests waiting for the turn, which answer 202 (it is not about to end).
+   */
   private async markRunWaiting(run: RunDoc, turn: TurnDoc, action: ActionDoc): Promise<void> {
     const set = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
     await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
     Object.assign(run, set);
+    this.r.nc.publish(Subjects.turnWaiting(turn._id), "");
   }
 
   private async waitDeadline(actionId: string, kind: "limit" | "expiry"): Promise<void> {

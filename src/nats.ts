@@ -43,6 +43,10 @@ export function eventSubject(plan: Plan, runId: string): string {
 export const Subjects = {
   command: (partition: number) => `runs.cmd.${partition}`,
   turnFinal: (turnId: string) => `runs.turn.${turnId}.final`,
+  /** Published once the turn waits for a person's decision (its pending action is stored). */
+  turnWaiting: (turnId: string) => `runs.turn.${turnId}.waiting`,
+  /** Both notices of a turn (final, waiting): what a request waiting for the turn hears. */
+  turnNotices: (turnId: string) => `runs.turn.${turnId}.*`,
   live: (workspaceId: string, runId: string) => `runs.live.${workspaceId}.${runId}`,
   authInvalidate: "runs.auth.invalidate",
 } as const;

@@ -24,19 +24,24 @@ interface RunAnswer extends Record<string, unknown> {
 interface FinalNotice {
   sub: Subscription;
   turnId: string;
-  /** True once the notice has arrived (false when `timeoutMs` passed first). */
+  /** True once a notice (final or waiting) has arrived (false when `timeoutMs` passed first). */
   arrivedWithin: (timeoutMs: number) => Promise<boolean>;
   /** The run the notice carried, once it arrived with one for this turn. */
   view: () => RunView | undefined;
 }
 
-/** Subscribes to a turn's final notice (published after the turn's and the run's final writes). */
+/**
+ * Subscribes to a turn's notices: final (published after the turn's and the run's final
+ * writes) or waiting (for a person's decision, after its pending action is stored).
+ * Either ends the wait; only the final one carries a view.
+ */
 function finalNotice(ctx: GatewayContext, runId: string, turnId: string): FinalNotice {
-  const sub = ctx.nc.subscribe(Subjects.turnFinal(turnId), { max: 1 });
+  const sub = ctx.nc.subscribe(Subjects.turnNotices(turnId), { max: 1 });
+  const finalSubject = Subjects.turnFinal(turnId);
   let view: RunView | undefined;
   const arrived = (async () => {
     for await (const msg of sub) {
-      view = decodeFinalNotice(msg.data, runId, turnId);
+      if (msg.subject === finalSubject) view = decodeFinalNotice(msg.data, runId, turnId);
       return true;
     }
     return false;
@@ -348,7 +353,7 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
  * the wait ends. A turn this request admitted (`admittedHere`, subscribed to before) is
  * answered from its final notice, which carries the run as both final writes left it:
  * no store read. Without it (a retry, a steered turn, a notice lost or too large to carry
- * the run, a turn that waits for a decision) the store is read.
+ * the run, a turn that waits for a decision: its notice ends the wait) the store is read.
  */
 async function deliver(
   ctx: GatewayContext,
