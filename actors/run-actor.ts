@@ -535,8 +535,9 @@ export class RunActor {
       await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 });
       await this.r.store.updateRunFenced(run._id, this.epoch, { queued_turn_id: null });
       run.queued_turn_id = null;
-      this.emit(turn._id, "platform", finalEventType(TurnStatus.cancelled), { run: renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 }) });
-      this.turns.publishFinal(turn._id);
+      const view = renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 });
+      this.emit(turn._id, "platform", finalEventType(TurnStatus.cancelled), { run: view });
+      this.turns.publishFinal(turn._id, view);
     } else if (outcome.to === TurnStatus.cancelling && this.turns.waiting?.turn._id === turn._id) {
       // Nothing runs for a turn waiting for a decision: it is cancelled at once.
       await this.turns.endWaiting(TurnStatus.cancelled, null, "The call did not run: the turn was cancelled.");

@@ -196,6 +196,31 @@ test("cancel - every row of the transitions table", async (t) => {
   t.deepEqual(cd.body.turn.output, [{ type: "output_text", text: "fin" }]);
 });
 
+test("cancel - a default-wait request whose queued turn is cancelled is answered at once: 200 with the cancelled turn, as a GET shows it", async (t) => {
+  const { api, sleeper } = t.context;
+  const run = await busyRun(api, sleeper);
+  const waiting = api.post("/api/v1/runs", { run_id: run.id, input: "queued, then cancelled", on_busy: "queue" });
+  let queuedId: string | undefined;
+  for (let i = 0; i < 100 && !queuedId; i++) {
+    const turns = await api.get(`/api/v1/runs/${run.id}/turns`);
+    queuedId = turns.body.data.find((turn: any) => turn.status === "queued")?.id;
+    if (!queuedId) await new Promise((r) => setTimeout(r, 50));
+  }
+  if (!queuedId) return t.fail("the continuation was never queued");
+  const cancelledAt = Date.now();
+  t.is((await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: queuedId })).status, 200);
+  const answer = await waiting;
+  t.true(Date.now() - cancelledAt < 2_500, `answered ${Date.now() - cancelledAt} ms after the cancel`);
+  t.is(answer.status, 200);
+  t.is(answer.body.disposition, "queued");
+  t.is(answer.body.turn.id, queuedId);
+  t.is(answer.body.turn.status, "cancelled");
+  const { disposition: _disposition, ...view } = answer.body;
+  const read = await api.get(`/api/v1/runs/${run.id}?turn_id=${queuedId}`);
+  t.deepEqual(view, read.body);
+  await api.post(`/api/v1/runs/${run.id}/cancel`, {});
+});
+
 test("cancel - a repeat with the same key returns the turn it first selected; unknown turn is 404", async (t) => {
   const { api, sleeper } = t.context;
   const run = await busyRun(api, sleeper);
