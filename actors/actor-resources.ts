@@ -22,7 +22,7 @@ export interface ActorResources {
   ids: IdSource;
   store: RunStore;
   /** Live events and final notices go out on NATS subjects. */
-  nc: Pick<NatsConnection, "publish">;
+  nc: Pick<NatsConnection, "publish" | "info">;
   events: EventLog;
   log: Logger;
   deployments: DeploymentLookup;

@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type ActionDoc, encodeFinalNotice, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
+import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -452,7 +452,7 @@ export class TurnExecution {
     const set = { pending_action: { id: action.id, turn_id: turn._id, tool: action.tool, expires_at: action.expires_at } };
     await this.r.store.updateRunFenced(run._id, this.host.epoch, set);
     Object.assign(run, set);
-    this.r.nc.publish(Subjects.turnWaiting(turn._id), "");
+    this.notify(Subjects.turnWaiting(turn._id), "");
   }
 
   private async waitDeadline(actionId: string, kind: "limit" | "expiry"): Promise<void> {
@@ -686,7 +686,21 @@ export class TurnExecution {
 
   /** Tells those waiting for the turn that it is final and the run moved on (src/final-notice.ts). */
   publishFinal(turnId: string, view?: RunView): void {
-    this.r.nc.publish(Subjects.turnFinal(turnId), encodeFinalNotice(view));
+    // Within what the server takes, whatever it was configured with (nats.conf says 8 MB).
+    const room = (this.r.nc.info?.max_payload ?? 1024 * 1024) - 1024;
+    this.notify(Subjects.turnFinal(turnId), encodeFinalNotice(view, Math.min(FINAL_NOTICE_MAX_BYTES, room)));
+  }
+
+  /**
+   * Publishes a notice of a turn. Its writes are stored by then: a notice that cannot be
+   * sent (the connection closed) is logged, and whoever waits for it reads the store.
+   */
+  private notify(subject: string, payload: string): void {
+    try {
+      this.r.nc.publish(subject, payload);
+    } catch (err) {
+      this.r.log.warn({ err, subject }, "a turn notice could not be published; waiters read the store");
+    }
   }
 }
 

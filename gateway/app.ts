@@ -80,7 +80,7 @@ export async function buildApp(
   });
   app.decorateRequest("auth", null);
   closeConnectionsOnClose(app);
-  // Answers are sent before their idempotency records are completed: those are written before the store closes.
+  // Late idempotency completions (POST /runs answers without waiting for them) are written before the store closes.
   app.addHook("onClose", () => context.idempotency.settled());
   // First, so every answer (401s, 404s, hijacked event streams) carries the id and is counted.
   app.addHook("onRequest", async (request, reply) => {

@@ -44,7 +44,7 @@ export type Claim<T> =
  * same ids (the actor's admission is idempotent on them).
  */
 export class IdempotencyRecords {
-  /** Completions written after their answer went out; `settled` waits for them. */
+  /** Late completions being written (`lateCompletion`); `settled` waits for them. */
   private readonly completing = new Set<Promise<void>>();
 
   constructor(
@@ -95,9 +95,12 @@ export class IdempotencyRecords {
    * The one sequence of an idempotent operation: claims (workspace, operation, key);
    * unless an earlier request with the key finished, runs `work` with the claim's
    * identity (`fresh` allocated it, or the pending first request did) and records
-   * `record(result)` as done. That record is written after the answer: the work is stored
-   * by then, and until the record is (or when writing it fails) a retry finds the claim
-   * pending, waits for it, then re-drives the same identity, which the work takes as done.
+   * `record(result)` as done. For a result `lateCompletion` accepts, that write is not
+   * awaited (the answer does not wait for it): only for work that a re-drive of the same
+   * identity finds done (an admitted turn: the actor's admission is idempotent on the run
+   * and turn ids; not a recorded refusal, which a re-drive could turn into work), since until
+   * the record is written (or when writing it fails: logged) a retry finds the claim
+   * pending, waits for it up to `staleMs` from the claim, then re-drives the work.
    * A failure that `releaseOn` accepts (default: a refusal
    * without effect, an API error below 500) frees the key for a retry. If freeing it
    * fails (the store is away), that failure is answered (503), unless `quietRelease`:
@@ -107,7 +110,7 @@ export class IdempotencyRecords {
   async once<T extends Record<string, unknown>>(
     claim: { workspaceId: string; operation: string; key: string; fingerprint: unknown; fresh: () => T },
     work: (identity: T, firstClaim: boolean) => Promise<T>,
-    options: { record?: (result: T) => Record<string, unknown>; releaseOn?: (err: unknown) => boolean; quietRelease?: boolean } = {},
+    options: { record?: (result: T) => Record<string, unknown>; releaseOn?: (err: unknown) => boolean; quietRelease?: boolean; lateCompletion?: (result: T) => boolean } = {},
   ): Promise<{ result: T; replayed: boolean }> {
     const claimed = await this.claim(claim.workspaceId, claim.operation, claim.key, claim.fingerprint, claim.fresh);
     if (claimed.kind === "replay" && claimed.done) return { result: claimed.result, replayed: true };
@@ -122,16 +125,18 @@ export class IdempotencyRecords {
       }
       throw err;
     }
-    this.complete(claimed.id, options.record ? options.record(result) : result);
+    const record = options.record ? options.record(result) : result;
+    if (options.lateCompletion?.(result)) this.completeLate(claimed.id, record);
+    else await this.store.completeIdempotency(claimed.id, record);
     return { result, replayed: false };
   }
 
-  /** Waits for the completions still being written (at close, before the store closes). */
+  /** Waits for the late completions still being written, also those begun meanwhile (at close, before the store closes). */
   async settled(): Promise<void> {
-    await Promise.all([...this.completing]);
+    for (let i = 0; i < 1_000 && this.completing.size > 0; i++) await Promise.all([...this.completing]);
   }
 
-  private complete(id: string, result: Record<string, unknown>): void {
+  private completeLate(id: string, result: Record<string, unknown>): void {
     const write = this.store
       .completeIdempotency(id, result)
       .then(

@@ -10,13 +10,16 @@ import type { renderRun } from "./render.js";
 
 export type RunView = ReturnType<typeof renderRun>;
 
-/** A view is carried up to this many characters (NATS takes 8 MB a message here). */
-export const FINAL_NOTICE_MAX_CHARS = 1 << 20;
+/**
+ * A view is carried up to this many bytes of JSON: the common turn fits, and every event
+ * stream waiting for the turn's end receives the notice too, so a large one is read instead.
+ */
+export const FINAL_NOTICE_MAX_BYTES = 64 * 1024;
 
-/** The notice's payload: the view as JSON, or empty when there is none or it is too large. */
-export function encodeFinalNotice(view: RunView | undefined, maxChars = FINAL_NOTICE_MAX_CHARS): string {
+/** The notice's payload: the view as JSON, or empty when there is none or it is over `maxBytes`. */
+export function encodeFinalNotice(view: RunView | undefined, maxBytes = FINAL_NOTICE_MAX_BYTES): string {
   const json = view ? JSON.stringify(view) : "";
-  return json.length <= maxChars ? json : "";
+  return Buffer.byteLength(json) <= maxBytes ? json : "";
 }
 
 /** The view a notice carries, when it is one of run `runId`'s turn `turnId`, final; else undefined (read the store). */

@@ -1,10 +1,10 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
-import type { Subscription } from "@nats-io/transport-node";
 import { z } from "zod";
-import { ApiError, decodeFinalNotice, type RunView, pendingActionOf, startVersionOf, type Timer, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, Subjects, toRunRequest, TurnStatus } from "../../src/index.js";
+import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
+import { type TurnNotices, turnNotices } from "../turn-notices.js";
 import { checkStreamQuota, streamEvents } from "../sse.js";
 import { type Operation, page, route, runId, RUN_READS } from "../operation.js";
 import { CancelRequestSchema, RunDeletedSchema, RunListSchema, RunRequestSchema, RunSchema } from "../schemas.js";
@@ -19,49 +19,6 @@ interface RunAnswer extends Record<string, unknown> {
   view?: Record<string, unknown>;
   /** A recorded error answer (the same key returns the same answer). */
   error?: { code: string; message: string; param: string | null };
-}
-
-interface FinalNotice {
-  sub: Subscription;
-  turnId: string;
-  /** True once a notice (final or waiting) has arrived (false when `timeoutMs` passed first). */
-  arrivedWithin: (timeoutMs: number) => Promise<boolean>;
-  /** The run the notice carried, once it arrived with one for this turn. */
-  view: () => RunView | undefined;
-}
-
-/**
- * Subscribes to a turn's notices: final (published after the turn's and the run's final
- * writes) or waiting (for a person's decision, after its pending action is stored).
- * Either ends the wait; only the final one carries a view.
- */
-function finalNotice(ctx: GatewayContext, runId: string, turnId: string): FinalNotice {
-  const sub = ctx.nc.subscribe(Subjects.turnNotices(turnId), { max: 1 });
-  const finalSubject = Subjects.turnFinal(turnId);
-  let view: RunView | undefined;
-  const arrived = (async () => {
-    for await (const msg of sub) {
-      if (msg.subject === finalSubject) view = decodeFinalNotice(msg.data, runId, turnId);
-      return true;
-    }
-    return false;
-  })();
-  return {
-    sub,
-    turnId,
-    view: () => view,
-    arrivedWithin: async (timeoutMs) => {
-      let timer: Timer | undefined;
-      const timeout = new Promise<boolean>((resolve) => {
-        timer = ctx.clock.after(timeoutMs, () => resolve(false));
-      });
-      try {
-        return await Promise.race([arrived, timeout]);
-      } finally {
-        timer?.cancel();
-      }
-    },
-  };
 }
 
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
@@ -170,7 +127,7 @@ export function runRoutes(ctx: GatewayContext) {
 
       // Subscribed before admission (to the turn id the claim holds) so a fast turn's
       // final notice is not missed.
-      let waitFor: FinalNotice | undefined;
+      let waitFor: TurnNotices | undefined;
       // Set when this request admitted the turn it subscribed to: its notice is still to come.
       let admittedHere = false;
       try {
@@ -187,15 +144,16 @@ export function runRoutes(ctx: GatewayContext) {
             // A spent budget refuses new turns; a retry whose turn was admitted goes on (a
             // concurrent twin of a refused request finds no turn: it is checked too).
             if (firstClaim || !(await ctx.store.getTurn(identity.turn_id))) await ctx.usage.admit(workspaceId);
-            if (!body.background && !body.stream) waitFor = finalNotice(ctx, identity.run_id, identity.turn_id);
+            if (!body.background && !body.stream) waitFor = turnNotices(ctx, identity.run_id, identity.turn_id);
             const admitted = await admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
             admittedHere = firstClaim;
             return admitted;
           },
-          // The run as admission left it is answered, never stored with the key.
-          { record: ({ view: _view, ...identity }) => identity },
+          // The run as admission left it is answered, never stored with the key. An admitted
+          // turn's answer does not wait for the record (a re-drive of its ids admits nothing new).
+          { record: ({ view: _view, ...identity }) => identity, lateCompletion: (answer) => !answer.error },
         );
-        if (!waitFor && !body.background && !body.stream) waitFor = finalNotice(ctx, answer.run_id, answer.turn_id);
+        if (!waitFor && !body.background && !body.stream) waitFor = turnNotices(ctx, answer.run_id, answer.turn_id);
         if (answer.error) {
           throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
         }
@@ -327,24 +285,20 @@ async function admit(
 const NOTICE_FIRST_MS = 3_000;
 
 /**
- * Waits for the turn's final notice, until `deadline`. The store is checked again every
- * few seconds, so a notice lost while NATS reconnected costs seconds, not the whole
- * wait, and a turn that came to wait for a decision is answered within seconds.
+ * Waits until the turn is final (and the run moved on), waits for a person's decision, or
+ * `deadline`. The store is read at the start, after each waiting notice and every few
+ * seconds, so a notice lost while NATS reconnected costs seconds, not the whole wait.
  */
-async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notice: FinalNotice, deadline: number): Promise<void> {
-  try {
-    for (let i = 0; i < 10_000; i++) {
-      const turn = await loadTurn(ctx, run, turnId);
-      // Settled once the run moved on too (the notice follows both writes, DESIGN §4).
-      if (isFinalStatus(turn.status) && (await ctx.store.getRun(run._id))?.active_turn_id !== turnId) return;
-      // A turn that waits for a person's decision is not about to end: answer 202 now.
-      if (pendingActionOf(turn.actions)) return;
-      const left = deadline - ctx.clock.nowMs();
-      if (left <= 0) return;
-      if (await notice.arrivedWithin(Math.min(left, 3_000))) return;
-    }
-  } finally {
-    notice.sub.unsubscribe();
+async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notices: TurnNotices, deadline: number): Promise<void> {
+  for (let i = 0; i < 10_000; i++) {
+    const turn = await loadTurn(ctx, run, turnId);
+    // Settled once the run moved on too (the notice follows both writes, DESIGN §4).
+    if (isFinalStatus(turn.status) && (await ctx.store.getRun(run._id))?.active_turn_id !== turnId) return;
+    // A turn that waits for a person's decision is not about to end: answer 202 now.
+    if (pendingActionOf(turn.actions)) return;
+    const left = deadline - ctx.clock.nowMs();
+    if (left <= 0) return;
+    if ((await notices.next(Math.min(left, 3_000))) === "final") return;
   }
 }
 
@@ -352,8 +306,9 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
  * Answers a start or continue: background at once, otherwise after the turn is final or
  * the wait ends. A turn this request admitted (`admittedHere`, subscribed to before) is
  * answered from its final notice, which carries the run as both final writes left it:
- * no store read. Without it (a retry, a steered turn, a notice lost or too large to carry
- * the run, a turn that waits for a decision: its notice ends the wait) the store is read.
+ * no store read. Otherwise (a retry, a steered turn, a notice lost or too large to carry
+ * the run, a turn that waits for a decision) the store is read, and a final notice that
+ * arrives during the wait still answers with its view.
  */
 async function deliver(
   ctx: GatewayContext,
@@ -361,7 +316,7 @@ async function deliver(
   workspaceId: string,
   answer: RunAnswer,
   body: RunRequest,
-  waitFor: FinalNotice | undefined,
+  waitFor: TurnNotices | undefined,
   admittedHere: boolean,
 ) {
   if (body.background && answer.view) {
@@ -371,35 +326,43 @@ async function deliver(
     return reply.status(202).send(answer.view);
   }
   const deadline = ctx.clock.nowMs() + ctx.config.waitTimeoutMs;
-  const fromNotice = (notice: FinalNotice | undefined) => {
+  const fromNotice = (notice: TurnNotices | undefined) => {
     const view = notice?.view();
     return view && reply.status(200).send(answer.disposition ? { ...view, disposition: answer.disposition } : view);
   };
   if (!body.background && admittedHere && waitFor?.turnId === answer.turn_id) {
-    if (await waitFor.arrivedWithin(Math.min(ctx.config.waitTimeoutMs, NOTICE_FIRST_MS))) {
+    if ((await waitFor.next(Math.min(ctx.config.waitTimeoutMs, NOTICE_FIRST_MS))) === "final") {
       const sent = fromNotice(waitFor);
       if (sent) return sent;
     }
   }
-  let run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
-  let turn = await loadTurn(ctx, run, answer.turn_id);
-  // Settled once the turn is final and the run moved on too (its second write, DESIGN §4).
-  if (!body.background && !(isFinalStatus(turn.status) && run.active_turn_id !== turn._id)) {
-    // A steered answer names the active turn, whose notice was not subscribed to before.
-    const notice = waitFor?.turnId === turn._id ? waitFor : finalNotice(ctx, run._id, turn._id);
-    await waitUntilFinal(ctx, run, turn._id, notice, deadline);
-    const sent = fromNotice(notice);
-    if (sent) return sent;
-    run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
-    turn = await loadTurn(ctx, run, turn._id);
+  // A steered answer names the active turn, not the one subscribed to before admission: its
+  // notices are subscribed to before the reads, so an end between them is not missed (and
+  // the claim's turn, which will never have one, is let go).
+  const own = waitFor?.turnId === answer.turn_id;
+  if (waitFor && !own) waitFor.sub.unsubscribe();
+  const notice = body.background ? undefined : own ? waitFor : turnNotices(ctx, answer.run_id, answer.turn_id);
+  try {
+    let run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
+    let turn = await loadTurn(ctx, run, answer.turn_id);
+    // Settled once the turn is final and the run moved on too (its second write, DESIGN §4).
+    if (notice && !(isFinalStatus(turn.status) && run.active_turn_id !== turn._id)) {
+      await waitUntilFinal(ctx, run, turn._id, notice, deadline);
+      const sent = fromNotice(notice);
+      if (sent) return sent;
+      run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
+      turn = await loadTurn(ctx, run, turn._id);
+    }
+    const final = isFinalStatus(turn.status);
+    if (!final || body.background) {
+      // Background, or the wait ran out: 202 with where to look (runs-api.md, POST /runs).
+      reply.header("location", `/api/v1/runs/${run._id}?turn_id=${turn._id}`);
+      return reply.status(202).send(renderRun(run, turn, answer.disposition));
+    }
+    return reply.status(200).send(renderRun(run, turn, answer.disposition));
+  } finally {
+    if (notice !== waitFor) notice?.sub.unsubscribe();
   }
-  const final = isFinalStatus(turn.status);
-  if (!final || body.background) {
-    // Background, or the wait ran out: 202 with where to look (runs-api.md, POST /runs).
-    reply.header("location", `/api/v1/runs/${run._id}?turn_id=${turn._id}`);
-    return reply.status(202).send(renderRun(run, turn, answer.disposition));
-  }
-  return reply.status(200).send(renderRun(run, turn, answer.disposition));
 }
 
 /**

@@ -1,5 +1,5 @@
 import test from "ava";
-import { decodeFinalNotice, encodeFinalNotice } from "../../src/final-notice.js";
+import { decodeFinalNotice, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES } from "../../src/final-notice.js";
 import { renderRun } from "../../src/render.js";
 import type { RunDoc, TurnDoc } from "../../src/documents.js";
 import { TurnStatus } from "../../src/domain.js";
@@ -42,10 +42,17 @@ test("final notice - another run's or turn's view, an empty, cut or non-JSON pay
   }
 });
 
-test("final notice - a view past the limit is left out (an empty notice), one at it is carried", (t) => {
-  const view = renderRun(run, turn(TurnStatus.completed, "x".repeat(5000)));
+test("final notice - a view past the limit in bytes is left out (an empty notice), one at it is carried", (t) => {
+  // Two-byte characters: the limit counts UTF-8 bytes, not characters.
+  const view = renderRun(run, turn(TurnStatus.completed, "é".repeat(5000)));
   const json = JSON.stringify(view);
-  t.is(encodeFinalNotice(view, json.length), json);
-  t.is(encodeFinalNotice(view, json.length - 1), "");
+  const bytes = Buffer.byteLength(json);
+  t.true(bytes > json.length);
+  t.is(encodeFinalNotice(view, bytes), json);
+  t.is(encodeFinalNotice(view, bytes - 1), "");
+  t.is(encodeFinalNotice(view, json.length), "");
   t.is(encodeFinalNotice(undefined), "");
+  // The default carries a common turn and leaves a large one to be read.
+  t.not(encodeFinalNotice(view), "");
+  t.is(encodeFinalNotice(renderRun(run, turn(TurnStatus.completed, "x".repeat(FINAL_NOTICE_MAX_BYTES)))), "");
 });
