@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import { z } from "zod";
-import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, TurnStatus } from "../../src/index.js";
+import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, type TurnDoc, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -285,21 +285,26 @@ async function admit(
 const NOTICE_FIRST_MS = 3_000;
 
 /**
- * Waits until the turn is final (and the run moved on), waits for a person's decision, or
- * `deadline`. The store is read at the start, after each waiting notice and every few
- * seconds, so a notice lost while NATS reconnected costs seconds, not the whole wait.
+ * After a read found the turn neither settled nor waiting for a person: waits until it is
+ * final (and the run moved on), waits for a decision, or `deadline`. The store is read
+ * after each waiting notice and every few seconds, so a notice lost while NATS reconnected
+ * costs seconds, not the whole wait.
  */
 async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notices: TurnNotices, deadline: number): Promise<void> {
   for (let i = 0; i < 10_000; i++) {
-    const turn = await loadTurn(ctx, run, turnId);
-    // Settled once the run moved on too (the notice follows both writes, DESIGN §4).
-    if (isFinalStatus(turn.status) && (await ctx.store.getRun(run._id))?.active_turn_id !== turnId) return;
-    // A turn that waits for a person's decision is not about to end: answer 202 now.
-    if (pendingActionOf(turn.actions)) return;
     const left = deadline - ctx.clock.nowMs();
     if (left <= 0) return;
     if ((await notices.next(Math.min(left, 3_000))) === "final") return;
+    const turn = await loadTurn(ctx, run, turnId);
+    if (settled(turn, await ctx.store.getRun(run._id))) return;
+    // A turn that waits for a person's decision is not about to end: answer 202 now.
+    if (pendingActionOf(turn.actions)) return;
   }
+}
+
+/** A final turn whose run moved on too (the notice follows both writes, DESIGN §4). */
+function settled(turn: TurnDoc, run: RunDoc | null): boolean {
+  return isFinalStatus(turn.status) && run?.active_turn_id !== turn._id;
 }
 
 /**
@@ -330,7 +335,8 @@ async function deliver(
     const view = notice?.view();
     return view && reply.status(200).send(answer.disposition ? { ...view, disposition: answer.disposition } : view);
   };
-  if (!body.background && admittedHere && waitFor?.turnId === answer.turn_id) {
+  // (No background request subscribes.)
+  if (admittedHere && waitFor?.turnId === answer.turn_id) {
     if ((await waitFor.next(Math.min(ctx.config.waitTimeoutMs, NOTICE_FIRST_MS))) === "final") {
       const sent = fromNotice(waitFor);
       if (sent) return sent;
@@ -345,8 +351,7 @@ async function deliver(
   try {
     let run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
     let turn = await loadTurn(ctx, run, answer.turn_id);
-    // Settled once the turn is final and the run moved on too (its second write, DESIGN §4).
-    if (notice && !(isFinalStatus(turn.status) && run.active_turn_id !== turn._id)) {
+    if (notice && !settled(turn, run) && !pendingActionOf(turn.actions)) {
       await waitUntilFinal(ctx, run, turn._id, notice, deadline);
       const sent = fromNotice(notice);
       if (sent) return sent;
