@@ -13,9 +13,16 @@ import { HmacSha256 } from "./hmac-sha256.js";
  * within the process.
  */
 let hmac = new HmacSha256(randomBytes(32));
+let generation = 0;
 
 export function useCursorKey(masterKeyBase64: string): void {
   hmac = new HmacSha256(createHmac("sha256", Buffer.from(masterKeyBase64, "base64")).update("runs-cursors:v1").digest());
+  generation++;
+}
+
+/** Changes whenever the cursor key does: keys derived from it and kept must be derived again. */
+export function cursorKeyGeneration(): number {
+  return generation;
 }
 
 /**

@@ -3,6 +3,7 @@ import { createHmac } from "node:crypto";
 import { ApiError } from "../../src/errors.js";
 import { useCursorKey } from "../../src/cursor-key.js";
 import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
+import { sipHash24Into } from "../../src/siphash.js";
 
 const RUN = "run_0000000AAAAAAAAAAAAAAA";
 const OTHER = "run_0000000BBBBBBBBBBBBBBB";
@@ -80,7 +81,7 @@ test("event-ids - an id made up from a run id alone (any stream sequence) is 400
   const genuine = Buffer.from(encodeEventId({ streamSeq: 7, runSeq: 2, runId: RUN }).slice(4), "base64url");
   const tag = genuine.subarray(genuine.length - 8);
   for (const streamSeq of [1, 6, 8, 1_000_000]) {
-    const forged = Buffer.concat([Buffer.from([2, streamSeq < 128 ? streamSeq : 0x80 | (streamSeq & 0x7f)]), ...(streamSeq < 128 ? [] : [Buffer.from([(streamSeq >> 7) & 0x7f])]), Buffer.from([2]), tag]);
+    const forged = Buffer.concat([Buffer.from([3, streamSeq < 128 ? streamSeq : 0x80 | (streamSeq & 0x7f)]), ...(streamSeq < 128 ? [] : [Buffer.from([(streamSeq >> 7) & 0x7f])]), Buffer.from([2]), tag]);
     invalidCursor(t, () => decodeEventId("evt_" + forged.toString("base64url"), RUN));
   }
   for (let i = 0; i < genuine.length; i++) {
@@ -90,23 +91,55 @@ test("event-ids - an id made up from a run id alone (any stream sequence) is 400
   }
 });
 
-test("event-ids - the bytes are version 2, both sequences as uvarints and the first 8 bytes of the HMAC: ids handed out before stay the same", (t) => {
+const uvarint = (n: number) => {
+  const out: number[] = [];
+  for (; n >= 0x80; n = Math.floor(n / 0x80)) out.push((n % 0x80) | 0x80);
+  return [...out, n];
+};
+const littleEndian = (n: number) => Array.from({ length: 8 }, (_, i) => Math.floor(n / 2 ** (8 * i)) % 256);
+// Runs interleaved (the encoder keeps the last run's key), one not ASCII and one long.
+const RUNS = [RUN, OTHER, "run_é", `run_${"x".repeat(120)}`, RUN];
+const POSITIONS = [[1, 1], [9, 10], [127, 128], [128, 127], [16_383, 16_384], [999_999_999, 1_000_000_000], [2 ** 32 + 5, 999_999], [Number.MAX_SAFE_INTEGER, 1], [1, Number.MAX_SAFE_INTEGER]];
+
+test("event-ids - the bytes are version 3, both sequences as uvarints and SipHash-2-4 of them under the run's key (an HMAC under the cursor key)", (t) => {
   const master = Buffer.alloc(32, 7).toString("base64");
   useCursorKey(master);
-  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
-  const uvarint = (n: number) => {
-    const out: number[] = [];
-    for (; n >= 0x80; n = Math.floor(n / 0x80)) out.push((n % 0x80) | 0x80);
-    return [...out, n];
-  };
-  // Runs interleaved (the encoder keeps the last run's part of the HMAC input), one not ASCII and one long.
-  const runs = [RUN, OTHER, "run_é", `run_${"x".repeat(120)}`, RUN];
-  for (const [streamSeq, runSeq] of [[1, 1], [9, 10], [127, 128], [128, 127], [16_383, 16_384], [999_999_999, 1_000_000_000], [2 ** 32 + 5, 999_999], [Number.MAX_SAFE_INTEGER, 1], [1, Number.MAX_SAFE_INTEGER]]) {
-    for (const runId of runs) {
-      const tag = createHmac("sha256", key).update(`3:evt;${runId.length}:${runId};${String(streamSeq).length}:${streamSeq};${String(runSeq).length}:${runSeq};`).digest();
-      const expected = "evt_" + Buffer.from([2, ...uvarint(streamSeq), ...uvarint(runSeq), ...tag.subarray(0, 8)]).toString("base64url");
-      t.is(encodeEventId({ streamSeq, runSeq, runId }), expected, `${runId} ${streamSeq}/${runSeq}`);
+  const cursorKey = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  for (const [streamSeq, runSeq] of POSITIONS) {
+    for (const runId of RUNS) {
+      const runKey = createHmac("sha256", cursorKey).update(`7:evt-run;${runId.length}:${runId};`).digest().subarray(0, 16);
+      const tag = new Uint8Array(8);
+      sipHash24Into(runKey, Uint8Array.from([...littleEndian(streamSeq!), ...littleEndian(runSeq!)]), tag);
+      const expected = "evt_" + Buffer.from([3, ...uvarint(streamSeq!), ...uvarint(runSeq!), ...tag]).toString("base64url");
+      t.is(encodeEventId({ streamSeq: streamSeq!, runSeq: runSeq!, runId }), expected, `${runId} ${streamSeq}/${runSeq}`);
       t.deepEqual(decodeEventId(expected, runId), { streamSeq, runSeq });
     }
   }
+});
+
+test("event-ids - version 2 ids handed out before (the first 8 bytes of an HMAC of run and positions) are still accepted, and only for their run", (t) => {
+  const master = Buffer.alloc(32, 7).toString("base64");
+  useCursorKey(master);
+  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  for (const [streamSeq, runSeq] of POSITIONS) {
+    for (const runId of RUNS) {
+      const tag = createHmac("sha256", key).update(`3:evt;${runId.length}:${runId};${String(streamSeq).length}:${streamSeq};${String(runSeq).length}:${runSeq};`).digest();
+      const v2 = "evt_" + Buffer.from([2, ...uvarint(streamSeq!), ...uvarint(runSeq!), ...tag.subarray(0, 8)]).toString("base64url");
+      t.deepEqual(decodeEventId(v2, runId), { streamSeq, runSeq }, `${runId} ${streamSeq}/${runSeq}`);
+      invalidCursor(t, () => decodeEventId(v2, runId === RUN ? OTHER : RUN));
+      // The same bytes under the other version are not valid.
+      const swapped = Buffer.from(v2.slice(4), "base64url");
+      swapped[0] = 3;
+      invalidCursor(t, () => decodeEventId("evt_" + swapped.toString("base64url"), runId));
+    }
+  }
+});
+
+test("event-ids - a new cursor key gives new run keys: ids from before it are 400 invalid_cursor", (t) => {
+  useCursorKey(Buffer.alloc(32, 1).toString("base64"));
+  const before = encodeEventId({ streamSeq: 5, runSeq: 3, runId: RUN });
+  t.deepEqual(decodeEventId(before, RUN), { streamSeq: 5, runSeq: 3 });
+  useCursorKey(Buffer.alloc(32, 2).toString("base64"));
+  invalidCursor(t, () => decodeEventId(before, RUN));
+  t.not(encodeEventId({ streamSeq: 5, runSeq: 3, runId: RUN }), before);
 });
