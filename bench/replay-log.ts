@@ -15,6 +15,7 @@ import { JetStreamEventLog } from "../src/event-log.js";
 import type { EventReadRun } from "../src/event-types.js";
 import { newId } from "../src/ids.js";
 import { systemClock } from "../src/clock.js";
+import { FrameBuffer } from "../gateway/sse-frames.js";
 
 const N = Number(process.env.N ?? 50_000);
 const ROUNDS = Number(process.env.ROUNDS ?? 5);
@@ -50,11 +51,14 @@ async function replay(): Promise<number> {
   const controller = new AbortController();
   let read = 0;
   let bytes = 0;
-  await log.subscribe(run, { turnId }, (event, json) => {
-    // The SSE frame as gateway/sse.ts writes it.
-    bytes += `id: ${event.id}\nevent: ${event.type}\ndata: ${json}\n\n`.length;
+  const frames = new FrameBuffer();
+  await log.subscribe(run, { turnId }, (event) => {
+    // The SSE frames as gateway/sse.ts gathers them, taken per 64 KiB.
+    frames.event(event);
+    if (frames.size >= 64 * 1024) bytes += frames.take()!.length;
     if (++read >= N) controller.abort();
   }, controller.signal);
+  bytes += frames.take()?.length ?? 0;
   if (bytes === 0) throw new Error("nothing read");
   return (read / (performance.now() - start)) * 1000;
 }

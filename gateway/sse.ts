@@ -1,6 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type RunEvent, Subjects, type Timer } from "../src/index.js";
+import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
+import { FrameBuffer } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
 
 /** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
@@ -199,18 +200,15 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   // Frames are gathered and written once per event-loop turn (or per 64 KiB): the
   // consumer hands over a batch of messages at a time, and one socket write per event
   // cost more than encoding it.
-  let pending = "";
+  const frames = new FrameBuffer();
   let flushQueued = false;
   const flush = () => {
     flushQueued = false;
-    if (pending === "" || res.writableEnded || res.destroyed) return;
-    const chunk = pending;
-    pending = "";
-    res.write(chunk);
+    const chunk = frames.take();
+    if (chunk && !res.writableEnded && !res.destroyed) res.write(chunk);
   };
-  const send = (text: string) => {
-    pending += text;
-    if (pending.length >= FLUSH_BYTES) flush();
+  const sent = () => {
+    if (frames.size >= FLUSH_BYTES) flush();
     else if (!flushQueued) {
       flushQueued = true;
       setImmediate(flush);
@@ -276,7 +274,8 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
       for (let page = 0; page < 20 && !res.destroyed; page++) {
         const read = await ctx.events.read(eventRun, { afterId: lastId, turnId: options.turnId, limit: 500, nowMs: ctx.clock.nowMs() });
         for (const event of read.events) {
-          send(frameOf(event.id, event.type, JSON.stringify(event)));
+          frames.text(frameOf(event.id, event.type, JSON.stringify(event)));
+          sent();
           lastId = event.id;
           if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) return true;
           if (res.writableNeedDrain) await drained(res, paused.signal);
@@ -295,9 +294,10 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     await ctx.events.subscribe(
       eventRun,
       { afterId: options.afterId, turnId: options.turnId },
-      (event, json) => {
+      (event) => {
         if (signal.aborted) return;
-        send(frameOf(event.id, event.type, json));
+        frames.event(event);
+        sent();
         lastId = event.id;
         armGrace();
         if (endTurnId !== undefined && isFinalEventOf(event, endTurnId)) {
@@ -329,11 +329,11 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
 }
 
 /** True for the platform event that makes `turnId` final. */
-export function isFinalEventOf(event: RunEvent, turnId: string): boolean {
+export function isFinalEventOf(event: Pick<StreamedEvent, "source" | "turn_id" | "type">, turnId: string): boolean {
   return event.source === EventSource.platform && event.turn_id === turnId && FINAL_TURN_EVENT_TYPES.has(event.type);
 }
 
-/** One SSE frame of an event and its JSON. JSON never contains a raw line break, so `data` is one line. */
+/** One SSE frame of an event and its JSON (pages read on a catch-up; streamed events go through {@link FrameBuffer}). JSON never contains a raw line break, so `data` is one line. */
 function frameOf(id: string, type: string, json: string): string {
   return `id: ${id}\nevent: ${type.replace(/[\r\n]/g, " ")}\ndata: ${json}\n\n`;
 }

@@ -107,17 +107,21 @@ export function seal(key: Uint8Array, plaintext: Uint8Array): Uint8Array {
 
 /** Decrypts a `seal` result; throws {@link EventDecryptError} on a wrong key or any change. */
 export function open(key: Uint8Array, sealed: Uint8Array): Uint8Array {
-  return openedOrThrow(key, sealed).slice();
+  return openedPlaintext(key, sealed).slice();
 }
 
 const utf8 = new TextDecoder();
 
 /** A `seal` result's plaintext as UTF-8 text, decoded where it was opened (no copy). */
 export function openText(key: Uint8Array, sealed: Uint8Array): string {
-  return utf8.decode(openedOrThrow(key, sealed));
+  return utf8.decode(openedPlaintext(key, sealed));
 }
 
-function openedOrThrow(key: Uint8Array, sealed: Uint8Array): Uint8Array {
+/**
+ * A `seal` result's plaintext as a view valid only until the next open (it may lie in
+ * libsodium's scratch memory): read or copy it at once.
+ */
+export function openedPlaintext(key: Uint8Array, sealed: Uint8Array): Uint8Array {
   if (sealed.length < NONCE_BYTES + nacl.secretbox.overheadLength) throw new EventDecryptError("The stored event is too short.");
   if (key.length !== KEY_BYTES) throw new RangeError("bad key size");
   const plain = openSealed(key, sealed);

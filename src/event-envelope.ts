@@ -3,7 +3,7 @@
  * API's event (its id rebuilt from the stream sequence) or its JSON.
  */
 import { ApiError } from "./errors.js";
-import { openText } from "./event-crypto.js";
+import { openedPlaintext, openText } from "./event-crypto.js";
 import { encodeEventId } from "./event-ids.js";
 import type { RunEvent } from "./event-types.js";
 
@@ -29,38 +29,153 @@ export function headerSeq(value: string): number {
   return Number.isSafeInteger(n) && n > 0 ? n : 0;
 }
 
-/** The stored envelope and its JSON text. */
-export function decodeStored(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
-  const text = openText(key, data);
-  return { envelope: JSON.parse(text) as StoredEnvelope, text };
-}
-
 export function decodeEnvelope(key: Uint8Array, data: Uint8Array): StoredEnvelope {
-  return decodeStored(key, data).envelope;
+  return JSON.parse(openText(key, data)) as StoredEnvelope;
 }
 
-export function decodeStoredOrUnavailable(key: Uint8Array, data: Uint8Array): { envelope: StoredEnvelope; text: string } {
+/**
+ * A stored event as a subscription reads it: the fields a reader decides on and the
+ * event's JSON as the stored bytes hold it, so that replaying an event costs no text
+ * decoding, parsing or encoding (docs/performance.md, "SSE delivery").
+ */
+export interface StoredHead {
+  /** created_at in Unix ms (retention). */
+  ms: number;
+  sequence: number;
+  source: string;
+  type: string;
+  turn_id: string | null;
+  /** The event's JSON without its id (`{"sequence":…}`) as UTF-8: a copy of the stored bytes. */
+  json: Uint8Array;
+}
+
+/** Opens a stored event into a {@link StoredHead}; a failure is 503 event_history_unavailable. */
+export function decodeHeadOrUnavailable(key: Uint8Array, data: Uint8Array): StoredHead {
+  let plain: Uint8Array;
   try {
-    return decodeStored(key, data);
+    plain = openedPlaintext(key, data);
   } catch (err) {
     throw unavailable(err);
   }
+  const head = scanHead(plain);
+  if (head) return head;
+  // Not the appender's shape (an older or future writer): parsed, and encoded again.
+  let envelope: StoredEnvelope;
+  try {
+    envelope = JSON.parse(utf8Decoder.decode(plain)) as StoredEnvelope;
+  } catch (err) {
+    throw unavailable(err);
+  }
+  const { event } = envelope;
+  return { ms: envelope.ms, sequence: event.sequence, source: event.source, type: event.type, turn_id: event.turn_id, json: Buffer.from(JSON.stringify(event), "utf8") };
 }
 
-const EVENT_KEY = '"event":';
+const utf8Decoder = new TextDecoder();
 
 /**
- * `JSON.stringify(event)` without re-encoding: the appender writes the envelope with
- * `event` as its last member, so the stored text ends with the event's own JSON, and the
- * API's event is that JSON with `id` put first. Falls back to encoding anything else.
+ * Reads the head of a stored event written by the appender, which serializes
+ *
+ *     {"v":1,"ms":<ms>[,"tf":<n>],"event":{"sequence":<n>,"source":"…","type":"…","run_id":"…","turn_id":"…"|null,…}}
+ *
+ * in that order (src/event-appender.ts). The plaintext is authenticated, so it is the
+ * appender's JSON; anything else — another member order, a number that is not a plain
+ * integer, a string with an escape or a byte outside printable ASCII — answers null and is
+ * parsed instead. So the fields read here are exactly what `JSON.parse` would give.
  */
-export function eventJson(event: RunEvent, storedText: string): string {
-  const at = storedText.indexOf(EVENT_KEY);
-  if (at > 0 && storedText.charCodeAt(at + EVENT_KEY.length) === 0x7b /* { */ && storedText.endsWith("}}")) {
-    const body = storedText.slice(at + EVENT_KEY.length + 1, -1);
-    return body === "}" ? `{"id":${JSON.stringify(event.id)}}` : `{"id":${JSON.stringify(event.id)},${body}`;
+export function scanHead(plain: Uint8Array): StoredHead | null {
+  scanAt = 0;
+  if (!literal(plain, V1_MS)) return null;
+  const ms = integer(plain);
+  if (ms < 0) return null;
+  if (literal(plain, TF) && integer(plain) < 0) return null;
+  if (!literal(plain, EVENT)) return null;
+  const eventStart = scanAt;
+  if (!literal(plain, SEQUENCE)) return null;
+  const sequence = integer(plain);
+  if (sequence < 0 || !literal(plain, SOURCE)) return null;
+  const source = plainString(plain, 0);
+  if (source === null || !literal(plain, TYPE)) return null;
+  const type = plainString(plain, 1);
+  if (type === null || !literal(plain, RUN_ID)) return null;
+  if (plainString(plain, -1) === null || !literal(plain, TURN_ID)) return null;
+  let turnId: string | null = null;
+  if (!literal(plain, NULL) && (turnId = plainString(plain, 2)) === null) return null;
+  // The envelope ends with the event: `…}}`.
+  const end = plain.length;
+  if (end < scanAt + 2 || plain[end - 1] !== 0x7d || plain[end - 2] !== 0x7d) return null;
+  // A pooled Buffer and a copy: a typed array's slice cost ~4× as much here.
+  const json = Buffer.allocUnsafe(end - 1 - eventStart);
+  json.set(plain.subarray(eventStart, end - 1));
+  return { ms, sequence, source, type, turn_id: turnId, json };
+}
+
+const ascii = (text: string) => Uint8Array.from(text, (c) => c.charCodeAt(0));
+const V1_MS = ascii('{"v":1,"ms":');
+const TF = ascii(',"tf":');
+const EVENT = ascii(',"event":');
+const SEQUENCE = ascii('{"sequence":');
+const SOURCE = ascii(',"source":');
+const TYPE = ascii(',"type":');
+const RUN_ID = ascii(',"run_id":');
+const TURN_ID = ascii(',"turn_id":');
+const NULL = ascii("null");
+
+/** Where the scan is in the bytes (used synchronously, one event at a time). */
+let scanAt = 0;
+
+function literal(bytes: Uint8Array, expected: Uint8Array): boolean {
+  if (scanAt + expected.length > bytes.length) return false;
+  for (let i = 0; i < expected.length; i++) if (bytes[scanAt + i] !== expected[i]) return false;
+  scanAt += expected.length;
+  return true;
+}
+
+/** A non-negative integer in plain decimal (no sign, fraction, exponent or leading zero), up to 15 digits; -1 otherwise. */
+function integer(bytes: Uint8Array): number {
+  const start = scanAt;
+  let n = 0;
+  while (scanAt < bytes.length && scanAt - start < 16) {
+    const digit = bytes[scanAt]! - 0x30;
+    if (digit < 0 || digit > 9) break;
+    n = n * 10 + digit;
+    scanAt++;
   }
-  return JSON.stringify(event);
+  const digits = scanAt - start;
+  if (digits === 0 || digits > 15 || (digits > 1 && bytes[start] === 0x30)) return -1;
+  return n;
+}
+
+/**
+ * The last string read per member (source, type, turn id): a run's events repeat them, and
+ * the bytes compared with it give the same string without building it again.
+ */
+const lastStrings: string[] = ["", "", ""];
+
+/**
+ * A JSON string of printable ASCII without escapes (ids, types, sources); null otherwise.
+ * `slot` names the member in {@link lastStrings}; -1 checks the string without building it.
+ */
+function plainString(bytes: Uint8Array, slot: number): string | null {
+  if (bytes[scanAt] !== 0x22) return null;
+  const start = scanAt + 1;
+  let at = start;
+  for (; at < bytes.length; at++) {
+    const code = bytes[at]!;
+    if (code === 0x22) break;
+    if (code < 0x20 || code > 0x7e || code === 0x5c) return null;
+  }
+  if (at >= bytes.length || at - start > 256) return null;
+  scanAt = at + 1;
+  if (slot < 0) return "";
+  const last = lastStrings[slot]!;
+  if (last.length === at - start) {
+    let same = true;
+    for (let i = 0; i < last.length && same; i++) same = last.charCodeAt(i) === bytes[start + i];
+    if (same) return last;
+  }
+  const text = String.fromCharCode.apply(null, bytes.subarray(start, at) as unknown as number[]);
+  lastStrings[slot] = text;
+  return text;
 }
 
 export function toRunEvent(envelope: StoredEnvelope, streamSeq: number, runId: string): RunEvent {

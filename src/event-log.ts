@@ -10,15 +10,15 @@ import {
 import { Plan } from "./domain.js";
 import { ApiError } from "./errors.js";
 import type { EventKeyring } from "./event-crypto.js";
-import { decodeEventId, type EventPosition } from "./event-ids.js";
+import { decodeEventId, encodeEventId, type EventPosition } from "./event-ids.js";
 import { FLOOR_HEADER, MAX_EVENTS_AHEAD, ORDER_HORIZON_MS, resumePosition, SequenceOrder, STORED_BELOW_HEADER, type StoredInfo } from "./event-order.js";
 import { AsyncPublisher } from "./js-publisher.js";
 import { eventStreamName, eventSubject } from "./nats.js";
 import type { Clock } from "./clock.js";
 import { HistoryStatus, historyStatus } from "./history-status.js";
 import { JetStreamAppender } from "./event-appender.js";
-import { decodeEnvelope, decodeStoredOrUnavailable, eventJson, headerSeq, SEQ_HEADER, type StoredEnvelope, toRunEvent, unavailable, withUnavailable } from "./event-envelope.js";
-import type { AppenderOptions, EventAppender, EventCallback, EventLog, EventPage, EventReadRun, EventRunRef, ReadOptions, RunEvent, SubscribeOptions } from "./event-types.js";
+import { decodeEnvelope, decodeHeadOrUnavailable, headerSeq, SEQ_HEADER, type StoredEnvelope, type StoredHead, toRunEvent, unavailable, withUnavailable } from "./event-envelope.js";
+import type { AppenderOptions, EventAppender, EventCallback, EventLog, EventPage, EventReadRun, EventRunRef, ReadOptions, RunEvent, StreamedEvent, SubscribeOptions } from "./event-types.js";
 
 /**
  * The run event log (spec Events, decisions §5, DESIGN §5): events are numbered by the run's
@@ -186,21 +186,28 @@ export class JetStreamEventLog implements EventLog {
     signal.addEventListener("abort", stop, { once: true });
     try {
       if (signal.aborted) stop();
-      const order = new SequenceOrder<Ordered & { text: string }>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
+      const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
       for await (const msg of messages) {
         if (signal.aborted) break;
-        const { envelope, text } = decodeStoredOrUnavailable(key, msg.data);
-        let ready = order.push(envelope.event.sequence, { envelope, text, streamSeq: msg.seq }, () => storedInfo(msg));
+        const head = decodeHeadOrUnavailable(key, msg.data);
+        let ready = order.push(head.sequence, { head, streamSeq: msg.seq }, () => storedInfo(msg));
         // Nothing more is stored for now: events held for one that is not coming go out.
         if (order.holding && msg.info.pending === 0) ready = [...ready, ...order.release(this.clock.nowMs())];
-        for (const item of ready) {
+        for (const { head: h, streamSeq } of ready) {
           if (signal.aborted) break;
-          if (item.envelope.ms < this.clock.nowMs() - retentionMs) continue;
-          if (options.turnId !== undefined && item.envelope.event.turn_id !== options.turnId) continue;
-          const event = toRunEvent(item.envelope, item.streamSeq, run.id);
+          if (h.ms < this.clock.nowMs() - retentionMs) continue;
+          if (options.turnId !== undefined && h.turn_id !== options.turnId) continue;
+          const event: StreamedEvent = {
+            id: encodeEventId({ streamSeq, runSeq: h.sequence, runId: run.id }),
+            sequence: h.sequence,
+            source: h.source,
+            type: h.type,
+            turn_id: h.turn_id,
+            json: h.json,
+          };
           try {
             // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
-            const pending = onEvent(event, eventJson(event, item.text));
+            const pending = onEvent(event);
             if (pending) await pending;
           } catch (err) {
             throw new CallbackFailure(err);
@@ -275,6 +282,12 @@ export class JetStreamEventLog implements EventLog {
 /** A decoded event waiting for its turn in sequence order. */
 interface Ordered {
   envelope: StoredEnvelope;
+  streamSeq: number;
+}
+
+/** A subscription's event waiting for its turn in sequence order. */
+interface HeadAt {
+  head: StoredHead;
   streamSeq: number;
 }
 

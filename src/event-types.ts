@@ -103,7 +103,33 @@ export interface EventAppender {
   readonly failure: EventWriteError | null;
 }
 
-export type EventCallback = (event: RunEvent, json: string) => void | Promise<void>;
+/**
+ * An event as a subscription hands it over: the fields a reader decides on, and the event's
+ * JSON taken from the stored bytes (no decoding and encoding again). The API's event is
+ * `{"id":"<id>",` followed by `json` after its opening brace ({@link runEventOf}).
+ */
+export interface StreamedEvent {
+  id: string;
+  sequence: number;
+  source: string;
+  type: string;
+  turn_id: string | null;
+  /** The event's JSON without `id` (`{"sequence":…}`), UTF-8. */
+  json: Uint8Array;
+}
+
+export type EventCallback = (event: StreamedEvent) => void | Promise<void>;
+
+/** The API's event of a streamed one. */
+export function runEventOf(event: StreamedEvent): RunEvent {
+  return { id: event.id, ...(JSON.parse(Buffer.from(event.json.buffer, event.json.byteOffset, event.json.length).toString("utf8")) as Omit<RunEvent, "id">) };
+}
+
+/** A streamed event of the API's event (tests, and logs that hold whole events). */
+export function streamedEventOf(event: RunEvent): StreamedEvent {
+  const { id, ...rest } = event;
+  return { id, sequence: event.sequence, source: event.source, type: event.type, turn_id: event.turn_id, json: Buffer.from(JSON.stringify(rest), "utf8") };
+}
 
 /** The contract of the event log; {@link JetStreamEventLog} implements it. */
 export interface EventLog {
@@ -113,9 +139,7 @@ export interface EventLog {
   read(run: EventReadRun, options: ReadOptions): Promise<EventPage>;
   /**
    * Feeds the run's events to `onEvent` as they are stored, from the cursor on, until
-   * `signal` aborts. `json` is the event serialized as the API shows it
-   * (`JSON.stringify(event)`), taken from the stored bytes without re-encoding.
-   * A callback that returns a promise pauses the feed until it settles.
+   * `signal` aborts, each as a {@link StreamedEvent}. A callback that returns a promise pauses the feed until it settles.
    */
   subscribe(run: EventReadRun, options: SubscribeOptions, onEvent: EventCallback, signal: AbortSignal): Promise<void>;
   purge(run: EventRunRef): Promise<void>;

@@ -7,7 +7,7 @@ import { AsyncPublisher, parseAck, PublishError } from "../../src/js-publisher.j
 import { EventKeyring } from "../../src/event-crypto.js";
 import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
-import { EventWriteError, type EventReadRun, type RunEvent } from "../../src/event-types.js";
+import { EventWriteError, type EventReadRun, type RunEvent, runEventOf } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
 import { newId } from "../../src/ids.js";
 import type { Plan } from "../../src/domain.js";
@@ -300,7 +300,7 @@ test.serial("event-log - subscribe delivers the rest after a cursor, then live e
   const controller = new AbortController();
   let wake: () => void = () => undefined;
   const done = log.subscribe(run, { afterId: stored[4].id }, (e) => {
-    received.push(e);
+    received.push(runEventOf(e));
     wake();
   }, controller.signal);
   const waitFor = (n: number) =>

@@ -6,7 +6,7 @@ import { AsyncPublisher, PublishError, type StoredAck } from "../../src/js-publi
 import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamAppender } from "../../src/event-appender.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
-import type { EventReadRun, RunEvent } from "../../src/event-types.js";
+import { type EventReadRun, type RunEvent, runEventOf } from "../../src/event-types.js";
 import { newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
 
@@ -113,7 +113,7 @@ async function subscribeFor(log: JetStreamEventLog, run: EventReadRun, count: nu
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), 10_000);
   await log.subscribe(run, { afterId }, (event) => {
-    received.push(event);
+    received.push(runEventOf(event));
     if (received.length >= count) controller.abort();
   }, controller.signal);
   clearTimeout(timer);

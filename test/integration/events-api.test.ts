@@ -11,7 +11,7 @@ import type { RunningService } from "../../node/service.js";
 import { connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
 import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
-import type { EventCallback, EventLog, EventSource, RunEvent } from "../../src/event-types.js";
+import { type EventCallback, type EventLog, type EventSource, type RunEvent, streamedEventOf } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
 import { Ids, newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
@@ -781,7 +781,7 @@ function stallingLog(log: EventLog, first: RunEvent): EventLog & { reads: number
     lastSequence: async () => 0,
     read: (run: Parameters<EventLog["read"]>[0], options: Parameters<EventLog["read"]>[1]) => (stalled.reads++, log.read(run, options)),
     async subscribe(_run: unknown, _options: unknown, onEvent: EventCallback, signal: AbortSignal) {
-      await onEvent(first, JSON.stringify(first));
+      await onEvent(streamedEventOf(first));
       await new Promise<void>((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
     },
     purge: async () => undefined,
@@ -847,7 +847,7 @@ test("sse - an error after the stream began is sent as event: error with the err
     lastSequence: async () => 0,
     read: (run, options) => t.context.log.read(run, options),
     async subscribe(_run, _options, onEvent) {
-      await onEvent(event, JSON.stringify(event));
+      await onEvent(streamedEventOf(event));
       throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
     },
     purge: async () => undefined,
@@ -909,7 +909,7 @@ test("sse - a client that stops reading pauses the subscription instead of buffe
     async subscribe(run, _options, onEvent, signal) {
       for (let i = 1; i <= 2_000 && !signal.aborted; i++) {
         const event: RunEvent = { id: `evt_${i}`, sequence: i, source: "runtime", type: "text_delta", run_id: run.id, turn_id: null, created_at: 0, data: { delta: big } };
-        await onEvent(event, JSON.stringify(event));
+        await onEvent(streamedEventOf(event));
         delivered++;
       }
       finished = true;

@@ -1,48 +1,163 @@
 import test from "ava";
-import { eventJson } from "../../src/event-envelope.js";
-import type { RunEvent } from "../../src/event-types.js";
+import { FrameBuffer } from "../../gateway/sse-frames.js";
+import { seal } from "../../src/event-crypto.js";
+import { decodeHeadOrUnavailable, scanHead, type StoredEnvelope } from "../../src/event-envelope.js";
+import { type RunEvent, runEventOf, streamedEventOf } from "../../src/event-types.js";
+import { ApiError } from "../../src/errors.js";
+
+/**
+ * A replayed event is framed from its stored bytes (src/event-envelope.ts scanHead,
+ * gateway/sse-frames.ts): the frame must be the one JSON.stringify of the API's event gives.
+ */
+
+const KEY = new Uint8Array(32).fill(7);
+const ID = "evt_AQIDBAUGBwgJ";
 
 /** An event as the appender stores it (envelope members in the appender's order) and as the API shows it. */
-function stored(event: Omit<RunEvent, "id">, tf?: number): { text: string; api: RunEvent } {
-  const text = JSON.stringify({ v: 1, ms: 1_763_750_000_123, ...(tf === undefined ? {} : { tf }), event });
-  return { text, api: { id: "evt_AQIDBAUGBwgJ", ...event } };
+function stored(event: Omit<RunEvent, "id">, tf?: number, ms = 1_763_750_000_123): { text: string; api: RunEvent } {
+  const envelope: StoredEnvelope = { v: 1, ms, ...(tf === undefined ? {} : { tf }), event };
+  return { text: JSON.stringify(envelope), api: { id: ID, ...event } };
 }
 
-const shell = (data: unknown, turn: string | null = "turn_1"): Omit<RunEvent, "id"> => ({
+const shell = (data: unknown, turn: string | null = "turn_1", type = "text_delta"): Omit<RunEvent, "id"> => ({
   sequence: 42,
   source: "runtime",
-  type: "text_delta",
+  type,
   run_id: "run_1",
   turn_id: turn,
   created_at: 1_763_750_000,
   data,
 });
 
-test("eventJson - equals JSON.stringify of the API event for every kind of stored event", (t) => {
-  const datas: unknown[] = [
-    { delta: "plain" },
-    { delta: 'quotes " and \\ backslashes, \n line breaks, \t tabs, \u0001 controls' },
-    { delta: "unicode: é 漢字 😀 and a lone surrogate \ud800" },
-    { delta: '"event": inside a string, and "}}" too' },
-    { nested: { deep: [1, 2.5, -0, 1e21, null, true, { a: "b" }] } },
-    null,
-    {},
-    [],
-    "a string",
-  ];
-  for (const data of datas) {
+/** The frame gateway/sse.ts wrote before frames were built from bytes. */
+function expectedFrame(api: RunEvent): string {
+  return `id: ${api.id}\nevent: ${api.type.replace(/[\r\n]/g, " ")}\ndata: ${JSON.stringify(api)}\n\n`;
+}
+
+function frameOf(text: string): { frame: string; scanned: boolean } {
+  const head = decodeHeadOrUnavailable(KEY, seal(KEY, Buffer.from(text, "utf8")));
+  const frames = new FrameBuffer();
+  frames.event({ id: ID, sequence: head.sequence, source: head.source, type: head.type, turn_id: head.turn_id, json: head.json });
+  return { frame: frames.take()!.toString("utf8"), scanned: scanHead(Buffer.from(text, "utf8")) !== null };
+}
+
+const DATAS: unknown[] = [
+  { delta: "plain" },
+  { delta: 'quotes " and \\ backslashes, \n line breaks, \t tabs, \u0001 controls' },
+  { delta: "unicode: é 漢字 😀 and a lone surrogate \ud800" },
+  { delta: '"event": inside a string, and "}}" too' },
+  { nested: { deep: [1, 2.5, -0, 1e21, null, true, { a: "b" }] } },
+  null,
+  {},
+  [],
+  "a string",
+];
+
+test("stored frames - equal the frame of JSON.stringify of the API event for every kind of stored event, read without parsing", (t) => {
+  for (const data of DATAS) {
     for (const tf of [undefined, 7]) {
       for (const turn of ["turn_1", null]) {
         const { text, api } = stored(shell(data, turn), tf);
-        t.is(eventJson(api, text), JSON.stringify(api), JSON.stringify({ data, tf, turn }));
+        const { frame, scanned } = frameOf(text);
+        t.true(scanned, "the appender's shape is read without parsing");
+        t.is(frame, expectedFrame(api), JSON.stringify({ data, tf, turn }));
       }
     }
   }
 });
 
-test("eventJson - text not shaped like the appender's falls back to encoding the event", (t) => {
-  const { api } = stored(shell({ delta: "x" }));
-  t.is(eventJson(api, '{"v":1,"ms":1}'), JSON.stringify(api));
-  t.is(eventJson(api, '{"event":"not an object"}'), JSON.stringify(api));
-  t.is(eventJson(api, ""), JSON.stringify(api));
+test("stored frames - what the scan does not take is parsed, and framed the same", (t) => {
+  const cases: Array<{ text: string; api: RunEvent }> = [
+    stored(shell({ delta: "x" }, "turn_1", 'a "quoted" type')), // an escape in a string
+    stored(shell({ delta: "x" }, "turn_1", "line\nbreak")), // a type with a line break: one line
+    stored(shell({ delta: "x" }, "turn_1", "typé")), // not ASCII
+    stored(shell({ delta: "x" }, "türn")), // not ASCII
+    stored(shell({ delta: "x" }), undefined, 1.5), // ms not an integer
+    stored({ ...shell({ delta: "x" }), sequence: 1e21 }), // not a plain integer
+  ];
+  // Another member order (an older or future writer).
+  const reordered = shell({ delta: "x" });
+  cases.push({ text: JSON.stringify({ ms: 5, v: 1, event: reordered }), api: { id: ID, ...reordered } });
+  const { source: _source, ...noSource } = shell({ delta: "x" });
+  cases.push({ text: JSON.stringify({ v: 1, ms: 5, event: { ...noSource, source: "runtime" } }), api: { id: ID, ...noSource, source: "runtime" } });
+  for (const { text, api } of cases) {
+    const { frame, scanned } = frameOf(text);
+    t.false(scanned, text);
+    t.is(frame, expectedFrame(api), text);
+  }
+});
+
+test("stored frames - the scan never reads past the bytes or misreads a cut or changed envelope", (t) => {
+  const { text } = stored(shell({ delta: "abc" }), 3);
+  const bytes = Buffer.from(text, "utf8");
+  // The scan reads the members before `data` and trusts the authenticated rest (the
+  // appender's JSON): a cut before `data` ends is declined.
+  const dataEnd = text.lastIndexOf("}}}");
+  for (let cut = 0; cut <= dataEnd; cut++) t.is(scanHead(bytes.subarray(0, cut)), null, `cut at ${cut}`);
+  // Every single-byte change: the scan either declines, or reads what JSON.parse reads.
+  let declined = 0;
+  for (let at = 0; at < bytes.length; at++) {
+    for (const value of [0x00, 0x22, 0x2c, 0x30, 0x5c, 0x7d, 0xc3]) {
+      const changed = Buffer.from(bytes);
+      changed[at] = value;
+      const head = scanHead(changed);
+      if (head === null) {
+        declined++;
+        continue;
+      }
+      let parsed: StoredEnvelope;
+      try {
+        parsed = JSON.parse(changed.toString("utf8")) as StoredEnvelope;
+      } catch {
+        continue; // not JSON at all: never written by the appender (the box is authenticated)
+      }
+      t.is(head.ms, parsed.ms);
+      t.is(head.sequence, parsed.event.sequence);
+      t.is(head.source, parsed.event.source);
+      t.is(head.type, parsed.event.type);
+      t.is(head.turn_id, parsed.event.turn_id);
+      t.deepEqual(JSON.parse(Buffer.from(head.json).toString("utf8")), parsed.event);
+    }
+  }
+  t.true(declined > bytes.length, "most changes are declined");
+});
+
+test("stored frames - a box that does not open is 503 event_history_unavailable", (t) => {
+  const sealed = seal(KEY, Buffer.from(stored(shell({ delta: "x" })).text, "utf8"));
+  sealed[sealed.length - 1] ^= 1;
+  const err = t.throws(() => decodeHeadOrUnavailable(KEY, sealed));
+  t.true(err instanceof ApiError && err.code === "event_history_unavailable");
+  const junk = seal(KEY, Buffer.from("not json", "utf8"));
+  const junkErr = t.throws(() => decodeHeadOrUnavailable(KEY, junk));
+  t.true(junkErr instanceof ApiError && junkErr.code === "event_history_unavailable");
+});
+
+test("stored frames - streamed and API events convert both ways", (t) => {
+  for (const data of DATAS) {
+    const api: RunEvent = { id: ID, ...shell(data) };
+    t.is(JSON.stringify(runEventOf(streamedEventOf(api))), JSON.stringify(api));
+  }
+});
+
+test("frame buffer - gathers frames and text in order, grows past its chunk, and holds nothing once taken", (t) => {
+  const frames = new FrameBuffer();
+  t.is(frames.take(), null);
+  const big = { id: ID, ...shell({ delta: "x".repeat(300_000) }) };
+  const small = { id: ID, ...shell({ delta: "é" }) };
+  let expected = "";
+  for (let i = 0; i < 50; i++) {
+    frames.event(streamedEventOf(small));
+    expected += expectedFrame(small);
+    frames.text(": ping\n\n");
+    expected += ": ping\n\n";
+  }
+  frames.event(streamedEventOf(big));
+  expected += expectedFrame(big);
+  t.is(frames.size, Buffer.byteLength(expected));
+  t.is(frames.take()!.toString("utf8"), expected);
+  t.is(frames.size, 0);
+  t.is(frames.take(), null);
+  // An event without members but its id.
+  frames.event({ id: ID, sequence: 1, source: "runtime", type: "t", turn_id: null, json: Buffer.from("{}") });
+  t.is(frames.take()!.toString("utf8"), `id: ${ID}\nevent: t\ndata: {"id":"${ID}"}\n\n`);
 });
