@@ -97,9 +97,9 @@ export function scanHead(plain: Uint8Array): StoredHead | null {
   if (source === null || !literal(plain, TYPE)) return null;
   const type = plainString(plain, 1);
   if (type === null || !literal(plain, RUN_ID)) return null;
-  if (plainString(plain, -1) === null || !literal(plain, TURN_ID)) return null;
+  if (plainString(plain, 2) === null || !literal(plain, TURN_ID)) return null;
   let turnId: string | null = null;
-  if (!literal(plain, NULL) && (turnId = plainString(plain, 2)) === null) return null;
+  if (!literal(plain, NULL) && (turnId = plainString(plain, 3)) === null) return null;
   // The envelope ends with the event: `…}}`.
   const end = plain.length;
   if (end < scanAt + 2 || plain[end - 1] !== 0x7d || plain[end - 2] !== 0x7d) return null;
@@ -146,18 +146,26 @@ function integer(bytes: Uint8Array): number {
 }
 
 /**
- * The last string read per member (source, type, turn id): a run's events repeat them, and
- * the bytes compared with it give the same string without building it again.
+ * The last string read per member (source, type, run id, turn id): a run's events repeat
+ * them, so the bytes are first compared with it, and give the same string without being
+ * checked and built again (it was checked when it was read).
  */
-const lastStrings: string[] = ["", "", ""];
+const lastStrings: string[] = ["", "", "", ""];
 
-/**
- * A JSON string of printable ASCII without escapes (ids, types, sources); null otherwise.
- * `slot` names the member in {@link lastStrings}; -1 checks the string without building it.
- */
+/** A JSON string of printable ASCII without escapes (ids, types, sources) for member `slot` of {@link lastStrings}; null otherwise. */
 function plainString(bytes: Uint8Array, slot: number): string | null {
   if (bytes[scanAt] !== 0x22) return null;
   const start = scanAt + 1;
+  const last = lastStrings[slot]!;
+  const length = last.length;
+  if (length > 0 && bytes[start + length] === 0x22) {
+    let i = 0;
+    while (i < length && last.charCodeAt(i) === bytes[start + i]) i++;
+    if (i === length) {
+      scanAt = start + length + 1;
+      return last;
+    }
+  }
   let at = start;
   for (; at < bytes.length; at++) {
     const code = bytes[at]!;
@@ -166,13 +174,6 @@ function plainString(bytes: Uint8Array, slot: number): string | null {
   }
   if (at >= bytes.length || at - start > 256) return null;
   scanAt = at + 1;
-  if (slot < 0) return "";
-  const last = lastStrings[slot]!;
-  if (last.length === at - start) {
-    let same = true;
-    for (let i = 0; i < last.length && same; i++) same = last.charCodeAt(i) === bytes[start + i];
-    if (same) return last;
-  }
   const text = String.fromCharCode.apply(null, bytes.subarray(start, at) as unknown as number[]);
   lastStrings[slot] = text;
   return text;

@@ -187,31 +187,42 @@ export class JetStreamEventLog implements EventLog {
     try {
       if (signal.aborted) stop();
       const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
+      /** Hands one event in sequence order to the callback: a promise when it must be awaited. */
+      const deliver = (head: StoredHead, streamSeq: number): void | Promise<void> => {
+        if (head.ms < this.clock.nowMs() - retentionMs) return;
+        if (options.turnId !== undefined && head.turn_id !== options.turnId) return;
+        const event: StreamedEvent = {
+          id: encodeEventId({ streamSeq, runSeq: head.sequence, runId: run.id }),
+          sequence: head.sequence,
+          source: head.source,
+          type: head.type,
+          turn_id: head.turn_id,
+          json: head.json,
+        };
+        try {
+          return onEvent(event) ?? undefined;
+        } catch (err) {
+          throw new CallbackFailure(err);
+        }
+      };
+      const settled = (pending: Promise<void>) => pending.catch((err: unknown) => Promise.reject(new CallbackFailure(err)));
       for await (const msg of messages) {
         if (signal.aborted) break;
         const head = decodeHeadOrUnavailable(key, msg.data);
+        // The next event in order, nothing held (nearly always): no ordering to do.
+        if (order.takeNext(head.sequence)) {
+          // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
+          const pending = deliver(head, msg.seq);
+          if (pending) await settled(pending);
+          continue;
+        }
         let ready = order.push(head.sequence, { head, streamSeq: msg.seq }, () => storedInfo(msg));
         // Nothing more is stored for now: events held for one that is not coming go out.
         if (order.holding && msg.info.pending === 0) ready = [...ready, ...order.release(this.clock.nowMs())];
-        for (const { head: h, streamSeq } of ready) {
+        for (const item of ready) {
           if (signal.aborted) break;
-          if (h.ms < this.clock.nowMs() - retentionMs) continue;
-          if (options.turnId !== undefined && h.turn_id !== options.turnId) continue;
-          const event: StreamedEvent = {
-            id: encodeEventId({ streamSeq, runSeq: h.sequence, runId: run.id }),
-            sequence: h.sequence,
-            source: h.source,
-            type: h.type,
-            turn_id: h.turn_id,
-            json: h.json,
-          };
-          try {
-            // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
-            const pending = onEvent(event);
-            if (pending) await pending;
-          } catch (err) {
-            throw new CallbackFailure(err);
-          }
+          const pending = deliver(item.head, item.streamSeq);
+          if (pending) await settled(pending);
         }
       }
     } catch (err) {

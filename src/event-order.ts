@@ -98,6 +98,17 @@ export class SequenceOrder<T> {
     return this.held.size > 0;
   }
 
+  /**
+   * True when `sequence` is the next one and nothing is held: it is taken as emitted, and
+   * the caller emits it (no array, no item: what readers meet nearly always). Else false,
+   * and nothing changed: {@link push} it.
+   */
+  takeNext(sequence: number): boolean {
+    if (sequence !== this.next || this.held.size !== 0) return false;
+    this.next++;
+    return true;
+  }
+
   /** Adds the item with run sequence `sequence`; returns what can now be emitted, in order. */
   push(sequence: number, item: T, info: () => StoredInfo): readonly T[] {
     if (sequence < this.next) return NONE;

@@ -161,3 +161,19 @@ test("frame buffer - gathers frames and text in order, grows past its chunk, and
   frames.event({ id: ID, sequence: 1, source: "runtime", type: "t", turn_id: null, json: Buffer.from("{}") });
   t.is(frames.take()!.toString("utf8"), `id: ${ID}\nevent: t\ndata: {"id":"${ID}"}\n\n`);
 });
+
+test("stored frames - strings that follow one another (the scan reuses the last one read) are read as JSON.parse reads them", (t) => {
+  const types = ["text", "text_delta", "text", "t", "text_delta", "text_deltas", "text_delt"];
+  const turns = ["turn_1", null, "turn_12", "turn_1", "turn_", null, "turn_1"];
+  const runs = ["run_1", "run_1", "run_12", "run_", "run_1", "run_1x", "run_1"];
+  for (let round = 0; round < 3; round++) {
+    for (let i = 0; i < types.length; i++) {
+      const event = { ...shell({ delta: "x" }, turns[(i + round) % turns.length]!, types[i]!), run_id: runs[(i + 2 * round) % runs.length]!, source: i % 2 === 0 ? "runtime" : "platform" } as Omit<RunEvent, "id">;
+      const { text } = stored(event);
+      const head = scanHead(Buffer.from(text, "utf8"));
+      t.truthy(head, text);
+      t.deepEqual({ source: head!.source, type: head!.type, turn_id: head!.turn_id }, { source: event.source, type: event.type, turn_id: event.turn_id }, text);
+      t.deepEqual(JSON.parse(Buffer.from(head!.json).toString("utf8")), event);
+    }
+  }
+});

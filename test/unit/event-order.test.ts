@@ -5,10 +5,17 @@ const HORIZON = 1_000;
 /** Stored at `storedMs`, without a stored-below header. */
 const at = (storedMs: number) => () => ({ storedMs, storedBelow: 0 });
 
-/** Pushes `sequences` stored 1 ms apart from `t0`; returns what was emitted, in order. */
-function run(order: SequenceOrder<number>, sequences: number[], t0 = 0): number[] {
+/**
+ * Pushes `sequences` stored 1 ms apart from `t0`; returns what was emitted, in order. As the
+ * event log's subscription does, the next event with nothing held is taken with takeNext
+ * (`pushOnly`: every event through push).
+ */
+function run(order: SequenceOrder<number>, sequences: number[], t0 = 0, pushOnly = false): number[] {
   const out: number[] = [];
-  sequences.forEach((seq, i) => out.push(...order.push(seq, seq, () => ({ storedMs: t0 + i, storedBelow: 0 }))));
+  sequences.forEach((seq, i) => {
+    if (!pushOnly && order.takeNext(seq)) out.push(seq);
+    else out.push(...order.push(seq, seq, () => ({ storedMs: t0 + i, storedBelow: 0 })));
+  });
   return out;
 }
 
@@ -17,12 +24,17 @@ function permutations(items: number[]): number[][] {
   return items.flatMap((first, i) => permutations([...items.slice(0, i), ...items.slice(i + 1)]).map((rest) => [first, ...rest]));
 }
 
-test("event-order - every order of 1..6 comes out as 1..6, nothing held after", (t) => {
+test("event-order - every order of 1..6 comes out as 1..6, nothing held after (with takeNext and with push alone)", (t) => {
   let cases = 0;
   for (let n = 1; n <= 6; n++) {
     for (const stored of permutations(Array.from({ length: n }, (_, i) => i + 1))) {
       const order = new SequenceOrder<number>(1, HORIZON);
       const out = run(order, stored);
+      const pushed = new SequenceOrder<number>(1, HORIZON);
+      if (run(pushed, stored, 0, true).join() !== out.join() || pushed.holding !== order.holding) {
+        t.fail(`stored ${stored.join(",")}: push alone differs`);
+        return;
+      }
       if (out.join() !== Array.from({ length: n }, (_, i) => i + 1).join() || order.holding) {
         t.fail(`stored ${stored.join(",")} came out ${out.join(",")}`);
         return;
