@@ -11,6 +11,7 @@
  *   BENCH_PEER=0       without the Restate peer (installed into .bench/peer on first use)
  *   BENCH_CAPACITY=n   the large capacity step (default: as many as the fd limit allows, at most 10,000)
  *   BENCH_PROFILE=1    service nodes run with --cpu-prof into .bench/prof/
+ *   BENCH_REPLAY_PAIRS=n  replays of the stored turn, each with a bare read of its messages (default 5)
  */
 import { mkdir, writeFile } from "node:fs/promises";
 import os from "node:os";
@@ -47,6 +48,8 @@ const QUICK = process.env.BENCH_QUICK === "1";
 const ONLY = new Set((process.env.BENCH_ONLY ?? "").split(",").filter(Boolean));
 const section = (name: string) => ONLY.size === 0 || ONLY.has(name);
 const REPEATS = 3;
+/** Replays of the stored turn, each followed by the bare read of its messages (noisy here: more pairs). */
+const REPLAY_PAIRS = Math.max(1, Number(process.env.BENCH_REPLAY_PAIRS ?? 5));
 /** Background starts per admission repeat; GET run then reads from REPEATS × this many runs. */
 const STARTS = QUICK ? 64 : 256;
 const READ_COLLECTION = REPEATS * STARTS;
@@ -294,7 +297,7 @@ async function streaming(svc: Child, ws: Ws, servers: TestServers): Promise<void
   const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "bench-replay-baseline" });
   const sameRead: number[] = [];
   try {
-    for (let i = 0; i < REPEATS; i++) {
+    for (let i = 0; i < REPLAY_PAIRS; i++) {
       // Replay: the stored turn from JetStream (delivery only: ordered consumer → decrypt → SSE → client).
       const t = await sseCount(svc.url, "GET", `/api/v1/runs/${turnRef.run}/events?stream=true&turn_id=${turnRef.turn}`, { key: ws.key, countType: "text_delta", timeoutMs: 120_000 });
       replay.push((t.events / t.endMs) * 1000);
