@@ -33,10 +33,13 @@ export class FrameBuffer {
     const { json } = event;
     this.reserve(head.length * 3 + json.length + 3);
     this.at += this.chunk.write(head, this.at);
-    // json is `{…}`: its members follow the id; an object without members adds only its brace.
-    if (json.length > 2) this.chunk[this.at++] = 0x2c; // ,
-    this.chunk.set(json.subarray(1), this.at);
-    this.at += json.length - 1;
+    // json is `{…}`: its members follow the id, so it is copied whole and its brace becomes
+    // the comma (no view of it made per event); an object without members adds its brace.
+    if (json.length > 2) {
+      this.chunk.set(json, this.at);
+      this.chunk[this.at] = 0x2c; // ,
+      this.at += json.length;
+    } else this.chunk[this.at++] = 0x7d; // }
     this.chunk[this.at++] = 0x0a;
     this.chunk[this.at++] = 0x0a;
   }
