@@ -32,8 +32,16 @@ for (let seq = 1; seq <= N; seq++) appender.append(turnId, "runtime", "text_delt
 await appender.flush();
 console.log(`appended ${N} in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 
+/** CPU of this process per message of the last read, in µs (user + system). */
+const cpu = { bare: [] as number[], replay: [] as number[] };
+const cpuSince = (from: NodeJS.CpuUsage) => {
+  const used = process.cpuUsage(from);
+  return (used.user + used.system) / N;
+};
+
 async function bare(): Promise<number> {
   const start = performance.now();
+  const cpu0 = process.cpuUsage();
   const consumer = await nats.js.consumers.get(eventStreamName(run.plan), { filter_subjects: eventSubject(run.plan, run.id), deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: 1 });
   const messages = await consumer.consume({ max_messages: 256 });
   let read = 0;
@@ -41,6 +49,7 @@ async function bare(): Promise<number> {
     void msg.data;
     if (++read >= N) break;
   }
+  cpu.bare.push(cpuSince(cpu0));
   await messages.close().catch(() => undefined);
   await consumer.delete().catch(() => undefined);
   return (read / (performance.now() - start)) * 1000;
@@ -48,6 +57,7 @@ async function bare(): Promise<number> {
 
 async function replay(): Promise<number> {
   const start = performance.now();
+  const cpu0 = process.cpuUsage();
   const controller = new AbortController();
   let read = 0;
   let bytes = 0;
@@ -59,6 +69,7 @@ async function replay(): Promise<number> {
     if (++read >= N) controller.abort();
   }, controller.signal);
   bytes += frames.take()?.length ?? 0;
+  cpu.replay.push(cpuSince(cpu0));
   if (bytes === 0) throw new Error("nothing read");
   return (read / (performance.now() - start)) * 1000;
 }
@@ -73,6 +84,9 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 if (rates.bare.length) console.log(`bare ordered read: ${rates.bare.map((r) => r.toFixed(0)).join(" ")} (median ${median(rates.bare).toFixed(0)}) msg/s`);
 console.log(`log.subscribe → frames: ${rates.replay.map((r) => r.toFixed(0)).join(" ")} (median ${median(rates.replay).toFixed(0)}) event/s`);
 if (rates.bare.length) console.log(`ratio ${(median(rates.replay) / median(rates.bare)).toFixed(2)}`);
+const fmt = (xs: number[]) => `${xs.map((x) => x.toFixed(2)).join(" ")} (median ${median(xs).toFixed(2)})`;
+if (cpu.bare.length) console.log(`CPU of this process per message, bare read: ${fmt(cpu.bare)} µs`);
+console.log(`CPU of this process per event, replay: ${fmt(cpu.replay)} µs`);
 await nats.nc.close();
 await servers.stop();
 process.exit(0);
