@@ -85,10 +85,11 @@ export function Events({ runId, onRunChange }: { runId: string; onRunChange: (ev
   useEffect(() => {
     const controller = new AbortController();
     let lastId: string | undefined;
-    const seen = new Set<string>();
+    // By sequence (an event's place in its run), not id: an event read again may carry another id (README, event ids).
+    const seen = new Set<number>();
     const add = (batch: RunEvent[]) => {
-      const fresh = batch.filter((e) => !seen.has(e.id));
-      for (const e of fresh) seen.add(e.id);
+      const fresh = batch.filter((e) => !seen.has(e.sequence));
+      for (const e of fresh) seen.add(e.sequence);
       if (fresh.length === 0) return;
       lastId = fresh.at(-1)!.id;
       sessionStorage.setItem(lastSeenItem(runId), lastId);
