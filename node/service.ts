@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, WebhookStore } from "../src/index.js";
+import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
 import { ActiveTurns, ActorHost, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
@@ -40,6 +40,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs, config.storeBytes);
   if (!config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
   useCursorKey(config.masterKey);
+  useEventIdVersion(config.eventIdVersion);
   const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
   const blobKeys = new BlobKeyring(config.masterKey);
   const files = new FileStore(store.db, nats.files, clock, Ids, blobKeys);

@@ -68,6 +68,7 @@ const EnvSchema = z.object({
   // Cancel and key revocation: not held back by the standard limit; their own, larger one.
   RUNS_RATE_EXEMPT_SOLO: intFromEnv(3_000, 1),
   RUNS_RATE_EXEMPT_BUSINESS: intFromEnv(30_000, 1),
+  RUNS_EVENT_ID_VERSION: z.enum(["2", "3"], { error: (issue) => `${JSON.stringify(issue.input)} is not an event id version; allowed: 2, 3` }).default("3"),
   RUNS_SANDBOX: z.enum(["bwrap", "on", "off"]).default("bwrap"),
   RUNS_SANDBOX_BWRAP: z.string().optional(),
   RUNS_SANDBOX_MAX: intFromEnv(1024, 1),
@@ -132,6 +133,8 @@ export interface Config {
   uploadConcurrency: { solo: number; business: number };
   /** Event streams (SSE) a workspace may hold open at once on one gateway node. */
   sseStreams: { solo: number; business: number };
+  /** The version new event ids are written in (both are read): 2 only while upgrading from a release that reads only 2 (docs/cluster.md, "Upgrading"). */
+  eventIdVersion: 2 | 3;
   /** Per-workspace request limits per window, across keys and nodes (decisions §7). */
   rateLimits: { windowMs: number; perWindow: { solo: { standard: number; expensive: number; exempt: number }; business: { standard: number; expensive: number; exempt: number } } };
   /** Tool sandboxes (README "Sandbox"). */
@@ -224,6 +227,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     files: { maxFileBytes: e.RUNS_MAX_FILE_BYTES, takeoverMs: e.RUNS_UPLOAD_TAKEOVER_MS, timeLimitMs: e.RUNS_UPLOAD_TIME_LIMIT_MS },
     uploadConcurrency: { solo: e.RUNS_UPLOADS_SOLO, business: e.RUNS_UPLOADS_BUSINESS },
     sseStreams: { solo: e.RUNS_SSE_STREAMS_SOLO, business: e.RUNS_SSE_STREAMS_BUSINESS },
+    eventIdVersion: e.RUNS_EVENT_ID_VERSION === "2" ? 2 : 3,
     rateLimits: {
       windowMs: e.RUNS_RATE_WINDOW_MS,
       perWindow: {

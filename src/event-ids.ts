@@ -24,6 +24,17 @@ import { sipHash24Into } from "./siphash.js";
 
 const VERSION = 3;
 const VERSION_HMAC = 2;
+
+/**
+ * The version new ids are written in: 3, or 2 while a cluster is upgraded from a release
+ * that reads only version 2 (RUNS_EVENT_ID_VERSION; docs/cluster.md, "Upgrading"). Both
+ * are read.
+ */
+let writtenVersion: 2 | 3 = VERSION;
+
+export function useEventIdVersion(version: 2 | 3): void {
+  writtenVersion = version;
+}
 const TAG_BYTES = 8;
 const PREFIX = "evt_";
 
@@ -42,19 +53,30 @@ function tagOf(runId: string, streamSeq: number, runSeq: number): Uint8Array {
   return tag.subarray(0, TAG_BYTES);
 }
 
-/** An id's bytes (at most 1 + 2 × 8 + 8), then its SipHash input; used synchronously, one id at a time. */
+/** An id's bytes (at most 1 + 2 × 8 + 8), and the SipHash input; used synchronously, one id at a time. */
 const idBytes = Buffer.alloc(32);
 const sipInput = new Uint8Array(16);
-let keyOf: string | undefined;
-let keyGeneration = -1;
-let key = new Uint8Array(16);
 
-/** The run's SipHash key (kept for the next id of the same run, while the cursor key stays). */
+/**
+ * Run keys by run id, oldest first (replays of different runs interleave message by
+ * message, and the appender names the ids of every run it stores for): at most
+ * {@link RUN_KEYS}, all dropped when the cursor key changes.
+ */
+const runKeys = new Map<string, Uint8Array>();
+const RUN_KEYS = 1024;
+let runKeysGeneration = -1;
+
+/** The run's SipHash key: the first 16 bytes of cursorTag(["evt-run", runId]). */
 function runKey(runId: string): Uint8Array {
-  if (runId !== keyOf || keyGeneration !== cursorKeyGeneration()) {
+  if (runKeysGeneration !== cursorKeyGeneration()) {
+    runKeys.clear();
+    runKeysGeneration = cursorKeyGeneration();
+  }
+  let key = runKeys.get(runId);
+  if (key === undefined) {
     key = new Uint8Array(cursorTag(["evt-run", runId], 16));
-    keyOf = runId;
-    keyGeneration = cursorKeyGeneration();
+    if (runKeys.size >= RUN_KEYS) runKeys.delete(runKeys.keys().next().value!);
+    runKeys.set(runId, key);
   }
   return key;
 }
@@ -130,10 +152,10 @@ export function encodeEventId(position: EventPosition & { runId: string }): stri
   }
   // Written into one scratch buffer (every replayed event gets an id: arrays, spreads and a
   // buffer per id showed in its profile).
-  idBytes[0] = VERSION;
+  idBytes[0] = writtenVersion;
   let at = writeUvarint(idBytes, 1, streamSeq);
   at = writeUvarint(idBytes, at, runSeq);
-  idBytes.set(tagOf(runId, streamSeq, runSeq), at);
+  idBytes.set(writtenVersion === VERSION ? tagOf(runId, streamSeq, runSeq) : hmacTagOf(runId, streamSeq, runSeq), at);
   return PREFIX + idBytes.toString("base64url", 0, at + TAG_BYTES);
 }
 

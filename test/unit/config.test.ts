@@ -31,3 +31,12 @@ test("config - LOG_LEVEL takes pino's levels only", (t) => {
   t.is(refusal({ LOG_LEVEL: "verbose" }), 'configuration: LOG_LEVEL: "verbose" is not a log level; allowed: fatal, error, warn, info, debug, trace, silent');
   t.regex(refusal({ LOG_LEVEL: "INFO" }), /^configuration: LOG_LEVEL: "INFO" is not a log level/);
 });
+
+test("config - RUNS_EVENT_ID_VERSION: 3 by default, 2 while upgrading, anything else refused with the allowed values", (t) => {
+  t.is(loadConfig({}).eventIdVersion, 3);
+  t.is(loadConfig({ RUNS_EVENT_ID_VERSION: "3" }).eventIdVersion, 3);
+  t.is(loadConfig({ RUNS_EVENT_ID_VERSION: "2" }).eventIdVersion, 2);
+  const err = t.throws(() => loadConfig({ RUNS_EVENT_ID_VERSION: "1" }), { instanceOf: ConfigurationError });
+  t.regex(err!.message, /RUNS_EVENT_ID_VERSION/);
+  t.regex(err!.message, /allowed: 2, 3/);
+});

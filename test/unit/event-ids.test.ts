@@ -2,7 +2,7 @@ import test from "ava";
 import { createHmac } from "node:crypto";
 import { ApiError } from "../../src/errors.js";
 import { useCursorKey } from "../../src/cursor-key.js";
-import { decodeEventId, encodeEventId } from "../../src/event-ids.js";
+import { decodeEventId, encodeEventId, useEventIdVersion } from "../../src/event-ids.js";
 import { sipHash24Into } from "../../src/siphash.js";
 
 const RUN = "run_0000000AAAAAAAAAAAAAAA";
@@ -127,10 +127,14 @@ test("event-ids - version 2 ids handed out before (the first 8 bytes of an HMAC 
       const v2 = "evt_" + Buffer.from([2, ...uvarint(streamSeq!), ...uvarint(runSeq!), ...tag.subarray(0, 8)]).toString("base64url");
       t.deepEqual(decodeEventId(v2, runId), { streamSeq, runSeq }, `${runId} ${streamSeq}/${runSeq}`);
       invalidCursor(t, () => decodeEventId(v2, runId === RUN ? OTHER : RUN));
-      // The same bytes under the other version are not valid.
+      // The same bytes under the other version are not valid, either way.
       const swapped = Buffer.from(v2.slice(4), "base64url");
       swapped[0] = 3;
       invalidCursor(t, () => decodeEventId("evt_" + swapped.toString("base64url"), runId));
+      const v3 = Buffer.from(encodeEventId({ streamSeq: streamSeq!, runSeq: runSeq!, runId }).slice(4), "base64url");
+      t.is(v3[0], 3);
+      v3[0] = 2;
+      invalidCursor(t, () => decodeEventId("evt_" + v3.toString("base64url"), runId));
     }
   }
 });
@@ -142,4 +146,34 @@ test("event-ids - a new cursor key gives new run keys: ids from before it are 40
   useCursorKey(Buffer.alloc(32, 2).toString("base64"));
   invalidCursor(t, () => decodeEventId(before, RUN));
   t.not(encodeEventId({ streamSeq: 5, runSeq: 3, runId: RUN }), before);
+});
+
+test("event-ids - RUNS_EVENT_ID_VERSION=2 writes the version 2 ids a release before 2026-11-26 reads; both versions are read either way", (t) => {
+  const master = Buffer.alloc(32, 7).toString("base64");
+  useCursorKey(master);
+  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  try {
+    useEventIdVersion(2);
+    const v2 = encodeEventId({ streamSeq: 9, runSeq: 10, runId: RUN });
+    const tag = createHmac("sha256", key).update(`3:evt;${RUN.length}:${RUN};1:9;2:10;`).digest();
+    t.is(v2, "evt_" + Buffer.from([2, 9, 10, ...tag.subarray(0, 8)]).toString("base64url"));
+    useEventIdVersion(3);
+    const v3 = encodeEventId({ streamSeq: 9, runSeq: 10, runId: RUN });
+    t.is(Buffer.from(v3.slice(4), "base64url")[0], 3);
+    for (const id of [v2, v3]) t.deepEqual(decodeEventId(id, RUN), { streamSeq: 9, runSeq: 10 });
+  } finally {
+    useEventIdVersion(3);
+  }
+});
+
+test("event-ids - ids of many runs interleaved (replays side by side) are each their run's, past the run keys kept", (t) => {
+  useCursorKey(Buffer.alloc(32, 3).toString("base64"));
+  const runs = Array.from({ length: 1_500 }, (_, i) => `run_${String(i).padStart(26, "0")}`);
+  const first = runs.map((runId, i) => encodeEventId({ streamSeq: i + 1, runSeq: 1, runId }));
+  // Again, in another order: the same ids (keys dropped and derived again give the same tags).
+  for (let i = runs.length - 1; i >= 0; i--) t.is(encodeEventId({ streamSeq: i + 1, runSeq: 1, runId: runs[i]! }), first[i]);
+  for (let i = 0; i < runs.length; i += 97) {
+    t.deepEqual(decodeEventId(first[i]!, runs[i]!), { streamSeq: i + 1, runSeq: 1 });
+    invalidCursor(t, () => decodeEventId(first[i]!, runs[(i + 1) % runs.length]!));
+  }
 });
