@@ -28,7 +28,8 @@ export class FrameBuffer {
 
   /** Adds the frame of a streamed event. */
   event(event: StreamedEvent): void {
-    // Event ids are ASCII (`evt_` and base64url); a type is one line.
+    // Event ids are `evt_` and base64url (src/event-ids.ts), so they need no JSON escaping
+    // and are ASCII; a type is one line.
     const head = `id: ${event.id}\nevent: ${oneLine(event.type)}\ndata: {"id":"${event.id}"`;
     const { json } = event;
     this.reserve(head.length * 3 + json.length + 3);

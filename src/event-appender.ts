@@ -78,6 +78,8 @@ export class JetStreamAppender implements EventAppender {
     // The limit applies to the stored event as the API shows it: measure the other fields.
     const shellBytes = Buffer.byteLength(JSON.stringify(shell), "utf8") - "null".length;
     shell.data = sanitizeEvent(type, data, { maxDataBytes: MAX_STORED_EVENT_BYTES - shellBytes - ID_ALLOWANCE_BYTES });
+    // Readers scan this shape without parsing it (scanHead, src/event-envelope.ts): changing
+    // the members, their order or `event` as the last one needs another `v`.
     const envelope: StoredEnvelope = { v: 1, ms: createdAtMs, ...(tf === undefined ? {} : { tf }), event: shell };
     const payload = seal(this.key, Buffer.from(JSON.stringify(envelope), "utf8"));
     const hdrs = natsHeaders();

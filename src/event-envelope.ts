@@ -77,10 +77,14 @@ const utf8Decoder = new TextDecoder();
  *
  *     {"v":1,"ms":<ms>[,"tf":<n>],"event":{"sequence":<n>,"source":"…","type":"…","run_id":"…","turn_id":"…"|null,…}}
  *
- * in that order (src/event-appender.ts). The plaintext is authenticated, so it is the
- * appender's JSON; anything else — another member order, a number that is not a plain
- * integer, a string with an escape or a byte outside printable ASCII — answers null and is
- * parsed instead. So the fields read here are exactly what `JSON.parse` would give.
+ * in that order (src/event-appender.ts), `event` last. The plaintext is authenticated, so
+ * it is the appender's JSON: the scan reads the members up to `turn_id` and takes the rest
+ * of the event (`created_at`, `data`) as the appender wrote it, without reading it. Up to
+ * there, anything else — another member order, a number that is not a plain integer, a
+ * string with an escape or a byte outside printable ASCII — answers null and is parsed
+ * instead, so the fields read are exactly what `JSON.parse` gives. What it relies on (the
+ * members' order, `event` as the last member, no repeated member): a writer that changes
+ * any of it must write another `v`.
  */
 export function scanHead(plain: Uint8Array): StoredHead | null {
   scanAt = 0;

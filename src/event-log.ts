@@ -207,7 +207,7 @@ export class JetStreamEventLog implements EventLog {
           throw new CallbackFailure(err);
         }
       };
-      const settled = (pending: Promise<void>) => pending.catch((err: unknown) => Promise.reject(new CallbackFailure(err)));
+      const settled = (pending: PromiseLike<void>) => Promise.resolve(pending).catch((err: unknown) => Promise.reject(new CallbackFailure(err)));
       for await (const msg of messages) {
         if (signal.aborted) break;
         const head = decodeHeadOrUnavailable(key, msg.data);

@@ -475,3 +475,19 @@ test("publisher - parseAck reads acks, JetStream errors and status replies", (t)
   t.true(parseAck({ data: enc.encode("not json"), headers: undefined }) instanceof PublishError);
   t.true(parseAck({ data: enc.encode('{"seq":1}'), headers: undefined }) instanceof PublishError);
 });
+
+test.serial("event-log - subscribe passes a callback's rejected promise through as its own error and still removes its consumer", async (t) => {
+  const { log, nats } = t.context;
+  const run = newRun();
+  await appendAll(log, run, [{ turn: null }, { turn: null }, { turn: null }]);
+  const before = await consumerCount(nats, "business");
+  const boom = new Error("drain failed");
+  const seen: number[] = [];
+  const err = await t.throwsAsync(log.subscribe(run, {}, async (event) => {
+    seen.push(event.sequence);
+    if (event.sequence === 2) throw boom;
+  }, new AbortController().signal));
+  t.is(err, boom, "not a 503: the callback's own error");
+  t.deepEqual(seen, [1, 2], "nothing after the failed one");
+  t.is(await consumerCount(nats, "business"), before);
+});

@@ -181,3 +181,22 @@ test("event order - a gap that never fills holds the events after it only for th
   t.deepEqual((await log.read(run, { afterId: cursor, limit: 100, nowMs: Date.now() })).events.map((e) => e.sequence), [4, 5]);
   t.deepEqual((await subscribeFor(log, run, 4)).map((e) => e.sequence), [1, 2, 4, 5]);
 });
+
+test("event order - a subscription awaits a callback's promise for events released from holding too, and passes its rejection through", async (t) => {
+  const run = newRun();
+  await appendWithLate(t, run, 10, 3, 10);
+  const seen: number[] = [];
+  let inFlight = 0;
+  const boom = new Error("client went away");
+  const err = await t.throwsAsync(t.context.log.subscribe(run, {}, async (event) => {
+    t.is(inFlight, 0, "one callback at a time");
+    inFlight++;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    inFlight--;
+    seen.push(event.sequence);
+    // 4..10 were stored before 3 and held until it came: 6 is released from holding.
+    if (event.sequence === 6) throw boom;
+  }, new AbortController().signal));
+  t.is(err, boom);
+  t.deepEqual(seen, range(1, 6));
+});

@@ -34,12 +34,16 @@ function expectedFrame(api: RunEvent): string {
   return `id: ${api.id}\nevent: ${api.type.replace(/[\r\n]/g, " ")}\ndata: ${JSON.stringify(api)}\n\n`;
 }
 
+/** The frame's bytes as a string of their byte values (compared byte for byte, not decoded). */
 function frameOf(text: string): { frame: string; scanned: boolean } {
   const head = decodeHeadOrUnavailable(KEY, seal(KEY, Buffer.from(text, "utf8")));
   const frames = new FrameBuffer();
   frames.event({ id: ID, sequence: head.sequence, source: head.source, type: head.type, turn_id: head.turn_id, json: head.json });
-  return { frame: frames.take()!.toString("utf8"), scanned: scanHead(Buffer.from(text, "utf8")) !== null };
+  return { frame: frames.take()!.toString("latin1"), scanned: scanHead(Buffer.from(text, "utf8")) !== null };
 }
+
+/** The bytes the frame must be, as a string of their byte values. */
+const bytesOf = (text: string) => Buffer.from(text, "utf8").toString("latin1");
 
 const DATAS: unknown[] = [
   { delta: "plain" },
@@ -60,7 +64,7 @@ test("stored frames - equal the frame of JSON.stringify of the API event for eve
         const { text, api } = stored(shell(data, turn), tf);
         const { frame, scanned } = frameOf(text);
         t.true(scanned, "the appender's shape is read without parsing");
-        t.is(frame, expectedFrame(api), JSON.stringify({ data, tf, turn }));
+        t.is(frame, bytesOf(expectedFrame(api)), JSON.stringify({ data, tf, turn }));
       }
     }
   }
@@ -83,11 +87,11 @@ test("stored frames - what the scan does not take is parsed, and framed the same
   for (const { text, api } of cases) {
     const { frame, scanned } = frameOf(text);
     t.false(scanned, text);
-    t.is(frame, expectedFrame(api), text);
+    t.is(frame, bytesOf(expectedFrame(api)), text);
   }
 });
 
-test("stored frames - the scan never reads past the bytes or misreads a cut or changed envelope", (t) => {
+test("stored frames - a cut envelope is declined up to the end of its data; a changed one is declined or read as JSON.parse reads it", (t) => {
   const { text } = stored(shell({ delta: "abc" }), 3);
   const bytes = Buffer.from(text, "utf8");
   // The scan reads the members before `data` and trusts the authenticated rest (the
@@ -154,12 +158,34 @@ test("frame buffer - gathers frames and text in order, grows past its chunk, and
   frames.event(streamedEventOf(big));
   expected += expectedFrame(big);
   t.is(frames.size, Buffer.byteLength(expected));
-  t.is(frames.take()!.toString("utf8"), expected);
+  const taken = frames.take()!;
+  t.is(taken.toString("latin1"), bytesOf(expected));
   t.is(frames.size, 0);
   t.is(frames.take(), null);
+  // What was taken is the socket's: later frames never write into it.
+  const copy = Buffer.from(taken);
+  for (let i = 0; i < 200; i++) {
+    frames.event(streamedEventOf({ ...small, type: "tÿpé ☃ 😀".repeat(1 + (i % 5)) }));
+    frames.text(": ping\n\n");
+  }
+  frames.event(streamedEventOf(big));
+  t.true(frames.take()!.length > 300_000);
+  t.true(taken.equals(copy), "a taken buffer is not written again");
+  // Non-ASCII types up to the edge of a chunk: each frame whole, in order.
+  let text = "";
+  for (let i = 0; i < 3_000; i++) {
+    const event = { ...small, type: "é".repeat(i % 13), sequence: i };
+    frames.event(streamedEventOf(event));
+    text += expectedFrame(event);
+    if (frames.size >= 64 * 1024) {
+      t.is(frames.take()!.toString("latin1"), bytesOf(text));
+      text = "";
+    }
+  }
+  t.is(frames.take()!.toString("latin1"), bytesOf(text));
   // An event without members but its id.
   frames.event({ id: ID, sequence: 1, source: "runtime", type: "t", turn_id: null, json: Buffer.from("{}") });
-  t.is(frames.take()!.toString("utf8"), `id: ${ID}\nevent: t\ndata: {"id":"${ID}"}\n\n`);
+  t.is(frames.take()!.toString("latin1"), `id: ${ID}\nevent: t\ndata: {"id":"${ID}"}\n\n`);
 });
 
 test("stored frames - strings that follow one another (the scan reuses the last one read) are read as JSON.parse reads them", (t) => {
