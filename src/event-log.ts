@@ -177,9 +177,7 @@ export class JetStreamEventLog implements EventLog {
     }
     let messages: Awaited<ReturnType<Consumer["consume"]>>;
     try {
-      // Another pull when a quarter is left (the client's default: three quarters): a pull is
-      // a socket write, and a replay reads tens of thousands of messages.
-      messages = await consumer.consume({ max_messages: READ_BATCH, threshold_messages: READ_BATCH / 4 });
+      messages = await consumer.consume({ max_messages: READ_BATCH });
     } catch (err) {
       await consumer.delete().catch(() => undefined);
       throw unavailable(err);
