@@ -97,14 +97,18 @@ const uvarint = (n: number) => {
   return [...out, n];
 };
 const littleEndian = (n: number) => Array.from({ length: 8 }, (_, i) => Math.floor(n / 2 ** (8 * i)) % 256);
-// Runs interleaved (the encoder keeps the last run's key), one not ASCII and one long.
+// Runs interleaved (the encoder keeps run keys), one not ASCII and one long.
 const RUNS = [RUN, OTHER, "run_é", `run_${"x".repeat(120)}`, RUN];
+/** Puts a known master key in force; the cursor key derived from it, as an independent HMAC computes it. */
+function knownCursorKey(): Buffer {
+  const master = Buffer.alloc(32, 7).toString("base64");
+  useCursorKey(master);
+  return createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+}
 const POSITIONS = [[1, 1], [9, 10], [127, 128], [128, 127], [16_383, 16_384], [999_999_999, 1_000_000_000], [2 ** 32 + 5, 999_999], [Number.MAX_SAFE_INTEGER, 1], [1, Number.MAX_SAFE_INTEGER]];
 
 test("event-ids - the bytes are version 3, both sequences as uvarints and SipHash-2-4 of them under the run's key (an HMAC under the cursor key)", (t) => {
-  const master = Buffer.alloc(32, 7).toString("base64");
-  useCursorKey(master);
-  const cursorKey = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  const cursorKey = knownCursorKey();
   for (const [streamSeq, runSeq] of POSITIONS) {
     for (const runId of RUNS) {
       const runKey = createHmac("sha256", cursorKey).update(`7:evt-run;${runId.length}:${runId};`).digest().subarray(0, 16);
@@ -118,9 +122,7 @@ test("event-ids - the bytes are version 3, both sequences as uvarints and SipHas
 });
 
 test("event-ids - version 2 ids handed out before (the first 8 bytes of an HMAC of run and positions) are still accepted, and only for their run", (t) => {
-  const master = Buffer.alloc(32, 7).toString("base64");
-  useCursorKey(master);
-  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  const key = knownCursorKey();
   for (const [streamSeq, runSeq] of POSITIONS) {
     for (const runId of RUNS) {
       const tag = createHmac("sha256", key).update(`3:evt;${runId.length}:${runId};${String(streamSeq).length}:${streamSeq};${String(runSeq).length}:${runSeq};`).digest();
@@ -149,9 +151,7 @@ test("event-ids - a new cursor key gives new run keys: ids from before it are 40
 });
 
 test("event-ids - RUNS_EVENT_ID_VERSION=2 writes the version 2 ids a release before 2026-11-26 reads; both versions are read either way", (t) => {
-  const master = Buffer.alloc(32, 7).toString("base64");
-  useCursorKey(master);
-  const key = createHmac("sha256", Buffer.from(master, "base64")).update("runs-cursors:v1").digest();
+  const key = knownCursorKey();
   try {
     useEventIdVersion(2);
     const v2 = encodeEventId({ streamSeq: 9, runSeq: 10, runId: RUN });
