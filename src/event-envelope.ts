@@ -21,8 +21,6 @@ export const SEQ_HEADER = "Runs-Seq";
 export const TURN_HEADER = "Runs-Turn";
 /** Room for the id the reader adds (an `evt_` id is under 40 characters). */
 export const ID_ALLOWANCE_BYTES = 64;
-/** Messages fetched per pull when reading pages. */
-/** Bounds a page read if messages vanish (expire) between counting and fetching them. */
 
 export function headerSeq(value: string): number {
   const n = Number(value);
@@ -66,7 +64,10 @@ export function decodeHeadOrUnavailable(key: Uint8Array, data: Uint8Array): Stor
   } catch (err) {
     throw unavailable(err);
   }
-  const { event } = envelope;
+  const event = envelope?.event;
+  if (typeof event !== "object" || event === null || !Number.isSafeInteger(event.sequence) || typeof envelope.ms !== "number") {
+    throw unavailable(new Error("The stored event is not an event envelope."));
+  }
   return { ms: envelope.ms, sequence: event.sequence, source: event.source, type: event.type, turn_id: event.turn_id, json: Buffer.from(JSON.stringify(event), "utf8") };
 }
 
