@@ -71,6 +71,6 @@ export class FrameBuffer {
 }
 
 /** An event type on its `event:` line: a line break in it would end the frame early. */
-function oneLine(type: string): string {
+export function oneLine(type: string): string {
   return type.includes("\n") || type.includes("\r") ? type.replace(/[\r\n]/g, " ") : type;
 }

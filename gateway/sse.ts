@@ -1,7 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
-import { FrameBuffer } from "./sse-frames.js";
+import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
 
 /** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
@@ -335,7 +335,7 @@ export function isFinalEventOf(event: Pick<StreamedEvent, "source" | "turn_id" |
 
 /** One SSE frame of an event and its JSON (pages read on a catch-up; streamed events go through {@link FrameBuffer}). JSON never contains a raw line break, so `data` is one line. */
 function frameOf(id: string, type: string, json: string): string {
-  return `id: ${id}\nevent: ${type.replace(/[\r\n]/g, " ")}\ndata: ${json}\n\n`;
+  return `id: ${id}\nevent: ${oneLine(type)}\ndata: ${json}\n\n`;
 }
 
 function writeError(res: ServerResponse, error: ApiError): void {

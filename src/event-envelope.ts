@@ -5,7 +5,7 @@
 import { ApiError } from "./errors.js";
 import { openedPlaintext, openText } from "./event-crypto.js";
 import { encodeEventId } from "./event-ids.js";
-import type { RunEvent } from "./event-types.js";
+import type { RunEvent, StreamedEvent } from "./event-types.js";
 
 /** The plaintext that is encrypted: the event without its id, plus what the reader needs. */
 export interface StoredEnvelope {
@@ -36,15 +36,9 @@ export function decodeEnvelope(key: Uint8Array, data: Uint8Array): StoredEnvelop
  * event's JSON as the stored bytes hold it, so that replaying an event costs no text
  * decoding, parsing or encoding (docs/performance.md, "SSE delivery").
  */
-export interface StoredHead {
+export interface StoredHead extends Omit<StreamedEvent, "id"> {
   /** created_at in Unix ms (retention). */
   ms: number;
-  sequence: number;
-  source: string;
-  type: string;
-  turn_id: string | null;
-  /** The event's JSON without its id (`{"sequence":…}`) as UTF-8: a copy of the stored bytes. */
-  json: Uint8Array;
 }
 
 /** Opens a stored event into a {@link StoredHead}; a failure is 503 event_history_unavailable. */

@@ -114,7 +114,7 @@ export interface StreamedEvent {
   source: string;
   type: string;
   turn_id: string | null;
-  /** The event's JSON without `id` (`{"sequence":…}`), UTF-8. */
+  /** The event's JSON without `id` (`{"sequence":…}`), UTF-8: a copy of the stored bytes, the subscriber's to keep. */
   json: Uint8Array;
 }
 

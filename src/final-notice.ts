@@ -22,11 +22,13 @@ export function encodeFinalNotice(view: RunView | undefined, maxBytes = FINAL_NO
   return Buffer.byteLength(json) <= maxBytes ? json : "";
 }
 
+const utf8 = new TextDecoder();
+
 /** The view a notice carries, when it is one of run `runId`'s turn `turnId`, final; else undefined (read the store). */
 export function decodeFinalNotice(data: Uint8Array, runId: string, turnId: string): RunView | undefined {
   if (data.length === 0) return undefined;
   try {
-    const view = JSON.parse(new TextDecoder().decode(data)) as RunView | null;
+    const view = JSON.parse(utf8.decode(data)) as RunView | null;
     return view?.id === runId && view.turn?.id === turnId && isFinalStatus(view.turn.status as TurnStatus) ? view : undefined;
   } catch {
     return undefined;
