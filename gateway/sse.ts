@@ -261,7 +261,7 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   let lastId = options.afterId;
   /**
    * The subscription stalled while the turn ended (its consumer's NATS server died: the
-   * client notices only after two missed heartbeats, ~30 s): what it did not deliver is
+   * read notices only after two missed heartbeats, 10–15 s): what it did not deliver is
    * read from the log directly, up to the turn's final event. True when that came (or
    * the server closed meanwhile).
    */

@@ -1,7 +1,6 @@
-import type { NatsConnection } from "@nats-io/transport-node";
+import type { Msg, MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import {
   DeliverPolicy,
-  type Consumer,
   type JetStreamClient,
   type JetStreamManager,
   type JsMsg,
@@ -13,6 +12,7 @@ import type { EventKeyring } from "./event-crypto.js";
 import { decodeEventId, encodeEventId, type EventPosition } from "./event-ids.js";
 import { FLOOR_HEADER, MAX_EVENTS_AHEAD, ORDER_HORIZON_MS, resumePosition, SequenceOrder, STORED_BELOW_HEADER, type StoredInfo } from "./event-order.js";
 import { AsyncPublisher } from "./js-publisher.js";
+import { readOrdered, storedAtMs, type OrderedReadOptions } from "./ordered-read.js";
 import { eventStreamName, eventSubject } from "./nats.js";
 import type { Clock } from "./clock.js";
 import { HistoryStatus, historyStatus } from "./history-status.js";
@@ -44,6 +44,8 @@ export interface JetStreamEventLogOptions {
   clock: Clock;
   /** How long readers hold events for a missing one (default ORDER_HORIZON_MS; tests shorten it). */
   horizonMs?: number;
+  /** Pull sizes and timings of subscriptions (defaults in src/ordered-read.ts; tests shorten them). */
+  readTuning?: Pick<OrderedReadOptions, "pullBatch" | "pullBytes" | "heartbeatMs" | "resetGiveUpMs">;
 }
 
 export class JetStreamEventLog implements EventLog {
@@ -53,8 +55,12 @@ export class JetStreamEventLog implements EventLog {
   private readonly clock: Clock;
   private readonly publisher: AsyncPublisher;
   private readonly horizonMs: number;
+  private readonly nc: NatsConnection;
+  private readonly readTuning: JetStreamEventLogOptions["readTuning"];
 
   constructor(options: JetStreamEventLogOptions) {
+    this.nc = options.nc;
+    this.readTuning = options.readTuning;
     this.publisher = new AsyncPublisher(options.nc, options.clock);
     this.js = options.js;
     this.jsm = options.jsm;
@@ -132,7 +138,7 @@ export class JetStreamEventLog implements EventLog {
       if (last && last.seq >= startSeq) {
         await this.scan(stream, subject, startSeq, (msg) => {
           const envelope = decodeEnvelope(key, msg.data);
-          full = !order.push(envelope.event.sequence, { envelope, streamSeq: msg.seq }, () => storedInfo(msg)).every(take);
+          full = !order.push(envelope.event.sequence, { envelope, streamSeq: msg.seq }, () => storedInfo(msg.info.timestampNanos / 1e6, msg.headers)).every(take);
           return !full;
         });
       }
@@ -164,75 +170,52 @@ export class JetStreamEventLog implements EventLog {
     const retentionMs = run.event_retention_s * 1000;
     if (signal.aborted) return;
 
-    let consumer: Consumer;
     const startSeq = cursor ? await withUnavailable(() => this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs)) : 1;
-    try {
-      consumer = await this.js.consumers.get(stream, {
-        filter_subjects: subject,
-        deliver_policy: DeliverPolicy.StartSequence,
-        opt_start_seq: startSeq,
-      });
-    } catch (err) {
-      throw unavailable(err);
-    }
-    let messages: Awaited<ReturnType<Consumer["consume"]>>;
-    try {
-      messages = await consumer.consume({ max_messages: READ_BATCH });
-    } catch (err) {
-      await consumer.delete().catch(() => undefined);
-      throw unavailable(err);
-    }
-    const stop = () => void messages.close().catch(() => undefined);
-    signal.addEventListener("abort", stop, { once: true });
-    try {
-      if (signal.aborted) stop();
-      const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
-      /** Hands one event in sequence order to the callback: a promise when it must be awaited. */
-      const deliver = (head: StoredHead, streamSeq: number): void | Promise<void> => {
-        if (head.ms < this.clock.nowMs() - retentionMs) return;
-        if (options.turnId !== undefined && head.turn_id !== options.turnId) return;
-        const event: StreamedEvent = {
-          id: encodeEventId({ streamSeq, runSeq: head.sequence, runId: run.id }),
-          sequence: head.sequence,
-          source: head.source,
-          type: head.type,
-          turn_id: head.turn_id,
-          json: head.json,
-        };
-        try {
-          return onEvent(event) ?? undefined;
-        } catch (err) {
-          throw new CallbackFailure(err);
-        }
+    const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
+    /** Hands one event in sequence order to the callback: a promise when it must be awaited. */
+    const deliver = (head: StoredHead, streamSeq: number): void | Promise<void> => {
+      if (head.ms < this.clock.nowMs() - retentionMs) return;
+      if (options.turnId !== undefined && head.turn_id !== options.turnId) return;
+      const event: StreamedEvent = {
+        id: encodeEventId({ streamSeq, runSeq: head.sequence, runId: run.id }),
+        sequence: head.sequence,
+        source: head.source,
+        type: head.type,
+        turn_id: head.turn_id,
+        json: head.json,
       };
-      const settled = (pending: PromiseLike<void>) => Promise.resolve(pending).catch((err: unknown) => Promise.reject(new CallbackFailure(err)));
-      for await (const msg of messages) {
-        if (signal.aborted) break;
-        const head = decodeHeadOrUnavailable(key, msg.data);
-        // The next event in order, nothing held (nearly always): no ordering to do.
-        if (order.takeNext(head.sequence)) {
-          // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
-          const pending = deliver(head, msg.seq);
-          if (pending) await settled(pending);
-          continue;
-        }
-        let ready = order.push(head.sequence, { head, streamSeq: msg.seq }, () => storedInfo(msg));
-        // Nothing more is stored for now: events held for one that is not coming go out.
-        if (order.holding && msg.info.pending === 0) ready = [...ready, ...order.release(this.clock.nowMs())];
-        for (const item of ready) {
-          if (signal.aborted) break;
-          const pending = deliver(item.head, item.streamSeq);
-          if (pending) await settled(pending);
-        }
+      let pending: void | PromiseLike<void>;
+      try {
+        pending = onEvent(event);
+      } catch (err) {
+        throw new CallbackFailure(err);
       }
+      // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
+      return pending ? Promise.resolve(pending).catch((err: unknown) => Promise.reject(new CallbackFailure(err))) : undefined;
+    };
+    /** Delivers `items` from `from` on, each after the one before settled. */
+    const deliverFrom = (items: readonly HeadAt[], from: number): void | Promise<void> => {
+      for (let i = from; i < items.length && !signal.aborted; i++) {
+        const pending = deliver(items[i]!.head, items[i]!.streamSeq);
+        if (pending) return pending.then(() => deliverFrom(items, i + 1));
+      }
+    };
+    /** One stored message, in stream order. */
+    const onMessage = (msg: Msg, streamSeq: number, storedAfter: number): void | Promise<void> => {
+      if (signal.aborted) return;
+      const head = decodeHeadOrUnavailable(key, msg.data);
+      // The next event in order, nothing held (nearly always): no ordering to do.
+      if (order.takeNext(head.sequence)) return deliver(head, streamSeq);
+      let ready = order.push(head.sequence, { head, streamSeq }, () => storedInfo(storedAtMs(msg), msg.headers));
+      // Nothing more is stored for now: events held for one that is not coming go out.
+      if (order.holding && storedAfter === 0) ready = [...ready, ...order.release(this.clock.nowMs())];
+      return deliverFrom(ready, 0);
+    };
+    try {
+      await readOrdered(this.nc, this.jsm, this.clock, { ...this.readTuning, stream, subject, startSeq }, onMessage, signal);
     } catch (err) {
       // A failure of onEvent is the caller's own error, passed through; any other is the store's: 503.
       throw err instanceof CallbackFailure ? err.error : unavailable(err);
-    } finally {
-      signal.removeEventListener("abort", stop);
-      await messages.close().catch(() => undefined);
-      // The ordered consumer is ephemeral (inactive threshold) but is removed now, not later.
-      await consumer.delete().catch(() => undefined);
     }
   }
 
@@ -302,8 +285,8 @@ interface HeadAt {
   streamSeq: number;
 }
 
-function storedInfo(msg: JsMsg): StoredInfo {
-  return { storedMs: msg.info.timestampNanos / 1e6, storedBelow: headerSeq(msg.headers?.get(STORED_BELOW_HEADER) ?? "") };
+function storedInfo(storedMs: number, headers: MsgHdrs | undefined): StoredInfo {
+  return { storedMs, storedBelow: headerSeq(headers?.get(STORED_BELOW_HEADER) ?? "") };
 }
 
 /** Marks an exception thrown by a subscriber's callback, so it is not reported as a store failure. */
