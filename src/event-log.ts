@@ -193,9 +193,11 @@ export class JetStreamEventLog implements EventLog {
       // Most callbacks return nothing: awaiting only a promise saves a microtask per event.
       return pending ? Promise.resolve(pending).catch((err: unknown) => Promise.reject(new CallbackFailure(err))) : undefined;
     };
+    /** The read returned (or failed): events released from holding and not yet handed over stay so. */
+    let ended = false;
     /** Delivers `items` from `from` on, each after the one before settled. */
     const deliverFrom = (items: readonly HeadAt[], from: number): void | Promise<void> => {
-      for (let i = from; i < items.length && !signal.aborted; i++) {
+      for (let i = from; i < items.length && !signal.aborted && !ended; i++) {
         const pending = deliver(items[i]!.head, items[i]!.streamSeq);
         if (pending) return pending.then(() => deliverFrom(items, i + 1));
       }
@@ -216,6 +218,8 @@ export class JetStreamEventLog implements EventLog {
     } catch (err) {
       // A failure of onEvent is the caller's own error, passed through; any other is the store's: 503.
       throw err instanceof CallbackFailure ? err.error : unavailable(err);
+    } finally {
+      ended = true;
     }
   }
 

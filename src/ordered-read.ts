@@ -20,10 +20,15 @@ import { MAX_STORED_EVENT_BYTES } from "./event-sanitize.js";
  * It also does less per message than the library (no JsMsg, no async iterator; the reply subject
  * read for the three numbers needed), the part of an SSE replay's CPU that is the NATS client's.
  *
+ * Each outstanding pull has a reply subject and subscription of its own (one per slot under the
+ * read's inbox): the server serves waiting pulls in turn, a message each, and a message carries
+ * its stream subject, so only the subscription it arrives on tells which pull it belongs to.
+ *
  * Ordering is the ordered consumer's: an ephemeral consumer without acks; a delivery sequence
- * that is not the next one, a consumer gone, a status it does not expect or heartbeats missed
- * while a pull waits make it recreate the consumer after the last message received (with
- * backoff, giving up after {@link RESET_GIVE_UP_MS}).
+ * that is not the next one, a heartbeat naming a later delivery than the last one received, a
+ * consumer gone, a status it does not expect, heartbeats missed while a pull waits, or the
+ * connection reconnected make it recreate the consumer after the last message received (with
+ * backoff that only a message or heartbeat clears, giving up after {@link RESET_GIVE_UP_MS}).
  */
 
 /** Messages per pull request. */
@@ -84,6 +89,24 @@ export function readOrdered(
   return read.run(signal);
 }
 
+/** The header of an idle heartbeat naming the consumer's last delivery sequence. */
+const LAST_DELIVERY_HEADER = "Nats-Last-Consumer";
+
+const reconnectCounters = new WeakMap<NatsConnection, { count: number }>();
+
+/** How many times `nc` has reconnected (one status listener per connection, shared by its reads). */
+function reconnectCounter(nc: NatsConnection): { count: number } {
+  let counter = reconnectCounters.get(nc);
+  if (!counter) {
+    const created = { count: 0 };
+    reconnectCounters.set(nc, (counter = created));
+    void (async () => {
+      for await (const status of nc.status()) if (status.type === "reconnect") created.count++;
+    })().catch(() => undefined);
+  }
+  return counter;
+}
+
 /** The stored time of a delivered message, from its reply subject (ms since the epoch). */
 export function storedAtMs(msg: Msg): number {
   const tokens = (msg.reply ?? "").split(".");
@@ -126,15 +149,19 @@ class OrderedRead {
   private readonly giveUpMs: number;
   private readonly pullBody: Uint8Array;
   private readonly oneMessageBody: Uint8Array;
-  private sub: Subscription | undefined;
+  private subs: Subscription[] = [];
+  /** The consumer's generation whose messages are taken (0 while there is none); older ones are dropped. */
+  private live = 0;
+  private generations = 0;
   private inbox = "";
   private consumer = "";
   private nextUrl = "";
   /** The next stream sequence to ask for when the consumer is recreated. */
   private nextSeq: number;
   private expectedDelivery = 1;
-  /** Outstanding pulls, oldest first: the server fills them in that order. */
-  private pulls: Pull[] = [];
+  /** The outstanding pull of each slot (reply subject `<inbox>.<slot>`), if any. */
+  private slots: Array<Pull | undefined> = [];
+  private openPulls = 0;
   private held: Held[] = [];
   private heldAt = 0;
   private heldBytes = 0;
@@ -145,6 +172,12 @@ class OrderedRead {
   /** A message larger than a pull's bytes came: the next pull asks for one message, any size. */
   private oversized = false;
   private lastHeardMs = 0;
+  /** The pause before the next attempt to recreate the consumer (0 while healthy). */
+  private backoffMs = 0;
+  /** When the resets since the last message or heartbeat began. */
+  private troubleSinceMs: number | undefined;
+  private readonly reconnects: { count: number };
+  private reconnectsSeen: number;
   private watchdog: Timer | undefined;
   private finished = false;
   private readonly done: Promise<void>;
@@ -162,6 +195,8 @@ class OrderedRead {
     this.heartbeatMs = options.heartbeatMs ?? HEARTBEAT_MS;
     this.giveUpMs = options.resetGiveUpMs ?? RESET_GIVE_UP_MS;
     this.nextSeq = options.startSeq;
+    this.reconnects = reconnectCounter(nc);
+    this.reconnectsSeen = this.reconnects.count;
     const timing = { expires: PULL_EXPIRES_MS * 1e6, idle_heartbeat: this.heartbeatMs * 1e6 };
     this.pullBody = Buffer.from(JSON.stringify({ batch: this.batch, max_bytes: this.pullBytes, ...timing }));
     this.oneMessageBody = Buffer.from(JSON.stringify({ batch: 1, ...timing }));
@@ -177,7 +212,7 @@ class OrderedRead {
   }
 
   state(): OrderedReadState {
-    return { heldMessages: this.held.length - this.heldAt, heldBytes: this.heldBytes, pulls: this.pulls.length, resets: this.resets };
+    return { heldMessages: this.held.length - this.heldAt, heldBytes: this.heldBytes, pulls: this.openPulls, resets: this.resets };
   }
 
   async run(signal: AbortSignal): Promise<void> {
@@ -201,12 +236,15 @@ class OrderedRead {
   /** Creates a consumer from `nextSeq` on, listening on a new inbox (messages for an old one are dropped with it). */
   private async create(): Promise<void> {
     const inbox = createInbox();
-    const sub = this.nc.subscribe(inbox, { callback: (err, msg) => (err ? this.fail(err) : this.onDelivery(sub, msg)) });
+    const generation = ++this.generations;
+    const subs = Array.from({ length: MAX_PULLS }, (_, slot) =>
+      this.nc.subscribe(`${inbox}.${slot}`, { callback: (err, msg) => (err ? this.fail(err) : this.onDelivery(generation, slot, msg)) }),
+    );
     // Closed but not by this read (the connection closed): nothing more will come.
     const closed = () => {
-      if (sub === this.sub) this.fail(new Error("the NATS subscription closed"));
+      if (generation === this.live) this.fail(new Error("the NATS subscription closed"));
     };
-    void sub.closed.then(closed, closed);
+    for (const sub of subs) void sub.closed.then(closed, closed);
     const name = `runs_read_${inbox.slice(inbox.lastIndexOf(".") + 1)}`;
     try {
       await this.jsm.consumers.add(this.options.stream, {
@@ -221,22 +259,30 @@ class OrderedRead {
         inactive_threshold: 5 * 60 * 1e9,
       });
     } catch (err) {
-      sub.unsubscribe();
+      if (!this.nc.isClosed()) for (const sub of subs) sub.unsubscribe();
       throw err;
     }
-    this.sub = sub;
+    this.live = generation;
+    this.subs = subs;
     this.inbox = inbox;
     this.consumer = name;
     this.nextUrl = `${API_PREFIX}.CONSUMER.MSG.NEXT.${this.options.stream}.${name}`;
     this.expectedDelivery = 1;
-    this.pulls = [];
+    this.slots = Array.from({ length: MAX_PULLS }, () => undefined);
+    this.openPulls = 0;
   }
 
-  private onDelivery(sub: Subscription, msg: Msg): void {
-    if (this.finished || sub !== this.sub || this.resetting) return; // an old consumer's, or after the end
+  /** A message or heartbeat came: the consumer works, resets start again without backoff. */
+  private healthy(): void {
+    this.backoffMs = 0;
+    this.troubleSinceMs = undefined;
+  }
+
+  private onDelivery(generation: number, slot: number, msg: Msg): void {
+    if (this.finished || generation !== this.live) return; // an old consumer's, or after the end
     this.lastHeardMs = this.clock.nowMs();
     const reply = msg.reply;
-    if (!reply) return this.onStatus(msg);
+    if (!reply) return this.onStatus(msg, slot);
     const tokens = reply.split(".");
     const at = ackTokensStart(tokens.length);
     if (at < 0) return this.reset();
@@ -245,13 +291,14 @@ class OrderedRead {
     this.expectedDelivery++;
     const streamSeq = Number(tokens[at + 1]);
     this.nextSeq = streamSeq + 1;
+    if (this.backoffMs !== 0) this.healthy();
     const bytes = sizeOf(msg);
-    const pull = this.pulls[0];
+    const pull = this.slots[slot];
     if (pull) {
       pull.messages--;
       pull.bytes -= bytes;
       // The server ends a pull after its last message, or on a message that used its bytes exactly.
-      if (pull.messages <= 0 || pull.bytes <= 0) this.pulls.shift();
+      if (pull.messages <= 0 || pull.bytes <= 0) this.endPull(slot);
     }
     const pending = Number(tokens[at + 4]);
     if (!this.blocked && this.heldAt === this.held.length) this.hand(msg, streamSeq, pending);
@@ -262,14 +309,22 @@ class OrderedRead {
     this.pull();
   }
 
-  private onStatus(msg: Msg): void {
+  private onStatus(msg: Msg, slot: number): void {
     const code = msg.headers?.code ?? 0;
     const description = msg.headers?.description ?? "";
-    // An idle heartbeat; or a pull that got all its messages with bytes left over (already counted as ended).
-    if (code === 100 || (code === 409 && /^batch completed/i.test(description))) return;
+    if (code === 100) {
+      // An idle heartbeat names the consumer's last delivery: one not received was lost on the way.
+      const last = Number(msg.headers?.get(LAST_DELIVERY_HEADER) ?? NaN);
+      if (Number.isSafeInteger(last) && last !== this.expectedDelivery - 1) return this.reset();
+      this.healthy();
+      return;
+    }
+    // A pull that got all its messages with bytes left over: already counted as ended.
+    if (code === 409 && /^batch completed/i.test(description)) return;
     if (code === 404 || code === 408 || (code === 409 && /exceeds maxbytes/i.test(description))) {
-      // The oldest pull ended: no messages, expired, or its next message did not fit its bytes.
-      const ended = this.pulls.shift();
+      // The slot's pull ended: no messages, expired, or its next message did not fit its bytes.
+      const ended = this.slots[slot];
+      if (ended) this.endPull(slot);
       if (code === 409 && ended && ended.bytes >= this.pullBytes) this.oversized = true; // fits no pull
       this.pull();
       return;
@@ -277,16 +332,24 @@ class OrderedRead {
     this.reset(); // consumer deleted, leadership changed, no responders, …
   }
 
-  /** Asks for more while fewer than MAX_PULLS are outstanding and what is held is under one pull's bytes. */
+  private endPull(slot: number): void {
+    this.slots[slot] = undefined;
+    this.openPulls--;
+  }
+
+  /** Asks for more on each free slot while what is held is under one pull's bytes. */
   private pull(): void {
-    while (!this.finished && !this.resetting && this.pulls.length < MAX_PULLS && this.heldBytes < this.pullBytes && this.held.length - this.heldAt < this.batch) {
+    for (let slot = 0; slot < MAX_PULLS; slot++) {
+      if (this.finished || this.resetting || this.heldBytes >= this.pullBytes || this.held.length - this.heldAt >= this.batch) return;
+      if (this.slots[slot]) continue;
       const pull = this.oversized ? { messages: 1, bytes: Number.MAX_SAFE_INTEGER } : { messages: this.batch, bytes: this.pullBytes };
       this.oversized = false;
       const body = pull.bytes === Number.MAX_SAFE_INTEGER ? this.oneMessageBody : this.pullBody;
-      if (this.pulls.length === 0) this.lastHeardMs = this.clock.nowMs(); // heartbeats are due from now
-      this.pulls.push(pull);
+      if (this.openPulls === 0) this.lastHeardMs = this.clock.nowMs(); // heartbeats are due from now
+      this.slots[slot] = pull;
+      this.openPulls++;
       try {
-        this.nc.publish(this.nextUrl, body, { reply: this.inbox });
+        this.nc.publish(this.nextUrl, body, { reply: `${this.inbox}.${slot}` });
       } catch (err) {
         return this.fail(err);
       }
@@ -326,10 +389,17 @@ class OrderedRead {
     this.pull();
   }
 
-  /** Heartbeats are missed while a pull waits: the consumer or the server went away. */
+  /**
+   * The connection reconnected (pulls and messages in flight may be lost), or heartbeats are
+   * missed while a pull waits (the consumer or the server went away).
+   */
   private checkHeard(): void {
-    if (this.finished || this.resetting || this.pulls.length === 0) return;
-    if (this.clock.nowMs() - this.lastHeardMs > 2 * this.heartbeatMs) this.reset();
+    if (this.finished || this.resetting) return;
+    if (this.reconnects.count !== this.reconnectsSeen) {
+      this.reconnectsSeen = this.reconnects.count;
+      return this.reset();
+    }
+    if (this.openPulls > 0 && this.clock.nowMs() - this.lastHeardMs > 2 * this.heartbeatMs) this.reset();
   }
 
   /** Recreates the consumer after the last message received, retrying with backoff. */
@@ -338,9 +408,18 @@ class OrderedRead {
     this.resetting = true;
     this.resets++;
     void this.dropConsumer();
-    const giveUpAt = this.clock.nowMs() + this.giveUpMs;
+    this.troubleSinceMs ??= this.clock.nowMs();
     void (async () => {
-      for (let attempt = 0; !this.finished; attempt++) {
+      let lastError: unknown = new Error("the consumer was lost again after each of its recreations");
+      while (!this.finished) {
+        // Backoff carries over resets until a message or heartbeat shows the consumer working,
+        // so a consumer that is created but whose pulls fail at once is not recreated in a loop.
+        if (this.backoffMs > 0) {
+          if (this.clock.nowMs() + this.backoffMs - this.troubleSinceMs! > this.giveUpMs) return this.fail(lastError);
+          await this.clock.sleep(this.backoffMs, { keepAlive: false });
+          if (this.finished) return;
+        }
+        this.backoffMs = Math.min(Math.max(250, this.backoffMs * 2), 5_000);
         try {
           await this.create();
           if (this.finished) return void this.dropConsumer(); // ended meanwhile: run() has already cleaned up
@@ -349,9 +428,7 @@ class OrderedRead {
           this.pull();
           return;
         } catch (err) {
-          const pauseMs = Math.min(250 * 2 ** attempt, 5_000);
-          if (this.clock.nowMs() + pauseMs > giveUpAt) return this.fail(err);
-          await this.clock.sleep(pauseMs, { keepAlive: false });
+          lastError = err;
         }
       }
     })();
@@ -359,11 +436,12 @@ class OrderedRead {
 
   /** Stops listening and removes the consumer (it would expire on its own after its inactive threshold). */
   private async dropConsumer(): Promise<void> {
-    const sub = this.sub;
+    const subs = this.subs;
     const consumer = this.consumer;
-    this.sub = undefined;
+    this.live = 0;
+    this.subs = [];
     this.consumer = "";
-    if (sub && !this.nc.isClosed()) sub.unsubscribe();
+    if (!this.nc.isClosed()) for (const sub of subs) sub.unsubscribe();
     if (consumer) await this.jsm.consumers.delete(this.options.stream, consumer).catch(() => undefined);
   }
 

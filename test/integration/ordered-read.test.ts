@@ -113,13 +113,17 @@ test.serial("ordered read - every message once, in order, across many small pull
   t.is(await consumerCount(t), before, "no consumer left behind");
 });
 
-test.serial("ordered read - a slow reader of large messages holds at most (MAX_PULLS + 1) pulls' bytes, not a batch of them", async (t) => {
-  // 60 messages of ~300 KiB: the library's consumer would hold its whole batch (18 MB here,
-  // ~170 MB with 256 events of the largest stored size).
-  const count = 60;
-  const subject = await fill(t, count, () => 300 * 1024);
+test.serial("ordered read - a slow reader of large messages holds at most (MAX_PULLS + 1) pulls' bytes, not a batch of them, and the server never has more than MAX_PULLS of its pulls waiting", async (t) => {
+  t.timeout(60_000);
+  // 120 messages of ~200 KiB: the library's consumer would hold its whole batch (24 MB here,
+  // ~170 MB with 256 events of the largest stored size). The server serves waiting pulls in
+  // turn, a message each: the read must still know which pull each message belongs to.
+  const count = 120;
+  const size = 200 * 1024;
+  const subject = await fill(t, count, () => size);
   let state: (() => OrderedReadState) | undefined;
   let maxHeld = 0;
+  let maxWaiting = 0;
   let release: (() => void) | undefined;
   const { seen, done } = await readUntil(
     t,
@@ -132,10 +136,16 @@ test.serial("ordered read - a slow reader of large messages holds at most (MAX_P
     },
     (s) => (state = s),
   );
+  const waitingPulls = async () => {
+    let waiting = 0;
+    for await (const c of t.context.jsm.consumers.list(STREAM)) if (c.config.filter_subject === subject || c.config.filter_subjects?.includes(subject)) waiting += c.num_waiting;
+    return waiting;
+  };
   for (let i = 0; i < count * 4 && seen.length < count; i++) {
-    await new Promise((r) => setTimeout(r, 20)); // let pulls come in while the reader is blocked
+    await new Promise((r) => setTimeout(r, 10)); // let pulls come in while the reader is blocked
     maxHeld = Math.max(maxHeld, state!().heldBytes);
-    t.true(state!().heldMessages <= Math.ceil(((MAX_PULLS + 1) * PULL_BYTES) / (300 * 1024)), `held ${state!().heldMessages} messages`);
+    if (i % 4 === 0) maxWaiting = Math.max(maxWaiting, await waitingPulls());
+    t.true(state!().pulls <= MAX_PULLS);
     release?.();
   }
   release?.();
@@ -143,6 +153,8 @@ test.serial("ordered read - a slow reader of large messages holds at most (MAX_P
   t.deepEqual(seen, range(1, count));
   t.true(maxHeld > 0, "the reader did hold messages while blocked");
   t.true(maxHeld <= (MAX_PULLS + 1) * PULL_BYTES, `held at most ${maxHeld} bytes`);
+  t.true(maxWaiting <= MAX_PULLS, `the server had at most ${maxWaiting} pulls waiting`);
+  t.is(state!().resets, 0);
 });
 
 test.serial("ordered read - a message larger than a pull's bytes is still read, without a stall", async (t) => {
