@@ -1,5 +1,6 @@
 import anyTest, { type TestFn } from "ava";
 import { mkdtemp, rm } from "node:fs/promises";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
@@ -237,5 +238,51 @@ test.serial("ordered read - the server restarted mid-read: missed heartbeats rec
     t.true(Date.now() - stopped < 8_000, `failed after ${Date.now() - stopped} ms`);
   } finally {
     t.context.nats.server = await startServer(t.context.dir, t.context.port);
+  }
+});
+
+test.serial("ordered read - the connection drops and reconnects (the server stays up): the read goes on after the last message received, nothing lost or repeated", async (t) => {
+  t.timeout(30_000);
+  // A loopback proxy between this read's connection and the server, whose sockets the test cuts.
+  const sockets = new Set<net.Socket>();
+  const proxy = net.createServer((client) => {
+    const upstream = net.connect(t.context.port, "127.0.0.1");
+    for (const socket of [client, upstream]) {
+      sockets.add(socket);
+      socket.on("close", () => sockets.delete(socket));
+      socket.on("error", () => undefined);
+    }
+    client.pipe(upstream);
+    upstream.pipe(client);
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+  const nc = await connectNats({ url: `nats://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, user: "runs", password: PASSWORD, name: "ordered-read-proxied" });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const subject = await fill(t, 20);
+    const seen: number[] = [];
+    let state: (() => OrderedReadState) | undefined;
+    const controller = new AbortController();
+    const done = readOrdered(nc, jsm, systemClock, { stream: STREAM, subject, startSeq: 1, heartbeatMs: 400 }, (msg) => {
+      seen.push(numberOf(msg));
+      if (seen.length >= 40) controller.abort();
+    }, controller.signal, (s) => (state = s));
+    for (let i = 0; i < 80 && seen.length < 20; i++) await new Promise((r) => setTimeout(r, 25));
+    t.deepEqual(seen, range(1, 20));
+    const reconnected = (async () => {
+      for await (const status of nc.status()) if (status.type === "reconnect") return;
+    })();
+    for (const socket of sockets) socket.destroy();
+    await reconnected;
+    await storeMore(t, subject, 21, 30);
+    await new Promise((r) => setTimeout(r, 1_000)); // the read notices the reconnect at its next check
+    await storeMore(t, subject, 31, 40);
+    await done;
+    t.deepEqual(seen, range(1, 40));
+    t.true(state!().resets >= 1, "the consumer was recreated after the reconnect");
+  } finally {
+    await nc.close().catch(() => undefined);
+    for (const socket of sockets) socket.destroy();
+    proxy.close();
   }
 });
