@@ -385,6 +385,10 @@ class OrderedRead {
     if (this.heldAt === this.held.length) {
       this.held = [];
       this.heldAt = 0;
+    } else if (this.heldAt >= this.batch) {
+      // A reader that never catches up never empties the array: drop what was handed over.
+      this.held = this.held.slice(this.heldAt);
+      this.heldAt = 0;
     }
     this.pull();
   }

@@ -238,6 +238,8 @@ test.serial("ordered read - the server restarted mid-read: missed heartbeats rec
     t.true(Date.now() - stopped < 8_000, `failed after ${Date.now() - stopped} ms`);
   } finally {
     t.context.nats.server = await startServer(t.context.dir, t.context.port);
+    // The tests after this one use the connection: wait until it is back.
+    await storedOnceBack(t, async () => void (await t.context.jsm.streams.info(STREAM)));
   }
 });
 
