@@ -14,8 +14,9 @@ import { MAX_STORED_EVENT_BYTES } from "./event-sanitize.js";
  * `CONSUMER.MSG.NEXT` requests): at most {@link MAX_PULLS} at a time, each of {@link PULL_BATCH}
  * messages and {@link PULL_BYTES} bytes (more than any stored event), and none while what it holds
  * exceeds one pull's bytes; a pull that ends for its bytes is followed by the next at once.
- * Held bytes therefore stay below (MAX_PULLS + 1) × PULL_BYTES, ~2 MiB (and a message larger
- * than a pull's bytes, which the server refuses to any pull, is then asked for alone).
+ * Held bytes therefore stay below (MAX_PULLS + 1) × PULL_BYTES, ~2.2 MiB (plus, on each slot, a
+ * message larger than a pull's bytes, which the server refuses to any pull and which is then
+ * asked for alone: stored events never are).
  *
  * It also does less per message than the library (no JsMsg, no async iterator; the reply subject
  * read for the three numbers needed), the part of an SSE replay's CPU that is the NATS client's.
@@ -27,7 +28,7 @@ import { MAX_STORED_EVENT_BYTES } from "./event-sanitize.js";
  * Ordering is the ordered consumer's: an ephemeral consumer without acks; a delivery sequence
  * that is not the next one, a heartbeat naming a later delivery than the last one received, a
  * consumer gone, a status it does not expect, heartbeats missed while a pull waits, or the
- * connection reconnected make it recreate the consumer after the last message received (with
+ * connection reconnecting make it recreate the consumer after the last message received (with
  * backoff that only a message or heartbeat clears, giving up after {@link RESET_GIVE_UP_MS}).
  */
 
@@ -92,19 +93,19 @@ export function readOrdered(
 /** The header of an idle heartbeat naming the consumer's last delivery sequence. */
 const LAST_DELIVERY_HEADER = "Nats-Last-Consumer";
 
-const reconnectCounters = new WeakMap<NatsConnection, { count: number }>();
+const reconnectListeners = new WeakMap<NatsConnection, Set<() => void>>();
 
-/** How many times `nc` has reconnected (one status listener per connection, shared by its reads). */
-function reconnectCounter(nc: NatsConnection): { count: number } {
-  let counter = reconnectCounters.get(nc);
-  if (!counter) {
-    const created = { count: 0 };
-    reconnectCounters.set(nc, (counter = created));
+/** The reads to tell when `nc` reconnects (one status iterator per connection, shared by its reads). */
+function onReconnect(nc: NatsConnection): Set<() => void> {
+  let listeners = reconnectListeners.get(nc);
+  if (!listeners) {
+    const created = new Set<() => void>();
+    reconnectListeners.set(nc, (listeners = created));
     void (async () => {
-      for await (const status of nc.status()) if (status.type === "reconnect") created.count++;
+      for await (const status of nc.status()) if (status.type === "reconnect") for (const listener of created) listener();
     })().catch(() => undefined);
   }
-  return counter;
+  return listeners;
 }
 
 /** The stored time of a delivered message, from its reply subject (ms since the epoch). */
@@ -162,7 +163,8 @@ class OrderedRead {
   /** The outstanding pull of each slot (reply subject `<inbox>.<slot>`), if any. */
   private slots: Array<Pull | undefined> = [];
   private openPulls = 0;
-  private held: Held[] = [];
+  /** Messages received and not yet handed over, from `heldAt` on (handed-over entries are cleared). */
+  private held: Array<Held | undefined> = [];
   private heldAt = 0;
   private heldBytes = 0;
   /** A handler's promise is being awaited. */
@@ -176,8 +178,8 @@ class OrderedRead {
   private backoffMs = 0;
   /** When the resets since the last message or heartbeat began. */
   private troubleSinceMs: number | undefined;
-  private readonly reconnects: { count: number };
-  private reconnectsSeen: number;
+  /** Pulls and messages in flight may have been lost with the old connection. */
+  private readonly reconnected = () => this.reset();
   private watchdog: Timer | undefined;
   private finished = false;
   private readonly done: Promise<void>;
@@ -195,9 +197,8 @@ class OrderedRead {
     this.heartbeatMs = options.heartbeatMs ?? HEARTBEAT_MS;
     this.giveUpMs = options.resetGiveUpMs ?? RESET_GIVE_UP_MS;
     this.nextSeq = options.startSeq;
-    this.reconnects = reconnectCounter(nc);
-    this.reconnectsSeen = this.reconnects.count;
-    const timing = { expires: PULL_EXPIRES_MS * 1e6, idle_heartbeat: this.heartbeatMs * 1e6 };
+    // The server refuses a pull whose heartbeat is more than half its expiry.
+    const timing = { expires: Math.max(PULL_EXPIRES_MS, 3 * this.heartbeatMs) * 1e6, idle_heartbeat: this.heartbeatMs * 1e6 };
     this.pullBody = Buffer.from(JSON.stringify({ batch: this.batch, max_bytes: this.pullBytes, ...timing }));
     this.oneMessageBody = Buffer.from(JSON.stringify({ batch: 1, ...timing }));
     this.done = new Promise<void>((resolve, reject) => {
@@ -223,10 +224,13 @@ class OrderedRead {
     if (signal.aborted) this.finish();
     this.lastHeardMs = this.clock.nowMs();
     this.watchdog = this.clock.every(this.heartbeatMs, () => this.checkHeard(), { keepAlive: false });
+    const reconnects = onReconnect(this.nc);
+    reconnects.add(this.reconnected);
     this.pull();
     try {
       await this.done;
     } finally {
+      reconnects.delete(this.reconnected);
       signal.removeEventListener("abort", stop);
       this.watchdog.cancel();
       await this.dropConsumer();
@@ -259,7 +263,12 @@ class OrderedRead {
         inactive_threshold: 5 * 60 * 1e9,
       });
     } catch (err) {
-      if (!this.nc.isClosed()) for (const sub of subs) sub.unsubscribe();
+      if (!this.nc.isClosed()) {
+        for (const sub of subs) sub.unsubscribe();
+        // A request that timed out while the connection was down may still be sent when it is
+        // back and create the consumer: the delete, sent after it, removes it then.
+        void this.jsm.consumers.delete(this.options.stream, name).catch(() => undefined);
+      }
       throw err;
     }
     this.live = generation;
@@ -378,7 +387,8 @@ class OrderedRead {
   /** Hands over held messages until one blocks, then asks for more. */
   private drain(): void {
     while (!this.finished && !this.blocked && this.heldAt < this.held.length) {
-      const item = this.held[this.heldAt++]!;
+      const item = this.held[this.heldAt]!;
+      this.held[this.heldAt++] = undefined; // the message is the handler's now: not kept alive here
       this.heldBytes -= item.bytes;
       this.hand(item.msg, item.streamSeq, item.pending);
     }
@@ -386,23 +396,16 @@ class OrderedRead {
       this.held = [];
       this.heldAt = 0;
     } else if (this.heldAt >= this.batch) {
-      // A reader that never catches up never empties the array: drop what was handed over.
+      // A reader that never catches up never empties the array: drop the cleared entries.
       this.held = this.held.slice(this.heldAt);
       this.heldAt = 0;
     }
     this.pull();
   }
 
-  /**
-   * The connection reconnected (pulls and messages in flight may be lost), or heartbeats are
-   * missed while a pull waits (the consumer or the server went away).
-   */
+  /** Heartbeats are missed while a pull waits: the consumer or the server went away. */
   private checkHeard(): void {
     if (this.finished || this.resetting) return;
-    if (this.reconnects.count !== this.reconnectsSeen) {
-      this.reconnectsSeen = this.reconnects.count;
-      return this.reset();
-    }
     if (this.openPulls > 0 && this.clock.nowMs() - this.lastHeardMs > 2 * this.heartbeatMs) this.reset();
   }
 
@@ -416,6 +419,7 @@ class OrderedRead {
     void (async () => {
       let lastError: unknown = new Error("the consumer was lost again after each of its recreations");
       while (!this.finished) {
+        if (this.nc.isClosed()) return this.fail(new Error("the NATS connection closed"));
         // Backoff carries over resets until a message or heartbeat shows the consumer working,
         // so a consumer that is created but whose pulls fail at once is not recreated in a loop.
         if (this.backoffMs > 0) {

@@ -116,11 +116,12 @@ test.serial("ordered read - every message once, in order, across many small pull
 
 test.serial("ordered read - a slow reader of large messages holds at most (MAX_PULLS + 1) pulls' bytes, not a batch of them, and the server never has more than MAX_PULLS of its pulls waiting", async (t) => {
   t.timeout(60_000);
-  // 120 messages of ~200 KiB: the library's consumer would hold its whole batch (24 MB here,
+  // 300 messages of ~100 KiB: the library's consumer would hold its whole batch (25 MB here,
   // ~170 MB with 256 events of the largest stored size). The server serves waiting pulls in
-  // turn, a message each: the read must still know which pull each message belongs to.
-  const count = 120;
-  const size = 200 * 1024;
+  // turn, a message each: the read must still know which pull each message belongs to. More
+  // than a batch, so a reader that never catches up also goes past its array's trimming.
+  const count = 300;
+  const size = 100 * 1024;
   const subject = await fill(t, count, () => size);
   let state: (() => OrderedReadState) | undefined;
   let maxHeld = 0;
@@ -143,7 +144,7 @@ test.serial("ordered read - a slow reader of large messages holds at most (MAX_P
     return waiting;
   };
   for (let i = 0; i < count * 4 && seen.length < count; i++) {
-    await new Promise((r) => setTimeout(r, 10)); // let pulls come in while the reader is blocked
+    await new Promise((r) => setTimeout(r, 5)); // let pulls come in while the reader is blocked
     maxHeld = Math.max(maxHeld, state!().heldBytes);
     if (i % 4 === 0) maxWaiting = Math.max(maxWaiting, await waitingPulls());
     t.true(state!().pulls <= MAX_PULLS);
@@ -191,13 +192,15 @@ test.serial("ordered read - its consumer deleted under it: recreated after the l
 
 test.serial("ordered read - a live read waits for new messages and gets them as they are stored", async (t) => {
   const subject = await fill(t, 5);
-  const { seen, done } = await readUntil(t, { subject, startSeq: 1, heartbeatMs: 500 }, 25);
+  let state: (() => OrderedReadState) | undefined;
+  const { seen, done } = await readUntil(t, { subject, startSeq: 1, heartbeatMs: 500 }, 25, undefined, (s) => (state = s));
   for (let i = 0; i < 40 && seen.length < 5; i++) await new Promise((r) => setTimeout(r, 25));
   t.deepEqual(seen, range(1, 5));
   await new Promise((r) => setTimeout(r, 1_500)); // heartbeats come meanwhile: no reset
   await storeMore(t, subject, 6, 25);
   await done;
   t.deepEqual(seen, range(1, 25));
+  t.is(state!().resets, 0);
 });
 
 test.serial("ordered read - a handler's error ends the read with it; the first consumer not created fails it at once", async (t) => {
@@ -243,7 +246,7 @@ test.serial("ordered read - the server restarted mid-read: missed heartbeats rec
   }
 });
 
-test.serial("ordered read - the connection drops and reconnects (the server stays up): the read goes on after the last message received, nothing lost or repeated", async (t) => {
+test.serial("ordered read - the connection drops and reconnects (the server stays up): the consumer is recreated at once, not after missed heartbeats; the read goes on after the last message received, nothing lost or repeated", async (t) => {
   t.timeout(30_000);
   // A loopback proxy between this read's connection and the server, whose sockets the test cuts.
   const sockets = new Set<net.Socket>();
@@ -265,7 +268,8 @@ test.serial("ordered read - the connection drops and reconnects (the server stay
     const seen: number[] = [];
     let state: (() => OrderedReadState) | undefined;
     const controller = new AbortController();
-    const done = readOrdered(nc, jsm, systemClock, { stream: STREAM, subject, startSeq: 1, heartbeatMs: 400 }, (msg) => {
+    // Heartbeats every 30 s: missed ones would be noticed after a minute, past this test's timeout.
+    const done = readOrdered(nc, jsm, systemClock, { stream: STREAM, subject, startSeq: 1, heartbeatMs: 30_000 }, (msg) => {
       seen.push(numberOf(msg));
       if (seen.length >= 40) controller.abort();
     }, controller.signal, (s) => (state = s));
@@ -275,9 +279,8 @@ test.serial("ordered read - the connection drops and reconnects (the server stay
       for await (const status of nc.status()) if (status.type === "reconnect") return;
     })();
     for (const socket of sockets) socket.destroy();
+    await storeMore(t, subject, 21, 30); // stored while the read's connection is down
     await reconnected;
-    await storeMore(t, subject, 21, 30);
-    await new Promise((r) => setTimeout(r, 1_000)); // the read notices the reconnect at its next check
     await storeMore(t, subject, 31, 40);
     await done;
     t.deepEqual(seen, range(1, 40));
