@@ -7,7 +7,7 @@ import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
 import { freePort, startNatsServer, type ServerProcess } from "../../node/servers.js";
 import { connectNats } from "../../src/nats.js";
-import { MAX_PULLS, PULL_BYTES, readOrdered, type OrderedReadOptions, type OrderedReadState } from "../../src/ordered-read.js";
+import { MAX_PULLS, PULL_BYTES, readOrdered, storedAtMs, type OrderedReadOptions, type OrderedReadState } from "../../src/ordered-read.js";
 import { systemClock } from "../../src/clock.js";
 
 /** A nats-server of this file's own (one test restarts it), a stream `ORD` on `ord.>`. */
@@ -101,14 +101,17 @@ async function storedOnceBack(t: { context: Context }, store: () => Promise<void
 
 const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
 
-test.serial("ordered read - every message once, in order, across many small pulls, from a start sequence; the end removes its consumer", async (t) => {
+test.serial("ordered read - every message once, in order, across many small pulls, from a start sequence, with its stored time; the end removes its consumer", async (t) => {
   const subject = await fill(t, 1_000);
   const first = await t.context.jsm.streams.getMessage(STREAM, { last_by_subj: subject });
   const startSeq = first!.seq - 1_000 + 101; // the 101st message of the subject
   const before = await consumerCount(t);
-  const { seen, done } = await readUntil(t, { subject, startSeq, pullBatch: 7, pullBytes: 4 * 1024 }, 900);
+  const storedAt: number[] = [];
+  const { seen, done } = await readUntil(t, { subject, startSeq, pullBatch: 7, pullBytes: 4 * 1024 }, 900, (msg) => void storedAt.push(storedAtMs(msg)));
   await done;
   t.deepEqual(seen, range(101, 1_000));
+  // Each message's stored time, read from its ack subject: stored in the last minute, in order.
+  t.true(storedAt.every((ms, i) => ms > Date.now() - 60_000 && ms <= Date.now() && (i === 0 || ms >= storedAt[i - 1]!)));
   // The consumer is deleted without waiting; give the server a moment.
   for (let i = 0; i < 40 && (await consumerCount(t)) > before; i++) await new Promise((r) => setTimeout(r, 50));
   t.is(await consumerCount(t), before, "no consumer left behind");
