@@ -119,12 +119,14 @@ test.serial("ordered read - every message once, in order, across many small pull
 
 test.serial("ordered read - a slow reader of large messages holds at most (MAX_PULLS + 1) pulls' bytes, not a batch of them, and the server never has more than MAX_PULLS of its pulls waiting", async (t) => {
   t.timeout(60_000);
-  // 300 messages of ~100 KiB: the library's consumer would hold its whole batch (25 MB here,
+  // 300 messages of ~300 KiB: the library's consumer would hold its whole batch (77 MB here,
   // ~170 MB with 256 events of the largest stored size). The server serves waiting pulls in
-  // turn, a message each: the read must still know which pull each message belongs to. More
-  // than a batch, so a reader that never catches up also goes past its array's trimming.
+  // turn, a message each, and two of these fill a pull's bytes: the read must know which pull
+  // each message belongs to (a version that charged them to the oldest pull let 3 wait: this
+  // test failed on it). More than a batch, so a reader that never catches up also goes past its
+  // array's trimming.
   const count = 300;
-  const size = 100 * 1024;
+  const size = 300 * 1024;
   const subject = await fill(t, count, () => size);
   let state: (() => OrderedReadState) | undefined;
   let maxHeld = 0;
@@ -149,7 +151,7 @@ test.serial("ordered read - a slow reader of large messages holds at most (MAX_P
   for (let i = 0; i < count * 4 && seen.length < count; i++) {
     await new Promise((r) => setTimeout(r, 5)); // let pulls come in while the reader is blocked
     maxHeld = Math.max(maxHeld, state!().heldBytes);
-    if (i % 4 === 0) maxWaiting = Math.max(maxWaiting, await waitingPulls());
+    maxWaiting = Math.max(maxWaiting, await waitingPulls());
     t.true(state!().pulls <= MAX_PULLS);
     release?.();
   }
