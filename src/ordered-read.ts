@@ -351,9 +351,10 @@ class OrderedRead {
     for (let slot = 0; slot < MAX_PULLS; slot++) {
       if (this.finished || this.resetting || this.heldBytes >= this.pullBytes || this.held.length - this.heldAt >= this.batch) return;
       if (this.slots[slot]) continue;
-      const pull = this.oversized ? { messages: 1, bytes: Number.MAX_SAFE_INTEGER } : { messages: this.batch, bytes: this.pullBytes };
+      const alone = this.oversized;
       this.oversized = false;
-      const body = pull.bytes === Number.MAX_SAFE_INTEGER ? this.oneMessageBody : this.pullBody;
+      const pull = alone ? { messages: 1, bytes: Number.MAX_SAFE_INTEGER } : { messages: this.batch, bytes: this.pullBytes };
+      const body = alone ? this.oneMessageBody : this.pullBody;
       if (this.openPulls === 0) this.lastHeardMs = this.clock.nowMs(); // heartbeats are due from now
       this.slots[slot] = pull;
       this.openPulls++;

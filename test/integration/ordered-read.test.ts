@@ -99,6 +99,11 @@ async function storedOnceBack(t: { context: Context }, store: () => Promise<void
   }
 }
 
+/** Waits (at most 2 s) until `seen` holds `count` messages; the caller asserts what they are. */
+async function seenAtLeast(seen: readonly number[], count: number): Promise<void> {
+  for (let i = 0; i < 80 && seen.length < count; i++) await new Promise((r) => setTimeout(r, 25));
+}
+
 const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
 
 test.serial("ordered read - every message once, in order, across many small pulls, from a start sequence, with its stored time; the end removes its consumer", async (t) => {
@@ -199,7 +204,7 @@ test.serial("ordered read - a live read waits for new messages and gets them as 
   const subject = await fill(t, 5);
   let state: (() => OrderedReadState) | undefined;
   const { seen, done } = await readUntil(t, { subject, startSeq: 1, heartbeatMs: 500 }, 25, undefined, (s) => (state = s));
-  for (let i = 0; i < 40 && seen.length < 5; i++) await new Promise((r) => setTimeout(r, 25));
+  await seenAtLeast(seen, 5);
   t.deepEqual(seen, range(1, 5));
   await new Promise((r) => setTimeout(r, 1_500)); // heartbeats come meanwhile: no reset
   await storeMore(t, subject, 6, 25);
@@ -226,7 +231,7 @@ test.serial("ordered read - the server restarted mid-read: missed heartbeats rec
   const subject = await fill(t, 20);
   let state: (() => OrderedReadState) | undefined;
   const { seen, done } = await readUntil(t, { subject, startSeq: 1, heartbeatMs: 500, resetGiveUpMs: 20_000 }, 40, undefined, (s) => (state = s));
-  for (let i = 0; i < 40 && seen.length < 20; i++) await new Promise((r) => setTimeout(r, 25));
+  await seenAtLeast(seen, 20);
   t.deepEqual(seen, range(1, 20));
   await t.context.nats.server.stop();
   await new Promise((r) => setTimeout(r, 1_500)); // heartbeats are missed meanwhile
@@ -238,7 +243,7 @@ test.serial("ordered read - the server restarted mid-read: missed heartbeats rec
 
   const gone = await fill(t, 3);
   const away = await readUntil(t, { subject: gone, startSeq: 1, heartbeatMs: 300, resetGiveUpMs: 2_000 }, 10);
-  for (let i = 0; i < 40 && away.seen.length < 3; i++) await new Promise((r) => setTimeout(r, 25));
+  await seenAtLeast(away.seen, 3);
   await t.context.nats.server.stop();
   const stopped = Date.now();
   try {
@@ -278,7 +283,7 @@ test.serial("ordered read - the connection drops and reconnects (the server stay
       seen.push(numberOf(msg));
       if (seen.length >= 40) controller.abort();
     }, controller.signal, (s) => (state = s));
-    for (let i = 0; i < 80 && seen.length < 20; i++) await new Promise((r) => setTimeout(r, 25));
+    await seenAtLeast(seen, 20);
     t.deepEqual(seen, range(1, 20));
     const reconnected = (async () => {
       for await (const status of nc.status()) if (status.type === "reconnect") return;
