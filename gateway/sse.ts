@@ -1,6 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
+import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer, type TurnStatus } from "../src/index.js";
 import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
 
@@ -32,6 +32,13 @@ export interface StreamEventsOptions {
    * stream follows the run until the client leaves or the server shuts down.
    */
   endWithTurnId?: string;
+  /**
+   * That turn's status as the caller read it before calling (the events route reads the
+   * turn anyway); omitted, the stream reads it. A turn's document holds its whole output
+   * and transcript: on the embedded store a second read of a large turn cost as much as
+   * streaming a tenth of its events.
+   */
+  endTurnStatus?: TurnStatus;
   /** Parameter named by a cursor error answered before the stream began (default `after`). */
   cursorParam?: string;
   /** Interval of `: ping` comments (default {@link SSE_PING_INTERVAL_MS}); tests use ~200 ms. */
@@ -143,8 +150,8 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   try {
     await ctx.events.read(eventRun, { afterId: options.afterId, limit: 1, nowMs: ctx.clock.nowMs() });
     if (endTurnId !== undefined) {
-      const turn = await ctx.store.getTurn(endTurnId);
-      endTurnAlreadyFinal = turn !== null && isFinalStatus(turn.status);
+      const status = options.endTurnStatus ?? (await ctx.store.getTurn(endTurnId))?.status;
+      endTurnAlreadyFinal = status !== undefined && isFinalStatus(status);
     }
   } catch (err) {
     throw renameCursorParam(err, options.cursorParam);

@@ -1,9 +1,9 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, isFinalStatus, queryFlag, queryId, queryLimit, type RunDoc, type TurnDoc } from "../../src/index.js";
+import { ApiError, isFinalStatus, queryFlag, queryId, queryLimit } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { closeEventStreams, eventRunOf, streamEvents } from "../sse.js";
-import { loadRun } from "../loaders.js";
+import { loadRun, loadTurn } from "../loaders.js";
 import { type Operation, route, runId } from "../operation.js";
 import { EventListSchema } from "../schemas.js";
 
@@ -71,7 +71,7 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
         const auth = authOf(request);
         const { stream, turn_id: turnId, after, limit } = request.query;
         const run = await loadRun(ctx, auth.workspace._id, request.params.runId);
-        const turn = turnId === undefined ? undefined : await loadTurnOf(ctx, run, turnId);
+        const turn = turnId === undefined ? undefined : await loadTurn(ctx, run, turnId);
 
         if (stream) {
           const lastEventId = lastEventIdOf(request.headers["last-event-id"]);
@@ -80,6 +80,7 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
             cursorParam: lastEventId !== undefined ? "Last-Event-ID" : "after",
             turnId,
             endWithTurnId: turnId,
+            endTurnStatus: turn?.status,
             pingIntervalMs: options.pingIntervalMs,
           });
           return reply;
@@ -103,12 +104,6 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
       },
     );
   };
-}
-
-async function loadTurnOf(ctx: GatewayContext, run: RunDoc, turnId: string): Promise<TurnDoc> {
-  const turn = await ctx.store.getTurn(turnId);
-  if (!turn || turn.run_id !== run._id) throw new ApiError("turn_not_found", { param: "turn_id" });
-  return turn;
 }
 
 /** An empty header counts as absent (EventSource sends none before its first event). */

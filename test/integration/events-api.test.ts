@@ -568,6 +568,33 @@ test("events - stream with turn_id carries that turn and ends after its final pl
   t.is(after.frames.length, 0);
 });
 
+test("events - a final turn's stream reads the turn from the store once per node, however often it is reopened (its document holds the whole output and transcript)", async (t) => {
+  const { business, service } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed"]);
+  const stored = await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  const turnId = f.turns[0]._id;
+  const store = service.store;
+  const reads: string[] = [];
+  const getTurn = store.getTurn;
+  store.getTurn = (id: string) => {
+    reads.push(id);
+    return getTurn.call(store, id);
+  };
+  t.teardown(() => {
+    store.getTurn = getTurn;
+  });
+
+  for (let i = 0; i < 3; i++) {
+    const stream = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`), business.key);
+    t.is(stream.status, 200);
+    await stream.ended;
+    t.deepEqual(parsed(stream.frames), stored.slice(1), `stream ${i + 1}: the turn's events, ending with its final one`);
+  }
+  // Resumed after the final event: still answered 204, from the turn as first read.
+  const after = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`), business.key, { "last-event-id": stored.at(-1)!.id });
+  t.is(after.status, 204);
+  t.deepEqual(reads.filter((id) => id === turnId), [turnId], "one store read of the turn for four streams (was two per stream)");
+});
 test("events - reconnecting with an expired cursor is 410 event_cursor_expired as JSON, never a skip ahead", async (t) => {
   const { solo } = t.context;
   const f = await fixture(t, solo.id, "solo", ["in_progress"]);
