@@ -1,6 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer, type TurnStatus } from "../src/index.js";
+import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
 import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
 
@@ -33,12 +33,13 @@ export interface StreamEventsOptions {
    */
   endWithTurnId?: string;
   /**
-   * That turn's status as the caller read it before calling (the events route reads the
-   * turn anyway); omitted, the stream reads it. A turn's document holds its whole output
-   * and transcript: on the embedded store a second read of a large turn cost as much as
-   * streaming a tenth of its events.
+   * True when the caller saw that turn final (the events route reads the turn anyway, and
+   * a final turn stays final): the stream does not read it again. A turn's document holds
+   * its whole output and transcript, and on the embedded store a second read of a large
+   * turn cost as much as streaming a tenth of its events. Otherwise the stream reads the
+   * turn's status itself, after its cursor check, so that a turn ending meanwhile is seen.
    */
-  endTurnStatus?: TurnStatus;
+  endTurnFinal?: boolean;
   /** Parameter named by a cursor error answered before the stream began (default `after`). */
   cursorParam?: string;
   /** Interval of `: ping` comments (default {@link SSE_PING_INTERVAL_MS}); tests use ~200 ms. */
@@ -150,8 +151,11 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
   try {
     await ctx.events.read(eventRun, { afterId: options.afterId, limit: 1, nowMs: ctx.clock.nowMs() });
     if (endTurnId !== undefined) {
-      const status = options.endTurnStatus ?? (await ctx.store.getTurn(endTurnId))?.status;
-      endTurnAlreadyFinal = status !== undefined && isFinalStatus(status);
+      if (options.endTurnFinal) endTurnAlreadyFinal = true;
+      else {
+        const turn = await ctx.store.getTurn(endTurnId);
+        endTurnAlreadyFinal = turn !== null && isFinalStatus(turn.status);
+      }
     }
   } catch (err) {
     throw renameCursorParam(err, options.cursorParam);

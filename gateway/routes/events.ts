@@ -80,7 +80,7 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
             cursorParam: lastEventId !== undefined ? "Last-Event-ID" : "after",
             turnId,
             endWithTurnId: turnId,
-            endTurnStatus: turn?.status,
+            endTurnFinal: turn !== undefined && isFinalStatus(turn.status),
             pingIntervalMs: options.pingIntervalMs,
           });
           return reply;

@@ -46,6 +46,7 @@ const MASTER_KEY = Buffer.alloc(32, 7).toString("base64"); // testConfig's RUNS_
 test.before(async (t) => {
   const servers = await startTestServers();
   const service = await startTestService(servers, { RUNS_EVENT_RETENTION_SOLO_S: String(SOLO_EVENT_RETENTION_S) });
+  recordTurnReads(service);
   const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "events-api-test" });
   const jsm = await jetstreamManager(nc);
   const log = new JetStreamEventLog({ nc, js: jetstream(nc), jsm, keyring: new EventKeyring(MASTER_KEY), clock: systemClock });
@@ -155,6 +156,20 @@ function turnEvents(turn: number, final = "turn.completed") {
     { turn, type: "text_delta", data: { delta: "lo" } },
     { turn, source: "platform" as const, type: final, data: { run: { id: "see run" } } },
   ];
+}
+
+/**
+ * The ids of the turns the service's store is asked for (`getTurn`), from the first call on:
+ * recorded once for the whole file (tests run concurrently; each looks for its own turn).
+ */
+const turnReads: string[] = [];
+function recordTurnReads(service: RunningService): void {
+  const store = service.store;
+  const getTurn = store.getTurn;
+  store.getTurn = (id: string) => {
+    turnReads.push(id);
+    return getTurn.call(store, id);
+  };
 }
 
 const eventsUrl = (runId: string, query = "") => `/api/v1/runs/${runId}/events${query ? `?${query}` : ""}`;
@@ -569,20 +584,10 @@ test("events - stream with turn_id carries that turn and ends after its final pl
 });
 
 test("events - a final turn's stream reads the turn from the store once per node, however often it is reopened (its document holds the whole output and transcript)", async (t) => {
-  const { business, service } = t.context;
+  const { business } = t.context;
   const f = await fixture(t, business.id, "business", ["completed"]);
   const stored = await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
   const turnId = f.turns[0]._id;
-  const store = service.store;
-  const reads: string[] = [];
-  const getTurn = store.getTurn;
-  store.getTurn = (id: string) => {
-    reads.push(id);
-    return getTurn.call(store, id);
-  };
-  t.teardown(() => {
-    store.getTurn = getTurn;
-  });
 
   for (let i = 0; i < 3; i++) {
     const stream = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`), business.key);
@@ -593,8 +598,25 @@ test("events - a final turn's stream reads the turn from the store once per node
   // Resumed after the final event: still answered 204, from the turn as first read.
   const after = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`), business.key, { "last-event-id": stored.at(-1)!.id });
   t.is(after.status, 204);
-  t.deepEqual(reads.filter((id) => id === turnId), [turnId], "one store read of the turn for four streams (was two per stream)");
+  t.deepEqual(turnReads.filter((id) => id === turnId), [turnId], "one store read of the turn for four streams (was two per stream)");
 });
+
+test("events - a final turn too large for the gateway's cache (over 1 MiB of output) is read once per stream, not twice", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed"]);
+  const stored = await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  const turnId = f.turns[0]._id;
+  await (await t.context.servers.raw()).turns.updateOne({ _id: turnId }, { $set: { output: [{ type: "output_text", text: "x".repeat(1_100_000) }] } });
+
+  for (let i = 0; i < 2; i++) {
+    const stream = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`), business.key);
+    t.is(stream.status, 200);
+    await stream.ended;
+    t.deepEqual(parsed(stream.frames), stored.slice(1));
+  }
+  t.deepEqual(turnReads.filter((id) => id === turnId), [turnId, turnId], "read at each stream (not kept), once");
+});
+
 test("events - reconnecting with an expired cursor is 410 event_cursor_expired as JSON, never a skip ahead", async (t) => {
   const { solo } = t.context;
   const f = await fixture(t, solo.id, "solo", ["in_progress"]);
