@@ -599,6 +599,15 @@ test("events - a final turn's stream reads the turn from the store once per node
   const after = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`), business.key, { "last-event-id": stored.at(-1)!.id });
   t.is(after.status, 204);
   t.deepEqual(turnReads.filter((id) => id === turnId), [turnId], "one store read of the turn for four streams (was two per stream)");
+
+  // Abuse: the turn, now in the gateway's memory, is still no other run's or workspace's.
+  const elsewhere = await fixture(t, business.id, "business");
+  const foreign = await business.api.get(eventsUrl(elsewhere.run._id, `stream=true&turn_id=${turnId}`));
+  t.is(foreign.status, 404);
+  t.is(foreign.body.error.code, "turn_not_found");
+  const otherWorkspace = await t.context.other.api.get(eventsUrl(f.run._id, `stream=true&turn_id=${turnId}`));
+  t.is(otherWorkspace.status, 404);
+  t.is(otherWorkspace.body.error.code, "run_not_found");
 });
 
 test("events - a final turn too large for the gateway's cache (over 1 MiB of output) is read once per stream, not twice", async (t) => {
