@@ -1,5 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
+import type { Subscription } from "@nats-io/transport-node";
 import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
 import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
@@ -133,15 +134,35 @@ export async function streamEvents(
   options: StreamEventsOptions = {},
 ): Promise<void> {
   checkStreamQuota(ctx, run.workspace_id, run.plan);
+  // The turn's final notice is listened for before the stream reads the turn's status: a turn
+  // that ends in between is still known final (its final event, should it not come, ends the
+  // stream after the grace period instead of never).
+  let finalNotice: Subscription | undefined;
+  if (options.endWithTurnId !== undefined && !options.endTurnFinal) {
+    try {
+      finalNotice = ctx.nc.subscribe(Subjects.turnFinal(options.endWithTurnId), { max: 1 });
+    } catch {
+      // The connection is closed: the node is shutting down.
+      throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
+    }
+  }
   countStream(ctx, run.workspace_id, 1);
   try {
-    await serveStream(ctx, request, reply, run, options);
+    await serveStream(ctx, request, reply, run, options, finalNotice);
   } finally {
+    finalNotice?.unsubscribe();
     countStream(ctx, run.workspace_id, -1);
   }
 }
 
-async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: FastifyReply, run: RunDoc, options: StreamEventsOptions): Promise<void> {
+async function serveStream(
+  ctx: GatewayContext,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  run: RunDoc,
+  options: StreamEventsOptions,
+  finalNotice: Subscription | undefined,
+): Promise<void> {
   const eventRun = eventRunOf(run);
   const endTurnId = options.endWithTurnId;
   const finalGraceMs = options.finalEventGraceMs ?? FINAL_EVENT_GRACE_MS;
@@ -257,10 +278,9 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     lastProgressMs = ctx.clock.nowMs();
     graceTimer ??= ctx.clock.after(finalGraceMs, checkGrace);
   };
-  const finalSub = endTurnId !== undefined && !finalKnown ? ctx.nc.subscribe(Subjects.turnFinal(endTurnId), { max: 1 }) : undefined;
-  if (finalSub) {
+  if (finalNotice && !finalKnown) {
     void (async () => {
-      for await (const _ of finalSub) {
+      for await (const _ of finalNotice) {
         finalKnown = true;
         armGrace();
       }
@@ -332,7 +352,6 @@ async function serveStream(ctx: GatewayContext, request: FastifyRequest, reply: 
     flush();
     ping.cancel();
     graceTimer?.cancel();
-    finalSub?.unsubscribe();
     res.off("close", onClose);
     streams.delete(controller);
     if (!res.writableEnded) res.end();

@@ -303,8 +303,13 @@ async function until(predicate: () => Promise<boolean>, timeoutMs = 10_000): Pro
  * A bare Fastify app whose one route calls streamEvents with chosen options and event log,
  * for what the service's route does not expose (ping interval, endWithTurnId, failures).
  */
-async function sseApp(t: ExecutionContext<Context>, events: EventLog, options: Parameters<typeof streamEvents>[4] = {}): Promise<{ app: FastifyInstance; url: string }> {
-  const ctx = { events, clock: systemClock, ids: Ids, store: t.context.service.store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } } } as unknown as GatewayContext;
+async function sseApp(
+  t: ExecutionContext<Context>,
+  events: EventLog,
+  options: Parameters<typeof streamEvents>[4] = {},
+  store: RunningService["store"] = t.context.service.store,
+): Promise<{ app: FastifyInstance; url: string }> {
+  const ctx = { events, clock: systemClock, ids: Ids, store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } } } as unknown as GatewayContext;
   const app = Fastify();
   app.addHook("preClose", async () => closeEventStreams(ctx));
   app.setErrorHandler((err, _request, reply) => {
@@ -846,6 +851,35 @@ function stallingLog(log: EventLog, first: RunEvent): EventLog & { reads: number
   };
   return stalled;
 }
+
+test("sse - a turn that ends between the stream's read of its status and its subscribing is still seen final: a lost final event ends the stream after the grace period", async (t) => {
+  const { business, service } = t.context;
+  const f = await fixture(t, business.id, "business", ["in_progress"]);
+  const turnId = f.turns[0]._id;
+  await f.append([{ turn: 0, source: "platform", type: "turn.started" }]);
+  // The turn ends right after the stream read it as running: written final, its notice sent,
+  // its final event never stored.
+  const store = Object.create(service.store) as typeof service.store;
+  store.getTurn = async (id: string) => {
+    const doc = await service.store.getTurn(id);
+    if (id === turnId) {
+      await (await t.context.servers.raw()).turns.updateOne({ _id: turnId }, { $set: { status: "completed" } });
+      t.context.nc.publish(`runs.turn.${turnId}.final`, "");
+      await t.context.nc.flush();
+    }
+    return doc;
+  };
+  const { url } = await sseApp(t, t.context.log, { turnId, endWithTurnId: turnId, finalEventGraceMs: 300 }, store);
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  const ended = await Promise.race([stream.ended.then(() => true), new Promise<false>((resolve) => setTimeout(() => resolve(false), 5_000))]);
+  t.true(ended, "the stream ended within 5 s (before the fix it stayed open, pinging, until the client left)");
+  if (!ended) {
+    stream.close();
+    return;
+  }
+  t.deepEqual(stream.frames.map((frame) => frame.event), ["turn.started", "error"]);
+  t.is(JSON.parse(stream.frames[1].data!).error.code, "event_history_unavailable");
+});
 
 test("sse - a subscription that stalls (its consumer's server died) while the turn ends: after the grace the rest is read from the log, the stream ends with the final event, no error", async (t) => {
   const { business } = t.context;
