@@ -56,7 +56,9 @@ export async function buildApp(
   const connection = trackConnection(ctx.nc);
   const context: GatewayContext = {
     ...ctx,
-    rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock),
+    rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock, (err) =>
+      ctx.log.warn({ err }, "rate limits counted by this node alone for this window: the shared counter (JetStream KV) is unreachable"),
+    ),
     uploadSlots: new UploadSlots(ctx.rateLimits, ctx.clock, ctx.config.files.takeoverMs),
     router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, 15_000, connection),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),

@@ -28,9 +28,14 @@ interface LocalWindow {
   sharedCount: number;
   /** The shared counter is exhausted for this window. */
   exhausted: boolean;
+  /** The shared counter could not be reached in this window: this node counts alone (see countAlone). */
+  alone?: boolean;
   /** A grant in flight, so concurrent requests share one KV round trip. */
   pending?: Promise<void>;
 }
+
+/** How long a node counts alone, without asking the shared counter, after finding it unreachable. */
+export const COUNTER_AWAY_MS = 5_000;
 
 /** Tokens a node takes from the shared counter at once: small limits are exact. */
 export function grantSize(limit: number): number {
@@ -41,15 +46,22 @@ export function grantSize(limit: number): number {
  * Per-workspace rate limits shared by every key and every node: a counter per
  * (workspace, class, window) in a JetStream KV bucket, advanced by compare-and-set.
  * A node takes tokens from it in small grants and spends them locally, so the total
- * served in a window never exceeds the limit, however many nodes or keys there are.
+ * served in a window never exceeds the limit, however many nodes or keys there are —
+ * while the counter can be reached (see countAlone).
  */
 export class RateLimiter {
   private readonly local = new Map<string, LocalWindow>();
+  /** The last window in which `onAlone` was told (once per window, not per workspace). */
+  private aloneToldWindow = -1;
+  /** Until then the counter is not asked (it was just found away): each ask waits for its timeout. */
+  private counterAwayUntilMs = 0;
 
   constructor(
     private readonly kv: KV,
     private readonly config: RateLimitConfig,
     private readonly clock: Clock,
+    /** Told when a window is counted alone: the error that made the counter unreachable. */
+    private readonly onAlone: (err: unknown) => void = () => undefined,
   ) {}
 
   async take(workspaceId: string, plan: Plan, rateClass: RateClass): Promise<RateDecision> {
@@ -64,11 +76,15 @@ export class RateLimiter {
       this.local.set(key, state);
       if (this.local.size > 50_000) this.evictOld(window);
     }
-    for (let attempt = 0; attempt < 3 && state.tokens === 0 && !state.exhausted; attempt++) {
-      state.pending ??= this.grant(state, `${key}.${window}`, limit).finally(() => {
-        state!.pending = undefined;
-      });
-      await state.pending;
+    if (state.tokens === 0 && !state.exhausted && !state.alone && now < this.counterAwayUntilMs) this.countAlone(state, limit, undefined);
+    for (let attempt = 0; attempt < 3 && state.tokens === 0 && !state.exhausted && !state.alone; attempt++) {
+      const counted = state;
+      counted.pending ??= this.grant(counted, `${key}.${window}`, limit)
+        .catch((err: unknown) => this.countAlone(counted, limit, err))
+        .finally(() => {
+          counted.pending = undefined;
+        });
+      await counted.pending;
     }
     const decision = (allowed: boolean): RateDecision => ({
       allowed,
@@ -120,6 +136,26 @@ export class RateLimiter {
         // JetStream away) is a 503 with a short Retry-After, not a spent window's 429.
         if (!isCasConflict(err)) throw err;
       }
+    }
+  }
+
+  /**
+   * The shared counter cannot be reached (NATS or JetStream away; a lost compare-and-set is
+   * retried in `grant`, not this). Refusing every request until it is back would stop reads
+   * too, which the store still answers; instead this node spends alone what was left of the
+   * window when it last saw the counter (all of it in a window it had not asked for yet), and
+   * asks the counter again in the next window, or {@link COUNTER_AWAY_MS} after it failed
+   * (an ask waits for its timeout). Each node then stays within the limit; while the counter
+   * is away, the nodes together may serve up to their number times it.
+   */
+  private countAlone(state: LocalWindow, limit: number, err: unknown): void {
+    if (err !== undefined) this.counterAwayUntilMs = this.clock.nowMs() + COUNTER_AWAY_MS;
+    state.alone = true;
+    state.tokens += Math.max(0, limit - state.sharedCount);
+    state.sharedCount = limit; // the headers' `remaining` is then what this node has left
+    if (err !== undefined && state.window !== this.aloneToldWindow) {
+      this.aloneToldWindow = state.window;
+      this.onAlone(err);
     }
   }
 

@@ -9,7 +9,9 @@ const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; 
 
 test.before(async (t) => {
   const servers = await startTestServers();
-  const service = await startTestService(servers, { RUNS_ROUTE_RETRY_MS: "1500", RUNS_AUTH_CACHE_MS: "0" });
+  // One-second rate windows: an outage longer than that always meets a window the node has
+  // not counted yet (with the default minute, only an outage across a minute's end did).
+  const service = await startTestService(servers, { RUNS_ROUTE_RETRY_MS: "1500", RUNS_AUTH_CACHE_MS: "0", RUNS_RATE_WINDOW_MS: "1000" });
   const ws = await newWorkspace(service);
   const agent = await ws.api.agentWith({ model: "faux/scripted" });
   t.context = { servers, service, api: ws.api, agent };
