@@ -168,15 +168,12 @@ async function serveStream(
   const finalGraceMs = options.finalEventGraceMs ?? FINAL_EVENT_GRACE_MS;
 
   // Everything that can fail as JSON fails here, before the first byte.
-  let endTurnAlreadyFinal = false;
+  let endTurnAlreadyFinal = endTurnId !== undefined && options.endTurnFinal === true;
   try {
     await ctx.events.read(eventRun, { afterId: options.afterId, limit: 1, nowMs: ctx.clock.nowMs() });
-    if (endTurnId !== undefined) {
-      if (options.endTurnFinal) endTurnAlreadyFinal = true;
-      else {
-        const turn = await ctx.store.getTurn(endTurnId);
-        endTurnAlreadyFinal = turn !== null && isFinalStatus(turn.status);
-      }
+    if (endTurnId !== undefined && !endTurnAlreadyFinal) {
+      const turn = await ctx.store.getTurn(endTurnId);
+      endTurnAlreadyFinal = turn !== null && isFinalStatus(turn.status);
     }
   } catch (err) {
     throw renameCursorParam(err, options.cursorParam);

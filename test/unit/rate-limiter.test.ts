@@ -8,6 +8,7 @@ import type { KV } from "@nats-io/kv";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { COUNTER_AWAY_MS, RateLimiter } from "../../gateway/rate-limits.js";
 import { systemClock } from "../../src/clock.js";
+import { TestClock } from "../helpers/actor-fakes.js";
 
 const config = { windowMs: 60_000, perWindow: { solo: { standard: 10, expensive: 2, exempt: 100 }, business: { standard: 10, expensive: 2, exempt: 100 } } };
 
@@ -43,23 +44,18 @@ test("rate limiter - a lost compare-and-set is contention: read again and take t
   t.is(creates(), 2);
 });
 
-/** A clock that only moves when told (the limiter reads only `nowMs`). */
-function stillClock(startMs: number) {
-  const clock = { ...systemClock, at: startMs, nowMs: () => clock.at };
-  return clock;
-}
-
 test("rate limiter - the bucket failing otherwise (NATS or JetStream away): this node counts the window alone, up to the limit, then 429; the next window asks the counter again", async (t) => {
   const timeout = Object.assign(new Error("TIMEOUT"), { name: "TimeoutError" });
   let away = true;
   const { kv, creates } = counterKv(() => (away ? timeout : undefined));
-  const clock = stillClock(60_000 * 1_000);
+  const clock = new TestClock(60_000 * 1_000);
   const told: unknown[] = [];
   const limiter = new RateLimiter(kv, config, clock, (err) => told.push(err));
 
   const decisions = await Promise.all(Array.from({ length: 12 }, () => limiter.take("ws_1", "solo", "standard")));
   t.deepEqual(decisions.map((d) => d.allowed), [...Array(10).fill(true), false, false], "the limit (10), then refused");
   t.deepEqual(decisions.slice(0, 10).map((d) => d.remaining), [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]);
+  t.true(decisions.slice(10).every((d) => d.retryAfterS >= 1 && d.retryAfterS <= 60), "a refusal says when the window ends (Retry-After)");
   t.is(creates(), 1, "the unreachable counter is asked once in the window, not per request");
   t.true((await limiter.take("ws_2", "solo", "standard")).allowed, "another workspace is counted alone too");
   t.is(creates(), 1, "the counter just found away is not asked again at once (COUNTER_AWAY_MS)");
@@ -67,7 +63,7 @@ test("rate limiter - the bucket failing otherwise (NATS or JetStream away): this
 
   // The next window: the counter is back and counts again.
   away = false;
-  clock.at += 60_000;
+  clock.advance(60_000);
   t.true((await limiter.take("ws_1", "solo", "standard")).allowed);
   t.is(creates(), 2);
   t.is((await limiter.take("ws_1", "solo", "standard")).remaining, 8, "shared again: one grant of one token at a time");
@@ -77,7 +73,7 @@ test("rate limiter - a window partly spent through the counter before it went aw
   const timeout = Object.assign(new Error("TIMEOUT"), { name: "TimeoutError" });
   let away = false;
   const { kv } = counterKv(() => (away ? timeout : undefined));
-  const clock = stillClock(60_000 * 2_000);
+  const clock = new TestClock(60_000 * 2_000);
   const limiter = new RateLimiter(kv, config, clock);
   // The stand-in counter takes one create; later grants update it (a grant is one token at a limit of 10).
   for (let i = 0; i < 4; i++) t.true((await limiter.take("ws_1", "solo", "standard")).allowed);
@@ -94,16 +90,16 @@ test("rate limiter - a window partly spent through the counter before it went aw
 test("rate limiter - for COUNTER_AWAY_MS after the counter failed, new windows are counted alone without asking it (an ask waits for its timeout)", async (t) => {
   const timeout = Object.assign(new Error("TIMEOUT"), { name: "TimeoutError" });
   const { kv, creates } = counterKv(() => timeout);
-  const clock = stillClock(1_000 * 5_000);
+  const clock = new TestClock(1_000 * 5_000);
   const limiter = new RateLimiter(kv, { ...config, windowMs: 1_000 }, clock);
   t.true((await limiter.take("ws_1", "solo", "standard")).allowed);
   t.is(creates(), 1);
   for (let step = 1; step * 1_000 < COUNTER_AWAY_MS; step++) {
-    clock.at += 1_000; // a new window each time
+    clock.advance(1_000); // a new window each time
     t.true((await limiter.take("ws_1", "solo", "standard")).allowed);
   }
   t.is(creates(), 1, "not asked while it was just found away");
-  clock.at += 1_000;
+  clock.advance(1_000);
   t.true((await limiter.take("ws_1", "solo", "standard")).allowed);
   t.is(creates(), 2, "asked again after COUNTER_AWAY_MS");
 });
