@@ -164,20 +164,24 @@ export GOFLAGS="-mod=readonly"
 BUILD_FLAGS=(-trimpath -buildvcs=false -ldflags=-s\ -w)
 
 # FerretDB 1.24's SQLite backend answers only a bare `_id` from an index (and even that
-# spelled differently from the index, so it scanned). The patch
-# (deploy/tools/ferretdb/typed-pushdown.patch, see deploy/tools/README.md) makes `_id`
-# lookups use their index and lets SQLite's indexes narrow and order rows for equality,
-# $in and range filters. A patch that does not apply fails the build.
+# spelled differently from the index, so it scanned), and its concurrent writes wait for
+# SQLite's write lock by sleeping. The patches in deploy/tools/ferretdb (see
+# deploy/tools/README.md) make `_id` lookups use their index, let SQLite's indexes
+# narrow and order rows for equality, $in and range filters (typed-pushdown.patch), and
+# queue transactions in FerretDB (write-queue.patch). A patch that does not apply fails
+# the build.
 patch_ferretdb() { # $1 module source dir
-  local patch="$MOD_ROOT/ferretdb/typed-pushdown.patch"
-  # GIT_CEILING_DIRECTORIES: apply as a plain patch, not inside this checkout's repository.
-  if command -v git >/dev/null 2>&1; then
-    (cd "$1" && GIT_CEILING_DIRECTORIES="$(dirname "$1")" git apply --whitespace=nowarn "$patch")
-  elif command -v patch >/dev/null 2>&1; then
-    (cd "$1" && patch -p1 -s <"$patch")
-  else
-    say "applying $patch needs git or patch (the Debian package 'patch'); neither is installed"; return 1
-  fi || { say "FerretDB patch $patch did not apply"; return 1; }
+  local patch
+  for patch in "$MOD_ROOT"/ferretdb/*.patch; do
+    # GIT_CEILING_DIRECTORIES: apply as a plain patch, not inside this checkout's repository.
+    if command -v git >/dev/null 2>&1; then
+      (cd "$1" && GIT_CEILING_DIRECTORIES="$(dirname "$1")" git apply --whitespace=nowarn "$patch")
+    elif command -v patch >/dev/null 2>&1; then
+      (cd "$1" && patch -p1 -s <"$patch")
+    else
+      say "applying $patch needs git or patch (the Debian package 'patch'); neither is installed"; return 1
+    fi || { say "FerretDB patch $patch did not apply"; return 1; }
+  done
 }
 
 build_ferretdb() { # $1 module dir, $2 module path, $3 pkg, $4 version, $5 out
