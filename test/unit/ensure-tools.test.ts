@@ -1,7 +1,7 @@
 /**
  * scripts/ensure-tools.sh (run by `npm start`, `npm test` and the bench), driven with a
  * stand-in `go` that records builds instead of compiling: on an empty tools folder it
- * builds all three servers in one run (applying the FerretDB patch to the real module
+ * builds all three servers in one run (applying the FerretDB patches to the real module
  * source), writes their stamps, and a second run builds nothing. A missing Go ends in
  * exit 3 and plain words, not a stack trace.
  */
@@ -43,6 +43,7 @@ case "$1" in
     echo "build \${@: -1}" >>"${log}"
     if [[ -n "${failing}" && "\${@: -1}" == *"${failing}"* ]]; then echo "compile error" >&2; exit 1; fi
     if [[ -f src/internal/backends/sqlite/pushdown.go ]]; then echo "patched" >>"${log}"; fi
+    if grep -q QueueTransactions src/internal/util/fsql/db.go 2>/dev/null; then echo "writes queued" >>"${log}"; fi
     printf '#!/bin/sh\\n' >"$out"; chmod +x "$out" ;;
   *) echo "fake go: unexpected $*" >&2; exit 9 ;;
 esac
@@ -96,6 +97,7 @@ test("ensure-tools - an empty tools folder gets all three servers and stamps in 
       "build github.com/nats-io/natscli/nats",
       "build github.com/FerretDB/FerretDB/cmd/ferretdb",
       "patched",
+      "writes queued",
     ]);
     t.regex(first.stderr, /built .*ferretdb/);
     t.false(existsSync(path.join(tools, ".lock")), "the lock is released");
@@ -123,7 +125,7 @@ test("ensure-tools - a build that fails ends in exit 1 naming the tool; no binar
     const retried = run({ GO: fake, RUNS_TOOLS_DIR: tools });
     t.is(retried.code, 0, retried.stderr);
     t.deepEqual((await readdir(path.join(tools, "bin"))).sort(), ["ferretdb", "nats", "nats-server"]);
-    t.deepEqual((await readFile(log, "utf8")).trim().split("\n").slice(-2), ["build github.com/FerretDB/FerretDB/cmd/ferretdb", "patched"]);
+    t.deepEqual((await readFile(log, "utf8")).trim().split("\n").slice(-3), ["build github.com/FerretDB/FerretDB/cmd/ferretdb", "patched", "writes queued"]);
   });
 });
 
