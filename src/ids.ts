@@ -1,15 +1,31 @@
-import { randomBytes, randomUUID } from "node:crypto";
+import { randomFillSync, randomUUID } from "node:crypto";
 
 const BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/**
+ * Random bytes drawn 4 KiB at a time from the CSPRNG, each used once (as Node's own
+ * randomUUID caches its randomness): a request makes a few ids, and a call into the
+ * CSPRNG with a fresh buffer per id cost more than the id.
+ */
+const pool = Buffer.alloc(4096);
+let poolAt = pool.length;
+
+function randomByte(): number {
+  if (poolAt === pool.length) {
+    randomFillSync(pool);
+    poolAt = 0;
+  }
+  return pool[poolAt++]!;
+}
 
 /** `n` random base62 characters (rejection sampling, so no modulo bias). */
 export function randomBase62(n: number): string {
   let out = "";
-  while (out.length < n) {
-    for (const byte of randomBytes(n * 2)) {
-      if (byte < 248) out += BASE62[byte % 62];
-      if (out.length === n) break;
-    }
+  // 8 of 256 bytes are rejected: 64 bytes per character cannot run out in practice.
+  for (let tries = 0; out.length < n; tries++) {
+    if (tries === n * 64) throw new Error("the random source keeps giving rejected bytes");
+    const byte = randomByte();
+    if (byte < 248) out += BASE62[byte % 62];
   }
   return out;
 }
