@@ -1,11 +1,12 @@
-import { randomFillSync, randomUUID } from "node:crypto";
+import { randomBytes, randomFillSync, randomUUID } from "node:crypto";
 
 const BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
 /**
- * Random bytes drawn 4 KiB at a time from the CSPRNG, each used once (as Node's own
- * randomUUID caches its randomness): a request makes a few ids, and a call into the
- * CSPRNG with a fresh buffer per id cost more than the id.
+ * Random bytes for ids, drawn 4 KiB at a time from the CSPRNG, each used once (as Node's
+ * own randomUUID caches its randomness): a request makes a few ids, and a call into the
+ * CSPRNG with a fresh buffer per id cost more than the id. Not for secrets (the pool
+ * holds the next ones in the heap): API key secrets draw their own bytes.
  */
 const pool = Buffer.alloc(4096);
 let poolAt = pool.length;
@@ -18,16 +19,34 @@ function randomByte(): number {
   return pool[poolAt++]!;
 }
 
-/** `n` random base62 characters (rejection sampling, so no modulo bias). */
-export function randomBase62(n: number): string {
+/** `n` random base62 characters (rejection sampling, so no modulo bias) from `next` bytes. */
+export function randomBase62(n: number, next: () => number = randomByte): string {
   let out = "";
   // 8 of 256 bytes are rejected: 64 bytes per character cannot run out in practice.
   for (let tries = 0; out.length < n; tries++) {
     if (tries === n * 64) throw new Error("the random source keeps giving rejected bytes");
-    const byte = randomByte();
+    const byte = next();
     if (byte < 248) out += BASE62[byte % 62];
   }
   return out;
+}
+
+/** `n` random base62 characters from bytes drawn for them alone, zeroed after use. */
+function secretBase62(n: number): string {
+  const bytes = randomBytes(n * 2);
+  let at = 0;
+  const next = () => {
+    if (at === bytes.length) {
+      randomFillSync(bytes);
+      at = 0;
+    }
+    return bytes[at++]!;
+  };
+  try {
+    return randomBase62(n, next);
+  } finally {
+    bytes.fill(0);
+  }
 }
 
 /**
@@ -60,5 +79,5 @@ export const Ids = {
   webhookDelivery: () => newId("whd"),
   reference: () => `ref_${randomBase62(20)}`,
   apiKeyId: () => randomUUID(),
-  apiKeySecret: () => `rk_live_${randomBase62(43)}`,
+  apiKeySecret: () => `rk_live_${secretBase62(43)}`,
 };
