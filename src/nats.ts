@@ -84,6 +84,8 @@ export async function connectNats(options: { url: string; user?: string; passwor
   return nc;
 }
 
+const COALESCED = Symbol("runs.coalescedWrites");
+
 /** The client internals `coalesceWrites` relies on (@nats-io/nats-core 3.x `ProtocolHandler`). */
 interface ProtocolWrites {
   flushPending(): void;
@@ -104,7 +106,9 @@ interface ProtocolWrites {
  * the client's own threshold is still written at once, and `flush()` still sends its
  * PING (one turn later). Closing the connection writes what is queued first: the
  * stock client ends its socket before its queued write runs, so publishes made just
- * before `close()` were lost (the test shows it). Returns false, changing nothing, if
+ * before `close()` were lost (the test shows it). Best effort still, as in the stock
+ * client (what the socket cannot take at once is dropped with it): the service drains
+ * its connection at shutdown. Once per connection; returns false, changing nothing, if
  * the client's internals are not the ones this was written against.
  */
 export function coalesceWrites(nc: NatsConnection): boolean {
@@ -117,7 +121,9 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   ) {
     return false;
   }
-  const handler = protocol as ProtocolWrites;
+  const handler = protocol as ProtocolWrites & { [COALESCED]?: true };
+  if (handler[COALESCED]) return true;
+  handler[COALESCED] = true;
   const flushNow = handler.flushPending;
   const close = handler.close;
   handler.close = function (this: ProtocolWrites, err?: Error) {
