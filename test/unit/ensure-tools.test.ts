@@ -43,7 +43,7 @@ case "$1" in
     echo "build \${@: -1}" >>"${log}"
     if [[ -n "${failing}" && "\${@: -1}" == *"${failing}"* ]]; then echo "compile error" >&2; exit 1; fi
     if [[ -f src/internal/backends/sqlite/pushdown.go ]]; then echo "patched" >>"${log}"; fi
-    if grep -q QueueTransactions src/internal/util/fsql/db.go 2>/dev/null; then echo "writes queued" >>"${log}"; fi
+    if grep -q QueueWrites src/internal/util/fsql/db.go 2>/dev/null; then echo "writes queued" >>"${log}"; fi
     printf '#!/bin/sh\\n' >"$out"; chmod +x "$out" ;;
   *) echo "fake go: unexpected $*" >&2; exit 9 ;;
 esac
