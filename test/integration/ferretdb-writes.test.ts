@@ -7,12 +7,10 @@ import { startTestServers, type TestServers } from "../helpers/servers.js";
  * SQLite transactions (every insert and update command) take turns in FerretDB instead
  * of retrying SQLite's write lock from its busy handler. These tests hold on MongoDB too:
  * concurrent writers from several clients (several nodes' pools) all land, with deletes
- * and DDL among them, and commands whose time limit ends mid-way fail alone. The tests
- * guard the patch's own hazards, each met by an earlier version: a transaction waiting
- * for a pooled connection while holding its turn stopped every writer for good (update
- * commands keep their query's connection until they end: the first test), and a
- * transaction ended by its command's time limit broke the writers' connection for good
- * (the second).
+ * and DDL among them. The first test guards the patch's own hazard, met by an earlier
+ * version: a transaction waiting for a pooled connection while holding its turn stopped
+ * every writer for good (update commands keep their query's connection until they end).
+ * Commands with time limits: ferretdb-time-limits.test.ts (a FerretDB of their own).
  */
 
 interface Context {
@@ -60,36 +58,6 @@ test("concurrent inserts and updates from three clients all land, each document 
   for (const d of docs) {
     if (d._id.startsWith("u")) t.deepEqual([d.n, d.by], [5, Math.floor(Number(d._id.slice(1)) / 50)], d._id);
     else t.deepEqual([d.n, d.by], [Number(d._id.split("_")[1]), Number(d._id.slice(1).split("_")[0])], d._id);
-  }
-});
-
-test("commands whose time limit ends while they wait or write fail alone; writes after them land", async (t) => {
-  const { clients } = t.context;
-  const coll = (i: number) => clients[i]!.db("writes").collection<{ _id: string; n: number }>("limited");
-  await coll(0).insertMany(Array.from({ length: 100 }, (_, i) => ({ _id: `d${i}`, n: 0 })));
-  // FerretDB ends a command's context on findAndModify's maxTimeMS: limits of 1 to 20 ms
-  // end some in the queue, some inside their transaction (an earlier version of the patch
-  // lost its writers' connection then, for good), and let others finish. 12 rounds, each
-  // followed by a write from every client. Only the limited commands run in a round, and
-  // the writes wait until every limit has passed: stock FerretDB's SQLite driver can fire
-  // a time limit's interrupt late, into a statement of another command on the same pooled
-  // connection ("interrupted (9)"), with or without the patch. The service sets no limits.
-  let finished = 0;
-  for (let round = 0; round < 12; round++) {
-    const limited = Array.from({ length: 150 }, (_, i) =>
-      coll(i % 3).findOneAndUpdate({ _id: `d${i % 100}` }, { $inc: { n: 1 } }, { maxTimeMS: 1 + (i % 20) }).then(() => 1, () => 0),
-    );
-    finished += (await Promise.all(limited)).reduce((a: number, b) => a + b, 0);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    for (let c = 0; c < 3; c++) t.is((await coll(c).updateOne({ _id: `d${c}` }, { $set: { round } })).matchedCount, 1, `round ${round}`);
-  }
-  t.log(`${finished} of 1,800 limited commands finished`);
-  // Whatever became of them, the store still takes inserts and updates from every client.
-  // (Nothing here reads what was just written: after such interrupts, stock FerretDB's
-  // pooled connections were seen to miss a row inserted just before, once in eight runs.)
-  for (let c = 0; c < 3; c++) {
-    t.is((await coll(c).insertOne({ _id: `after${c}`, n: c })).insertedId, `after${c}`);
-    t.is((await coll(c).updateOne({ _id: `d${c}` }, { $set: { n: 100 + c } })).modifiedCount, 1);
   }
 });
 
