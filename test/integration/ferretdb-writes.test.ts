@@ -4,8 +4,9 @@ import { startTestServers, type TestServers } from "../helpers/servers.js";
 
 /**
  * The build's FerretDB patch deploy/tools/ferretdb/write-queue.patch makes FerretDB's
- * SQLite transactions (every insert and update command) take turns in FerretDB instead
- * of retrying SQLite's write lock from its busy handler. These tests hold on MongoDB too:
+ * SQLite writes (the transaction of every insert and update command, deletes, DDL) take
+ * turns in FerretDB instead of retrying SQLite's write lock from its busy handler. These
+ * tests hold on MongoDB too:
  * concurrent writers from several clients (several nodes' pools) all land, with deletes
  * and DDL among them. The first test guards the patch's own hazard, met by an earlier
  * version: a transaction waiting for a pooled connection while holding its turn stopped
