@@ -22,8 +22,15 @@ test.before(async () => {
   sandbox = await testSandbox();
 });
 
+/** Every workspace made, removed after the file's tests (also those a test left behind). */
+const workspaces: string[] = [];
+test.after.always(async () => {
+  await Promise.all(workspaces.map((dir) => rm(dir, { recursive: true, force: true })));
+});
+
 async function workspace(): Promise<string> {
   const dir = await mkdtemp(path.join(tmpdir(), "agent-runner-"));
+  workspaces.push(dir);
   await chmod(dir, 0o711);
   await sandbox.prepareWorkspace(dir);
   return dir;
