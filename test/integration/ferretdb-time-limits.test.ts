@@ -1,6 +1,4 @@
-import anyTest, { type TestFn } from "ava";
-import { MongoClient } from "mongodb";
-import { startTestServers, type TestServers } from "../helpers/servers.js";
+import { withStoreClients } from "../helpers/store-clients.js";
 
 /**
  * FerretDB's write queue (deploy/tools/ferretdb/write-queue.patch) and commands with time
@@ -11,23 +9,7 @@ import { startTestServers, type TestServers } from "../helpers/servers.js";
  * time limits; an operator's tool might.
  */
 
-interface Context {
-  servers: TestServers;
-  clients: MongoClient[];
-}
-const test = anyTest as TestFn<Context>;
-
-test.before(async (t) => {
-  const servers = await startTestServers();
-  const clients = [0, 1, 2].map(() => new MongoClient(servers.mongoUri, { maxPoolSize: 64 }));
-  await Promise.all(clients.map((c) => c.connect()));
-  t.context = { servers, clients };
-});
-
-test.after.always(async (t) => {
-  await Promise.all((t.context.clients ?? []).map((c) => c.close()));
-  await t.context.servers?.stop();
-});
+const test = withStoreClients();
 
 /**
  * Runs `write`, again (up to 3 tries) only when stock FerretDB's late interrupt hit it: any

@@ -1,36 +1,17 @@
-import anyTest, { type TestFn } from "ava";
-import { MongoClient } from "mongodb";
-import { startTestServers, type TestServers } from "../helpers/servers.js";
+import { withStoreClients } from "../helpers/store-clients.js";
 
 /**
  * The build's FerretDB patch deploy/tools/ferretdb/write-queue.patch makes FerretDB's
  * SQLite writes (the transaction of every insert and update command, deletes, DDL) take
  * turns in FerretDB instead of retrying SQLite's write lock from its busy handler. These
- * tests hold on MongoDB too:
- * concurrent writers from several clients (several nodes' pools) all land, with deletes
- * and DDL among them. The first test guards the patch's own hazard, met by an earlier
+ * tests hold on MongoDB too: concurrent writers from several clients (several nodes'
+ * pools) all land, with deletes and DDL among them. The first test guards the patch's own hazard, met by an earlier
  * version: a transaction waiting for a pooled connection while holding its turn stopped
  * every writer for good (update commands keep their query's connection until they end).
  * Commands with time limits: ferretdb-time-limits.test.ts (a FerretDB of their own).
  */
 
-interface Context {
-  servers: TestServers;
-  clients: MongoClient[];
-}
-const test = anyTest as TestFn<Context>;
-
-test.before(async (t) => {
-  const servers = await startTestServers();
-  const clients = [0, 1, 2].map(() => new MongoClient(servers.mongoUri, { maxPoolSize: 64 }));
-  await Promise.all(clients.map((c) => c.connect()));
-  t.context = { servers, clients };
-});
-
-test.after.always(async (t) => {
-  await Promise.all((t.context.clients ?? []).map((c) => c.close()));
-  await t.context.servers?.stop();
-});
+const test = withStoreClients();
 
 test("concurrent inserts and updates from three clients all land, each document holding its last write", async (t) => {
   const { clients } = t.context;
