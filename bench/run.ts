@@ -122,13 +122,18 @@ async function baselines(servers: TestServers, db: string): Promise<void> {
     results.insPub1 = await repeated("bare insert + publish back to back, 1 client", () => insertThenPublish(c, 1, n(1000, 200)), ["rate", "p50"]);
     results.insPub64 = await repeated("bare insert + publish back to back, 64 clients", () => insertThenPublish(c, 64, n(3000, 500)), ["rate", "p50", "p99"]);
 
-    const noop = await startNoopServer(servers.mongoUri, db);
+    const noop = await startNoopServer(servers, db);
     try {
       results.noop1 = await repeated("Fastify no-op, 1 client", () => load(1, n(3000, 500), 20_000, async () => void (await request(noop.url, "GET", "/noop"))));
       results.noop64 = await repeated("Fastify no-op, 64 clients", () => load(64, n(20000, 2000), 20_000, async () => void (await request(noop.url, "GET", "/noop"))));
       results.noopRead64 = await repeated("Fastify + one findOne by _id, 64 clients", () =>
         load(64, n(1000, 300), 20_000, async () => (await request(noop.url, "GET", `/read/${ids[Math.floor(Math.random() * ids.length)]}`)).status === 200),
       );
+      // The floor under the turn targets (noop-server.ts): alternating with the bare insert + publish.
+      const floorTurn = (path: string) => async () => (await request(noop.url, "POST", path, { body: { input: "hello" } })).status === 200;
+      results.floor1 = await repeated("floor turn over HTTP (insert, 2 publishes, fenced update), 1 client", () => load(1, n(1000, 200), 20_000, floorTurn("/floor/turn")), ["rate", "p50"]);
+      results.floor64 = await repeated("floor turn over HTTP, 64 clients", () => load(64, n(3000, 500), 20_000, floorTurn("/floor/turn")), ["rate", "p50"]);
+      results.floorBatched64 = await repeated("floor turn over HTTP, writes group-committed, 64 clients", () => load(64, n(3000, 500), 20_000, floorTurn("/floor/turn-batched")), ["rate", "p50"]);
     } finally {
       await noop.stop();
     }
@@ -1012,6 +1017,23 @@ function targets(): Target[] {
   return out;
 }
 
+/**
+ * The floor under the two turn targets, against their own baselines: what a minimal
+ * durable turn over HTTP reaches (bench/noop-server.ts, /floor/*), and ours beside it.
+ */
+function floorRows(): string[] {
+  const m = (a: string, b: string) => results[a]?.[b]?.median as number | undefined;
+  const rows: string[] = [];
+  const row = (name: string, value: number | undefined, unit: string, base: number | undefined, ours: number | undefined, digits = 0) => {
+    if (value === undefined || base === undefined) return;
+    rows.push(`| ${name} | ${fmt(value, digits)} ${unit} | ${fmt(value / base, 2)} | ${ours === undefined ? "–" : `${fmt(ours, digits)} ${unit} (${fmt(ours / value, 2)})`} |`);
+  };
+  row("64 clients, rate", m("floor64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
+  row("64 clients, rate, writes group-committed", m("floorBatched64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
+  row("1 client, p50", m("floor1", "p50"), "ms", m("insPub1", "p50"), m("turn", "p50"), 2);
+  return rows;
+}
+
 /** Our figure and Restate's for the same kind of work (medians of the repeats). */
 function peerRows(): string[] {
   const m = (a: string, b: string) => results[a]?.[b]?.median as number | undefined;
@@ -1048,6 +1070,14 @@ function table(): string {
   const t = targets();
   lines.push("", "| target | measured | ratio | rule | result |", "| --- | --- | ---: | --- | --- |");
   for (const x of t) lines.push(`| ${x.name} | ${x.measured} | ${fmt(x.ratio, 2)} | ${x.rule} | ${x.pass ? "PASS" : "MISS"} |`);
+  const floor = floorRows();
+  if (floor.length)
+    lines.push(
+      "",
+      "| floor of a durable turn over HTTP: insert, 2 publishes, fenced update (same run) | floor | ÷ bare insert + publish | ours (÷ floor) |",
+      "| --- | ---: | ---: | ---: |",
+      ...floor,
+    );
   const beside = peerRows();
   if (beside.length) lines.push("", `| beside Restate ${RESTATE_SERVER_VERSION} (same machine, same run) | runs | Restate | runs ÷ Restate |`, "| --- | ---: | ---: | ---: |", ...beside);
   if (notes.length) lines.push("", ...notes.map((note) => `- ${note}`));

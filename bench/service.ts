@@ -101,8 +101,8 @@ export async function startServiceChild(servers: TestServers, db: string, extra:
   return child;
 }
 
-export function startNoopServer(mongoUri: string, db: string): Promise<Child> {
-  return startChild("noop-server.ts", { BENCH_MONGO_URI: mongoUri, BENCH_MONGO_DB: db });
+export function startNoopServer(servers: TestServers, db: string): Promise<Child> {
+  return startChild("noop-server.ts", { BENCH_MONGO_URI: servers.mongoUri, BENCH_MONGO_DB: db, BENCH_NATS_URL: servers.natsUrl, BENCH_NATS_PASSWORD: servers.servicePassword });
 }
 
 /** A workspace with an all-scopes key, created through the store as the admin command does. */
