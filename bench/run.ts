@@ -200,6 +200,9 @@ async function continuations(svc: Child, ws: Ws, runIds: string[]): Promise<void
 
 async function turnLatency(svc: Child, ws: Ws, echo: string): Promise<void> {
   log("turn latency");
+  // Measured warm, as the baselines are (their first operations are measured after other
+  // sections ran in the same process): the node's first turns compile its code paths.
+  await load(1, n(100, 20), 20_000, async () => (await startRun(svc.url, ws, echo)).status === 200);
   results.turn = await repeated("default-wait start of an echo turn, 1 client", () =>
     load(1, n(50, 20), 20_000, async () => {
       const res = await startRun(svc.url, ws, echo);
