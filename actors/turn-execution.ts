@@ -7,7 +7,7 @@
  * do of the actor.
  */
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
-import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure } from "../src/index.js";
+import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure, BUILTIN_TOOLS } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
 import { CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
@@ -73,7 +73,10 @@ export class TurnExecution {
   waiting: WaitingTurn | undefined;
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   session: AgentMessage[] | undefined;
-  /** The last turn whose workspace checkpoint was saved (a retried final write skips it). */
+  /**
+   * The last turn whose workspace needs no saving: saved already (a retried final write
+   * skips it), or run without tools (it could not change the workspace).
+   */
   private checkpointedTurnId: string | undefined;
   /** The last turn whose final write succeeded, for a retry of what follows it. */
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
@@ -133,7 +136,11 @@ export class TurnExecution {
     }
     const session = await this.loadSession(run);
     const workspaceDir = workspaceDirOf(this.r.config.dataDir, run._id);
-    const preparation = await prepareRunWorkspace(this.r, run, workspaceDir);
+    // Every tool works in the workspace: a turn without tools is given none (no directory
+    // made or restored, nothing saved after it). A later turn with tools prepares it then.
+    const toolless = (deployment.config.tools ?? BUILTIN_TOOLS).length === 0;
+    if (toolless) this.checkpointedTurnId = turn._id;
+    const preparation = toolless ? null : await prepareRunWorkspace(this.r, run, workspaceDir);
     if (preparation) {
       await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
       return;
