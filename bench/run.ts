@@ -129,7 +129,7 @@ async function baselines(servers: TestServers, db: string): Promise<void> {
       results.noopRead64 = await repeated("Fastify + one findOne by _id, 64 clients", () =>
         load(64, n(1000, 300), 20_000, async () => (await request(noop.url, "GET", `/read/${ids[Math.floor(Math.random() * ids.length)]}`)).status === 200),
       );
-      // The floor under the turn targets (noop-server.ts): alternating with the bare insert + publish.
+      // The floor under the two turn targets (noop-server.ts), on the same servers right after the bare insert + publish.
       const floorTurn = (path: string) => async () => (await request(noop.url, "POST", path, { body: { input: "hello" } })).status === 200;
       results.floor1 = await repeated("floor turn over HTTP (insert, 2 publishes, fenced update), 1 client", () => load(1, n(1000, 200), 20_000, floorTurn("/floor/turn")), ["rate", "p50"]);
       results.floor64 = await repeated("floor turn over HTTP, 64 clients", () => load(64, n(3000, 500), 20_000, floorTurn("/floor/turn")), ["rate", "p50"]);
