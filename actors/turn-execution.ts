@@ -6,6 +6,7 @@
  * the actor's single-writer guarantee; {@link ExecutionHost} is what it may see and
  * do of the actor.
  */
+import { existsSync } from "node:fs";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure, BUILTIN_TOOLS } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
@@ -74,10 +75,16 @@ export class TurnExecution {
   /** Agent session of the run: concatenated transcripts of its finished turns. */
   session: AgentMessage[] | undefined;
   /**
-   * The last turn whose workspace needs no saving: saved already (a retried final write
-   * skips it), or run without tools (it could not change the workspace).
+   * The last turn whose workspace needs no saving after it: saved already (a retried final
+   * write skips it), or run without tools while the workspace here held nothing unsaved.
    */
   private checkpointedTurnId: string | undefined;
+  /**
+   * The workspace on this node may hold what its checkpoint lacks: a turn with tools began
+   * here since the last save that succeeded (a resumed one included). Not known for a new
+   * actor, so assumed.
+   */
+  private workspaceUnsaved = true;
   /** The last turn whose final write succeeded, for a retry of what follows it. */
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
   /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
@@ -120,8 +127,9 @@ export class TurnExecution {
     const deployment = await this.r.deployments.get(run.agent_id, turn.agent_version);
     const before = this.before(resume);
     const used = { usage: turn.waiting_usage, model: deployment ? modelLabel(deployment.config.model) : undefined };
+    // Refused before its agent runs: the turn changed nothing in the workspace, so nothing is saved.
     if (!deployment || deployment.status !== DeploymentStatus.ready) {
-      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError("agent_version_unavailable", { reference: this.r.ids.reference() }), used);
+      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError("agent_version_unavailable", { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
       return;
     }
     const limit = this.r.config.activeTurnLimit[run.plan];
@@ -131,15 +139,20 @@ export class TurnExecution {
         reference: this.r.ids.reference(),
         message: `The workspace already runs ${limit} turns at once; send the input again when one finishes.`,
       });
-      await this.finishTurn(turn, TurnStatus.failed, [], [], error);
+      await this.finishTurn(turn, TurnStatus.failed, [], [], error, { checkpoint: false });
       return;
     }
     const session = await this.loadSession(run);
     const workspaceDir = workspaceDirOf(this.r.config.dataDir, run._id);
     // Every tool works in the workspace: a turn without tools is given none (no directory
-    // made or restored, nothing saved after it). A later turn with tools prepares it then.
+    // made or restored; a later turn with tools prepares it then). It is saved after such a
+    // turn only when an earlier turn left it here with what the checkpoint lacks (a save
+    // that failed, or an actor that does not know).
     const toolless = (deployment.config.tools ?? BUILTIN_TOOLS).length === 0;
-    if (toolless) this.checkpointedTurnId = turn._id;
+    if (!toolless) {
+      this.workspaceUnsaved = true;
+      this.checkpointedTurnId = undefined;
+    } else if (!this.workspaceUnsaved || !existsSync(workspaceDir)) this.checkpointedTurnId = turn._id;
     const preparation = toolless ? null : await prepareRunWorkspace(this.r, run, workspaceDir);
     if (preparation) {
       await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
@@ -331,6 +344,7 @@ export class TurnExecution {
         run.checkpointed = true;
       }
       this.checkpointedTurnId = turn._id;
+      this.workspaceUnsaved = false;
       return true;
     } catch (err) {
       if (!(err instanceof CheckpointError)) throw err;

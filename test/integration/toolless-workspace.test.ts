@@ -2,7 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { existsSync } from "node:fs";
 import { rm } from "node:fs/promises";
 import path from "node:path";
-import { bashThen } from "../helpers/agent-configs.js";
+import { bashThen, gatedBashConfig } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 
@@ -10,7 +10,8 @@ import type { RunningService } from "../../node/service.js";
  * A turn whose deployment has no tools is given no workspace: no directory is made or
  * restored for it and nothing is saved after it, on a real service, store and sandbox.
  * What a run's earlier turns left in its workspace is still there for its later turns
- * with tools, also when the workspace had to come back from its checkpoint.
+ * with tools, also when the workspace had to come back from its checkpoint, and also when
+ * what they left was written after a wait for an approval.
  */
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; dataDir: string }>;
 
@@ -73,4 +74,37 @@ test("toolless - files written by a turn with tools survive a later turn without
   t.is(ends.length, 2, "one call in the first turn, one in the third");
   t.false(ends[1].data.isError);
   t.is(ends[1].data.result.content[0].text.trim(), "kept", "the file came back from the checkpoint the turn without tools left alone");
+});
+
+test("toolless - a file written by an approved call is kept for later turns, across a turn without tools and a workspace restored from its checkpoint", async (t) => {
+  const { api, dataDir } = t.context;
+  // Version 1 asks before its echo runs; the workspace is saved when the turn starts to wait.
+  const agent = await api.agentWith(gatedBashConfig(bashThen("echo approved > note.txt", "wrote")));
+  const started = await api.post("/api/v1/runs", { agent, input: "write", background: true });
+  t.is(started.status, 202, JSON.stringify(started.body));
+  const runId = started.body.id as string;
+  const waiting = await api.waitRun(runId, (r) => r.turn?.pending_action != null || ["completed", "failed"].includes(r.turn?.status), 30_000);
+  t.truthy(waiting.turn.pending_action, JSON.stringify(waiting.turn));
+  const decided = await api.post(`/api/v1/runs/${runId}/actions/${waiting.turn.pending_action.id}`, { decision: "approve" });
+  t.is(decided.status, 200, JSON.stringify(decided.body));
+  const done = await api.waitRun(runId, (r) => r.state === "idle", 30_000);
+  t.is(done.turn.status, "completed", JSON.stringify(done.turn));
+  const dir = workspaceOf(dataDir, runId);
+  t.true(existsSync(path.join(dir, "note.txt")), "the approved call wrote its file");
+
+  const toolless = await api.deploy(agent, { model: "faux/scripted", tools: [], script: [{ text: "no tools" }] });
+  await api.waitDeployment(agent, toolless.version);
+  const second = await api.post("/api/v1/runs", { run_id: runId, input: "talk" });
+  t.is(second.body.turn?.status, "completed", JSON.stringify(second.body));
+  // As if the run had moved to a node that never held its workspace: only the checkpoint has it.
+  await rm(dir, { recursive: true, force: true });
+
+  const reader = await api.deploy(agent, { model: "faux/scripted", tools: ["bash"], script: bashThen("cat note.txt", "read") });
+  await api.waitDeployment(agent, reader.version);
+  const third = await api.post("/api/v1/runs", { run_id: runId, input: "read" });
+  t.is(third.body.turn?.status, "completed", JSON.stringify(third.body));
+  const ends = (await events(api, runId)).filter((e) => e.type === "tool_execution_end");
+  t.is(ends.length, 2, "the approved call, then the read");
+  t.false(ends[1].data.isError, JSON.stringify(ends[1].data));
+  t.is(ends[1].data.result.content[0].text.trim(), "approved", "the checkpoint holds what the approved call wrote");
 });

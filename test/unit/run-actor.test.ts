@@ -5,6 +5,7 @@
  * table, recovery after a lost owner, fencing refusals, resent commands.
  */
 import test from "ava";
+import { CheckpointError } from "../../actors/checkpoints.js";
 import { RunActor } from "../../actors/run-actor.js";
 import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
@@ -496,6 +497,44 @@ test("run-actor - a finished turn whose write meets a store outage keeps its own
   t.is(w.store.runs.get(RUN)!.state, "idle");
   t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("turn.")), ["turn.started", "turn.completed"]);
   t.is(w.checkpoints.saved, 1, "the retried write does not save the workspace again");
+});
+
+test("run-actor - a turn without tools saves the workspace only when an earlier turn left it unsaved (here a failed save), and a turn with tools always does", async (t) => {
+  const w = await world();
+  const save = w.resources.checkpoints.save;
+  let failures = 1;
+  w.resources.checkpoints.save = async (...args) => {
+    if (failures-- > 0) throw new CheckpointError("the object store is full");
+    return save(...args);
+  };
+  const actor = w.actor();
+  const finishTurn = async (text: string) => {
+    w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text }] });
+    await settled(actor);
+  };
+  await actor.command(startCmd());
+  await finishTurn("wrote");
+  t.is(w.store.turns.get("turn_1")!.error?.code, "workspace_checkpoint_failed");
+  t.is(w.checkpoints.saved, 0);
+
+  w.store.addDeployment(AGENT, 2, { config: { model: "faux/scripted", tools: [] } as never });
+  w.store.activeVersions.set(AGENT, 2);
+  okReply(await actor.command(continueCmd("turn_2", "reject")));
+  await finishTurn("talked");
+  t.is(w.store.turns.get("turn_2")!.agent_version, 2);
+  t.is(w.store.turns.get("turn_2")!.status, "completed");
+  t.is(w.checkpoints.saved, 1, "the turn without tools saved what the failed save left unsaved");
+
+  okReply(await actor.command(continueCmd("turn_3", "reject")));
+  await finishTurn("talked again");
+  t.is(w.store.turns.get("turn_3")!.status, "completed");
+  t.is(w.checkpoints.saved, 1, "nothing was left unsaved: the next turn without tools saves nothing");
+
+  w.store.activeVersions.set(AGENT, 1);
+  okReply(await actor.command(continueCmd("turn_4", "reject")));
+  await finishTurn("tools again");
+  t.is(w.store.turns.get("turn_4")!.agent_version, 1);
+  t.is(w.checkpoints.saved, 2, "a turn with tools is saved after it");
 });
 
 test("run-actor - a finished turn whose write fails otherwise (not a temporary failure) is stored failed without its result, never left busy", async (t) => {
