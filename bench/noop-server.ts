@@ -11,14 +11,16 @@
  * document fenced by `_id` and epoch, then the answer. `POST /floor/turn-batched` does the
  * same with the writes group-committed across requests (inserts by the service's
  * InsertBatcher, updates in bulks of at most 16 with one in flight: FerretDB 1.24
- * deadlocks on larger concurrent bulks, docs/performance.md).
+ * deadlocks on larger concurrent bulks, docs/performance.md). `POST /floor/admit` is the
+ * admission alone: the document inserted and the first event published, then `202`, with
+ * no end written (what a background start must at least do before it answers).
  *
  * Configured by BENCH_MONGO_URI / BENCH_MONGO_DB and BENCH_NATS_URL / BENCH_NATS_PASSWORD
  * (the floor routes' JetStream: the baselines' BENCH_EVENTS stream, which must exist);
  * sends {ready, url} over IPC.
  */
 import Fastify from "fastify";
-import { MongoClient, type Collection } from "mongodb";
+import { MongoClient } from "mongodb";
 import { jetstream } from "@nats-io/jetstream";
 import { connectNats } from "../src/nats.js";
 import { InsertBatcher } from "../src/insert-batcher.js";
@@ -59,6 +61,12 @@ const finishOne = async (id: string) => {
   const res = await floorRuns.updateOne({ _id: id, epoch: 1 }, { $set: { state: "idle", last_activity_at: Date.now() } });
   if (res.matchedCount !== 1) throw new Error(`floor update matched ${res.matchedCount}`);
 };
+app.post("/floor/admit", async (_request, reply) => {
+  const id = floorId();
+  await floorRuns.insertOne(runDoc(id, "ws_bench_floor", Date.now(), { epoch: 1, state: "running" }));
+  await js.publish(`bench.ev.floor.${id}`, started, { msgID: `${id}:1` });
+  return reply.status(202).send({ id });
+});
 app.post("/floor/turn", async (_request, reply) => reply.status(200).send({ id: await floorTurn((doc) => floorRuns.insertOne(doc), finishOne) }));
 
 const inserts = new InsertBatcher(floorRuns);
