@@ -26,7 +26,7 @@ export interface ActorResources {
   events: EventLog;
   log: Logger;
   deployments: DeploymentLookup;
-  checkpoints: Pick<WorkspaceCheckpoints, "save" | "restore" | "remove">;
+  checkpoints: Pick<WorkspaceCheckpoints, "save" | "restore" | "remove" | "matches">;
   activeTurns: Pick<ActiveTurns, "count" | "started" | "ended">;
   files: Pick<FileStore, "getMany" | "read">;
   envValues: Pick<EnvValues, "resolveForTurn">;

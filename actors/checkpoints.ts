@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdir, readdir } from "node:fs/promises";
+import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
 import { type BlobKeyring, fromStream, isSealedBlob, openBlob, sealBlob, toStream } from "../src/index.js";
 
@@ -46,6 +46,14 @@ async function* archiveOf(dir: string): AsyncGenerator<Uint8Array> {
   }
 }
 
+/**
+ * Beside a workspace directory (outside it: a sandboxed command never sees it), the id of
+ * the checkpoint the directory was last saved as or restored from.
+ */
+export function checkpointMarkerOf(dir: string): string {
+  return `${dir}.checkpoint`;
+}
+
 /** The first piece of `source` and an iterable of all of it (the first piece included). */
 async function peek(source: AsyncIterable<Uint8Array>): Promise<{ head: Uint8Array; all: AsyncIterable<Uint8Array> }> {
   const it = source[Symbol.asyncIterator]();
@@ -85,7 +93,8 @@ export class WorkspaceCheckpoints {
     try {
       const archive = archiveOf(dir);
       const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;
-      await this.store.put({ name: runId }, toStream(stored));
+      const info = await this.store.put({ name: runId }, toStream(stored));
+      await writeFile(checkpointMarkerOf(dir), info.nuid, { mode: 0o600 });
       return true;
     } catch (err) {
       if (err instanceof CheckpointError) throw err;
@@ -126,7 +135,24 @@ export class WorkspaceCheckpoints {
       // Read, but not a workspace this service can open: no retry brings it back.
       throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
     }
+    await writeFile(checkpointMarkerOf(dir), object.info.nuid, { mode: 0o600 });
     return true;
+  }
+
+  /**
+   * Whether `dir` holds the run's latest checkpoint: it was saved as or restored from it
+   * here. A directory kept from an earlier time this node held the run is not, once another
+   * node saved the run's workspace since. No checkpoint stored: the directory is all there is.
+   */
+  async matches(runId: string, dir: string): Promise<boolean> {
+    const marker = await readFile(checkpointMarkerOf(dir), "utf8").catch(() => null);
+    let info: Awaited<ReturnType<ObjectStore["info"]>>;
+    try {
+      info = await this.store.info(runId);
+    } catch (err) {
+      throw new CheckpointError(`could not look up the workspace of ${runId}`, { cause: err });
+    }
+    return info === null || info.deleted || marker === info.nuid;
   }
 
   async remove(runId: string): Promise<void> {

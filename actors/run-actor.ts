@@ -3,6 +3,7 @@ import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextV
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { workspaceDirOf } from "./run-workspace.js";
+import { checkpointMarkerOf } from "./checkpoints.js";
 import { TurnExecution, waitingTranscript } from "./turn-execution.js";
 import type { ActorResources } from "./actor-resources.js";
 
@@ -621,6 +622,7 @@ export class RunActor {
       this.r.log.warn({ err, run_id: run._id }, "could not purge the run's events; their retention removes them"),
     );
     await rm(this.workspaceDir(run), { recursive: true, force: true });
+    await rm(checkpointMarkerOf(this.workspaceDir(run)), { force: true });
     await this.r.checkpoints.remove(run._id);
     this.r.log.info({ run_id: run._id, reason }, "run removed");
   }

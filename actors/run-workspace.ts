@@ -19,14 +19,31 @@ export function workspaceDirOf(dataDir: string, runId: string): string {
  * Makes `workspaceDir` ready for a turn of `run`; the turn's failure code when it
  * cannot be. A run that moved here from another node gets its workspace back from the
  * checkpoint: a store that cannot be read now may answer later (retryable); a
- * checkpoint that is gone or cannot be extracted will not come back.
+ * checkpoint that is gone or cannot be extracted will not come back. With `verify` (an
+ * actor's first turn with tools), a directory this node kept from an earlier time it held
+ * the run is used only if it is still the run's latest checkpoint; otherwise it is
+ * replaced by that checkpoint (another node saved the run since).
  */
 export async function prepareRunWorkspace(
-  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore">; sandbox: Pick<Sandbox, "prepareWorkspace">; log: Logger },
+  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace">; log: Logger },
   run: RunDoc,
   workspaceDir: string,
+  verify = false,
 ): Promise<Extract<TurnErrorCode, "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | "sandbox_operation_failed"> | null> {
-  if (run.checkpointed && !existsSync(workspaceDir)) {
+  let present = existsSync(workspaceDir);
+  if (run.checkpointed && present && verify) {
+    try {
+      if (!(await r.checkpoints.matches(run._id, workspaceDir))) {
+        r.log.info({ run_id: run._id }, "the workspace kept on this node is older than the run's checkpoint: restoring the checkpoint");
+        await rm(workspaceDir, { recursive: true, force: true });
+        present = false;
+      }
+    } catch (err) {
+      r.log.error({ err, run_id: run._id }, "could not check the run's workspace against its checkpoint");
+      return "sandbox_snapshot_activation_failed";
+    }
+  }
+  if (run.checkpointed && !present) {
     let code: "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | undefined;
     try {
       if (!(await r.checkpoints.restore(run._id, workspaceDir, run.workspace_id))) code = "sandbox_snapshot_unavailable";

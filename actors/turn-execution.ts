@@ -81,10 +81,11 @@ export class TurnExecution {
   private checkpointedTurnId: string | undefined;
   /**
    * The workspace on this node may hold what its checkpoint lacks: a turn with tools began
-   * here since the last save that succeeded (a resumed one included). Not known for a new
-   * actor, so assumed.
+   * here, under this actor, since the last save that succeeded (a resumed one included).
    */
-  private workspaceUnsaved = true;
+  private workspaceUnsaved = false;
+  /** This actor's first turn with tools checked a kept workspace against the checkpoint. */
+  private workspaceChecked = false;
   /** The last turn whose final write succeeded, for a retry of what follows it. */
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
   /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
@@ -146,14 +147,16 @@ export class TurnExecution {
     const workspaceDir = workspaceDirOf(this.r.config.dataDir, run._id);
     // Every tool works in the workspace: a turn without tools is given none (no directory
     // made or restored; a later turn with tools prepares it then). It is saved after such a
-    // turn only when an earlier turn left it here with what the checkpoint lacks (a save
-    // that failed, or an actor that does not know).
+    // turn only when an earlier turn of this actor left it with what the checkpoint lacks
+    // (a save that failed). A directory a new actor finds here may be older than the
+    // checkpoint: it is never saved unchecked (its first turn with tools checks it).
     const toolless = (deployment.config.tools ?? BUILTIN_TOOLS).length === 0;
     if (!toolless) {
       this.workspaceUnsaved = true;
       this.checkpointedTurnId = undefined;
     } else if (!this.workspaceUnsaved || !existsSync(workspaceDir)) this.checkpointedTurnId = turn._id;
-    const preparation = toolless ? null : await prepareRunWorkspace(this.r, run, workspaceDir);
+    const preparation = toolless ? null : await prepareRunWorkspace(this.r, run, workspaceDir, !this.workspaceChecked);
+    if (!toolless && !preparation) this.workspaceChecked = true;
     if (preparation) {
       await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
       return;

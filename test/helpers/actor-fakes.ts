@@ -364,6 +364,7 @@ export async function actorWorld(): Promise<ActorWorld> {
         return false;
       },
       restore: async () => true,
+      matches: async () => true,
       remove: async (runId: string) => void checkpoints.removed.push(runId),
     },
     activeTurns: {

@@ -1,0 +1,73 @@
+import test from "ava";
+import { existsSync } from "node:fs";
+import { cp, rename, rm, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { bashThen } from "../helpers/agent-configs.js";
+import { Api, newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
+
+/**
+ * A node that held a run before keeps its workspace directory after losing the run. When
+ * the run comes back to it, the directory is used only if it is still the run's latest
+ * checkpoint: otherwise what another node saved since would be overwritten by the old
+ * directory at the next save. Real service, store, object store and sandbox; a restart
+ * on the same data folder stands in for the run coming back.
+ */
+test("checkpoints - a workspace a node kept from before is replaced by the run's newer checkpoint; a current one is used as it is", async (t) => {
+  const servers = await startTestServers();
+  const dataDir = path.join(servers.dir, "node-a");
+  const env = { RUNS_DATA_DIR: dataDir, RUNS_WAIT_TIMEOUT_MS: "20000" };
+  let service = await startTestService(servers, env);
+  try {
+    const ws = await newWorkspace(service);
+    let api = ws.api;
+    const deployBash = async (agent: string, command: string) => {
+      const d = await api.deploy(agent, { model: "faux/scripted", tools: ["bash"], script: bashThen(command, "done") });
+      await api.waitDeployment(agent, d.version);
+    };
+    const turn = async (runId: string) => {
+      const res = await api.post("/api/v1/runs", { run_id: runId, input: "go" });
+      t.is(res.body.turn?.status, "completed", JSON.stringify(res.body));
+      const evs = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data as any[];
+      const end = evs.filter((e) => e.type === "tool_execution_end").at(-1);
+      return end.data.result.content[0].text.trim() as string;
+    };
+
+    const agent = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo one > note.txt", "one") });
+    const first = await api.post("/api/v1/runs", { agent, input: "go" });
+    t.is(first.body.turn?.status, "completed", JSON.stringify(first.body));
+    const runId = first.body.id as string;
+    const dir = path.join(dataDir, "workspaces", runId);
+    // What the node keeps when another node takes the run over: the directory and its marker.
+    const kept = path.join(servers.dir, "kept");
+    await cp(dir, kept, { recursive: true });
+    await cp(`${dir}.checkpoint`, `${kept}.checkpoint`);
+    t.true(existsSync(`${kept}.checkpoint`), "the directory's marker names the checkpoint it was saved as");
+
+    // The run's next turn, saved to the checkpoint (on the other node, in the story).
+    await deployBash(agent, "echo two > note.txt");
+    await turn(runId);
+
+    // The run comes back to this node, which finds its old directory.
+    await service.close();
+    await rm(dir, { recursive: true, force: true });
+    await rename(kept, dir);
+    await rename(`${kept}.checkpoint`, `${dir}.checkpoint`);
+    t.true(existsSync(path.join(dir, "note.txt")));
+    service = await startTestService(servers, env);
+    api = new Api(service.url!, api.key);
+    await deployBash(agent, "cat note.txt");
+    t.is(await turn(runId), "two", "the newer checkpoint replaced the kept directory");
+
+    // A kept directory that is the latest checkpoint is used as it is (no restore): a file
+    // added to it after its save is still there after the next restart.
+    await writeFile(path.join(dir, "extra.txt"), "kept as it is\n");
+    await service.close();
+    service = await startTestService(servers, env);
+    api = new Api(service.url!, api.key);
+    await deployBash(agent, "cat extra.txt note.txt");
+    t.is(await turn(runId), "kept as it is\ntwo");
+  } finally {
+    await service.close();
+    await servers.stop();
+  }
+});
