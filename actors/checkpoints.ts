@@ -54,6 +54,14 @@ export function checkpointMarkerOf(dir: string): string {
   return `${dir}.checkpoint`;
 }
 
+/**
+ * Best effort: a marker left unwritten (or naming an older checkpoint: each save has a new
+ * id) only makes the next check restore the checkpoint, never keep a stale directory.
+ */
+async function writeMarker(dir: string, nuid: string): Promise<void> {
+  await writeFile(checkpointMarkerOf(dir), nuid, { mode: 0o600 }).catch(() => undefined);
+}
+
 /** The first piece of `source` and an iterable of all of it (the first piece included). */
 async function peek(source: AsyncIterable<Uint8Array>): Promise<{ head: Uint8Array; all: AsyncIterable<Uint8Array> }> {
   const it = source[Symbol.asyncIterator]();
@@ -94,7 +102,7 @@ export class WorkspaceCheckpoints {
       const archive = archiveOf(dir);
       const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;
       const info = await this.store.put({ name: runId }, toStream(stored));
-      await writeFile(checkpointMarkerOf(dir), info.nuid, { mode: 0o600 });
+      await writeMarker(dir, info.nuid);
       return true;
     } catch (err) {
       if (err instanceof CheckpointError) throw err;
@@ -135,7 +143,7 @@ export class WorkspaceCheckpoints {
       // Read, but not a workspace this service can open: no retry brings it back.
       throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
     }
-    await writeFile(checkpointMarkerOf(dir), object.info.nuid, { mode: 0o600 });
+    await writeMarker(dir, object.info.nuid);
     return true;
   }
 

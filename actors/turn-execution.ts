@@ -84,7 +84,11 @@ export class TurnExecution {
    * here, under this actor, since the last save that succeeded (a resumed one included).
    */
   private workspaceUnsaved = false;
-  /** This actor's first turn with tools checked a kept workspace against the checkpoint. */
+  /**
+   * This actor prepared the workspace for a turn with tools (a directory kept from before
+   * checked against the checkpoint). Until then nothing of the directory is saved: a kept
+   * one may be older than the checkpoint another node saved.
+   */
   private workspaceChecked = false;
   /** The last turn whose final write succeeded, for a retry of what follows it. */
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
@@ -151,15 +155,16 @@ export class TurnExecution {
     // (a save that failed). A directory a new actor finds here may be older than the
     // checkpoint: it is never saved unchecked (its first turn with tools checks it).
     const toolless = (deployment.config.tools ?? BUILTIN_TOOLS).length === 0;
-    if (!toolless) {
-      this.workspaceUnsaved = true;
-      this.checkpointedTurnId = undefined;
-    } else if (!this.workspaceUnsaved || !existsSync(workspaceDir)) this.checkpointedTurnId = turn._id;
+    if (toolless && (!this.workspaceUnsaved || !existsSync(workspaceDir))) this.checkpointedTurnId = turn._id;
     const preparation = toolless ? null : await prepareRunWorkspace(this.r, run, workspaceDir, !this.workspaceChecked);
-    if (!toolless && !preparation) this.workspaceChecked = true;
     if (preparation) {
       await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
       return;
+    }
+    if (!toolless) {
+      this.workspaceChecked = true;
+      this.workspaceUnsaved = true;
+      this.checkpointedTurnId = undefined;
     }
     let input: InputPart[];
     let credentials: Record<string, string>;
@@ -340,6 +345,8 @@ export class TurnExecution {
 
   /** Saves the run's workspace; false when that failed (logged). */
   private async saveCheckpoint(turn: TurnDoc): Promise<boolean> {
+    // Not prepared by this actor (the turn ended before, or had no tools): not its to save.
+    if (!this.workspaceChecked) return true;
     try {
       const run = this.host.run;
       if (run && (await this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {

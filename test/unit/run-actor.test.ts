@@ -537,6 +537,39 @@ test("run-actor - a turn without tools saves the workspace only when an earlier 
   t.is(w.checkpoints.saved, 2, "a turn with tools is saved after it");
 });
 
+test("run-actor - a new actor never saves a workspace it has not prepared: not after a turn without tools, not after a turn that failed before its workspace was prepared", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  await first.command(startCmd());
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "wrote" }] });
+  await settled(first);
+  t.is(w.checkpoints.saved, 1);
+  first.stop("partition lost"); // this node keeps the directory; another may save newer ones
+
+  const second = w.actor(2);
+  w.store.addDeployment(AGENT, 2, { config: { model: "faux/scripted", tools: [] } as never });
+  w.store.activeVersions.set(AGENT, 2);
+  okReply(await second.command(continueCmd("turn_2", "reject")));
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "talked" }] });
+  await settled(second);
+  t.is(w.store.turns.get("turn_2")!.status, "completed");
+  t.is(w.checkpoints.saved, 1, "the kept directory was not saved by a turn without tools");
+  second.stop("partition lost");
+
+  const third = w.actor(3);
+  w.store.activeVersions.set(AGENT, 1);
+  const listTurns = w.store.listTurns.bind(w.store);
+  let failures = 1;
+  w.store.listTurns = async (...args) => {
+    if (failures-- > 0) throw new Error("the store answered garbage");
+    return listTurns(...args);
+  };
+  okReply(await third.command(continueCmd("turn_3", "reject")));
+  await settled(third);
+  t.is(w.store.turns.get("turn_3")!.error?.code, "runtime_dispatch_failed");
+  t.is(w.checkpoints.saved, 1, "a turn that failed before its workspace was prepared saved nothing");
+});
+
 test("run-actor - a finished turn whose write fails otherwise (not a temporary failure) is stored failed without its result, never left busy", async (t) => {
   const w = await world();
   const actor = w.actor();
