@@ -1,9 +1,7 @@
-import { rm } from "node:fs/promises";
 import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
-import { workspaceDirOf } from "./run-workspace.js";
-import { checkpointMarkerOf } from "./checkpoints.js";
+import { removeRunWorkspace, workspaceDirOf } from "./run-workspace.js";
 import { TurnExecution, waitingTranscript } from "./turn-execution.js";
 import type { ActorResources } from "./actor-resources.js";
 
@@ -621,8 +619,7 @@ export class RunActor {
     await this.r.events.purge({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }).catch((err) =>
       this.r.log.warn({ err, run_id: run._id }, "could not purge the run's events; their retention removes them"),
     );
-    await rm(this.workspaceDir(run), { recursive: true, force: true });
-    await rm(checkpointMarkerOf(this.workspaceDir(run)), { force: true });
+    await removeRunWorkspace(this.workspaceDir(run));
     await this.r.checkpoints.remove(run._id);
     this.r.log.info({ run_id: run._id, reason }, "run removed");
   }

@@ -8,11 +8,17 @@ import { mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { RunDoc, TurnErrorCode } from "../src/index.js";
-import { CheckpointCorruptError, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { CheckpointCorruptError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
 import type { Sandbox } from "./sandbox.js";
 
 export function workspaceDirOf(dataDir: string, runId: string): string {
   return path.join(dataDir, "workspaces", runId);
+}
+
+/** Removes a run's workspace directory on this node and the checkpoint marker beside it. */
+export async function removeRunWorkspace(workspaceDir: string): Promise<void> {
+  await rm(workspaceDir, { recursive: true, force: true });
+  await rm(checkpointMarkerOf(workspaceDir), { force: true });
 }
 
 /**

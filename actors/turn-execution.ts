@@ -80,16 +80,18 @@ export class TurnExecution {
    */
   private checkpointedTurnId: string | undefined;
   /**
-   * The workspace on this node may hold what its checkpoint lacks: a turn with tools began
-   * here, under this actor, since the last save that succeeded (a resumed one included).
-   */
-  private workspaceUnsaved = false;
-  /**
    * This actor prepared the workspace for a turn with tools (a directory kept from before
    * checked against the checkpoint). Until then nothing of the directory is saved: a kept
    * one may be older than the checkpoint another node saved.
    */
   private workspaceChecked = false;
+  /**
+   * The workspace on this node may hold what its checkpoint lacks: a turn with tools began
+   * under this actor (which clears `checkpointedTurnId`) and no save succeeded since.
+   */
+  private get workspaceUnsaved(): boolean {
+    return this.workspaceChecked && this.checkpointedTurnId === undefined;
+  }
   /** The last turn whose final write succeeded, for a retry of what follows it. */
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
   /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
@@ -163,7 +165,6 @@ export class TurnExecution {
     }
     if (!toolless) {
       this.workspaceChecked = true;
-      this.workspaceUnsaved = true;
       this.checkpointedTurnId = undefined;
     }
     let input: InputPart[];
@@ -354,7 +355,6 @@ export class TurnExecution {
         run.checkpointed = true;
       }
       this.checkpointedTurnId = turn._id;
-      this.workspaceUnsaved = false;
       return true;
     } catch (err) {
       if (!(err instanceof CheckpointError)) throw err;
