@@ -101,6 +101,8 @@ if (missing) {
     await page.waitForSelector("[data-testid=turn-status]:has-text('cancelled')", { timeout: 30_000 });
     const types = await page.$$eval("[data-testid=timeline] li.platform", (items) => items.map((i) => i.getAttribute("data-type")));
     t.true(types.indexOf("turn.cancelling") >= 0 && types.indexOf("turn.cancelling") < types.indexOf("turn.cancelled"), types.join(","));
+    // The run's state comes with its own event, after the turn's: waited for, not read at once.
+    await page.waitForSelector("[data-testid=run-state]:has-text('idle')", { timeout: 10_000 }).catch(() => undefined);
     t.is(await page.textContent("[data-testid=run-state]"), "idle");
     clean();
   });
