@@ -14,6 +14,10 @@
  * deadlocks on larger concurrent bulks, docs/performance.md). `POST /floor/admit` is the
  * admission alone: the document inserted and the first event published, then `202`, with
  * no end written (what a background start must at least do before it answers).
+ * `POST /floor/background` (and `-batched`) is a background start's floor whole: the
+ * admission, then `202`, then the end (the second event and the fenced update) written
+ * after the answer; `GET /floor/tails` counts the ends still being written (and failed),
+ * so the bench can tell how fast the admitted turns were finished.
  *
  * Configured by BENCH_MONGO_URI / BENCH_MONGO_DB and BENCH_NATS_URL / BENCH_NATS_PASSWORD
  * (the floor routes' JetStream: the baselines' BENCH_EVENTS stream, which must exist);
@@ -100,6 +104,27 @@ const finishBatched = (id: string) =>
     if (!updating) void writeUpdates();
   });
 app.post("/floor/turn-batched", async (_request, reply) => reply.status(200).send({ id: await floorTurn((doc) => inserts.insert(doc), finishBatched) }));
+
+let tails = 0;
+let tailErrors = 0;
+/** Admission before the answer, the turn's end after it. */
+function floorBackground(insert: (doc: Doc) => Promise<unknown>, finish: (id: string) => Promise<void>) {
+  return async (_request: unknown, reply: { status(code: number): { send(body: unknown): unknown } }) => {
+    const id = floorId();
+    await insert(runDoc(id, "ws_bench_floor", Date.now(), { epoch: 1, state: "running" }));
+    await js.publish(`bench.ev.floor.${id}`, started, { msgID: `${id}:1` });
+    tails++;
+    void js
+      .publish(`bench.ev.floor.${id}`, ended, { msgID: `${id}:2` })
+      .then(() => finish(id))
+      .catch(() => tailErrors++)
+      .finally(() => tails--);
+    return reply.status(202).send({ id });
+  };
+}
+app.post("/floor/background", floorBackground((doc) => floorRuns.insertOne(doc), finishOne));
+app.post("/floor/background-batched", floorBackground((doc) => inserts.insert(doc), finishBatched));
+app.get("/floor/tails", async () => ({ pending: tails, errors: tailErrors }));
 
 await app.listen({ port: 0, host: "127.0.0.1" });
 const address = app.server.address();

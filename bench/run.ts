@@ -137,11 +137,41 @@ async function baselines(servers: TestServers, db: string): Promise<void> {
       results.floor64 = await repeated("floor turn over HTTP, 64 clients", () => load(64, n(3000, 500), 20_000, floorTurn("/floor/turn")), ["rate", "p50"]);
       results.floorBatched64 = await repeated("floor turn over HTTP, writes group-committed, 64 clients", () => load(64, n(3000, 500), 20_000, floorTurn("/floor/turn-batched")), ["rate", "p50"]);
       results.floorAdmit64 = await repeated("floor admission over HTTP (insert, 1 publish, 202; no end), 64 clients", () => load(64, n(3000, 500), 20_000, floorTurn("/floor/admit", 202)), ["rate", "p50"]);
+      // A background start's floor whole: the end written after the 202, and how fast the
+      // admitted turns were finished (first request to the last end written).
+      for (const [key, path, name] of [
+        ["floorBg64", "/floor/background", "floor background start (admission, 202, then the end), 64 clients"],
+        ["floorBgBatched64", "/floor/background-batched", "floor background start, writes group-committed, 64 clients"],
+      ] as const) {
+        await load(64, n(500, 100), 20_000, floorTurn(path, 202));
+        await floorTailsDone(noop.url);
+        const sends: LoadResult[] = [];
+        const completed: number[] = [];
+        for (let i = 0; i < REPEATS; i++) {
+          const t0 = performance.now();
+          const sent = await load(64, n(3000, 500), 20_000, floorTurn(path, 202));
+          const tailErrors = await floorTailsDone(noop.url);
+          if (tailErrors > 0) notes.push(`${name}: ${tailErrors} ends failed to be written`);
+          sends.push(sent);
+          completed.push((sent.ops / (performance.now() - t0)) * 1000);
+        }
+        results[key] = { rate: record(`${name} rate`, "op/s", sends.map((s) => s.rate)), completed: record(`${name}, completed (first start to last end written)`, "op/s", completed) };
+      }
     } finally {
       await noop.stop();
     }
   } finally {
     await c.close();
+  }
+}
+
+/** Waits (at most 60 s) until the floor server has written every end it owes; the failures so far. */
+async function floorTailsDone(url: string): Promise<number> {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    const res = await request(url, "GET", "/floor/tails");
+    if (res.body?.pending === 0 || Date.now() > deadline) return res.body?.errors ?? 0;
+    await sleep(5);
   }
 }
 
@@ -1037,6 +1067,10 @@ function floorRows(): string[] {
   row("64 clients, rate", m("floor64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
   row("64 clients, rate, writes group-committed", m("floorBatched64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
   row("64 clients, rate, admission alone (insert, 1 publish, 202; no end)", m("floorAdmit64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
+  row("64 clients, background start (admission, 202, then the end): 202s", m("floorBg64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
+  row("64 clients, background start: completed (first start to last end)", m("floorBg64", "completed"), "op/s", m("insPub64", "rate"), m("oursSend", "completed"));
+  row("64 clients, background start, writes group-committed: 202s", m("floorBgBatched64", "rate"), "op/s", m("insPub64", "rate"), m("bgStart", "rate"));
+  row("64 clients, background start, group-committed: completed", m("floorBgBatched64", "completed"), "op/s", m("insPub64", "rate"), m("oursSend", "completed"));
   row("1 client, p50", m("floor1", "p50"), "ms", m("insPub1", "p50"), m("turn", "p50"), 2);
   return rows;
 }
