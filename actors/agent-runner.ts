@@ -23,11 +23,12 @@
  *   the transcript, so the run's history keeps what the user said.
  */
 import { Agent, type AgentEvent, type AgentMessage, type AgentTool, type BeforeToolCallContext, type BeforeToolCallResult, type StreamFn } from "@mariozechner/pi-agent-core";
-import { approvalRequired, type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
+import { approvalRequired, type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, type Lookup, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
 import { createAssistantMessageEventStream, streamSimple, type AssistantMessage, type TextContent, type ToolResultMessage, type UserMessage } from "@mariozechner/pi-ai";
 import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
 import { toRuntimeEvent } from "./agent-events.js";
 import { providerFailure, sanitizeErrorText } from "./provider-failures.js";
+import { guardModelCalls } from "./model-egress.js";
 import { buildUserMessage, inputText } from "./user-message.js";
 import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS, Workspace } from "./workspace-tools.js";
 import type { Sandbox, SandboxFailure } from "./sandbox.js";
@@ -42,6 +43,8 @@ export interface TurnRunRequest {
   sandbox: Sandbox;
   /** Operator setting: openai-compatible endpoints may be private or loopback addresses. */
   allowPrivateModelEndpoints?: boolean;
+  /** TEST ONLY: how an openai-compatible endpoint's name resolves, for its checks (model-egress.ts). */
+  modelEndpointLookup?: Lookup;
   /** Operator setting: providers with ambient credentials tenants may use (actors/credentials.ts). */
   ambientProviders?: ReadonlySet<string>;
   /** Transcript of earlier turns (their transcript segments, concatenated). */
@@ -183,6 +186,10 @@ class TurnExecution {
   private askingBatchDone = false;
   /** Tool paths as the tools themselves read them (for config.approval's path globs). */
   private readonly workspace: Workspace;
+  /** A tenant's model endpoint: the address guard held at each connection of its calls. */
+  private egress?: ReturnType<typeof guardModelCalls>;
+  /** The first connection of a model call the guard refused. */
+  private egressRefusal?: NetworkPolicyError;
 
   constructor(private readonly req: TurnRunRequest) {
     this.reference = req.newReference ?? newReference;
@@ -231,10 +238,10 @@ class TurnExecution {
       // A tenant's endpoint must not point the node at itself, its neighbours or a
       // metadata service: nothing is sent to a refused address.
       try {
-        await checkModelEndpoint(req.config.model.base_url, { allowPrivate: req.allowPrivateModelEndpoints === true });
+        await checkModelEndpoint(req.config.model.base_url, { allowPrivate: req.allowPrivateModelEndpoints === true, lookup: req.modelEndpointLookup });
       } catch (err) {
         if (!(err instanceof NetworkPolicyError)) throw err;
-        const message = `The model endpoint ${err.host} is refused by the network policy (${err.reason}): model endpoints must be public addresses.`;
+        const message = endpointRefused(err);
         const error = turnError(TurnErrorCode.network_policy_denied, { message, reference: this.reference(), source: "configuration" });
         return this.failEarly(userMessage, message, error);
       }
@@ -258,6 +265,11 @@ class TurnExecution {
       for (const message of resume.transcript.slice(resume.assistantIndex + 1)) {
         if (message.role === "toolResult") this.replayed.set(message.toolCallId, message);
       }
+    }
+    // A tenant's endpoint is checked again at every connection: its name may answer
+    // otherwise then, or it may redirect.
+    if (typeof req.config.model === "object" && req.allowPrivateModelEndpoints !== true) {
+      this.egress = guardModelCalls({ lookup: req.modelEndpointLookup, onRefused: (err) => (this.egressRefusal ??= err) });
     }
     const agent = new Agent({
       initialState: {
@@ -303,6 +315,7 @@ class TurnExecution {
     if (this.aborted) {
       this.closed = true;
       req.signal?.removeEventListener("abort", this.onAbortSignal);
+      this.egress?.close().catch(() => undefined);
       return { outcome: "aborted", output: [], transcript: [...this.before(userMessage, "The turn was cancelled before the call ran."), ...this.steers] };
     }
     let thrown: unknown;
@@ -319,6 +332,7 @@ class TurnExecution {
       // Synchronously after the last check: from here on steer() refuses.
       this.closed = true;
       req.signal?.removeEventListener("abort", this.onAbortSignal);
+      this.egress?.close().catch(() => undefined);
     }
     agent.clearAllQueues();
 
@@ -426,7 +440,7 @@ class TurnExecution {
         replay = undefined;
         return endedStream(message);
       }
-      return call(model, context, options);
+      return this.egress ? this.egress.run(() => call(model, context, options)) : call(model, context, options);
     };
   }
 
@@ -519,6 +533,10 @@ class TurnExecution {
       case "error": {
         // Cancellation wins over a provider error it may have caused.
         if (this.aborted) return { outcome: "aborted", output: partialOutput(), transcript };
+        if (this.egressRefusal) {
+          const message = endpointRefused(this.egressRefusal);
+          return { outcome: "failed", output: partialOutput(), transcript, error: turnError(TurnErrorCode.network_policy_denied, { message, reference: this.reference(), source: "configuration" }) };
+        }
         const failure = providerFailure(last);
         return {
           outcome: "failed",
@@ -531,6 +549,10 @@ class TurnExecution {
         return assertNever(last.stopReason);
     }
   }
+}
+
+function endpointRefused(err: NetworkPolicyError): string {
+  return `The model endpoint ${err.host} is refused by the network policy (${err.reason}): model endpoints must be public addresses.`;
 }
 
 const NO_MODEL_USAGE = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } };

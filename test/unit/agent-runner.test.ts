@@ -529,6 +529,32 @@ test("agent-runner - a real provider's HTTP status is mapped (openai-compatible 
   }
 });
 
+test("agent-runner - an openai-compatible endpoint whose name rebinds to loopback after the check fails network_policy_denied, and its server gets nothing", async (t) => {
+  const dir = await workspace();
+  let hits = 0;
+  const server = createServer((req, res) => {
+    hits++;
+    req.resume();
+    res.writeHead(500).end();
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  let lookups = 0;
+  // Public to the check before the turn, loopback to the model call's connection.
+  const modelEndpointLookup = async () => (lookups++ === 0 ? [{ address: "93.184.216.34", family: 4 }] : [{ address: "127.0.0.1", family: 4 }]);
+  try {
+    const config: AgentConfig = { model: { provider: "openai-compatible", base_url: `http://rebind.test:${(server.address() as AddressInfo).port}/v1`, model: "m" }, tools: [] };
+    const result = await run({ config, workspaceDir: dir, history: [], input: text("x"), allowPrivateModelEndpoints: false, modelEndpointLookup }).turn.result;
+    t.is(result.outcome, "failed");
+    t.is(result.error?.code, "network_policy_denied");
+    t.regex(result.error?.message ?? "", /rebind\.test .*loopback address 127\.0\.0\.1/);
+    t.true(lookups >= 2, "the model call resolved the name again");
+    t.is(hits, 0);
+  } finally {
+    server.close();
+    await rm(dir, { recursive: true });
+  }
+});
+
 test("agent-runner - providerFailure parses provider error messages in one place", (t) => {
   const failed = (errorMessage: string): AssistantMessage => ({
     role: "assistant",

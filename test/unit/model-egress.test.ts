@@ -1,0 +1,151 @@
+/**
+ * The address guard at connect time for a tenant's model calls (actors/model-egress.ts):
+ * real `fetch`, real loopback servers; only name resolution is injected.
+ */
+import test from "ava";
+import { readFileSync } from "node:fs";
+import { createServer, type Server } from "node:http";
+import { createServer as createTlsServer } from "node:https";
+import type { AddressInfo } from "node:net";
+import { Agent, setGlobalDispatcher } from "undici";
+import { guardModelCalls } from "../../actors/model-egress.js";
+import { checkModelEndpoint, type Lookup, NetworkPolicyError } from "../../src/address-guard.js";
+
+interface Counted {
+  server: Server;
+  port: number;
+  hits: string[];
+}
+
+/** A loopback server that records each request's path and answers with `answer`. */
+async function counted(answer: (res: import("node:http").ServerResponse, port: number) => void = (res) => res.end("{}")): Promise<Counted> {
+  const hits: string[] = [];
+  const server = createServer((req, res) => {
+    hits.push(req.url ?? "");
+    req.resume();
+    answer(res, port);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  return { server, port, hits };
+}
+
+/** A name that answers a public address first and loopback from then on (DNS rebinding). */
+function rebinding(): { lookup: Lookup; calls: () => number } {
+  let calls = 0;
+  return {
+    lookup: async () => (calls++ === 0 ? [{ address: "93.184.216.34", family: 4 }] : [{ address: "127.0.0.1", family: 4 }]),
+    calls: () => calls,
+  };
+}
+
+/** The NetworkPolicyError under a failed fetch (fetch wraps it as `cause`). */
+function policyCause(err: unknown): NetworkPolicyError | undefined {
+  for (let e = err, i = 0; e instanceof Error && i < 5; e = e.cause, i++) if (e instanceof NetworkPolicyError) return e;
+  return undefined;
+}
+
+test("model-egress - a name that passes the check and then resolves to loopback is refused at connect; nothing reaches the server", async (t) => {
+  const target = await counted();
+  const { lookup, calls } = rebinding();
+  const url = `http://rebind.test:${target.port}/v1`;
+  const refusals: NetworkPolicyError[] = [];
+  const guard = guardModelCalls({ lookup, onRefused: (err) => refusals.push(err) });
+  try {
+    // The check before the turn sees the public answer.
+    await t.notThrowsAsync(checkModelEndpoint(url, { allowPrivate: false, lookup }));
+    const err = await t.throwsAsync(guard.run(() => fetch(`${url}/chat/completions`, { method: "POST", body: "{}" })));
+    t.regex(policyCause(err)?.reason ?? "", /loopback address 127\.0\.0\.1/);
+    t.is(refusals.length, 1);
+    t.is(refusals[0]?.host, "rebind.test");
+    t.is(calls(), 2, "the connection resolved the name itself, after the check");
+    t.deepEqual(target.hits, []);
+  } finally {
+    await guard.close();
+    target.server.close();
+  }
+});
+
+test("model-egress - a redirect from an allowed endpoint to a private address is refused; unguarded, fetch would follow it", async (t) => {
+  const inside = await counted();
+  const outside = await counted((res) => {
+    res.writeHead(307, { location: `http://127.0.0.1:${inside.port}/latest/meta-data` });
+    res.end();
+  });
+  const guard = guardModelCalls({ testHosts: new Map([["allowed.test", { host: "127.0.0.1", port: outside.port }]]) });
+  try {
+    const err = await t.throwsAsync(guard.run(() => fetch(`http://allowed.test:${outside.port}/v1/chat/completions`, { method: "POST", body: "{}" })));
+    t.regex(policyCause(err)?.reason ?? "", /loopback/);
+    t.deepEqual(outside.hits, ["/v1/chat/completions"], "the allowed endpoint was reached");
+    t.deepEqual(inside.hits, [], "its redirect was not followed");
+    // The control: fetch follows the same redirect when no guard holds.
+    const followed = await fetch(`http://127.0.0.1:${outside.port}/v1/chat/completions`, { method: "POST", body: "{}" });
+    t.is(followed.status, 200);
+    t.deepEqual(inside.hits, ["/latest/meta-data"]);
+  } finally {
+    await guard.close();
+    inside.server.close();
+    outside.server.close();
+  }
+});
+
+test("model-egress - the guard holds for fetches started late inside its scope and for address literals, and nowhere outside it", async (t) => {
+  const target = await counted();
+  const guard = guardModelCalls({});
+  try {
+    const literal = await t.throwsAsync(guard.run(() => fetch(`http://127.0.0.1:${target.port}/`)));
+    t.truthy(policyCause(literal));
+    const late = await t.throwsAsync(guard.run(() => new Promise((resolve) => setTimeout(resolve, 5)).then(() => fetch(`http://[::1]:${target.port}/`))));
+    t.truthy(policyCause(late));
+    const mapped = await t.throwsAsync(guard.run(() => fetch(`http://10.0.0.1:${target.port}/`)));
+    t.regex(policyCause(mapped)?.reason ?? "", /private/);
+    t.deepEqual(target.hits, []);
+    // Outside the scope (the rest of the process) fetch is untouched.
+    t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
+    t.deepEqual(target.hits, ["/"]);
+  } finally {
+    await guard.close();
+    target.server.close();
+  }
+});
+
+test("model-egress - a global dispatcher set by someone else after the guard does not open it", async (t) => {
+  const target = await counted();
+  const guard = guardModelCalls({});
+  try {
+    // Left in place (not closed): it stays the process's dispatcher under the guard's.
+    setGlobalDispatcher(new Agent());
+    const err = await t.throwsAsync(guard.run(() => fetch(`http://127.0.0.1:${target.port}/`)));
+    t.truthy(policyCause(err));
+    t.deepEqual(target.hits, []);
+    t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
+  } finally {
+    await guard.close();
+    target.server.close();
+  }
+});
+
+test("model-egress - over TLS the connection to the checked address still presents and verifies the endpoint's name", async (t) => {
+  const names: string[] = [];
+  const fixture = (file: string) => readFileSync(new URL(`../fixtures/tls/${file}`, import.meta.url));
+  const server = createTlsServer({
+    key: fixture("models-test.key"),
+    cert: fixture("models-test.crt"),
+    SNICallback: (name, callback) => {
+      names.push(name);
+      callback(null);
+    },
+  }, (_req, res) => res.end("{}"));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  const guard = guardModelCalls({ testHosts: new Map([["models.test", { host: "127.0.0.1", port }]]) });
+  try {
+    // The fixture's certificate is self-signed (CN and SAN models.test): verification runs and refuses it.
+    const err = await t.throwsAsync(guard.run(() => fetch(`https://models.test:${port}/v1/models`)));
+    t.is((err?.cause as { code?: string } | undefined)?.code, "DEPTH_ZERO_SELF_SIGNED_CERT");
+    t.deepEqual(names, ["models.test"]);
+  } finally {
+    await guard.close();
+    server.close();
+  }
+});
