@@ -28,7 +28,7 @@ import { createAssistantMessageEventStream, streamSimple, type AssistantMessage,
 import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
 import { toRuntimeEvent } from "./agent-events.js";
 import { providerFailure, sanitizeErrorText } from "./provider-failures.js";
-import { guardModelCalls } from "./model-egress.js";
+import { guardModelCalls, type ModelEgressGuard } from "./model-egress.js";
 import { buildUserMessage, inputText } from "./user-message.js";
 import { createWorkspaceTools, DEFAULT_COMMAND_TIMEOUT_MS, Workspace } from "./workspace-tools.js";
 import type { Sandbox, SandboxFailure } from "./sandbox.js";
@@ -187,7 +187,7 @@ class TurnExecution {
   /** Tool paths as the tools themselves read them (for config.approval's path globs). */
   private readonly workspace: Workspace;
   /** A tenant's model endpoint: the address guard held at each connection of its calls. */
-  private egress?: ReturnType<typeof guardModelCalls>;
+  private egress?: ModelEgressGuard;
   /** The first connection of a model call the guard refused. */
   private egressRefusal?: NetworkPolicyError;
 
@@ -440,7 +440,9 @@ class TurnExecution {
         replay = undefined;
         return endedStream(message);
       }
-      return this.egress ? this.egress.run(() => call(model, context, options)) : call(model, context, options);
+      if (!this.egress) return call(model, context, options);
+      this.egress.ensure();
+      return call({ ...model, headers: { ...model.headers, ...this.egress.headers } }, context, options);
     };
   }
 

@@ -8,7 +8,7 @@ import { createServer, type Server } from "node:http";
 import { createServer as createTlsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import { Agent, setGlobalDispatcher } from "undici";
-import { guardModelCalls } from "../../actors/model-egress.js";
+import { guardModelCalls, MODEL_EGRESS_HEADER } from "../../actors/model-egress.js";
 import { checkModelEndpoint, type Lookup, NetworkPolicyError } from "../../src/address-guard.js";
 
 interface Counted {
@@ -54,7 +54,7 @@ test("model-egress - a name that passes the check and then resolves to loopback 
   try {
     // The check before the turn sees the public answer.
     await t.notThrowsAsync(checkModelEndpoint(url, { allowPrivate: false, lookup }));
-    const err = await t.throwsAsync(guard.run(() => fetch(`${url}/chat/completions`, { method: "POST", body: "{}" })));
+    const err = await t.throwsAsync(fetch(`${url}/chat/completions`, { method: "POST", body: "{}", headers: guard.headers }));
     t.regex(policyCause(err)?.reason ?? "", /loopback address 127\.0\.0\.1/);
     t.is(refusals.length, 1);
     t.is(refusals[0]?.host, "rebind.test");
@@ -74,7 +74,7 @@ test("model-egress - a redirect from an allowed endpoint to a private address is
   });
   const guard = guardModelCalls({ testHosts: new Map([["allowed.test", { host: "127.0.0.1", port: outside.port }]]) });
   try {
-    const err = await t.throwsAsync(guard.run(() => fetch(`http://allowed.test:${outside.port}/v1/chat/completions`, { method: "POST", body: "{}" })));
+    const err = await t.throwsAsync(fetch(`http://allowed.test:${outside.port}/v1/chat/completions`, { method: "POST", body: "{}", headers: guard.headers }));
     t.regex(policyCause(err)?.reason ?? "", /loopback/);
     t.deepEqual(outside.hits, ["/v1/chat/completions"], "the allowed endpoint was reached");
     t.deepEqual(inside.hits, [], "its redirect was not followed");
@@ -89,24 +89,41 @@ test("model-egress - a redirect from an allowed endpoint to a private address is
   }
 });
 
-test("model-egress - the guard holds for fetches started late inside its scope and for address literals, and nowhere outside it", async (t) => {
+test("model-egress - marked requests are guarded (address literals too, and after the turn's guard closed) and never carry the mark; other requests are untouched", async (t) => {
   const target = await counted();
-  const guard = guardModelCalls({});
+  const seen: string[] = [];
+  const echo = await counted();
+  echo.server.removeAllListeners("request");
+  echo.server.on("request", (req, res) => {
+    seen.push(...Object.keys(req.headers));
+    req.resume();
+    res.end("{}");
+  });
+  const guard = guardModelCalls({ testHosts: new Map([["echo.test", { host: "127.0.0.1", port: echo.port }]]) });
   try {
-    const literal = await t.throwsAsync(guard.run(() => fetch(`http://127.0.0.1:${target.port}/`)));
-    t.truthy(policyCause(literal));
-    const late = await t.throwsAsync(guard.run(() => new Promise((resolve) => setTimeout(resolve, 5)).then(() => fetch(`http://[::1]:${target.port}/`))));
-    t.truthy(policyCause(late));
-    const mapped = await t.throwsAsync(guard.run(() => fetch(`http://10.0.0.1:${target.port}/`)));
-    t.regex(policyCause(mapped)?.reason ?? "", /private/);
+    for (const url of [`http://127.0.0.1:${target.port}/`, `http://[::1]:${target.port}/`, `http://10.0.0.1:${target.port}/`, `http://169.254.169.254/latest/meta-data`]) {
+      const err = await t.throwsAsync(fetch(url, { headers: guard.headers }), undefined, url);
+      t.truthy(policyCause(err), url);
+    }
+    // The header's name in any case, among others, as an SDK sends it.
+    const upper = { "X-Runs-Model-Egress": guard.headers[MODEL_EGRESS_HEADER]!, authorization: "Bearer none" };
+    t.truthy(policyCause(await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: upper }))));
     t.deepEqual(target.hits, []);
-    // Outside the scope (the rest of the process) fetch is untouched.
+    // An allowed endpoint gets the request without the mark.
+    t.is((await fetch(`http://echo.test:${echo.port}/v1`, { headers: upper })).status, 200);
+    t.true(seen.includes("authorization"));
+    t.false(seen.includes(MODEL_EGRESS_HEADER));
+    // Outside the guard (the rest of the process) fetch is untouched.
     t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
     t.deepEqual(target.hits, ["/"]);
   } finally {
     await guard.close();
-    target.server.close();
   }
+  // A late request of a turn whose guard closed is still guarded.
+  t.truthy(policyCause(await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: guard.headers }))));
+  t.deepEqual(target.hits, ["/"]);
+  target.server.close();
+  echo.server.close();
 });
 
 test("model-egress - a global dispatcher set by someone else after the guard does not open it", async (t) => {
@@ -115,7 +132,8 @@ test("model-egress - a global dispatcher set by someone else after the guard doe
   try {
     // Left in place (not closed): it stays the process's dispatcher under the guard's.
     setGlobalDispatcher(new Agent());
-    const err = await t.throwsAsync(guard.run(() => fetch(`http://127.0.0.1:${target.port}/`)));
+    guard.ensure();
+    const err = await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: guard.headers }));
     t.truthy(policyCause(err));
     t.deepEqual(target.hits, []);
     t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
@@ -141,7 +159,7 @@ test("model-egress - over TLS the connection to the checked address still presen
   const guard = guardModelCalls({ testHosts: new Map([["models.test", { host: "127.0.0.1", port }]]) });
   try {
     // The fixture's certificate is self-signed (CN and SAN models.test): verification runs and refuses it.
-    const err = await t.throwsAsync(guard.run(() => fetch(`https://models.test:${port}/v1/models`)));
+    const err = await t.throwsAsync(fetch(`https://models.test:${port}/v1/models`, { headers: guard.headers }));
     t.is((err?.cause as { code?: string } | undefined)?.code, "DEPTH_ZERO_SELF_SIGNED_CERT");
     t.deepEqual(names, ["models.test"]);
   } finally {
