@@ -4,9 +4,12 @@ import { CheckpointError } from "./checkpoints.js";
 import { CommandReplies } from "./command-replies.js";
 import { PartitionLeases } from "./partition-leases.js";
 import { RunActor, type ActorResources } from "./run-actor.js";
+import { sweepKeptWorkspaces } from "./run-workspace.js";
 import type { KV } from "@nats-io/kv";
 
 const encoder = new TextEncoder();
+/** How long a workspace directory of a run this node no longer holds is kept after its last save. */
+const KEPT_WORKSPACE_MS = 60 * 60_000;
 
 /** Temporary failures inside a command (checkpoints too) answer 503, never 500. */
 function isTemporary(error: unknown): boolean {
@@ -104,7 +107,9 @@ export class ActorHost {
 
   /**
    * Expiry is a sweeper (the store has no TTL indexes): each node expires the runs of
-   * the partitions it owns, through their actors, and forgets old records.
+   * the partitions it owns, through their actors, and forgets old records. It also
+   * removes the workspace directories it kept for runs it no longer holds, an hour after
+   * they were last saved (run-workspace.ts).
    */
   async sweep(): Promise<void> {
     if (this.sweeping) return;
@@ -123,6 +128,10 @@ export class ActorHost {
       await this.r.store.sweepRecords(now);
       const swept = await this.r.files.sweep(now);
       if (swept.files || swept.uploads) this.r.log.info(swept, "expired files and upload records removed");
+      const partitions = this.r.config.partitions;
+      const holds = (runId: string) => this.actors.has(runId) || this.leases.heldPartitions().includes(partitionOf(runId, partitions));
+      const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });
+      if (kept) this.r.log.info({ workspaces: kept }, "removed workspace directories kept for runs this node no longer holds");
     } catch (err) {
       this.r.log.warn({ err }, "sweep failed; retrying at the next interval");
     } finally {

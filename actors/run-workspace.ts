@@ -3,8 +3,9 @@
  * turn (brought along from its checkpoint when the run moved here, then handed to the
  * sandbox's uid).
  */
-import { existsSync } from "node:fs";
-import { mkdir, rm } from "node:fs/promises";
+import { randomUUID } from "node:crypto";
+import { existsSync, mkdirSync, renameSync, rmSync } from "node:fs";
+import { mkdir, readdir, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { RunDoc, TurnErrorCode } from "../src/index.js";
@@ -73,4 +74,67 @@ export async function prepareRunWorkspace(
     return "sandbox_operation_failed";
   }
   return null;
+}
+
+const CHECKPOINT_SUFFIX = checkpointMarkerOf("");
+/** Where swept directories go before they are removed (a crash between the two leaves them here). */
+const TRASH = ".trash";
+
+/**
+ * Removes the workspace directories (and checkpoint markers) this node kept for runs it
+ * no longer holds, once untouched for `olderThanMs`: runs that moved to another node, or
+ * were deleted or expired there. Nothing is lost: a kept directory is only ever used
+ * again after it is checked against the run's checkpoint (prepareRunWorkspace), and
+ * otherwise replaced by it. `holds(runId)` is asked again right before a directory is
+ * moved out of the way, in the same synchronous step, so no actor of this node can
+ * begin to use it in between. At most `limit` entries are looked at; the count removed.
+ */
+export async function sweepKeptWorkspaces(
+  dataDir: string,
+  holds: (runId: string) => boolean,
+  o: { nowMs: number; olderThanMs: number; limit?: number },
+): Promise<number> {
+  const root = path.join(dataDir, "workspaces");
+  const trash = path.join(root, TRASH);
+  await rm(trash, { recursive: true, force: true });
+  const names = await readdir(root).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === "ENOENT") return [] as string[];
+    throw err;
+  });
+  const runIds = new Set<string>();
+  for (const name of names.slice(0, o.limit ?? 10_000)) {
+    if (name.startsWith(".")) continue;
+    runIds.add(name.endsWith(CHECKPOINT_SUFFIX) ? name.slice(0, -CHECKPOINT_SUFFIX.length) : name);
+  }
+  let removed = 0;
+  for (const runId of runIds) {
+    if (holds(runId)) continue;
+    const dir = path.join(root, runId);
+    const marker = checkpointMarkerOf(dir);
+    // Last saved or restored (the marker), else last changed at its top.
+    const touched = (await stat(marker).catch(() => stat(dir)).catch(() => null))?.mtimeMs;
+    if (touched === undefined || o.nowMs - touched < o.olderThanMs) continue;
+    // Checked and moved in one synchronous step (no await between them).
+    if (holds(runId)) continue;
+    const away = path.join(trash, `${runId}-${randomUUID()}`);
+    let moved = false;
+    try {
+      if (existsSync(dir)) {
+        mkdirSyncOnce(trash);
+        renameSync(dir, away);
+        moved = true;
+      }
+      rmSync(marker, { force: true });
+    } catch {
+      continue;
+    }
+    if (moved) await rm(away, { recursive: true, force: true });
+    removed++;
+  }
+  await rm(trash, { recursive: true, force: true });
+  return removed;
+}
+
+function mkdirSyncOnce(dir: string): void {
+  if (!existsSync(dir)) mkdirSync(dir, { mode: 0o700 });
 }

@@ -1,11 +1,11 @@
 import test from "ava";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
 import { CheckpointError, checkpointMarkerOf } from "../../actors/checkpoints.js";
-import { prepareRunWorkspace, removeRunWorkspace } from "../../actors/run-workspace.js";
+import { prepareRunWorkspace, removeRunWorkspace, sweepKeptWorkspaces } from "../../actors/run-workspace.js";
 import type { RunDoc } from "../../src/index.js";
 
 /**
@@ -86,4 +86,50 @@ test("run-workspace - removing a run's workspace removes its marker too", async 
   t.false(existsSync(dir));
   t.false(existsSync(checkpointMarkerOf(dir)));
   await t.notThrowsAsync(removeRunWorkspace(dir), "absent already");
+});
+
+/** A data folder with kept workspaces: each run's directory (a file in it) and marker, last saved `ageMs` ago. */
+async function dataDirWith(t: { teardown(fn: () => Promise<void>): void }, runs: Record<string, number>, nowMs: number): Promise<string> {
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-test-workspace-"));
+  t.teardown(() => rm(dataDir, { recursive: true, force: true }));
+  for (const [runId, ageMs] of Object.entries(runs)) {
+    const dir = path.join(dataDir, "workspaces", runId);
+    await mkdir(path.join(dir, "sub"), { recursive: true });
+    await writeFile(path.join(dir, "sub", "note.txt"), runId);
+    await writeFile(checkpointMarkerOf(dir), "nuid");
+    const at = new Date(nowMs - ageMs);
+    await utimes(checkpointMarkerOf(dir), at, at);
+    await utimes(dir, at, at);
+  }
+  return dataDir;
+}
+
+test("run-workspace - kept workspaces of runs this node no longer holds are removed once old; held or recent ones stay", async (t) => {
+  const now = Date.now();
+  const hour = 3_600_000;
+  const dataDir = await dataDirWith(t, { run_held: 2 * hour, run_moved: 2 * hour, run_recent: 60_000 }, now);
+  const root = path.join(dataDir, "workspaces");
+  // A marker whose directory is gone (a failed restore removed it), and a crash's leftover trash.
+  await writeFile(path.join(root, "run_orphan.checkpoint"), "nuid");
+  await utimes(path.join(root, "run_orphan.checkpoint"), new Date(now - 2 * hour), new Date(now - 2 * hour));
+  await mkdir(path.join(root, ".trash", "run_old-1"), { recursive: true });
+  const removed = await sweepKeptWorkspaces(dataDir, (runId) => runId === "run_held", { nowMs: now, olderThanMs: hour });
+  t.is(removed, 2);
+  t.deepEqual((await readdir(root)).sort(), ["run_held", "run_held.checkpoint", "run_recent", "run_recent.checkpoint"]);
+  t.is(await readFile(path.join(root, "run_held", "sub", "note.txt"), "utf8"), "run_held");
+  // Nothing to do: nothing more removed; no workspaces folder at all is no error.
+  t.is(await sweepKeptWorkspaces(dataDir, (runId) => runId === "run_held", { nowMs: now, olderThanMs: hour }), 0);
+  t.is(await sweepKeptWorkspaces(path.join(dataDir, "nowhere"), () => false, { nowMs: now, olderThanMs: 0 }), 0);
+});
+
+test("run-workspace - a run this node comes to hold while the sweep looks is asked about again, right before its directory is moved", async (t) => {
+  const now = Date.now();
+  const dataDir = await dataDirWith(t, { run_claimed: 10 * 3_600_000 }, now);
+  const asked: string[] = [];
+  // Not held when the sweep lists it; held (an actor is starting) by the time it would move it.
+  const removed = await sweepKeptWorkspaces(dataDir, (runId) => asked.push(runId) > 1, { nowMs: now, olderThanMs: 0 });
+  t.is(removed, 0);
+  t.deepEqual(asked, ["run_claimed", "run_claimed"]);
+  t.true(existsSync(path.join(dataDir, "workspaces", "run_claimed", "sub", "note.txt")));
+  t.true(existsSync(checkpointMarkerOf(path.join(dataDir, "workspaces", "run_claimed"))));
 });
