@@ -45,6 +45,8 @@ export interface TurnRunRequest {
   allowPrivateModelEndpoints?: boolean;
   /** TEST ONLY: how an openai-compatible endpoint's name resolves, for its checks (model-egress.ts). */
   modelEndpointLookup?: Lookup;
+  /** TEST ONLY: endpoint host names the guarded model calls connect to a loopback server (model-egress.ts). */
+  modelEndpointTestHosts?: ReadonlyMap<string, { host: string; port: number }>;
   /** Operator setting: providers with ambient credentials tenants may use (actors/credentials.ts). */
   ambientProviders?: ReadonlySet<string>;
   /** Transcript of earlier turns (their transcript segments, concatenated). */
@@ -269,7 +271,7 @@ class TurnExecution {
     // A tenant's endpoint is checked again at every connection: its name may answer
     // otherwise then, or it may redirect.
     if (typeof req.config.model === "object" && req.allowPrivateModelEndpoints !== true) {
-      this.egress = guardModelCalls({ lookup: req.modelEndpointLookup, onRefused: (err) => (this.egressRefusal ??= err) });
+      this.egress = guardModelCalls({ lookup: req.modelEndpointLookup, testHosts: req.modelEndpointTestHosts, onRefused: (err) => (this.egressRefusal ??= err) });
     }
     const agent = new Agent({
       initialState: {

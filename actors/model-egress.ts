@@ -6,20 +6,21 @@
  * that answers a public address to the check and a private one to the connection (DNS
  * rebinding), nor a public endpoint that redirects to a private one.
  *
- * How: the process's global undici dispatcher (the one Node's `fetch` uses) is wrapped
- * once. A request that carries {@link MODEL_EGRESS_HEADER} (the turn's model has it among
- * its headers, so the SDK sends it on every request, redirects included) loses the header
- * and goes through its turn's guarded agent, whose every connection is made to an address
- * the guard has just allowed (TLS still presents and verifies the endpoint's name). Every
- * other request goes through the dispatcher that was wrapped, untouched. (Not an
- * AsyncLocalStorage scope: on Node 20 one in use makes every promise in the process
- * several times dearer.)
+ * How: the global `fetch` is wrapped once. A call that carries {@link MODEL_EGRESS_HEADER}
+ * (the turn's model has it among its headers, so the SDK sends it on every request) loses
+ * the header and is made by undici's own `fetch` through its turn's guarded agent, whose
+ * every connection, redirects' included, goes to an address the guard has just allowed
+ * (TLS still presents and verifies the endpoint's name). Every other call goes to the
+ * `fetch` that was wrapped, untouched. Not a global undici dispatcher: which slot Node's
+ * bundled fetch reads, and which handler API it speaks, changes between Node and undici
+ * versions. Not an AsyncLocalStorage scope either: on Node 20 one in use makes every
+ * promise in the process several times dearer.
  */
 import { randomUUID } from "node:crypto";
-import { Agent, buildConnector, Dispatcher, getGlobalDispatcher, setGlobalDispatcher } from "undici";
+import { Agent, buildConnector, fetch as undiciFetch } from "undici";
 import { type Lookup, NetworkPolicyError, resolveAllowed } from "../src/index.js";
 
-/** Marks a request as a guarded model call; never sent. */
+/** Marks a call as a guarded model call; never sent. */
 export const MODEL_EGRESS_HEADER = "x-runs-model-egress";
 
 export interface ModelEgressOptions {
@@ -32,9 +33,9 @@ export interface ModelEgressOptions {
 }
 
 export interface ModelEgressGuard {
-  /** Headers for the turn's model (`model.headers`): its requests go through the guard. */
+  /** Headers for the turn's model (`model.headers`): its calls go through the guard. */
   readonly headers: Readonly<Record<string, string>>;
-  /** Makes sure the guard is in place (again, if another dispatcher replaced it); call before each model call. */
+  /** Makes sure the guard is in place (again, if something replaced `fetch`); call before each model call. */
   ensure(): void;
   /** At the turn's end: forgets the guard and closes its connections. */
   close(): Promise<void>;
@@ -42,54 +43,32 @@ export interface ModelEgressGuard {
 
 /** The guarded agents of the turns running now, by their header's value. */
 const guards = new Map<string, Agent>();
-/** For a marked request whose turn has ended: still guarded, never let through. */
+/** For a marked call whose turn has ended: still guarded, never let through. */
 let lateGuard: Agent | undefined;
+const WRAPPER = Symbol("runs.modelEgress");
 
-/** Sends a marked request through its guard, anything else through the wrapped dispatcher. */
-class GuardingDispatcher extends Dispatcher {
-  constructor(readonly wrapped: Dispatcher) {
-    super();
-  }
+type Fetch = typeof globalThis.fetch;
 
-  override dispatch(options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
-    const marked = takeMarker(options.headers);
-    if (!marked) return this.wrapped.dispatch(options, handler);
-    const agent = guards.get(marked.token) ?? (lateGuard ??= guardedAgent({}));
-    return agent.dispatch({ ...options, headers: marked.headers }, handler);
+/** A marked call through its guard; anything else to `next`, as it came. */
+function guardedFetch(next: Fetch, input: Parameters<Fetch>[0], init?: RequestInit): Promise<Response> {
+  const marked = init?.headers !== undefined && new Headers(init.headers).has(MODEL_EGRESS_HEADER);
+  if (!marked) {
+    // The SDKs pass a URL and init; a marked Request object is refused rather than sent unguarded.
+    if (input instanceof Request && input.headers.has(MODEL_EGRESS_HEADER)) return Promise.reject(new TypeError("a guarded model call must pass its headers in init"));
+    return next(input, init);
   }
-
-  override close(...args: unknown[]): any {
-    return (this.wrapped.close as (...a: unknown[]) => unknown)(...args);
-  }
-
-  override destroy(...args: unknown[]): any {
-    return (this.wrapped.destroy as (...a: unknown[]) => unknown)(...args);
-  }
+  const headers = new Headers(init.headers);
+  const token = headers.get(MODEL_EGRESS_HEADER)!;
+  headers.delete(MODEL_EGRESS_HEADER);
+  const dispatcher = guards.get(token) ?? (lateGuard ??= guardedAgent({}));
+  return undiciFetch(input as Parameters<typeof undiciFetch>[0], { ...(init as object), headers: [...headers], dispatcher } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
 }
 
-/** The marker's value and the headers without it; undefined when the request is not marked. */
-function takeMarker(headers: Dispatcher.DispatchOptions["headers"]): { token: string; headers: Record<string, string | string[]> | string[] } | undefined {
-  if (headers == null) return undefined;
-  const isMarker = (name: unknown) => typeof name === "string" && name.toLowerCase() === MODEL_EGRESS_HEADER;
-  if (Array.isArray(headers)) {
-    // Flat [name, value, name, value, …].
-    const at = headers.findIndex((v, i) => i % 2 === 0 && isMarker(v));
-    if (at < 0) return undefined;
-    return { token: String(headers[at + 1]), headers: [...headers.slice(0, at), ...headers.slice(at + 2)] as string[] };
-  }
-  const entries: [string, string | string[]][] =
-    typeof (headers as Iterable<unknown>)[Symbol.iterator] === "function"
-      ? [...(headers as Iterable<[string, string | string[] | undefined]>)].filter((e): e is [string, string | string[]] => e[1] !== undefined)
-      : Object.entries(headers as Record<string, string | string[] | undefined>).filter((e): e is [string, string | string[]] => e[1] !== undefined);
-  const marker = entries.find(([name]) => isMarker(name));
-  if (!marker) return undefined;
-  return { token: String(marker[1]), headers: Object.fromEntries(entries.filter(([name]) => !isMarker(name))) };
-}
-
-/** Installs the guarding dispatcher, again if something replaced it since (never fail open). */
+/** Wraps the global fetch, again if something replaced the wrapper since (never fail open). */
 function ensureInstalled(): void {
-  const current = getGlobalDispatcher();
-  if (!(current instanceof GuardingDispatcher)) setGlobalDispatcher(new GuardingDispatcher(current));
+  const current = globalThis.fetch as Fetch & { [WRAPPER]?: true };
+  if (current[WRAPPER]) return;
+  globalThis.fetch = Object.assign((input: Parameters<Fetch>[0], init?: RequestInit) => guardedFetch(current, input, init), { [WRAPPER]: true as const });
 }
 
 /** An agent whose every new connection goes to an address the guard allowed. */

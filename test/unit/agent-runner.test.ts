@@ -555,6 +555,47 @@ test("agent-runner - an openai-compatible endpoint whose name rebinds to loopbac
   }
 });
 
+test("agent-runner - a guarded openai-compatible call that the guard allows streams its answer, and the endpoint never sees the guard's header", async (t) => {
+  const dir = await workspace();
+  const seen: Record<string, string | string[] | undefined>[] = [];
+  const server = createServer((req, res) => {
+    seen.push(req.headers);
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      const chunk = (delta: Record<string, unknown>, finish: string | null) =>
+        `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+      res.write(chunk({ role: "assistant", content: "guarded " }, null));
+      res.write(chunk({ content: "and streamed" }, null));
+      res.write(chunk({}, "stop"));
+      res.end("data: [DONE]\n\n");
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  try {
+    const config: AgentConfig = { model: { provider: "openai-compatible", base_url: `http://models.test:${port}/v1`, model: "m" }, tools: [] };
+    const result = await run({
+      config,
+      workspaceDir: dir,
+      history: [],
+      input: text("x"),
+      allowPrivateModelEndpoints: false,
+      // Public to the check; the guarded connection goes to the loopback server (the test's stand-in for a public one).
+      modelEndpointLookup: async () => [{ address: "93.184.216.34", family: 4 }],
+      modelEndpointTestHosts: new Map([["models.test", { host: "127.0.0.1", port }]]),
+    }).turn.result;
+    t.is(result.outcome, "completed", JSON.stringify(result.error));
+    t.deepEqual(result.output, [{ type: "output_text", text: "guarded and streamed" }]);
+    t.is(seen.length, 1);
+    t.is(seen[0]?.["x-runs-model-egress"], undefined);
+    t.is(seen[0]?.authorization, "Bearer none");
+  } finally {
+    server.close();
+    await rm(dir, { recursive: true });
+  }
+});
+
 test("agent-runner - providerFailure parses provider error messages in one place", (t) => {
   const failed = (errorMessage: string): AssistantMessage => ({
     role: "assistant",

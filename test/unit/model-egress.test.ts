@@ -7,9 +7,11 @@ import { readFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { createServer as createTlsServer } from "node:https";
 import type { AddressInfo } from "node:net";
-import { Agent, setGlobalDispatcher } from "undici";
 import { guardModelCalls, MODEL_EGRESS_HEADER } from "../../actors/model-egress.js";
 import { checkModelEndpoint, type Lookup, NetworkPolicyError } from "../../src/address-guard.js";
+
+/** The built-in fetch, taken before any guard wraps it. */
+const builtinFetch = globalThis.fetch;
 
 interface Counted {
   server: Server;
@@ -126,18 +128,21 @@ test("model-egress - marked requests are guarded (address literals too, and afte
   echo.server.close();
 });
 
-test("model-egress - a global dispatcher set by someone else after the guard does not open it", async (t) => {
+test("model-egress - a fetch put in place by someone else after the guard does not open it", async (t) => {
   const target = await counted();
   const guard = guardModelCalls({});
+  const wrapper = globalThis.fetch;
   try {
-    // Left in place (not closed): it stays the process's dispatcher under the guard's.
-    setGlobalDispatcher(new Agent());
+    // As a library that installs its own fetch would: the built-in one again.
+    globalThis.fetch = builtinFetch;
     guard.ensure();
+    t.not(globalThis.fetch, builtinFetch);
     const err = await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: guard.headers }));
     t.truthy(policyCause(err));
     t.deepEqual(target.hits, []);
     t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
   } finally {
+    if (globalThis.fetch !== wrapper) globalThis.fetch = wrapper;
     await guard.close();
     target.server.close();
   }
