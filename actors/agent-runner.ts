@@ -268,11 +268,6 @@ class TurnExecution {
         if (message.role === "toolResult") this.replayed.set(message.toolCallId, message);
       }
     }
-    // A tenant's endpoint is checked again at every connection: its name may answer
-    // otherwise then, or it may redirect.
-    if (typeof req.config.model === "object" && req.allowPrivateModelEndpoints !== true) {
-      this.egress = guardModelCalls({ lookup: req.modelEndpointLookup, testHosts: req.modelEndpointTestHosts, onRefused: (err) => (this.egressRefusal ??= err) });
-    }
     const agent = new Agent({
       initialState: {
         systemPrompt: req.config.instructions ?? "",
@@ -317,10 +312,14 @@ class TurnExecution {
     if (this.aborted) {
       this.closed = true;
       req.signal?.removeEventListener("abort", this.onAbortSignal);
-      this.egress?.close().catch(() => undefined);
       return { outcome: "aborted", output: [], transcript: [...this.before(userMessage, "The turn was cancelled before the call ran."), ...this.steers] };
     }
     let thrown: unknown;
+    // A tenant's endpoint is checked again at every connection: its name may answer
+    // otherwise then, or it may redirect. Closed in the finally below.
+    if (typeof req.config.model === "object" && req.allowPrivateModelEndpoints !== true) {
+      this.egress = guardModelCalls({ lookup: req.modelEndpointLookup, testHosts: req.modelEndpointTestHosts, onRefused: (err) => (this.egressRefusal ??= err) });
+    }
     try {
       if (resume) await agent.continue();
       else await agent.prompt(userMessage);
@@ -443,7 +442,8 @@ class TurnExecution {
         return endedStream(message);
       }
       if (!this.egress) return call(model, context, options);
-      this.egress.ensure();
+      // A refusal names this call's failure, not a later one's.
+      this.egressRefusal = undefined;
       return call({ ...model, headers: { ...model.headers, ...this.egress.headers } }, context, options);
     };
   }

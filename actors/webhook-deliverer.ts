@@ -9,7 +9,7 @@ import http from "node:http";
 import https from "node:https";
 import net, { type LookupFunction } from "node:net";
 import type { Logger } from "pino";
-import { type Clock, DELIVERY_LOG_MS, type DeliveryDoc, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
+import { type Clock, DELIVERY_LOG_MS, type DeliveryDoc, guardedLookup, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
 
 export interface DelivererOptions {
   store: WebhookStore;
@@ -166,12 +166,7 @@ export class WebhookDeliverer {
       return Promise.resolve({ status: null, error: "not a URL" });
     }
     const allowPrivate = this.o.allowPrivate;
-    const lookup: LookupFunction = (hostname, options, callback) => {
-      resolveAllowed(hostname, { allowPrivate }).then(
-        ({ address, family }) => (options.all ? callback(null, [{ address, family }]) : callback(null, address, family)),
-        (err: Error) => callback(err as NodeJS.ErrnoException, "", 4),
-      );
-    };
+    const lookup = guardedLookup({ allowPrivate });
     const client = target.protocol === "https:" ? https : http;
     // An address literal is connected to without a lookup: it is checked here.
     const literal = net.isIP(target.hostname.replace(/^\[|\]$/g, "")) !== 0;

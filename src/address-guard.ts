@@ -1,19 +1,20 @@
 /**
  * The address guard: which destinations a tenant may make the service connect to.
- * Used by the egress proxy of sandboxes with a network allow list and for the model
- * endpoint of `openai-compatible` deployments. Pure apart from the injected DNS
- * lookup.
+ * Used by the egress proxy of sandboxes with a network allow list, for webhook
+ * deliveries and for the model endpoint of `openai-compatible` deployments. Pure apart
+ * from the injected DNS lookup.
  *
  * Refused: loopback, private (RFC 1918), CGNAT, link-local (which holds the cloud
  * metadata address 169.254.169.254), unique-local IPv6 (which holds fd00:ec2::254),
  * multicast, unspecified, documentation, benchmarking and reserved ranges, and IPv6
  * forms that embed an IPv4 address (mapped, compatible, NAT64, 6to4) whenever the
  * embedded address is refused. A name is refused when ANY of its addresses is: the
- * caller connects to the address that was checked, never to the name again, so a
+ * caller connects to an address that was checked (the one {@link resolveAllowed} answers,
+ * or the ones {@link guardedLookup} hands the socket), never to the name again, so a
  * second DNS answer cannot swap a public address for a private one.
  */
 import { lookup as dnsLookup } from "node:dns/promises";
-import net from "node:net";
+import net, { type LookupFunction } from "node:net";
 
 export class NetworkPolicyError extends Error {
   readonly code = "network_policy_denied";
@@ -186,6 +187,11 @@ const defaultLookup: Lookup = (host) => dnsLookup(host, { all: true, verbatim: t
  * failed lookup throws the lookup's own error.
  */
 export async function resolveAllowed(host: string, options: { allowPrivate?: boolean; lookup?: Lookup } = {}): Promise<{ address: string; family: 4 | 6 }> {
+  return (await allowedAddresses(host, options))[0]!;
+}
+
+/** Every address of `host`, in the resolver's order; refused as {@link resolveAllowed} refuses. */
+export async function allowedAddresses(host: string, options: { allowPrivate?: boolean; lookup?: Lookup } = {}): Promise<{ address: string; family: 4 | 6 }[]> {
   const h = normalHost(host);
   const literal = net.isIP(h);
   const addresses = literal ? [{ address: h, family: literal }] : await (options.lookup ?? defaultLookup)(h);
@@ -196,8 +202,30 @@ export async function resolveAllowed(host: string, options: { allowPrivate?: boo
       if (reason) throw new NetworkPolicyError(h, `${reason} address ${address}`);
     }
   }
-  const first = addresses[0]!;
-  return { address: first.address, family: first.family === 6 ? 6 : 4 };
+  return addresses.map(({ address, family }) => ({ address, family: family === 6 ? 6 : 4 }));
+}
+
+/**
+ * A `lookup` for `net.connect` / `tls.connect` (and the HTTP clients built on them) that
+ * answers only allowed addresses, all of them (so the socket may try each, as it would
+ * with the system's), or fails with {@link NetworkPolicyError}. Sockets skip `lookup` for
+ * an address literal: check those with {@link resolveAllowed} first.
+ */
+export function guardedLookup(options: { allowPrivate?: boolean; lookup?: Lookup; onRefused?: (error: NetworkPolicyError) => void }): LookupFunction {
+  return (hostname, lookupOptions, callback) => {
+    allowedAddresses(hostname, options).then(
+      (addresses) => {
+        const wanted = lookupOptions.family === 4 || lookupOptions.family === 6 ? addresses.filter((a) => a.family === lookupOptions.family) : addresses;
+        if (wanted.length === 0) return callback(Object.assign(new Error(`${hostname} has no IPv${lookupOptions.family} address`), { code: "ENOTFOUND" }), "", 4);
+        if (lookupOptions.all) callback(null, wanted);
+        else callback(null, wanted[0]!.address, wanted[0]!.family);
+      },
+      (err: Error) => {
+        if (err instanceof NetworkPolicyError) options.onRefused?.(err);
+        callback(err as NodeJS.ErrnoException, "", 4);
+      },
+    );
+  };
 }
 
 /** Throws {@link NetworkPolicyError} when a model endpoint URL may not be called. */

@@ -1,6 +1,8 @@
 import test from "ava";
+import type { LookupAddress } from "node:dns";
 import {
   checkModelEndpoint,
+  guardedLookup,
   hostAllowed,
   NetworkPolicyError,
   refusedAddressReason,
@@ -141,6 +143,35 @@ test("address-guard - a name is refused when any of its addresses is; the addres
   await t.throwsAsync(resolveAllowed("127.0.0.1", { lookup }), { instanceOf: NetworkPolicyError, message: /loopback/ });
   await t.throwsAsync(resolveAllowed("[::1]", { lookup }), { instanceOf: NetworkPolicyError });
   t.is(lookups.length, before);
+});
+
+test("address-guard - guardedLookup hands a socket every allowed address (or those of the family asked), and refuses a name with any refused one", async (t) => {
+  const answers: Record<string, { address: string; family: number }[]> = {
+    "dual.test": [
+      { address: "2606:4700::1111", family: 6 },
+      { address: "93.184.216.34", family: 4 },
+      { address: "93.184.216.35", family: 4 },
+    ],
+    "mixed.test": [
+      { address: "93.184.216.34", family: 4 },
+      { address: "10.1.2.3", family: 4 },
+    ],
+  };
+  const refusals: NetworkPolicyError[] = [];
+  const guarded = guardedLookup({ lookup: async (host) => answers[host] ?? [], onRefused: (err) => refusals.push(err) });
+  const ask = (host: string, options: { all?: boolean; family?: number }) =>
+    new Promise<{ err: NodeJS.ErrnoException | null; address: string | LookupAddress[]; family?: number }>((resolve) =>
+      guarded(host, options as never, (err, address, family) => resolve({ err, address, family })),
+    );
+  t.deepEqual((await ask("dual.test", { all: true })).address, answers["dual.test"]);
+  t.deepEqual(await ask("dual.test", {}), { err: null, address: "2606:4700::1111", family: 6 });
+  t.deepEqual(await ask("dual.test", { family: 4 }), { err: null, address: "93.184.216.34", family: 4 });
+  t.deepEqual((await ask("dual.test", { all: true, family: 4 })).address, answers["dual.test"]!.slice(1));
+  const mixed = await ask("mixed.test", { all: true });
+  t.true(mixed.err instanceof NetworkPolicyError);
+  t.regex(mixed.err?.message ?? "", /private address 10\.1\.2\.3/);
+  t.deepEqual(refusals.map((r) => r.host), ["mixed.test"]);
+  t.truthy((await ask("none.test", {})).err);
 });
 
 test("address-guard - model endpoints on refused addresses are refused before anything is sent", async (t) => {
