@@ -4,6 +4,7 @@
  */
 import test from "ava";
 import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { createServer, type Server } from "node:http";
 import { createServer as createTlsServer } from "node:https";
 import type { AddressInfo } from "node:net";
@@ -168,5 +169,17 @@ test("model-egress - over TLS the connection to the checked address still presen
   } finally {
     await guard.close();
     server.close();
+  }
+});
+
+test("model-egress - loading the guard leaves the rest of the process on Node's own fetch dispatcher", async (t) => {
+  const guard = guardModelCalls({});
+  try {
+    const slot = (globalThis as Record<symbol, unknown>)[Symbol.for("undici.globalDispatcher.1")];
+    const npmUndici = createRequire(import.meta.url)("undici") as typeof import("undici");
+    t.truthy(slot);
+    t.false(slot instanceof npmUndici.Agent);
+  } finally {
+    await guard.close();
   }
 });
