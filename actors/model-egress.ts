@@ -9,11 +9,12 @@
  * How: from the first guard on, `globalThis.fetch` reads as a wrapper for good (assigning
  * it replaces what the wrapper calls, not the wrapper). A call that carries
  * {@link MODEL_EGRESS_HEADER} (the turn's model has it among its headers, so the SDK sends
- * it on every request) loses the header and is made by undici's own `fetch` through its
- * turn's guarded agent: every connection, redirects' included, is made with a lookup that
- * answers only allowed addresses (and address literals are checked first), and TLS
- * presents and verifies the endpoint's name as usual. Every other call goes to the
- * process's `fetch` as it came. Not a global undici dispatcher: which slot Node's bundled
+ * it on every request) loses the header and is made by undici's own `fetch` through the
+ * guarded agent (one for the process, so connections are kept between turns): every
+ * connection, redirects' included, is made with a lookup that answers only allowed
+ * addresses (and address literals are checked first), and TLS presents and verifies the
+ * endpoint's name as usual. A refusal is reported to the turn whose mark the call
+ * carried. Every other call goes to the process's `fetch` as it came. Not a global undici dispatcher: which slot Node's bundled
  * fetch reads, and which handler API it speaks, change between Node and undici versions.
  * Not an AsyncLocalStorage scope either: on Node 20 one in use makes every promise in the
  * process several times dearer.
@@ -22,7 +23,7 @@ import { randomUUID } from "node:crypto";
 import { createRequire } from "node:module";
 import net from "node:net";
 import type { Agent } from "undici";
-import { guardedLookup, type Lookup, NetworkPolicyError, refusedAddressReason } from "../src/index.js";
+import { allowedAddresses, guardedLookup, type Lookup, NetworkPolicyError } from "../src/index.js";
 
 /** Marks a call as a guarded model call; never sent. */
 export const MODEL_EGRESS_HEADER = "x-runs-model-egress";
@@ -39,17 +40,22 @@ export interface ModelEgressOptions {
 export interface ModelEgressGuard {
   /** Headers for the turn's model (`model.headers`): its calls go through the guard. */
   readonly headers: Readonly<Record<string, string>>;
-  /** At the turn's end: forgets the guard and drops its connections. */
+  /** At the turn's end: forgets the turn (a late call with its mark is still guarded). */
   close(): Promise<void>;
 }
 
 type Fetch = typeof globalThis.fetch;
 type Undici = typeof import("undici");
 
-/** The guarded agents of the turns running now, by their header's value. */
-const guards = new Map<string, Agent>();
-/** For a marked call whose turn has ended: still guarded, never let through. */
-let lateGuard: Agent | undefined;
+interface Guard {
+  agent: Agent;
+  onRefused?: (error: NetworkPolicyError) => void;
+}
+
+/** The guards of the turns running now, by their header's value. */
+const guards = new Map<string, Guard>();
+/** The agent every turn shares (connections are kept between turns; the policy is one). */
+let sharedAgent: Agent | undefined;
 let undici: Undici | undefined;
 
 /**
@@ -65,56 +71,94 @@ function loadUndici(): Undici {
   return undici;
 }
 
+let installed = false;
+
 /** Wraps `globalThis.fetch` once, for the rest of the process. */
 function install(): void {
-  if (guardedFetchInstalled) return;
-  let next: Fetch = globalThis.fetch;
-  const wrapper: Fetch = (input, init) => guardedFetch(next, input, init);
+  if (installed) return;
+  const original: Fetch = globalThis.fetch;
+  let next = original;
+  let depth = 0;
+  const wrapper: Fetch = (input, init) => {
+    // Back from `next` (someone's fetch that calls the one it found, which is this one): no loop.
+    if (depth > 0) return original(input, init);
+    depth++;
+    try {
+      return guardedFetch(next, input, init);
+    } catch (err) {
+      return Promise.reject(err);
+    } finally {
+      depth--;
+    }
+  };
   Object.defineProperty(globalThis, "fetch", {
     get: () => wrapper,
     // Someone else's fetch becomes what unmarked calls use; marked ones stay guarded.
     set: (fetch: Fetch) => {
-      if (fetch !== wrapper) next = fetch;
+      next = fetch === wrapper ? original : fetch;
     },
     enumerable: true,
     configurable: false,
   });
-  guardedFetchInstalled = true;
+  installed = true;
 }
-let guardedFetchInstalled = false;
 
-/** A marked call through its guard; anything else to `next`, as it came. */
+/** The marker's value among headers as fetch takes them, or null; without copying them. */
+function markerOf(headers: HeadersInit | undefined): string | null {
+  if (headers === undefined) return null;
+  if (headers instanceof Headers) return headers.get(MODEL_EGRESS_HEADER);
+  const pairs: Iterable<readonly [string, string]> = Array.isArray(headers) || Symbol.iterator in headers ? (headers as Iterable<readonly [string, string]>) : Object.entries(headers);
+  for (const [name, value] of pairs) if (name.toLowerCase() === MODEL_EGRESS_HEADER) return value;
+  return null;
+}
+
+/** A marked call through the guard; anything else to `next`, as it came. */
 function guardedFetch(next: Fetch, input: Parameters<Fetch>[0], init?: RequestInit): Promise<Response> {
-  const headers = init?.headers === undefined ? undefined : new Headers(init.headers);
-  if (!headers?.has(MODEL_EGRESS_HEADER)) {
+  const token = markerOf(init?.headers);
+  if (token === null) {
     // The SDKs pass a URL and init; a marked Request object is refused rather than sent unguarded.
     if (input instanceof Request && input.headers.has(MODEL_EGRESS_HEADER)) return Promise.reject(new TypeError("a guarded model call must pass its headers in init"));
     return next(input, init);
   }
-  const token = headers.get(MODEL_EGRESS_HEADER)!;
+  const headers = new Headers(init!.headers);
   headers.delete(MODEL_EGRESS_HEADER);
-  const dispatcher = guards.get(token) ?? (lateGuard ??= guardedAgent({}));
+  // A marked call whose turn has ended is still guarded, never let through.
+  const guard = guards.get(token);
   const { fetch } = loadUndici();
-  return fetch(input as Parameters<Undici["fetch"]>[0], { ...(init as object), headers: [...headers], dispatcher } as Parameters<Undici["fetch"]>[1]) as unknown as Promise<Response>;
+  const call = fetch(input as Parameters<Undici["fetch"]>[0], { ...(init as object), headers: [...headers], dispatcher: guard?.agent ?? shared() } as Parameters<Undici["fetch"]>[1]);
+  return (call as unknown as Promise<Response>).catch((err: unknown) => {
+    const refused = policyError(err);
+    if (refused) guard?.onRefused?.(refused);
+    throw err;
+  });
+}
+
+/** The NetworkPolicyError under a failed fetch (fetch wraps the connection's error). */
+function policyError(err: unknown): NetworkPolicyError | undefined {
+  for (let e = err, i = 0; e instanceof Error && i < 5; e = e.cause, i++) if (e instanceof NetworkPolicyError) return e;
+  return undefined;
+}
+
+function shared(): Agent {
+  return (sharedAgent ??= guardedAgent({}));
 }
 
 /** An agent whose every connection goes to addresses the guard allowed. */
-function guardedAgent(options: ModelEgressOptions): Agent {
+function guardedAgent(options: Pick<ModelEgressOptions, "lookup" | "testHosts">): Agent {
   const { Agent, buildConnector } = loadUndici();
-  const connect = buildConnector({ lookup: guardedLookup({ lookup: options.lookup, onRefused: options.onRefused }) });
+  const lookup = guardedLookup({ lookup: options.lookup });
+  const connect = buildConnector({ lookup });
   return new Agent({
     connect: (target, callback) => {
       const host = target.hostname.replace(/^\[|\]$/g, "").toLowerCase();
       const mapped = options.testHosts?.get(host);
       if (mapped) return connect({ ...target, hostname: mapped.host, port: String(mapped.port) }, callback);
+      if (!net.isIP(host)) return connect(target, callback);
       // A socket connects to an address literal without a lookup: it is checked here.
-      const reason = net.isIP(host) ? refusedAddressReason(host) : undefined;
-      if (reason) {
-        const refused = new NetworkPolicyError(host, `${reason} address ${host}`);
-        options.onRefused?.(refused);
-        return callback(refused, null);
-      }
-      connect(target, callback);
+      allowedAddresses(host).then(
+        () => connect(target, callback),
+        (err: Error) => callback(err, null),
+      );
     },
   });
 }
@@ -123,14 +167,14 @@ function guardedAgent(options: ModelEgressOptions): Agent {
 export function guardModelCalls(options: ModelEgressOptions): ModelEgressGuard {
   install();
   const token = randomUUID();
-  const agent = guardedAgent(options);
-  guards.set(token, agent);
+  // Tests resolve names their own way: their guards get agents of their own.
+  const own = options.lookup || options.testHosts ? guardedAgent(options) : undefined;
+  guards.set(token, { agent: own ?? shared(), onRefused: options.onRefused });
   return {
     headers: { [MODEL_EGRESS_HEADER]: token },
     close: async () => {
       guards.delete(token);
-      // Nothing of the turn runs any more: its connections go now, not when bodies drain.
-      await agent.destroy();
+      await own?.destroy();
     },
   };
 }

@@ -129,7 +129,7 @@ test("model-egress - marked requests are guarded (address literals too, and afte
   echo.server.close();
 });
 
-test("model-egress - a fetch put in place by someone else after the guard does not open it", async (t) => {
+test.serial("model-egress - a fetch put in place by someone else after the guard does not open it", async (t) => {
   const target = await counted();
   const guard = guardModelCalls({});
   try {
@@ -182,4 +182,53 @@ test("model-egress - loading the guard leaves the rest of the process on Node's 
   } finally {
     await guard.close();
   }
+});
+
+test.serial("model-egress - a library that wraps fetch the usual way (calling the one it found) neither loops nor opens the guard; bad input rejects, as fetch does", async (t) => {
+  const target = await counted();
+  const guard = guardModelCalls({});
+  const found = globalThis.fetch;
+  let wrapped = 0;
+  try {
+    globalThis.fetch = (input, init) => {
+      wrapped++;
+      return found(input, init);
+    };
+    t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
+    t.is(wrapped, 1);
+    t.truthy(policyCause(await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: guard.headers }))));
+    t.deepEqual(target.hits, ["/"]);
+    // Put back: the fetch it found.
+    globalThis.fetch = found;
+    t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
+    t.is(wrapped, 1);
+    // A malformed header: a rejected promise, not a throw.
+    const call = fetch(`http://127.0.0.1:${target.port}/`, { headers: [["bad name", "x"]] });
+    t.true(call instanceof Promise);
+    await t.throwsAsync(call);
+  } finally {
+    await guard.close();
+    target.server.close();
+  }
+});
+
+test("model-egress - a refusal is reported to the turn whose mark the call carried, and to no other", async (t) => {
+  const target = await counted();
+  const seenA: string[] = [];
+  const seenB: string[] = [];
+  const a = guardModelCalls({ onRefused: (err) => seenA.push(err.reason) });
+  const b = guardModelCalls({ onRefused: (err) => seenB.push(err.reason) });
+  try {
+    await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: a.headers }));
+    t.deepEqual(seenA, ["loopback address 127.0.0.1"]);
+    t.deepEqual(seenB, []);
+  } finally {
+    await a.close();
+    await b.close();
+  }
+  // After its turn ended, a late call is refused but reported to nobody.
+  await t.throwsAsync(fetch(`http://127.0.0.1:${target.port}/`, { headers: a.headers }));
+  t.is(seenA.length, 1);
+  t.deepEqual(target.hits, []);
+  target.server.close();
 });
