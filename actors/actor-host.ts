@@ -8,8 +8,8 @@ import { sweepKeptWorkspaces } from "./run-workspace.js";
 import type { KV } from "@nats-io/kv";
 
 const encoder = new TextEncoder();
-/** How long a workspace directory of a run this node no longer holds is kept after its last save. */
-const KEPT_WORKSPACE_MS = 60 * 60_000;
+/** How long a workspace directory of a run this node no longer holds is kept after its last use. */
+const KEPT_WORKSPACE_MS = 6 * 60 * 60_000;
 
 /** Temporary failures inside a command (checkpoints too) answer 503, never 500. */
 function isTemporary(error: unknown): boolean {
@@ -108,8 +108,8 @@ export class ActorHost {
   /**
    * Expiry is a sweeper (the store has no TTL indexes): each node expires the runs of
    * the partitions it owns, through their actors, and forgets old records. It also
-   * removes the workspace directories it kept for runs it no longer holds, an hour after
-   * they were last saved (run-workspace.ts).
+   * removes the workspace directories it kept for runs it no longer holds, six hours
+   * after they were last used (run-workspace.ts).
    */
   async sweep(): Promise<void> {
     if (this.sweeping) return;
@@ -129,9 +129,10 @@ export class ActorHost {
       const swept = await this.r.files.sweep(now);
       if (swept.files || swept.uploads) this.r.log.info(swept, "expired files and upload records removed");
       const partitions = this.r.config.partitions;
-      const holds = (runId: string) => this.actors.has(runId) || this.leases.heldPartitions().includes(partitionOf(runId, partitions));
+      const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });
-      if (kept) this.r.log.info({ workspaces: kept }, "removed workspace directories kept for runs this node no longer holds");
+      if (kept.removed) this.r.log.info({ workspaces: kept.removed }, "removed workspace directories kept for runs this node no longer holds");
+      if (kept.failed) this.r.log.warn({ workspaces: kept.failed }, "could not remove some workspace directories kept for runs this node no longer holds; retrying at the next sweep");
     } catch (err) {
       this.r.log.warn({ err }, "sweep failed; retrying at the next interval");
     } finally {

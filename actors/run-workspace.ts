@@ -5,7 +5,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync, renameSync, rmSync } from "node:fs";
-import { mkdir, readdir, rm, stat } from "node:fs/promises";
+import { mkdir, readdir, rm, stat, utimes } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { RunDoc, TurnErrorCode } from "../src/index.js";
@@ -73,6 +73,10 @@ export async function prepareRunWorkspace(
     r.log.error({ err, run_id: run._id }, "could not prepare the run's workspace for its sandbox");
     return "sandbox_operation_failed";
   }
+  // In use now: a kept directory's age counts from its last use (sweepKeptWorkspaces).
+  // Best effort (the directory is the sandbox's own; the marker may not exist yet).
+  const now = new Date();
+  await Promise.all([utimes(checkpointMarkerOf(workspaceDir), now, now), utimes(workspaceDir, now, now)].map((p) => p.catch(() => undefined)));
   return null;
 }
 
@@ -82,59 +86,58 @@ const TRASH = ".trash";
 
 /**
  * Removes the workspace directories (and checkpoint markers) this node kept for runs it
- * no longer holds, once untouched for `olderThanMs`: runs that moved to another node, or
- * were deleted or expired there. Nothing is lost: a kept directory is only ever used
- * again after it is checked against the run's checkpoint (prepareRunWorkspace), and
- * otherwise replaced by it. `holds(runId)` is asked again right before a directory is
- * moved out of the way, in the same synchronous step, so no actor of this node can
- * begin to use it in between. At most `limit` entries are looked at; the count removed.
+ * no longer holds, once untouched for `olderThanMs` (last prepared for a turn, saved or
+ * restored: the newer of the marker's and the directory's times): runs that moved to
+ * another node, or were deleted or expired there. What such a directory holds beyond the
+ * run's checkpoint (a turn whose save failed) is then given up; until then it is used
+ * again if the run comes back and the checkpoint is still the one it was saved as.
+ * `holds(runId)` is asked again right before a directory is moved out of the way, in the
+ * same synchronous step, so no actor of this node can begin to use it in between. At most
+ * `limit` directories not held are looked at per call.
  */
 export async function sweepKeptWorkspaces(
   dataDir: string,
   holds: (runId: string) => boolean,
   o: { nowMs: number; olderThanMs: number; limit?: number },
-): Promise<number> {
+): Promise<{ removed: number; failed: number }> {
   const root = path.join(dataDir, "workspaces");
   const trash = path.join(root, TRASH);
-  await rm(trash, { recursive: true, force: true });
+  const done = { removed: 0, failed: 0 };
+  // What a crash (or a failed removal) left there.
+  await rm(trash, { recursive: true, force: true }).catch(() => done.failed++);
   const names = await readdir(root).catch((err: NodeJS.ErrnoException) => {
     if (err.code === "ENOENT") return [] as string[];
     throw err;
   });
   const runIds = new Set<string>();
-  for (const name of names.slice(0, o.limit ?? 10_000)) {
+  for (const name of names) {
     if (name.startsWith(".")) continue;
     runIds.add(name.endsWith(CHECKPOINT_SUFFIX) ? name.slice(0, -CHECKPOINT_SUFFIX.length) : name);
   }
-  let removed = 0;
+  let looked = 0;
   for (const runId of runIds) {
     if (holds(runId)) continue;
+    if (looked++ >= (o.limit ?? 1_000)) break;
     const dir = path.join(root, runId);
     const marker = checkpointMarkerOf(dir);
-    // Last saved or restored (the marker), else last changed at its top.
-    const touched = (await stat(marker).catch(() => stat(dir)).catch(() => null))?.mtimeMs;
-    if (touched === undefined || o.nowMs - touched < o.olderThanMs) continue;
+    const times = await Promise.all([stat(marker), stat(dir)].map((p) => p.then((st) => st.mtimeMs, () => undefined)));
+    const touched = Math.max(...times.filter((t): t is number => t !== undefined));
+    if (!Number.isFinite(touched) || o.nowMs - touched < o.olderThanMs) continue;
     // Checked and moved in one synchronous step (no await between them).
     if (holds(runId)) continue;
     const away = path.join(trash, `${runId}-${randomUUID()}`);
-    let moved = false;
     try {
       if (existsSync(dir)) {
-        mkdirSyncOnce(trash);
+        if (!existsSync(trash)) mkdirSync(trash, { mode: 0o700 });
         renameSync(dir, away);
-        moved = true;
       }
       rmSync(marker, { force: true });
+      await rm(away, { recursive: true, force: true });
+      done.removed++;
     } catch {
-      continue;
+      done.failed++;
     }
-    if (moved) await rm(away, { recursive: true, force: true });
-    removed++;
   }
-  await rm(trash, { recursive: true, force: true });
-  return removed;
-}
-
-function mkdirSyncOnce(dir: string): void {
-  if (!existsSync(dir)) mkdirSync(dir, { mode: 0o700 });
+  await rm(trash, { recursive: true, force: true }).catch(() => done.failed++);
+  return done;
 }

@@ -114,12 +114,12 @@ test("run-workspace - kept workspaces of runs this node no longer holds are remo
   await utimes(path.join(root, "run_orphan.checkpoint"), new Date(now - 2 * hour), new Date(now - 2 * hour));
   await mkdir(path.join(root, ".trash", "run_old-1"), { recursive: true });
   const removed = await sweepKeptWorkspaces(dataDir, (runId) => runId === "run_held", { nowMs: now, olderThanMs: hour });
-  t.is(removed, 2);
+  t.deepEqual(removed, { removed: 2, failed: 0 });
   t.deepEqual((await readdir(root)).sort(), ["run_held", "run_held.checkpoint", "run_recent", "run_recent.checkpoint"]);
   t.is(await readFile(path.join(root, "run_held", "sub", "note.txt"), "utf8"), "run_held");
   // Nothing to do: nothing more removed; no workspaces folder at all is no error.
-  t.is(await sweepKeptWorkspaces(dataDir, (runId) => runId === "run_held", { nowMs: now, olderThanMs: hour }), 0);
-  t.is(await sweepKeptWorkspaces(path.join(dataDir, "nowhere"), () => false, { nowMs: now, olderThanMs: 0 }), 0);
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, (runId) => runId === "run_held", { nowMs: now, olderThanMs: hour }), { removed: 0, failed: 0 });
+  t.deepEqual(await sweepKeptWorkspaces(path.join(dataDir, "nowhere"), () => false, { nowMs: now, olderThanMs: 0 }), { removed: 0, failed: 0 });
 });
 
 test("run-workspace - a run this node comes to hold while the sweep looks is asked about again, right before its directory is moved", async (t) => {
@@ -128,8 +128,33 @@ test("run-workspace - a run this node comes to hold while the sweep looks is ask
   const asked: string[] = [];
   // Not held when the sweep lists it; held (an actor is starting) by the time it would move it.
   const removed = await sweepKeptWorkspaces(dataDir, (runId) => asked.push(runId) > 1, { nowMs: now, olderThanMs: 0 });
-  t.is(removed, 0);
+  t.deepEqual(removed, { removed: 0, failed: 0 });
   t.deepEqual(asked, ["run_claimed", "run_claimed"]);
   t.true(existsSync(path.join(dataDir, "workspaces", "run_claimed", "sub", "note.txt")));
   t.true(existsSync(checkpointMarkerOf(path.join(dataDir, "workspaces", "run_claimed"))));
+});
+
+test("run-workspace - a kept directory's age counts from its last use: preparing it for a turn makes it young again, whatever its last save", async (t) => {
+  const hour = 3_600_000;
+  const dir = await kept(t);
+  const dataDir = path.dirname(path.dirname(dir));
+  const old = new Date(Date.now() - 10 * hour);
+  await utimes(checkpointMarkerOf(dir), old, old);
+  await utimes(dir, old, old);
+  const { r } = resources(async () => true);
+  t.is(await prepareRunWorkspace(r, run, dir, true), null);
+  // Not held any more (the run moved on), but used just now: kept.
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: Date.now(), olderThanMs: hour }), { removed: 0, failed: 0 });
+  t.true(existsSync(path.join(dir, "note.txt")));
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: Date.now() + 2 * hour, olderThanMs: hour }), { removed: 1, failed: 0 });
+  t.false(existsSync(dir));
+});
+
+test("run-workspace - one sweep looks at no more directories than its limit; the next goes on", async (t) => {
+  const now = Date.now();
+  const dataDir = await dataDirWith(t, { run_a: 5 * 3_600_000, run_b: 5 * 3_600_000, run_c: 5 * 3_600_000, run_held: 5 * 3_600_000 }, now);
+  const holds = (runId: string) => runId === "run_held";
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, holds, { nowMs: now, olderThanMs: 0, limit: 2 }), { removed: 2, failed: 0 });
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, holds, { nowMs: now, olderThanMs: 0, limit: 2 }), { removed: 1, failed: 0 });
+  t.deepEqual((await readdir(path.join(dataDir, "workspaces"))).sort(), ["run_held", "run_held.checkpoint"]);
 });
