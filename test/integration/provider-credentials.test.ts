@@ -1,6 +1,7 @@
 import anyTest, { type TestFn } from "ava";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { writeChatStream } from "../helpers/chat-stream.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 
@@ -11,15 +12,7 @@ function fakeProvider(seen: string[]): Server {
   return createServer((req, res) => {
     seen.push(req.headers.authorization ?? "");
     req.resume();
-    req.on("end", () => {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      const chunk = (delta: Record<string, unknown>, finish: string | null) =>
-        `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
-      res.write(chunk({ role: "assistant", content: "Hello from " }, null));
-      res.write(chunk({ content: "the provider" }, null));
-      res.write(chunk({}, "stop"));
-      res.end("data: [DONE]\n\n");
-    });
+    req.on("end", () => writeChatStream(res, ["Hello from ", "the provider"]));
   });
 }
 

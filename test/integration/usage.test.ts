@@ -3,6 +3,7 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
+import { writeChatStream } from "../helpers/chat-stream.js";
 
 /** Usage on turns and runs (issue 16, part 2): from the scripted model and from an OpenAI-compatible endpoint. */
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; provider: Server; baseUrl: string }>;
@@ -11,14 +12,7 @@ const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; 
 function fakeProvider(): Server {
   return createServer((req, res) => {
     req.resume();
-    req.on("end", () => {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      const chunk = (body: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", ...body })}\n\n`;
-      res.write(chunk({ choices: [{ index: 0, delta: { role: "assistant", content: "counted" }, finish_reason: null }] }));
-      res.write(chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] }));
-      res.write(chunk({ choices: [], usage: { prompt_tokens: 42, completion_tokens: 7, prompt_tokens_details: { cached_tokens: 2 } } }));
-      res.end("data: [DONE]\n\n");
-    });
+    req.on("end", () => writeChatStream(res, ["counted"], { prompt_tokens: 42, completion_tokens: 7, prompt_tokens_details: { cached_tokens: 2 } }));
   });
 }
 

@@ -16,6 +16,7 @@ import { listModels } from "../../src/models.js";
 import { scriptedModel } from "../../actors/scripted-model.js";
 import type { Sandbox } from "../../actors/sandbox.js";
 import { testSandbox } from "../helpers/sandbox.js";
+import { writeChatStream } from "../helpers/chat-stream.js";
 
 let sandbox: Sandbox;
 test.before(async () => {
@@ -561,15 +562,7 @@ test("agent-runner - a guarded openai-compatible call that the guard allows stre
   const server = createServer((req, res) => {
     seen.push(req.headers);
     req.resume();
-    req.on("end", () => {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      const chunk = (delta: Record<string, unknown>, finish: string | null) =>
-        `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
-      res.write(chunk({ role: "assistant", content: "guarded " }, null));
-      res.write(chunk({ content: "and streamed" }, null));
-      res.write(chunk({}, "stop"));
-      res.end("data: [DONE]\n\n");
-    });
+    req.on("end", () => writeChatStream(res, ["guarded ", "and streamed"]));
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   const port = (server.address() as AddressInfo).port;
