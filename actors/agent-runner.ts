@@ -318,7 +318,13 @@ class TurnExecution {
     // A tenant's endpoint is checked again at every connection: its name may answer
     // otherwise then, or it may redirect. Closed in the finally below.
     if (typeof req.config.model === "object" && req.allowPrivateModelEndpoints !== true) {
-      this.egress = guardModelCalls({ lookup: req.modelEndpointLookup, testHosts: req.modelEndpointTestHosts, onRefused: (err) => (this.egressRefusal ??= err) });
+      this.egress = guardModelCalls({
+        lookup: req.modelEndpointLookup,
+        testHosts: req.modelEndpointTestHosts,
+        onRefused: (err) => (this.egressRefusal ??= err),
+        // A retry that got an answer: whatever fails the call now is not the refusal.
+        onResponse: () => (this.egressRefusal = undefined),
+      });
     }
     try {
       if (resume) await agent.continue();

@@ -13,11 +13,12 @@
  * guarded agent (one for the process, so connections are kept between turns): every
  * connection, redirects' included, is made with a lookup that answers only allowed
  * addresses (and address literals are checked first), and TLS presents and verifies the
- * endpoint's name as usual. A refusal is reported to the turn whose mark the call
- * carried. Every other call goes to the process's `fetch` as it came. Not a global undici dispatcher: which slot Node's bundled
- * fetch reads, and which handler API it speaks, change between Node and undici versions.
- * Not an AsyncLocalStorage scope either: on Node 20 one in use makes every promise in the
- * process several times dearer.
+ * endpoint's name as usual. A refusal, and an answer, are reported to the turn whose mark
+ * the call carried. Every other call goes to the process's `fetch` as it came.
+ *
+ * Not a global undici dispatcher: which slot Node's bundled fetch reads, and which handler
+ * API it speaks, change between Node and undici versions. Not an AsyncLocalStorage scope
+ * either: on Node 20 one in use makes every promise in the process several times dearer.
  */
 import { randomUUID } from "node:crypto";
 import { createRequire } from "node:module";
@@ -31,6 +32,8 @@ export const MODEL_EGRESS_HEADER = "x-runs-model-egress";
 export interface ModelEgressOptions {
   /** Called with each refusal (the turn reports it as `network_policy_denied`). */
   onRefused?: (error: NetworkPolicyError) => void;
+  /** Called when a guarded call gets an answer (an SDK's retry after a refusal may). */
+  onResponse?: () => void;
   /** TEST ONLY (no configuration reaches it): how names resolve; the system resolver otherwise. */
   lookup?: Lookup;
   /** TEST ONLY (no configuration reaches it): host names connected to a loopback server without the check. */
@@ -50,6 +53,7 @@ type Undici = typeof import("undici");
 interface Guard {
   agent: Agent;
   onRefused?: (error: NetworkPolicyError) => void;
+  onResponse?: () => void;
 }
 
 /** The guards of the turns running now, by their header's value. */
@@ -72,6 +76,8 @@ function loadUndici(): Undici {
 }
 
 let installed = false;
+/** The inits the wrapper handed to `next`: a call that comes back with one came from `next`. */
+const forwarded = new WeakSet<object>();
 
 /** Wraps `globalThis.fetch` once, for the rest of the process. */
 function install(): void {
@@ -80,15 +86,25 @@ function install(): void {
   let next = original;
   let depth = 0;
   const wrapper: Fetch = (input, init) => {
-    // Back from `next` (someone's fetch that calls the one it found, which is this one): no loop.
-    if (depth > 0) return original(input, init);
-    depth++;
     try {
-      return guardedFetch(next, input, init);
+      const read = readMarker(init);
+      if (read.token !== null) return guardedCall(read.token, input, read.init!);
+      // The SDKs pass a URL and init; a marked Request object is refused rather than sent unguarded.
+      if (input instanceof Request && input.headers.has(MODEL_EGRESS_HEADER)) return Promise.reject(new TypeError("a guarded model call must pass its headers in init"));
+      // Back from `next` (someone's fetch that calls the one it found, which is this one, at
+      // once or after an await): to the original, or the two would call each other forever.
+      if (depth > 0 || (read.init !== undefined && forwarded.has(read.init))) return original(input, read.init);
+      const passed: RequestInit = { ...read.init };
+      forwarded.add(passed);
+      depth++;
+      try {
+        return next(input, passed);
+      } finally {
+        depth--;
+      }
     } catch (err) {
+      // As fetch does with bad input: a rejected promise, not a throw.
       return Promise.reject(err);
-    } finally {
-      depth--;
     }
   };
   Object.defineProperty(globalThis, "fetch", {
@@ -103,34 +119,47 @@ function install(): void {
   installed = true;
 }
 
-/** The marker's value among headers as fetch takes them, or null; without copying them. */
-function markerOf(headers: HeadersInit | undefined): string | null {
-  if (headers === undefined) return null;
-  if (headers instanceof Headers) return headers.get(MODEL_EGRESS_HEADER);
-  const pairs: Iterable<readonly [string, string]> = Array.isArray(headers) || Symbol.iterator in headers ? (headers as Iterable<readonly [string, string]>) : Object.entries(headers);
-  for (const [name, value] of pairs) if (name.toLowerCase() === MODEL_EGRESS_HEADER) return value;
-  return null;
+/**
+ * The marker's value among `init`'s headers (null when there is none), and the init to
+ * pass on: the same one, unless its headers were an iterable that reading used up (then
+ * with those headers as read).
+ */
+function readMarker(init: RequestInit | undefined): { token: string | null; init: RequestInit | undefined } {
+  const headers = init?.headers;
+  if (headers == null) return { token: null, init };
+  if (headers instanceof Headers) return { token: headers.get(MODEL_EGRESS_HEADER), init };
+  const find = (pairs: Iterable<readonly [string, string]>) => {
+    for (const [name, value] of pairs) if (name.toLowerCase() === MODEL_EGRESS_HEADER) return value;
+    return null;
+  };
+  if (Array.isArray(headers)) return { token: find(headers as [string, string][]), init };
+  if (Symbol.iterator in headers) {
+    const pairs = [...(headers as Iterable<[string, string]>)];
+    return { token: find(pairs), init: { ...init, headers: pairs } };
+  }
+  return { token: find(Object.entries(headers)), init };
 }
 
-/** A marked call through the guard; anything else to `next`, as it came. */
-function guardedFetch(next: Fetch, input: Parameters<Fetch>[0], init?: RequestInit): Promise<Response> {
-  const token = markerOf(init?.headers);
-  if (token === null) {
-    // The SDKs pass a URL and init; a marked Request object is refused rather than sent unguarded.
-    if (input instanceof Request && input.headers.has(MODEL_EGRESS_HEADER)) return Promise.reject(new TypeError("a guarded model call must pass its headers in init"));
-    return next(input, init);
-  }
-  const headers = new Headers(init!.headers);
+/** A marked call, through the guard. */
+function guardedCall(token: string, input: Parameters<Fetch>[0], init: RequestInit): Promise<Response> {
+  const headers = new Headers(init.headers);
   headers.delete(MODEL_EGRESS_HEADER);
   // A marked call whose turn has ended is still guarded, never let through.
   const guard = guards.get(token);
   const { fetch } = loadUndici();
   const call = fetch(input as Parameters<Undici["fetch"]>[0], { ...(init as object), headers: [...headers], dispatcher: guard?.agent ?? shared() } as Parameters<Undici["fetch"]>[1]);
-  return (call as unknown as Promise<Response>).catch((err: unknown) => {
-    const refused = policyError(err);
-    if (refused) guard?.onRefused?.(refused);
-    throw err;
-  });
+  return (call as unknown as Promise<Response>).then(
+    (response) => {
+      // An answer came (a retry may follow a refusal): the call did not fail for the guard.
+      guard?.onResponse?.();
+      return response;
+    },
+    (err: unknown) => {
+      const refused = policyError(err);
+      if (refused) guard?.onRefused?.(refused);
+      throw err;
+    },
+  );
 }
 
 /** The NetworkPolicyError under a failed fetch (fetch wraps the connection's error). */
@@ -169,7 +198,7 @@ export function guardModelCalls(options: ModelEgressOptions): ModelEgressGuard {
   const token = randomUUID();
   // Tests resolve names their own way: their guards get agents of their own.
   const own = options.lookup || options.testHosts ? guardedAgent(options) : undefined;
-  guards.set(token, { agent: own ?? shared(), onRefused: options.onRefused });
+  guards.set(token, { agent: own ?? shared(), onRefused: options.onRefused, onResponse: options.onResponse });
   return {
     headers: { [MODEL_EGRESS_HEADER]: token },
     close: async () => {

@@ -202,6 +202,15 @@ test.serial("model-egress - a library that wraps fetch the usual way (calling th
     globalThis.fetch = found;
     t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
     t.is(wrapped, 1);
+    // One that waits before calling the fetch it found: the call comes back later, still no loop.
+    globalThis.fetch = async (input, init) => {
+      wrapped++;
+      await null;
+      return found(input, init);
+    };
+    t.is((await fetch(`http://127.0.0.1:${target.port}/`)).status, 200);
+    t.is(wrapped, 2);
+    globalThis.fetch = found;
     // A malformed header: a rejected promise, not a throw.
     const call = fetch(`http://127.0.0.1:${target.port}/`, { headers: [["bad name", "x"]] });
     t.true(call instanceof Promise);
@@ -231,4 +240,33 @@ test("model-egress - a refusal is reported to the turn whose mark the call carri
   t.is(seenA.length, 1);
   t.deepEqual(target.hits, []);
   target.server.close();
+});
+
+test("model-egress - headers given as a one-shot iterable reach the server whole; a marked Map is guarded; an answer is reported to its turn", async (t) => {
+  const seen: string[] = [];
+  const echo = await counted();
+  echo.server.removeAllListeners("request");
+  echo.server.on("request", (req, res) => {
+    seen.push(String(req.headers.authorization));
+    req.resume();
+    res.end("{}");
+  });
+  let answers = 0;
+  const guard = guardModelCalls({ testHosts: new Map([["echo.test", { host: "127.0.0.1", port: echo.port }]]), onResponse: () => answers++ });
+  try {
+    function* once(): Generator<[string, string]> {
+      yield ["authorization", "Bearer one-shot"];
+    }
+    t.is((await fetch(`http://127.0.0.1:${echo.port}/`, { headers: once() as unknown as HeadersInit })).status, 200);
+    t.deepEqual(seen, ["Bearer one-shot"]);
+    const marked = new Map([["X-Runs-Model-Egress", guard.headers[MODEL_EGRESS_HEADER]!], ["authorization", "Bearer marked"]]);
+    t.truthy(policyCause(await t.throwsAsync(fetch(`http://127.0.0.1:${echo.port}/`, { headers: marked as unknown as HeadersInit }))));
+    t.is(answers, 0);
+    t.is((await fetch(`http://echo.test:${echo.port}/`, { headers: marked as unknown as HeadersInit })).status, 200);
+    t.is(answers, 1);
+    t.deepEqual(seen, ["Bearer one-shot", "Bearer marked"]);
+  } finally {
+    await guard.close();
+    echo.server.close();
+  }
 });
