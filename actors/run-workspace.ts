@@ -92,32 +92,31 @@ const TRASH = ".trash";
  * run's checkpoint (a turn whose save failed) is then given up; until then it is used
  * again if the run comes back and the checkpoint is still the one it was saved as.
  * `holds(runId)` is asked again right before a directory is moved out of the way, in the
- * same synchronous step, so no actor of this node can begin to use it in between. At most
- * `limit` directories not held are looked at per call.
+ * same synchronous step, so no actor of this node can begin to use it in between. Bounded
+ * per call: at most `limit` directories not held are looked at and `maxRemovals` removed,
+ * from a random place in the listing (so none is always left behind the bound).
  */
 export async function sweepKeptWorkspaces(
   dataDir: string,
   holds: (runId: string) => boolean,
-  o: { nowMs: number; olderThanMs: number; limit?: number },
+  o: { nowMs: number; olderThanMs: number; limit?: number; maxRemovals?: number },
 ): Promise<{ removed: number; failed: number }> {
   const root = path.join(dataDir, "workspaces");
   const trash = path.join(root, TRASH);
   const done = { removed: 0, failed: 0 };
-  // What a crash (or a failed removal) left there.
-  await rm(trash, { recursive: true, force: true }).catch(() => done.failed++);
+  // What a crash (or a failed removal) left there; tried again at every sweep.
+  await rm(trash, { recursive: true, force: true }).catch(() => undefined);
   const names = await readdir(root).catch((err: NodeJS.ErrnoException) => {
     if (err.code === "ENOENT") return [] as string[];
     throw err;
   });
-  const runIds = new Set<string>();
-  for (const name of names) {
-    if (name.startsWith(".")) continue;
-    runIds.add(name.endsWith(CHECKPOINT_SUFFIX) ? name.slice(0, -CHECKPOINT_SUFFIX.length) : name);
-  }
+  const runIds = [...new Set(names.filter((name) => !name.startsWith(".")).map((name) => (name.endsWith(CHECKPOINT_SUFFIX) ? name.slice(0, -CHECKPOINT_SUFFIX.length) : name)))];
+  const from = Math.floor(Math.random() * runIds.length);
   let looked = 0;
-  for (const runId of runIds) {
+  for (let i = 0; i < runIds.length && looked < (o.limit ?? 1_000) && done.removed < (o.maxRemovals ?? 50); i++) {
+    const runId = runIds[(from + i) % runIds.length]!;
     if (holds(runId)) continue;
-    if (looked++ >= (o.limit ?? 1_000)) break;
+    looked++;
     const dir = path.join(root, runId);
     const marker = checkpointMarkerOf(dir);
     const times = await Promise.all([stat(marker), stat(dir)].map((p) => p.then((st) => st.mtimeMs, () => undefined)));
@@ -138,6 +137,6 @@ export async function sweepKeptWorkspaces(
       done.failed++;
     }
   }
-  await rm(trash, { recursive: true, force: true }).catch(() => done.failed++);
+  await rm(trash, { recursive: true, force: true }).catch(() => undefined);
   return done;
 }

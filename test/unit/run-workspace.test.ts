@@ -158,3 +158,12 @@ test("run-workspace - one sweep looks at no more directories than its limit; the
   t.deepEqual(await sweepKeptWorkspaces(dataDir, holds, { nowMs: now, olderThanMs: 0, limit: 2 }), { removed: 1, failed: 0 });
   t.deepEqual((await readdir(path.join(dataDir, "workspaces"))).sort(), ["run_held", "run_held.checkpoint"]);
 });
+
+test("run-workspace - one sweep removes no more directories than its cap; the rest go at the next", async (t) => {
+  const now = Date.now();
+  const runs = Object.fromEntries(Array.from({ length: 5 }, (_, i) => [`run_old${i}`, 10 * 3_600_000]));
+  const dataDir = await dataDirWith(t, runs, now);
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: now, olderThanMs: 0, maxRemovals: 3 }), { removed: 3, failed: 0 });
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: now, olderThanMs: 0, maxRemovals: 3 }), { removed: 2, failed: 0 });
+  t.deepEqual(await readdir(path.join(dataDir, "workspaces")), []);
+});
