@@ -134,7 +134,8 @@ export class WebhookStore {
     return doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
   }
 
-  async create(input: { workspaceId: string; url: string; description: string | null; eventTypes: string[]; agentId: string | null; enabled: boolean }): Promise<{ doc: WebhookDoc; secret: string }> {
+  /** The new webhook, or null when the workspace already has the most it may have. */
+  async create(input: { workspaceId: string; url: string; description: string | null; eventTypes: string[]; agentId: string | null; enabled: boolean }): Promise<{ doc: WebhookDoc; secret: string } | null> {
     const now = this.clock.nowMs();
     const secret = newWebhookSecret();
     const doc: WebhookDoc = {
@@ -152,6 +153,16 @@ export class WebhookStore {
     };
     await guard(() => this.endpoints.insertOne(doc));
     this.cache.delete(input.workspaceId);
+    // Creates that raced past the route's count: one that finds more than the limit once it
+    // is in takes itself back. Inserts are the only atomic writes here, so the limit is
+    // settled after them: the last of any set of kept webhooks counted them all, so never
+    // more than the limit stay (two racers may both step back, leaving a place free).
+    const total = await guard(() => this.endpoints.countDocuments({ workspace_id: input.workspaceId }, { limit: MAX_WEBHOOKS_PER_WORKSPACE + 1 }));
+    if (total > MAX_WEBHOOKS_PER_WORKSPACE) {
+      await guard(() => this.endpoints.deleteOne({ _id: doc._id }));
+      this.cache.delete(input.workspaceId);
+      return null;
+    }
     return { doc, secret };
   }
 

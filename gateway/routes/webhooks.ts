@@ -187,10 +187,9 @@ export function webhookRoutes(ctx: GatewayContext) {
     route(app, WEBHOOK_OPERATIONS.createWebhook, async (request, reply) => {
       const auth = authOf(request);
       await checkUrl(request.body.url);
-      if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) {
-        throw invalid(null, `The workspace has ${MAX_WEBHOOKS_PER_WORKSPACE} webhooks, the most it may have; delete one first.`);
-      }
-      const { doc, secret } = await store.create({
+      const full = () => invalid(null, `The workspace has ${MAX_WEBHOOKS_PER_WORKSPACE} webhooks, the most it may have; delete one first.`);
+      if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) throw full();
+      const created = await store.create({
         workspaceId: auth.workspace._id,
         url: request.body.url,
         description: request.body.description ?? null,
@@ -198,6 +197,9 @@ export function webhookRoutes(ctx: GatewayContext) {
         agentId: request.body.agent_id ?? null,
         enabled: request.body.enabled ?? true,
       });
+      // Another create won the last place while this one was being made.
+      if (!created) throw full();
+      const { doc, secret } = created;
       ctx.log.info({ workspace_id: auth.workspace._id, webhook_id: doc._id, event_types: doc.event_types }, "webhook created");
       return reply.status(201).send(renderWebhook(doc, secret));
     });

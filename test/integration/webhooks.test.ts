@@ -3,7 +3,7 @@ import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import pino from "pino";
 import { Webhook } from "standardwebhooks";
-import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { Ids, systemClock, WebhookStore } from "../../src/index.js";
 import { WebhookDeliverer } from "../../actors/index.js";
@@ -321,11 +321,38 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
   t.is((await other.api.get(`/api/v1/webhooks?after=${firstPage.body.next_cursor}`)).body.error.code, "invalid_cursor");
 });
 
+test("webhooks - creates racing for the last places, through two nodes, never pass the limit; the losers answer it and keep nothing", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  // The same workspace and key through the second (gateway-only) node too.
+  const viaStrict = new Api(t.context.strict.url!, ws.key);
+  for (let i = 0; i < 45; i++) t.is((await ws.api.post("/api/v1/webhooks", { url: `https://example.com/${i}`, event_types: ["*"] })).status, 201);
+  const racers = await Promise.all(
+    Array.from({ length: 12 }, (_, i) => (i % 2 ? viaStrict : ws.api).post("/api/v1/webhooks", { url: `https://example.com/race-${i}`, event_types: ["*"] })),
+  );
+  const won = racers.filter((r) => r.status === 201);
+  const lost = racers.filter((r) => r.status !== 201);
+  // At most the five places left; two racers stepping back together may leave one free.
+  t.true(won.length >= 1 && won.length <= 5, JSON.stringify(racers.map((r) => r.status)));
+  for (const r of lost) {
+    t.is(r.status, 400);
+    t.regex(r.body.error.message, /50 webhooks, the most it may have/);
+  }
+  const listed = async () => new Set(((await ws.api.get("/api/v1/webhooks?limit=100")).body.data as { id: string; url: string }[]).map((w) => w.url));
+  const kept = await listed();
+  t.is(kept.size, 45 + won.length);
+  for (const r of won) t.true(kept.has(r.body.url));
+  for (const [i, r] of racers.entries()) if (r.status !== 201) t.false(kept.has(`https://example.com/race-${i}`));
+  // The places left are there to take, one at a time, up to the limit and no further.
+  for (let i = kept.size; i < 50; i++) t.is((await ws.api.post("/api/v1/webhooks", { url: `https://example.com/after-${i}`, event_types: ["*"] })).status, 201);
+  t.is((await ws.api.post("/api/v1/webhooks", { url: "https://example.com/one-too-many", event_types: ["*"] })).status, 400);
+  t.is((await listed()).size, 50);
+});
+
 test("webhooks - finished deliveries leave the log after 7 days; pending ones stay", async (t) => {
   const ws = await newWorkspace(t.context.strict);
   const raw = await t.context.servers.raw();
   const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
-  const { doc } = await store.create({ workspaceId: ws.id, url: "https://example.com/x", description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const { doc } = (await store.create({ workspaceId: ws.id, url: "https://example.com/x", description: null, eventTypes: ["*"], agentId: null, enabled: true }))!;
   const done = await store.enqueueTest(doc, 999_998);
   const waiting = await store.enqueueTest(doc, 999_998);
   t.true(await store.claimAttempt(done, 1));
@@ -368,7 +395,7 @@ test("webhooks - private, loopback and metadata destinations are refused without
   // the deliverer refuses the address when it connects.
   const raw = await t.context.servers.raw();
   const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
-  const { doc } = await store.create({ workspaceId: ws.id, url: r.url, description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const { doc } = (await store.create({ workspaceId: ws.id, url: r.url, description: null, eventTypes: ["*"], agentId: null, enabled: true }))!;
   // A partition no node of this test holds: only this deliverer looks at it.
   const delivery = await store.enqueueTest(doc, 999_999);
   const deliverer = new WebhookDeliverer({ store, clock: systemClock, log: pino({ level: "silent" }), held: () => [999_999], allowPrivate: false, timeoutMs: 2_000, horizonMs: 60_000, retryScale: 0.01, maxInFlight: 1 });
@@ -385,7 +412,7 @@ test("webhooks - a delivery waiting behind an earlier one of its run leaves the 
   const ws = await newWorkspace(t.context.strict);
   const raw = await t.context.servers.raw();
   const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
-  const { doc } = await store.create({ workspaceId: ws.id, url: "https://example.com/hook", description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const { doc } = (await store.create({ workspaceId: ws.id, url: "https://example.com/hook", description: null, eventTypes: ["*"], agentId: null, enabled: true }))!;
   const event = (key: string) => ({ workspaceId: ws.id, agentId: "agt_x", runId: "run_order", partition: 999_997, type: "turn.completed" as const, eventKey: key, data: {} });
   t.is(await store.enqueue(event("turn_a")), 1);
   t.is(await store.enqueue(event("turn_b")), 1);
@@ -399,7 +426,7 @@ test("webhooks - a delivery waiting behind an earlier one of its run leaves the 
   t.deepEqual(await store.attemptsOf(second!._id), [], "and not attempted");
   t.deepEqual((await store.due([999_997], Date.now(), 10)).map((d) => d._id), [], "neither is due now");
 
-  const { doc: gone } = await store.create({ workspaceId: ws.id, url: "https://example.com/gone", description: null, eventTypes: ["*"], agentId: null, enabled: true });
+  const { doc: gone } = (await store.create({ workspaceId: ws.id, url: "https://example.com/gone", description: null, eventTypes: ["*"], agentId: null, enabled: true }))!;
   const orphan = await store.enqueueTest(gone, 999_997);
   await raw.db.collection("webhooks").deleteOne({ _id: gone._id as never });
   await deliverer.tick();
