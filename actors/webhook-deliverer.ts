@@ -26,6 +26,8 @@ export interface DelivererOptions {
   pollMs?: number;
 }
 
+/** The least time between two looks started by new deliveries (not by the poll). */
+const NUDGE_GAP_MS = 50;
 /** How often finished deliveries past the log's 7 days are swept. */
 const SWEEP_EVERY_MS = 10 * 60_000;
 /** How long a delivery to a disabled endpoint waits before it is looked at again. */
@@ -37,6 +39,13 @@ export class WebhookDeliverer {
   private timer: Timer | undefined;
   private sweeper: Timer | undefined;
   private ticking = false;
+  /** A delivery came while a look was running: look again when it ends. */
+  private again = false;
+  /** The last look left due deliveries for endpoints at their limit: look again as attempts end. */
+  private heldBack = false;
+  private nudged: Timer | undefined;
+  private lastTickAt = 0;
+  private stopListening: (() => void) | undefined;
   private stopped = false;
   private readonly inFlight = new Map<string, Promise<void>>();
   private readonly perEndpoint = new Map<string, number>();
@@ -45,6 +54,7 @@ export class WebhookDeliverer {
 
   start(): void {
     this.timer = this.o.clock.every(this.o.pollMs ?? 500, () => void this.tick(), { keepAlive: false });
+    this.stopListening = this.o.store.onDeliveryInserted((partition) => this.nudge(partition));
     this.sweeper = this.o.clock.every(SWEEP_EVERY_MS, () => void this.sweep(), { keepAlive: false });
   }
 
@@ -60,18 +70,50 @@ export class WebhookDeliverer {
     }
   }
 
+  /**
+   * A delivery of `partition` was recorded here: if this node sends that partition's, it
+   * looks now (at most one look every NUDGE_GAP_MS this way), not at its next poll.
+   */
+  nudge(partition: number): void {
+    if (!this.stopped && this.o.held().includes(partition)) this.soon();
+  }
+
+  /** A look soon: after the one running, or NUDGE_GAP_MS after the last one began. */
+  private soon(): void {
+    if (this.nudged) return;
+    if (this.ticking) {
+      this.again = true;
+      return;
+    }
+    const wait = Math.max(0, this.lastTickAt + NUDGE_GAP_MS - this.o.clock.nowMs());
+    this.nudged = this.o.clock.after(wait, () => {
+      this.nudged = undefined;
+      void this.tick();
+    }, { keepAlive: false });
+  }
+
   /** Stops looking for work and waits (bounded) for attempts in flight. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.stopListening?.();
+    this.nudged?.cancel();
     this.timer?.cancel();
     this.sweeper?.cancel();
     await Promise.race([Promise.all(this.inFlight.values()), this.o.clock.sleep(this.o.timeoutMs + 1_000, { keepAlive: false })]);
   }
 
-  /** One look for due deliveries; never overlaps itself. */
+  /** One look for due deliveries; never overlaps itself (one asked for meanwhile follows it). */
   async tick(): Promise<void> {
-    if (this.ticking || this.stopped) return;
+    if (this.stopped) return;
+    if (this.ticking) {
+      // Whatever called for this look (a new delivery) is looked for once the running one ends.
+      this.again = true;
+      return;
+    }
     this.ticking = true;
+    this.again = false;
+    this.heldBack = false;
+    this.lastTickAt = this.o.clock.nowMs();
     try {
       const held = this.o.held();
       if (held.length === 0) return;
@@ -79,7 +121,11 @@ export class WebhookDeliverer {
       const started = new Set<string>();
       for (const doc of due) {
         if (this.stopped) return;
-        if (this.inFlight.has(doc._id) || (this.perEndpoint.get(doc.webhook_id) ?? 0) >= this.o.maxInFlight) continue;
+        if (this.inFlight.has(doc._id) || (this.perEndpoint.get(doc.webhook_id) ?? 0) >= this.o.maxInFlight) {
+          // Its endpoint's attempts in flight are at the limit: looked for again when one ends.
+          this.heldBack = true;
+          continue;
+        }
         // In order per run and endpoint: not while an earlier one is pending (or starting now).
         const orderKey = `${doc.webhook_id}/${doc.run_id}`;
         if (doc.run_id !== null && started.has(orderKey)) continue;
@@ -97,6 +143,8 @@ export class WebhookDeliverer {
       this.o.log.warn({ err }, "looking for due webhook deliveries failed; retrying");
     } finally {
       this.ticking = false;
+      if (this.again && !this.stopped) this.soon();
+      this.again = false;
     }
   }
 
@@ -109,6 +157,7 @@ export class WebhookDeliverer {
         const n = (this.perEndpoint.get(doc.webhook_id) ?? 1) - 1;
         if (n > 0) this.perEndpoint.set(doc.webhook_id, n);
         else this.perEndpoint.delete(doc.webhook_id);
+        if (this.heldBack && !this.stopped) this.soon();
       });
     this.inFlight.set(doc._id, work);
   }

@@ -134,6 +134,18 @@ export class WebhookStore {
     return doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
   }
 
+  private readonly insertListeners = new Set<(partition: number) => void>();
+
+  /**
+   * Calls `listener` with a delivery's partition each time this store records one (the
+   * node's deliverer sends those of its partitions at once instead of at its next look).
+   * Returns the way to stop.
+   */
+  onDeliveryInserted(listener: (partition: number) => void): () => void {
+    this.insertListeners.add(listener);
+    return () => this.insertListeners.delete(listener);
+  }
+
   /** The new webhook, or null when the workspace already has the most it may have. */
   async create(input: { workspaceId: string; url: string; description: string | null; eventTypes: string[]; agentId: string | null; enabled: boolean }): Promise<{ doc: WebhookDoc; secret: string } | null> {
     const now = this.clock.nowMs();
@@ -273,6 +285,7 @@ export class WebhookStore {
   private async insertDelivery(doc: DeliveryDoc): Promise<boolean> {
     try {
       await guard(() => this.deliveries.insertOne(doc));
+      for (const listener of this.insertListeners) listener(doc.partition);
       return true;
     } catch (err) {
       if (isDuplicateKey(err)) return false;

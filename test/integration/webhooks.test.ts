@@ -408,6 +408,30 @@ test("webhooks - private, loopback and metadata destinations are refused without
   t.is(r.requests.length, 0, "nothing reached the receiver");
 });
 
+test("webhooks - a delivery recorded on the node that sends its partition goes out at once, not at the next poll; another partition's waits for its sender", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  const raw = await t.context.servers.raw();
+  const store = new WebhookStore(raw.db, TEST_MASTER_KEY, systemClock, Ids);
+  const { doc } = (await store.create({ workspaceId: ws.id, url: r.url, description: null, eventTypes: ["*"], agentId: null, enabled: true }))!;
+  // Partitions no node of this test holds; the poll is ten minutes away.
+  const deliverer = new WebhookDeliverer({ store, clock: systemClock, log: pino({ level: "silent" }), held: () => [999_996], allowPrivate: true, timeoutMs: 2_000, horizonMs: 60_000, retryScale: 0.01, maxInFlight: 1, pollMs: 600_000 });
+  deliverer.start();
+  try {
+    const elsewhere = await store.enqueueTest(doc, 999_995);
+    const here = await store.enqueueTest(doc, 999_996);
+    await r.until(() => r.requests.length >= 1, 10_000);
+    t.deepEqual(r.requests.map((q) => q.headers["webhook-id"]), [here.message_id]);
+    // Several at once: each goes, the looks they start coalesced.
+    const burst = await Promise.all(Array.from({ length: 5 }, () => store.enqueueTest(doc, 999_996)));
+    await r.until(() => r.requests.length >= 6, 10_000);
+    t.deepEqual(r.requests.slice(1).map((q) => String(q.headers["webhook-id"])).sort(), burst.map((d) => d.message_id).sort());
+    t.false(r.requests.some((q) => q.headers["webhook-id"] === elsewhere.message_id));
+  } finally {
+    await deliverer.stop();
+  }
+});
+
 test("webhooks - a delivery waiting behind an earlier one of its run leaves the due window; one whose webhook is gone fails", async (t) => {
   const ws = await newWorkspace(t.context.strict);
   const raw = await t.context.servers.raw();
