@@ -1,4 +1,5 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
+import path from "node:path";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import anyTest, { type TestFn } from "ava";
@@ -56,7 +57,8 @@ test.before(async (t) => {
   t.timeout(120_000);
   const started = Date.now();
   // Webhooks reach the test's receiver on 127.0.0.1; their retry waits are shrunk 50 times.
-  const cluster = await startTestCluster({ env: { RUNS_WEBHOOK_ALLOW_PRIVATE: "1", RUNS_WEBHOOK_RETRY_SCALE: "0.02" } });
+  // The sweep runs every second (it also removes workspace directories kept for runs a node no longer holds).
+  const cluster = await startTestCluster({ env: { RUNS_WEBHOOK_ALLOW_PRIVATE: "1", RUNS_WEBHOOK_RETRY_SCALE: "0.02", RUNS_SWEEP_INTERVAL_MS: "1000" } });
   t.context.cluster = cluster;
   t.context.raw = await openRawDb(cluster.mongoUri, cluster.mongoDb);
   t.context.echo = await nodeApi(cluster, 0).agentWith({ model: "faux/scripted" }, "echo");
@@ -490,4 +492,41 @@ test.serial("cluster - approvals: kill -9 of the owner while an action waits; ap
   t.deepEqual(counts.get(run.turn.id), { started: 1, final: 1 });
   t.deepEqual(events.map((e) => e.sequence), events.map((_, i) => i + 1), "no gap or repeat in the run's events");
   t.log(`decided ${decided.attempts} attempt(s) after the kill; final ${Date.now() - killedAt} ms after it on node-${(newOwner ?? -1) + 1}`);
+});
+
+test.serial("cluster - a node's sweep removes the workspace directories it kept for runs another node holds, once old; those of runs it holds stay", async (t) => {
+  const { cluster } = t.context;
+  /** Run ids (never started) whose partitions node `owner` holds, the same in two looks a lease TTL apart. */
+  const idsOwnedBy = async (owner: number, count: number) => {
+    const ids: string[] = [];
+    for (let i = 0; i < 2_000 && ids.length < count; i++) {
+      const id = `run_sweep${randomUUID().replace(/-/g, "").slice(0, 16)}`;
+      if ((await cluster.ownerOf(id)) === owner) ids.push(id);
+    }
+    return ids;
+  };
+  const other = await idsOwnedBy(1, 2);
+  const own = await idsOwnedBy(0, 2);
+  await sleep(3_500);
+  for (const id of other) t.is(await cluster.ownerOf(id), 1, "placement settled");
+  for (const id of own) t.is(await cluster.ownerOf(id), 0, "placement settled");
+  // Kept directories on node 0, last used seven hours ago (the sweep keeps them six).
+  const workspaces = path.join(cluster.dir, cluster.nodes[0].id, "workspaces");
+  const old = new Date(Date.now() - 7 * 3_600_000);
+  for (const id of [...other, ...own]) {
+    const dir = path.join(workspaces, id);
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(path.join(dir, "kept.txt"), id);
+    writeFileSync(`${dir}.checkpoint`, "nuid");
+    utimesSync(dir, old, old);
+    utimesSync(`${dir}.checkpoint`, old, old);
+  }
+  await until("node 0's sweep removed the directories of runs node 1 holds", async () => (other.every((id) => !existsSync(path.join(workspaces, id)) && !existsSync(path.join(workspaces, `${id}.checkpoint`))) ? true : undefined), 20_000);
+  // Two sweeps later, what node 0 holds is still there.
+  await sleep(2_500);
+  for (const id of own) {
+    t.is(await cluster.ownerOf(id), 0);
+    t.is(readFileSync(path.join(workspaces, id, "kept.txt"), "utf8"), id);
+  }
+  t.false(readdirSync(workspaces).includes(".trash"));
 });
