@@ -9,7 +9,7 @@ import http from "node:http";
 import https from "node:https";
 import net, { type LookupFunction } from "node:net";
 import type { Logger } from "pino";
-import { type Clock, DELIVERY_LOG_MS, type DeliveryDoc, guardedLookup, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
+import { type Clock, DELIVERY_LOG_MS, type DueDelivery, guardedLookup, nextAttemptAt, NetworkPolicyError, resolveAllowed, signWebhook, type Timer, type WebhookAttempt, type WebhookStore } from "../src/index.js";
 
 export interface DelivererOptions {
   store: WebhookStore;
@@ -26,7 +26,7 @@ export interface DelivererOptions {
   pollMs?: number;
 }
 
-/** The least time between two looks started by new deliveries (not by the poll). */
+/** The least time between two looks started other than by the poll (new deliveries, attempts ending). */
 const NUDGE_GAP_MS = 50;
 /** How often finished deliveries past the log's 7 days are swept. */
 const SWEEP_EVERY_MS = 10 * 60_000;
@@ -43,6 +43,8 @@ export class WebhookDeliverer {
   private again = false;
   /** The last look left due deliveries for endpoints at their limit: look again as attempts end. */
   private heldBack = false;
+  /** Attempts that ended during the running look: its list is older than what they recorded. */
+  private readonly endedDuringLook = new Set<string>();
   private nudged: Timer | undefined;
   private lastTickAt = 0;
   private stopListening: (() => void) | undefined;
@@ -106,22 +108,29 @@ export class WebhookDeliverer {
   async tick(): Promise<void> {
     if (this.stopped) return;
     if (this.ticking) {
-      // Whatever called for this look (a new delivery) is looked for once the running one ends.
+      // Whatever called for this look (a new delivery, the poll) is looked for once the running one ends.
       this.again = true;
       return;
     }
     this.ticking = true;
     this.again = false;
     this.heldBack = false;
+    this.endedDuringLook.clear();
     this.lastTickAt = this.o.clock.nowMs();
     try {
       const held = this.o.held();
       if (held.length === 0) return;
-      const due = await this.o.store.due(held, this.o.clock.nowMs(), 200);
+      const due = await this.o.store.due(held, this.o.clock.nowMs(), 200, [...this.inFlight.keys()]);
       const started = new Set<string>();
       for (const doc of due) {
         if (this.stopped) return;
-        if (this.inFlight.has(doc._id) || (this.perEndpoint.get(doc.webhook_id) ?? 0) >= this.o.maxInFlight) {
+        if (this.inFlight.has(doc._id)) continue;
+        if (this.endedDuringLook.has(doc._id)) {
+          // Its attempt ended after this list was read (and recorded what comes next): the next look reads it again.
+          this.again = true;
+          continue;
+        }
+        if ((this.perEndpoint.get(doc.webhook_id) ?? 0) >= this.o.maxInFlight) {
           // Its endpoint's attempts in flight are at the limit: looked for again when one ends.
           this.heldBack = true;
           continue;
@@ -148,12 +157,13 @@ export class WebhookDeliverer {
     }
   }
 
-  private launch(doc: DeliveryDoc): void {
+  private launch(doc: DueDelivery): void {
     this.perEndpoint.set(doc.webhook_id, (this.perEndpoint.get(doc.webhook_id) ?? 0) + 1);
     const work = this.attempt(doc)
       .catch((err) => this.o.log.warn({ err, delivery_id: doc._id }, "webhook attempt failed to record; it is retried"))
       .finally(() => {
         this.inFlight.delete(doc._id);
+        if (this.ticking) this.endedDuringLook.add(doc._id);
         const n = (this.perEndpoint.get(doc.webhook_id) ?? 1) - 1;
         if (n > 0) this.perEndpoint.set(doc.webhook_id, n);
         else this.perEndpoint.delete(doc.webhook_id);
@@ -162,11 +172,15 @@ export class WebhookDeliverer {
     this.inFlight.set(doc._id, work);
   }
 
-  private async attempt(doc: DeliveryDoc): Promise<void> {
-    const endpoint = await this.o.store.getEndpoint(doc.webhook_id);
+  private async attempt(due: DueDelivery): Promise<void> {
+    const endpoint = await this.o.store.getEndpoint(due.webhook_id);
     const now = this.o.clock.nowMs();
     // Its webhook was deleted (another node's list of endpoints was up to 2 s old): nothing to send.
-    if (!endpoint) return this.o.store.postpone(doc, now, true);
+    if (!endpoint) return this.o.store.postpone(due, now, true);
+    const body = await this.o.store.bodyOf(due._id);
+    // Deleted with its webhook since the look read it.
+    if (body === null) return;
+    const doc = { ...due, body };
     if (!endpoint.enabled) {
       // Kept until the endpoint is enabled again (looked at again every few seconds) or the horizon passes.
       await this.o.store.postpone(doc, now + DISABLED_RECHECK_MS, now - doc.created_at > this.o.horizonMs);
@@ -207,7 +221,7 @@ export class WebhookDeliverer {
   }
 
   /** One POST; never throws. No redirects are followed (a 3xx is a failed attempt). */
-  private send(url: string, doc: DeliveryDoc, timestampS: number, signature: string): Promise<{ status: number | null; error: string | null }> {
+  private send(url: string, doc: DueDelivery & { body: string }, timestampS: number, signature: string): Promise<{ status: number | null; error: string | null }> {
     let target: URL;
     try {
       target = new URL(url);
@@ -227,7 +241,7 @@ export class WebhookDeliverer {
     client: typeof http | typeof https,
     target: URL,
     lookup: LookupFunction,
-    doc: DeliveryDoc,
+    doc: DueDelivery & { body: string },
     timestampS: number,
     signature: string,
   ): Promise<{ status: number | null; error: string | null }> {

@@ -91,6 +91,9 @@ export const DELIVERY_LOG_MS = 7 * 24 * 3600 * 1000;
 const ENDPOINTS_TTL_MS = 2_000;
 
 /** Documents ordered before (createdAt, id) by creation time, then id: keyset paging and order per run. */
+/** A delivery as a look for due ones reads it: everything but its body. */
+export type DueDelivery = Omit<DeliveryDoc, "body">;
+
 function before(createdAt: number, id: string) {
   return { $or: [{ created_at: { $lt: createdAt } }, { created_at: createdAt, _id: { $lt: id } }] };
 }
@@ -169,10 +172,21 @@ export class WebhookStore {
     // is in takes itself back. Inserts are the only atomic writes here, so the limit is
     // settled after them: the last of any set of kept webhooks counted them all, so never
     // more than the limit stay (two racers may both step back, leaving a place free).
-    const total = await guard(() => this.endpoints.countDocuments({ workspace_id: input.workspaceId }, { limit: MAX_WEBHOOKS_PER_WORKSPACE + 1 }));
-    if (total > MAX_WEBHOOKS_PER_WORKSPACE) {
+    // If the count cannot be made, the new webhook is taken back too (best effort): the
+    // client, answered an error without its secret, could not use it anyway.
+    const takeBack = async () => {
       await guard(() => this.endpoints.deleteOne({ _id: doc._id }));
       this.cache.delete(input.workspaceId);
+    };
+    let total: number;
+    try {
+      total = await guard(() => this.endpoints.countDocuments({ workspace_id: input.workspaceId }, { limit: MAX_WEBHOOKS_PER_WORKSPACE + 1 }));
+    } catch (err) {
+      await takeBack().catch(() => undefined);
+      throw err;
+    }
+    if (total > MAX_WEBHOOKS_PER_WORKSPACE) {
+      await takeBack();
       return null;
     }
     return { doc, secret };
@@ -285,12 +299,18 @@ export class WebhookStore {
   private async insertDelivery(doc: DeliveryDoc): Promise<boolean> {
     try {
       await guard(() => this.deliveries.insertOne(doc));
-      for (const listener of this.insertListeners) listener(doc.partition);
-      return true;
     } catch (err) {
       if (isDuplicateKey(err)) return false;
       throw err;
     }
+    for (const listener of this.insertListeners) {
+      try {
+        listener(doc.partition);
+      } catch {
+        // A listener only hastens the sending; the delivery is recorded either way.
+      }
+    }
+    return true;
   }
 
   getDelivery(webhookId: string, id: string): Promise<DeliveryDoc | null> {
@@ -305,18 +325,26 @@ export class WebhookStore {
     return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 
-  /** Pending deliveries of these partitions that are due, oldest first. */
-  due(partitions: number[], nowMs: number, limit: number): Promise<DeliveryDoc[]> {
-    return guard(() =>
-      this.deliveries.find({ status: "pending", next_attempt_at: { $lte: nowMs }, partition: { $in: partitions } }).sort({ created_at: 1, _id: 1 }).limit(limit).toArray(),
-    );
+  /**
+   * Pending deliveries of these partitions that are due, oldest first, without their bodies
+   * (read when attempted: {@link bodyOf}), leaving out `exclude` (those being attempted).
+   */
+  due(partitions: number[], nowMs: number, limit: number, exclude: string[] = []): Promise<DueDelivery[]> {
+    const filter = { status: "pending" as const, next_attempt_at: { $lte: nowMs }, partition: { $in: partitions }, ...(exclude.length ? { _id: { $nin: exclude } } : {}) };
+    return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: 1, _id: 1 }).limit(limit).toArray()) as Promise<DueDelivery[]>;
+  }
+
+  /** A delivery's body; null when the delivery is gone (its webhook was deleted). */
+  async bodyOf(id: string): Promise<string | null> {
+    const doc = await guard(() => this.deliveries.findOne({ _id: id }, { projection: { body: 1 } }));
+    return doc ? doc.body : null;
   }
 
   /**
    * An earlier delivery of the same run to the same endpoint that is still pending (order per
    * run): when it is due next, or null when there is none.
    */
-  async earlierPending(doc: DeliveryDoc): Promise<number | null> {
+  async earlierPending(doc: DueDelivery): Promise<number | null> {
     if (doc.run_id === null) return null;
     const earlier = await guard(() =>
       this.deliveries.findOne(
@@ -328,7 +356,7 @@ export class WebhookStore {
   }
 
   /** Claims attempt `n` of a delivery: false when another node already made it. */
-  async claimAttempt(doc: DeliveryDoc, n: number): Promise<boolean> {
+  async claimAttempt(doc: DueDelivery, n: number): Promise<boolean> {
     try {
       await guard(() => this.attempts.insertOne({ _id: `${doc._id}:${n}`, delivery_id: doc._id, webhook_id: doc.webhook_id, n, at: this.clock.nowMs(), status_code: null, latency_ms: null, error: IN_FLIGHT }));
       return true;
@@ -345,7 +373,7 @@ export class WebhookStore {
    * over (claimed before `claimedBeforeMs`). Past the horizon, the delivery fails. True when
    * the delivery moved on.
    */
-  async reconcileAttempt(doc: DeliveryDoc, n: number, claimedBeforeMs: number, pastHorizon: boolean): Promise<boolean> {
+  async reconcileAttempt(doc: DueDelivery, n: number, claimedBeforeMs: number, pastHorizon: boolean): Promise<boolean> {
     const claimed = await guard(() => this.attempts.findOne({ _id: `${doc._id}:${n}` }));
     if (!claimed) return false;
     const answered = claimed.error !== IN_FLIGHT;
@@ -364,7 +392,7 @@ export class WebhookStore {
    * `ownsDelivery` false (the partition moved during the attempt): only the attempt's record;
    * the new owner applies it (reconcileAttempt).
    */
-  async recordAttempt(doc: DeliveryDoc, attempt: WebhookAttempt, next: { status: DeliveryStatus; nextAttemptAt: number }, ownsDelivery = true): Promise<void> {
+  async recordAttempt(doc: DueDelivery, attempt: WebhookAttempt, next: { status: DeliveryStatus; nextAttemptAt: number }, ownsDelivery = true): Promise<void> {
     if (ownsDelivery) {
       const completed = next.status === "pending" ? null : this.clock.nowMs();
       await guard(() =>
@@ -375,7 +403,7 @@ export class WebhookStore {
   }
 
   /** Puts a delivery off without an attempt (its endpoint is disabled); `failed` once past its horizon. */
-  async postpone(doc: DeliveryDoc, until: number, failed: boolean): Promise<void> {
+  async postpone(doc: DueDelivery, until: number, failed: boolean): Promise<void> {
     const set: Partial<DeliveryDoc> = failed ? { status: "failed", completed_at: this.clock.nowMs() } : { next_attempt_at: until };
     await guard(() => this.deliveries.updateOne({ _id: doc._id }, { $set: set }));
   }

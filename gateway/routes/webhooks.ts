@@ -197,8 +197,8 @@ export function webhookRoutes(ctx: GatewayContext) {
         agentId: request.body.agent_id ?? null,
         enabled: request.body.enabled ?? true,
       });
-      // Another create won the last place while this one was being made.
-      if (!created) throw full();
+      // Other creates took the last places while this one was being made.
+      if (!created) throw invalid(null, `Webhooks created at the same time took the workspace's last places (${MAX_WEBHOOKS_PER_WORKSPACE} at most, the most it may have); try again, or delete one first.`);
       const { doc, secret } = created;
       ctx.log.info({ workspace_id: auth.workspace._id, webhook_id: doc._id, event_types: doc.event_types }, "webhook created");
       return reply.status(201).send(renderWebhook(doc, secret));

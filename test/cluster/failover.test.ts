@@ -496,7 +496,7 @@ test.serial("cluster - approvals: kill -9 of the owner while an action waits; ap
 
 test.serial("cluster - a node's sweep removes the workspace directories it kept for runs another node holds, once old; those of runs it holds stay", async (t) => {
   const { cluster } = t.context;
-  /** Run ids (never started) whose partitions node `owner` holds, the same in two looks a lease TTL apart. */
+  /** Run ids (never started) whose partitions node `owner` holds now. */
   const idsOwnedBy = async (owner: number, count: number) => {
     const ids: string[] = [];
     for (let i = 0; i < 2_000 && ids.length < count; i++) {
@@ -507,6 +507,7 @@ test.serial("cluster - a node's sweep removes the workspace directories it kept 
   };
   const other = await idsOwnedBy(1, 2);
   const own = await idsOwnedBy(0, 2);
+  // Still theirs a lease TTL later: the placement has settled.
   await sleep(3_500);
   for (const id of other) t.is(await cluster.ownerOf(id), 1, "placement settled");
   for (const id of own) t.is(await cluster.ownerOf(id), 0, "placement settled");
