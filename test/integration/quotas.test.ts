@@ -19,11 +19,16 @@ test.after.always(async (t) => {
   await t.context.servers?.stop();
 });
 
-async function open(api: Api, path: string, init: RequestInit = {}): Promise<{ status: number; body?: any; headers: Headers; abort: () => void }> {
+/**
+ * A request whose event stream stays open until `abort`. The Response is kept: fetch
+ * cancels the unread body of a Response that is garbage collected, which closed a stream
+ * the test still counted on (one CI run under load).
+ */
+async function open(api: Api, path: string, init: RequestInit = {}): Promise<{ status: number; body?: any; headers: Headers; abort: () => void; response: Response }> {
   const controller = new AbortController();
   const res = await fetch(`${api.baseUrl}${path}`, { ...init, headers: { authorization: `Bearer ${api.key}`, ...(init.headers ?? {}) }, signal: controller.signal });
-  if (!(res.headers.get("content-type") ?? "").startsWith("text/event-stream")) return { status: res.status, body: await res.json(), headers: res.headers, abort: () => controller.abort() };
-  return { status: res.status, headers: res.headers, abort: () => controller.abort() };
+  if (!(res.headers.get("content-type") ?? "").startsWith("text/event-stream")) return { status: res.status, body: await res.json(), headers: res.headers, abort: () => controller.abort(), response: res };
+  return { status: res.status, headers: res.headers, abort: () => controller.abort(), response: res };
 }
 
 test.serial("sse - a workspace holds at most its plan's open event streams: the next is 429 quota_exceeded before anything is opened or admitted", async (t) => {
