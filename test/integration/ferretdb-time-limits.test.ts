@@ -12,15 +12,18 @@ import { withStoreClients } from "../helpers/store-clients.js";
 const test = withStoreClients();
 
 /**
- * Runs `write`, again (up to 3 tries) only when stock FerretDB's late interrupt hit it: any
- * other failure, such as a writers' connection lost for good, fails at once.
+ * Runs `write`, again (up to 5 tries, 100 ms more apart each time, so interrupts still
+ * pending on the pooled connections fire first) only when stock FerretDB's late interrupt
+ * hit it: any other failure, such as a writers' connection lost for good, fails at once.
+ * (Three tries back to back were all hit once in a CI run.)
  */
 async function landed<T>(write: () => Promise<T>): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
       return await write();
     } catch (err) {
-      if (attempt === 3 || !/interrupted \(9\)/.test(String(err))) throw err;
+      if (attempt === 5 || !/interrupted \(9\)/.test(String(err))) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
     }
   }
 }
