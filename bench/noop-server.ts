@@ -23,7 +23,7 @@
  * (the floor routes' JetStream: the baselines' BENCH_EVENTS stream, which must exist);
  * sends {ready, url} over IPC.
  */
-import Fastify from "fastify";
+import Fastify, { type FastifyReply, type FastifyRequest } from "fastify";
 import { MongoClient } from "mongodb";
 import { jetstream } from "@nats-io/jetstream";
 import { connectNats } from "../src/nats.js";
@@ -109,7 +109,7 @@ let tails = 0;
 let tailErrors = 0;
 /** Admission before the answer, the turn's end after it. */
 function floorBackground(insert: (doc: Doc) => Promise<unknown>, finish: (id: string) => Promise<void>) {
-  return async (_request: unknown, reply: { status(code: number): { send(body: unknown): unknown } }) => {
+  return async (_request: FastifyRequest, reply: FastifyReply) => {
     const id = floorId();
     await insert(runDoc(id, "ws_bench_floor", Date.now(), { epoch: 1, state: "running" }));
     await js.publish(`bench.ev.floor.${id}`, started, { msgID: `${id}:1` });

@@ -211,7 +211,7 @@ export async function allowedAddresses(host: string, options: { allowPrivate?: b
  * with the system's), or fails with {@link NetworkPolicyError}. Sockets skip `lookup` for
  * an address literal: check those with {@link resolveAllowed} first.
  */
-export function guardedLookup(options: { allowPrivate?: boolean; lookup?: Lookup; onRefused?: (error: NetworkPolicyError) => void }): LookupFunction {
+export function guardedLookup(options: { allowPrivate?: boolean; lookup?: Lookup }): LookupFunction {
   return (hostname, lookupOptions, callback) => {
     allowedAddresses(hostname, options).then(
       (addresses) => {
@@ -220,10 +220,7 @@ export function guardedLookup(options: { allowPrivate?: boolean; lookup?: Lookup
         if (lookupOptions.all) callback(null, wanted);
         else callback(null, wanted[0]!.address, wanted[0]!.family);
       },
-      (err: Error) => {
-        if (err instanceof NetworkPolicyError) options.onRefused?.(err);
-        callback(err as NodeJS.ErrnoException, "", 4);
-      },
+      (err: Error) => callback(err as NodeJS.ErrnoException, "", 4),
     );
   };
 }

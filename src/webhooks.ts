@@ -90,10 +90,10 @@ export const DELIVERY_LOG_MS = 7 * 24 * 3600 * 1000;
 /** How long a node trusts its list of a workspace's endpoints (its own changes apply at once). */
 const ENDPOINTS_TTL_MS = 2_000;
 
-/** Documents ordered before (createdAt, id) by creation time, then id: keyset paging and order per run. */
 /** A delivery as a look for due ones reads it: everything but its body. */
 export type DueDelivery = Omit<DeliveryDoc, "body">;
 
+/** Documents ordered before (createdAt, id) by creation time, then id: keyset paging and order per run. */
 function before(createdAt: number, id: string) {
   return { $or: [{ created_at: { $lt: createdAt } }, { created_at: createdAt, _id: { $lt: id } }] };
 }

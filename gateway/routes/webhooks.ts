@@ -187,8 +187,9 @@ export function webhookRoutes(ctx: GatewayContext) {
     route(app, WEBHOOK_OPERATIONS.createWebhook, async (request, reply) => {
       const auth = authOf(request);
       await checkUrl(request.body.url);
-      const full = () => invalid(null, `The workspace has ${MAX_WEBHOOKS_PER_WORKSPACE} webhooks, the most it may have; delete one first.`);
-      if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) throw full();
+      if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) {
+        throw invalid(null, `The workspace has ${MAX_WEBHOOKS_PER_WORKSPACE} webhooks, the most it may have; delete one first.`);
+      }
       const created = await store.create({
         workspaceId: auth.workspace._id,
         url: request.body.url,

@@ -157,8 +157,7 @@ test("address-guard - guardedLookup hands a socket every allowed address (or tho
       { address: "10.1.2.3", family: 4 },
     ],
   };
-  const refusals: NetworkPolicyError[] = [];
-  const guarded = guardedLookup({ lookup: async (host) => answers[host] ?? [], onRefused: (err) => refusals.push(err) });
+  const guarded = guardedLookup({ lookup: async (host) => answers[host] ?? [] });
   const ask = (host: string, options: { all?: boolean; family?: number }) =>
     new Promise<{ err: NodeJS.ErrnoException | null; address: string | LookupAddress[]; family?: number }>((resolve) =>
       guarded(host, options as never, (err, address, family) => resolve({ err, address, family })),
@@ -170,7 +169,7 @@ test("address-guard - guardedLookup hands a socket every allowed address (or tho
   const mixed = await ask("mixed.test", { all: true });
   t.true(mixed.err instanceof NetworkPolicyError);
   t.regex(mixed.err?.message ?? "", /private address 10\.1\.2\.3/);
-  t.deepEqual(refusals.map((r) => r.host), ["mixed.test"]);
+  t.is((mixed.err as NetworkPolicyError).host, "mixed.test");
   t.truthy((await ask("none.test", {})).err);
 });
 
