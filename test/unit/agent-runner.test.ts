@@ -547,6 +547,8 @@ test("agent-runner - an openai-compatible endpoint whose name rebinds to loopbac
     const result = await run({ config, workspaceDir: dir, history: [], input: text("x"), allowPrivateModelEndpoints: false, modelEndpointLookup }).turn.result;
     t.is(result.outcome, "failed");
     t.is(result.error?.code, "network_policy_denied");
+    // runs-api.md's error table: network_policy_denied is not retryable.
+    t.is(result.error?.retryable, false);
     t.regex(result.error?.message ?? "", /rebind\.test .*loopback address 127\.0\.0\.1/);
     t.true(lookups >= 2, "the model call resolved the name again");
     t.is(hits, 0);
