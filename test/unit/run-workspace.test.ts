@@ -1,6 +1,6 @@
 import test from "ava";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readdir, readFile, rm, utimes, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, symlink, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
@@ -166,4 +166,23 @@ test("run-workspace - one sweep removes no more directories than its cap; the re
   t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: now, olderThanMs: 0, maxRemovals: 3 }), { removed: 3, failed: 0 });
   t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: now, olderThanMs: 0, maxRemovals: 3 }), { removed: 2, failed: 0 });
   t.deepEqual(await readdir(path.join(dataDir, "workspaces")), []);
+});
+
+test("run-workspace - sweeping a kept workspace whose tools left links to outside files removes the links, never what they point at", async (t) => {
+  const now = Date.now();
+  const dataDir = await dataDirWith(t, { run_linked: 10 * 3_600_000 }, now);
+  const outside = path.join(dataDir, "outside");
+  await mkdir(path.join(outside, "dir"), { recursive: true });
+  await writeFile(path.join(outside, "secret.txt"), "keep me");
+  await writeFile(path.join(outside, "dir", "inner.txt"), "keep me too");
+  const dir = path.join(dataDir, "workspaces", "run_linked");
+  // What `ln -s` in a tool command could leave (the sandbox sees other paths, the host follows these).
+  await symlink(path.join(outside, "secret.txt"), path.join(dir, "file-link"));
+  await symlink(path.join(outside, "dir"), path.join(dir, "sub", "dir-link"));
+  const old = new Date(now - 10 * 3_600_000);
+  await utimes(dir, old, old);
+  t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: now, olderThanMs: 3_600_000 }), { removed: 1, failed: 0 });
+  t.false(existsSync(dir));
+  t.is(await readFile(path.join(outside, "secret.txt"), "utf8"), "keep me");
+  t.is(await readFile(path.join(outside, "dir", "inner.txt"), "utf8"), "keep me too");
 });
