@@ -167,8 +167,9 @@ BUILD_FLAGS=(-trimpath -buildvcs=false -ldflags=-s\ -w)
 # spelled differently from the index, so it scanned), and its concurrent writes wait for
 # SQLite's write lock by sleeping. The patches in deploy/tools/ferretdb (see
 # deploy/tools/README.md) make `_id` lookups use their index, let SQLite's indexes
-# narrow and order rows for equality, $in and range filters (typed-pushdown.patch), and
-# queue transactions in FerretDB (write-queue.patch). A patch that does not apply fails
+# narrow and order rows for equality, $in and range filters (typed-pushdown.patch),
+# commit the one-document statements of an update command together (update-batch.patch),
+# and queue transactions in FerretDB (write-queue.patch). A patch that does not apply fails
 # the build.
 patch_ferretdb() { # $1 module source dir
   local patch

@@ -63,3 +63,74 @@ test("deletes and new collections and indexes made during a burst of writes all 
   const names = (await burst(0).indexes()).map((x) => x.name);
   for (let i = 0; i < 3; i++) t.true(names.includes(`burst_${i}`), names.join(","));
 });
+
+/**
+ * deploy/tools/ferretdb/update-batch.patch: the one-document statements of an `update`
+ * command (a bulk of `updateOne`s naming `_id`) are written in one transaction when the
+ * command ends. What a statement reads must still include what the statements before it
+ * wrote, as it does unbatched (and on MongoDB).
+ */
+test("a bulk's statements each see what the statements before them wrote (same document, a fence, a multi-update)", async (t) => {
+  const c = t.context.clients[0]!.db("writes").collection<{ _id: string; epoch?: number; n?: number; stale?: boolean; g?: number; h?: number }>("bulk_order");
+  await c.insertMany([{ _id: "a", epoch: 1, n: 0 }, { _id: "b", n: 0 }, { _id: "c", n: 0 }]);
+  const r = await c.bulkWrite(
+    [
+      { updateOne: { filter: { _id: "a", epoch: 1 }, update: { $set: { epoch: 2 } } } },
+      // Fenced on the epoch the first statement moved on: matches nothing.
+      { updateOne: { filter: { _id: "a", epoch: 1 }, update: { $set: { stale: true } } } },
+      { updateOne: { filter: { _id: "a", epoch: 2 }, update: { $set: { n: 5 } } } },
+      { updateOne: { filter: { _id: "b" }, update: { $set: { g: 1 } } } },
+      // A statement of many documents reads after the ones before it were written.
+      { updateMany: { filter: { g: 1 }, update: { $set: { h: 1 } } } },
+      { updateOne: { filter: { _id: "c", h: 1 }, update: { $set: { n: 9 } } } },
+    ],
+    { ordered: true },
+  );
+  t.is(r.matchedCount, 4);
+  t.deepEqual(await c.find({}).sort({ _id: 1 }).toArray(), [
+    { _id: "a", epoch: 2, n: 5 },
+    { _id: "b", n: 0, g: 1, h: 1 },
+    { _id: "c", n: 0 },
+  ]);
+});
+
+test("a statement refused in the middle of a bulk leaves the statements before it written", async (t) => {
+  const c = t.context.clients[1]!.db("writes").collection<{ _id: string; n: number }>("bulk_refused");
+  await c.insertMany([{ _id: "a", n: 0 }, { _id: "b", n: 0 }, { _id: "c", n: 0 }]);
+  const failed = await t.throwsAsync(
+    c.bulkWrite(
+      [
+        { updateOne: { filter: { _id: "a" }, update: { $set: { n: 1 } } } },
+        { updateOne: { filter: { _id: "b" }, update: { $set: { _id: "moved" } as never } } },
+        { updateOne: { filter: { _id: "c" }, update: { $set: { n: 3 } } } },
+      ],
+      { ordered: true },
+    ),
+  );
+  t.truthy(failed);
+  t.deepEqual(await c.find({}).sort({ _id: 1 }).toArray(), [{ _id: "a", n: 1 }, { _id: "b", n: 0 }, { _id: "c", n: 0 }]);
+});
+
+test("bulks of 200 updates, four in flight from each of three clients, all land", async (t) => {
+  const { clients } = t.context;
+  const db = (i: number) => clients[i]!.db("writes").collection<{ _id: string; n: number; by: number }>("bulk_many");
+  await db(0).insertMany(Array.from({ length: 2400 }, (_, i) => ({ _id: `m${i}`, n: 0, by: -1 })));
+  // Stock FerretDB held a pooled connection per statement until the command ended: 12
+  // bulks of 200 wanted 2,400 of its 100 connections at once.
+  const bulks = Array.from({ length: 12 }, (_, b) =>
+    db(b % 3).bulkWrite(
+      Array.from({ length: 200 }, (_, j) => ({ updateOne: { filter: { _id: `m${b * 200 + j}` }, update: { $set: { n: j + 1, by: b } } } })),
+      { ordered: false },
+    ),
+  );
+  const results = await Promise.all(bulks);
+  t.deepEqual(results.map((r) => r.matchedCount), Array.from({ length: 12 }, () => 200));
+  const docs = await db(1).find({}).toArray();
+  t.is(docs.filter((d) => d.by === Math.floor(Number(d._id.slice(1)) / 200) && d.n === (Number(d._id.slice(1)) % 200) + 1).length, 2400);
+});
+
+test("the build's FerretDB says its bulk updates commit together (the store batches its updates on it)", async (t) => {
+  const info = await t.context.clients[0]!.db("admin").command({ buildInfo: 1 });
+  if (typeof info.ferretdbVersion !== "string") return t.pass("MongoDB: bulk updates are one command there anyway");
+  t.is(info.ferretdbFeatures?.updateBatch, true);
+});

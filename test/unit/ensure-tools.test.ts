@@ -43,6 +43,7 @@ case "$1" in
     echo "build \${@: -1}" >>"${log}"
     if [[ -n "${failing}" && "\${@: -1}" == *"${failing}"* ]]; then echo "compile error" >&2; exit 1; fi
     if [[ -f src/internal/backends/sqlite/pushdown.go ]]; then echo "patched" >>"${log}"; fi
+    if grep -q UpdateDocumentDeferred src/internal/handler/common/update.go 2>/dev/null; then echo "updates batched" >>"${log}"; fi
     if grep -q QueueWrites src/internal/util/fsql/db.go 2>/dev/null; then echo "writes queued" >>"${log}"; fi
     printf '#!/bin/sh\\n' >"$out"; chmod +x "$out" ;;
   *) echo "fake go: unexpected $*" >&2; exit 9 ;;
@@ -97,6 +98,7 @@ test("ensure-tools - an empty tools folder gets all three servers and stamps in 
       "build github.com/nats-io/natscli/nats",
       "build github.com/FerretDB/FerretDB/cmd/ferretdb",
       "patched",
+      "updates batched",
       "writes queued",
     ]);
     t.regex(first.stderr, /built .*ferretdb/);
@@ -125,7 +127,7 @@ test("ensure-tools - a build that fails ends in exit 1 naming the tool; no binar
     const retried = run({ GO: fake, RUNS_TOOLS_DIR: tools });
     t.is(retried.code, 0, retried.stderr);
     t.deepEqual((await readdir(path.join(tools, "bin"))).sort(), ["ferretdb", "nats", "nats-server"]);
-    t.deepEqual((await readFile(log, "utf8")).trim().split("\n").slice(-3), ["build github.com/FerretDB/FerretDB/cmd/ferretdb", "patched", "writes queued"]);
+    t.deepEqual((await readFile(log, "utf8")).trim().split("\n").slice(-4), ["build github.com/FerretDB/FerretDB/cmd/ferretdb", "patched", "updates batched", "writes queued"]);
   });
 });
 
