@@ -1,4 +1,4 @@
-import { MongoClient, type Collection, type Db, type Filter, type UpdateFilter } from "mongodb";
+import { MongoClient, type Collection, type Db, type Document, type Filter, type UpdateFilter } from "mongodb";
 import {
   type AgentDoc,
   type DeploymentDoc,
@@ -10,6 +10,7 @@ import {
   type WorkspaceDoc,
 } from "./documents.js";
 import { InsertBatcher } from "./insert-batcher.js";
+import { UpdateBatcher } from "./update-batcher.js";
 import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
 import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
@@ -35,6 +36,15 @@ export class MongoStore implements RunStore {
   private readonly runInserts: InsertBatcher<RunDoc>;
   private readonly turnInserts: InsertBatcher<TurnDoc>;
   private readonly idempotencyInserts: InsertBatcher<IdempotencyDoc>;
+  /**
+   * The writes that end a turn (the turn final, the run moved on, the key's record done),
+   * group-committed where the store commits a bulk's updates together (see
+   * {@link UpdateBatcher}); undefined on stock FerretDB, whose bulks commit each
+   * statement alone and hold a pooled connection per statement until they end.
+   */
+  private readonly runUpdates?: UpdateBatcher<RunDoc>;
+  private readonly turnUpdates?: UpdateBatcher<TurnDoc>;
+  private readonly idempotencyUpdates?: UpdateBatcher<IdempotencyDoc>;
 
   private constructor(
     private readonly client: MongoClient,
@@ -58,6 +68,8 @@ export class MongoStore implements RunStore {
      * run it reads; there a tag list reads a bounded number of runs (listRuns).
      */
     readonly tagFiltersInStore: boolean,
+    /** Bulk updates commit together: MongoDB, and the FerretDB this project builds (`updateBatch`). */
+    batchUpdates: boolean,
   ) {
     this.workspaces = db.collection("workspaces");
     this.keys = new ApiKeyStore(db);
@@ -70,6 +82,11 @@ export class MongoStore implements RunStore {
     this.runInserts = new InsertBatcher(this.runs);
     this.turnInserts = new InsertBatcher(this.turns);
     this.idempotencyInserts = new InsertBatcher(this.idempotency);
+    if (batchUpdates && !idOnlyFilters) {
+      this.runUpdates = new UpdateBatcher(this.runs);
+      this.turnUpdates = new UpdateBatcher(this.turns);
+      this.idempotencyUpdates = new UpdateBatcher(this.idempotency);
+    }
   }
 
   static async connect(uri: string, dbName: string): Promise<MongoStore> {
@@ -86,7 +103,7 @@ export class MongoStore implements RunStore {
    * `assume` overrides what the server's build info says it can do (tests of the
    * paths for stock FerretDB).
    */
-  static async over(client: MongoClient, dbName: string, assume: { tagFiltersInStore?: boolean } = {}): Promise<MongoStore> {
+  static async over(client: MongoClient, dbName: string, assume: { tagFiltersInStore?: boolean; batchUpdates?: boolean } = {}): Promise<MongoStore> {
     await client.connect();
     const info = await client.db("admin").command({ buildInfo: 1 });
     const ferretDb = typeof info.ferretdbVersion === "string";
@@ -96,6 +113,7 @@ export class MongoStore implements RunStore {
       client.db(dbName),
       ferretDb && features.typedIndexPushdown !== true,
       assume.tagFiltersInStore ?? (!ferretDb || features.arrayMemberPushdown === true),
+      assume.batchUpdates ?? (!ferretDb || features.updateBatch === true),
     );
   }
 
@@ -260,8 +278,7 @@ export class MongoStore implements RunStore {
       await guard(() => this.runs.updateOne({ _id: id }, update));
       return;
     }
-    const r = await guard(() => this.runs.updateOne({ _id: id, epoch }, update));
-    if (r.matchedCount === 0) throw new FencedError(id);
+    if (!(await guard(() => updateOne(this.runUpdates, this.runs, { _id: id, epoch }, update)))) throw new FencedError(id);
   }
 
   /** Runs matching `filter`, most recently active first, at most `limit` (scans use {@link scanRuns}). */
@@ -321,10 +338,8 @@ export class MongoStore implements RunStore {
       await guard(() => this.turns.updateOne({ _id: id }, { $set: { ...set, epoch } }));
       return;
     }
-    const r = await guard(() =>
-      this.turns.updateOne({ _id: id, epoch: { $lte: epoch } }, { $set: { ...set, epoch } }),
-    );
-    if (r.matchedCount === 0) throw new FencedError(id);
+    const update: UpdateFilter<TurnDoc> = { $set: { ...set, epoch } };
+    if (!(await guard(() => updateOne(this.turnUpdates, this.turns, { _id: id, epoch: { $lte: epoch } }, update)))) throw new FencedError(id);
   }
 
   /** The run's turns in order, without transcripts unless asked. */
@@ -361,7 +376,7 @@ export class MongoStore implements RunStore {
   }
 
   completeIdempotency(id: string, result: Record<string, unknown>): Promise<unknown> {
-    return guard(() => this.idempotency.updateOne({ _id: id }, { $set: { state: "done", result } }));
+    return guard(() => updateOne(this.idempotencyUpdates, this.idempotency, { _id: id }, { $set: { state: "done", result } }));
   }
 
   async releaseIdempotency(id: string): Promise<void> {
@@ -417,4 +432,10 @@ export class MongoStore implements RunStore {
   getTombstone(id: string): Promise<TombstoneDoc | null> {
     return guard(() => this.tombstones.findOne({ _id: id }));
   }
+}
+
+/** One document's update, through the collection's batcher when it has one; whether a document matched. */
+async function updateOne<T extends Document>(batcher: UpdateBatcher<T> | undefined, collection: Collection<T>, filter: Filter<T>, update: UpdateFilter<T>): Promise<boolean> {
+  if (batcher) return batcher.update(filter, update);
+  return (await collection.updateOne(filter, update)).matchedCount > 0;
 }

@@ -1,0 +1,104 @@
+import anyTest, { type TestFn } from "ava";
+import { MongoClient, type Collection } from "mongodb";
+import { startTestServers, type TestServers } from "../helpers/servers.js";
+import { UpdateBatcher } from "../../src/update-batcher.js";
+
+interface Doc {
+  _id: string;
+  epoch: number;
+  n: number;
+  s?: string;
+}
+interface Context {
+  servers: TestServers;
+  client: MongoClient;
+  /** update commands the driver sent, by collection, with their statement counts */
+  updates: Map<string, number[]>;
+}
+const test = anyTest as TestFn<Context>;
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const client = new MongoClient(servers.mongoUri, { monitorCommands: true, maxPoolSize: 50 });
+  await client.connect();
+  const updates = new Map<string, number[]>();
+  client.on("commandStarted", (e) => {
+    if (e.commandName !== "update") return;
+    const name = String(e.command.update);
+    updates.set(name, [...(updates.get(name) ?? []), (e.command.updates as unknown[]).length]);
+  });
+  t.context = { servers, client, updates };
+});
+
+test.after.always(async (t) => {
+  await t.context.client?.close();
+  await t.context.servers?.stop();
+});
+
+async function seeded(t: { context: Context }, name: string, count: number): Promise<Collection<Doc>> {
+  const c = t.context.client.db(t.context.servers.dbName).collection<Doc>(name);
+  await c.insertMany(Array.from({ length: count }, (_, i) => ({ _id: `d${i}`, epoch: 1, n: 0 })));
+  return c;
+}
+
+test("update-batcher - concurrent updates share commands, each caller learns it matched, every document holds its write", async (t) => {
+  const c = await seeded(t, "batched", 300);
+  const batcher = new UpdateBatcher(c);
+  const matched = await Promise.all(Array.from({ length: 300 }, (_, i) => batcher.update({ _id: `d${i}`, epoch: 1 }, { $set: { n: i + 1, s: `v${i}` } })));
+  t.deepEqual(matched, Array.from({ length: 300 }, () => true));
+  const sent = t.context.updates.get("batched") ?? [];
+  t.is(sent.reduce((a, b) => a + b, 0), 300, "each update sent once");
+  t.true(sent.length >= 2 && sent.length <= 12, `300 concurrent updates took ${sent.length} update commands`);
+  t.true(Math.max(...sent) <= 64, "at most 64 statements per command");
+  for (const d of await c.find({}).toArray()) t.deepEqual([d.n, d.s], [Number(d._id.slice(1)) + 1, `v${d._id.slice(1)}`], d._id);
+  // Alone, an update is sent at once, as one statement.
+  t.true(await batcher.update({ _id: "d0" }, { $set: { n: -1 } }));
+  t.deepEqual(t.context.updates.get("batched")!.slice(sent.length), [1]);
+  t.false(await batcher.update({ _id: "absent" }, { $set: { n: -1 } }), "no document matched");
+});
+
+test("update-batcher - in a batch where some filters match nothing (a fence moved on, a document gone), each caller learns its own outcome", async (t) => {
+  const c = await seeded(t, "fenced", 60);
+  await c.updateMany({ _id: { $in: ["d7", "d21", "d40"] } }, { $set: { epoch: 2 } });
+  await c.deleteOne({ _id: "d33" });
+  const batcher = new UpdateBatcher(c);
+  const before = t.context.updates.get("fenced")!.length;
+  // The first update goes alone; the other 59 wait for it and go as one command.
+  const matched = await Promise.all(Array.from({ length: 60 }, (_, i) => batcher.update({ _id: `d${i}`, epoch: 1 }, { $set: { n: 1 } })));
+  t.deepEqual(matched.flatMap((m, i) => (m ? [] : [i])), [7, 21, 33, 40]);
+  const sent = t.context.updates.get("fenced")!.slice(before);
+  t.deepEqual(sent.slice(0, 2), [1, 59], "the batch went as one command first");
+  t.is(sent.length, 2 + 59, "then, fewer having matched, each of its updates alone");
+  const docs = await c.find({}).sort({ _id: 1 }).toArray();
+  t.is(docs.length, 59);
+  for (const d of docs) t.is(d.n, ["d7", "d21", "d40"].includes(d._id) ? 0 : 1, d._id);
+});
+
+test("update-batcher - an update the server refuses fails only its own caller; the rest of its batch is written", async (t) => {
+  const c = await seeded(t, "refused", 40);
+  const batcher = new UpdateBatcher(c);
+  const outcomes = await Promise.allSettled(
+    Array.from({ length: 40 }, (_, i) =>
+      // Changing `_id` is refused by every server.
+      i === 13 ? batcher.update({ _id: `d${i}` }, { $set: { _id: "moved" } as never }) : batcher.update({ _id: `d${i}` }, { $set: { n: i } }),
+    ),
+  );
+  t.deepEqual(outcomes.flatMap((o, i) => (o.status === "rejected" ? [i] : [])), [13]);
+  t.true(outcomes.every((o, i) => i === 13 || (o.status === "fulfilled" && o.value === true)));
+  for (const d of await c.find({}).toArray()) t.is(d.n, d._id === "d13" ? 0 : Number(d._id.slice(1)), d._id);
+  t.is(await c.countDocuments({ _id: "moved" }), 0);
+  // The batcher goes on.
+  t.true(await batcher.update({ _id: "d13" }, { $set: { n: 99 } }));
+});
+
+test("update-batcher - no answer from the server fails every caller of the batch", async (t) => {
+  const client = new MongoClient(t.context.servers.mongoUri, { serverSelectionTimeoutMS: 500 });
+  await client.connect();
+  const c = client.db(t.context.servers.dbName).collection<Doc>("unanswered");
+  await c.insertMany(Array.from({ length: 10 }, (_, i) => ({ _id: `d${i}`, epoch: 1, n: 0 })));
+  const batcher = new UpdateBatcher(c);
+  await client.close();
+  const outcomes = await Promise.allSettled(Array.from({ length: 10 }, (_, i) => batcher.update({ _id: `d${i}` }, { $set: { n: 1 } })));
+  t.true(outcomes.every((o) => o.status === "rejected"));
+  t.is(await t.context.client.db(t.context.servers.dbName).collection<Doc>("unanswered").countDocuments({ n: 1 }), 0);
+});
