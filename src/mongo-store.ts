@@ -11,6 +11,7 @@ import {
 } from "./documents.js";
 import { InsertBatcher } from "./insert-batcher.js";
 import { UpdateBatcher } from "./update-batcher.js";
+import { FreshReads } from "./fresh-reads.js";
 import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
 import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
@@ -45,6 +46,8 @@ export class MongoStore implements RunStore {
   private readonly runUpdates?: UpdateBatcher<RunDoc>;
   private readonly turnUpdates?: UpdateBatcher<TurnDoc>;
   private readonly idempotencyUpdates?: UpdateBatcher<IdempotencyDoc>;
+  /** Agents by id, read once for all the starts and continuations that ask at once (every one still sees an activation made before it asked). */
+  private readonly agentReads: FreshReads<AgentDoc | null>;
 
   private constructor(
     private readonly client: MongoClient,
@@ -82,6 +85,7 @@ export class MongoStore implements RunStore {
     this.runInserts = new InsertBatcher(this.runs);
     this.turnInserts = new InsertBatcher(this.turns);
     this.idempotencyInserts = new InsertBatcher(this.idempotency);
+    this.agentReads = new FreshReads((id) => guard(() => this.agents.findOne({ _id: id })));
     if (batchUpdates && !idOnlyFilters) {
       this.runUpdates = new UpdateBatcher(this.runs);
       this.turnUpdates = new UpdateBatcher(this.turns);
@@ -174,8 +178,9 @@ export class MongoStore implements RunStore {
     return guard(() => this.agents.insertOne(doc));
   }
 
+  /** The agent, if it is this workspace's; the document is shared with concurrent callers (do not change it). */
   async getAgent(workspaceId: string, id: string): Promise<AgentDoc | null> {
-    const agent = await guard(() => this.agents.findOne({ _id: id }));
+    const agent = await this.agentReads.get(id);
     return agent && agent.workspace_id === workspaceId ? agent : null;
   }
 
@@ -213,8 +218,7 @@ export class MongoStore implements RunStore {
   }
 
   async activeVersionOf(agentId: string): Promise<number | null> {
-    const agent = await guard(() => this.agents.findOne({ _id: agentId }, { projection: { active_version: 1 } }));
-    return agent?.active_version ?? null;
+    return (await this.agentReads.get(agentId))?.active_version ?? null;
   }
 
   getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null> {
