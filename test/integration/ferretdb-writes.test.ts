@@ -1,3 +1,5 @@
+import { readFile } from "node:fs/promises";
+import { ferretDbEnv } from "../../node/servers.js";
 import { withStoreClients } from "../helpers/store-clients.js";
 
 /**
@@ -133,4 +135,12 @@ test("the build's FerretDB says its bulk updates commit together (the store batc
   const info = await t.context.clients[0]!.db("admin").command({ buildInfo: 1 });
   if (typeof info.ferretdbVersion !== "string") return t.pass("MongoDB: bulk updates are one command there anyway");
   t.is(info.ferretdbFeatures?.updateBatch, true);
+});
+
+test("the FerretDB the servers start runs with the Go settings node/servers.ts gives it", async (t) => {
+  if (!t.context.servers.ferret.pid) return t.pass("an external store (RUNS_TEST_MONGODB_URI): no FerretDB started");
+  const environ = (await readFile(`/proc/${t.context.servers.ferret.pid}/environ`, "utf8")).split("\0");
+  const expected = ferretDbEnv(process.env);
+  const got = environ.filter((entry) => /^(GOGC|GOMEMLIMIT|GOMAXPROCS)=/.test(entry)).sort();
+  t.deepEqual(got, [`GOGC=${expected.GOGC}`, `GOMAXPROCS=${expected.GOMAXPROCS}`, `GOMEMLIMIT=${expected.GOMEMLIMIT}`]);
 });
