@@ -90,7 +90,11 @@ export function serviceEnv(servers: TestServers, db: string, extra: Record<strin
 }
 
 export async function startServiceChild(servers: TestServers, db: string, extra: Record<string, string> = {}): Promise<Child> {
-  const nodeArgs = process.env.BENCH_PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${path.resolve(".bench/prof")}`] : [];
+  // BENCH_NODE_ARGS: V8 flags for the service nodes (e.g. --trace-deopt), which NODE_OPTIONS refuses.
+  const nodeArgs = [
+    ...(process.env.BENCH_PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${path.resolve(".bench/prof")}`] : []),
+    ...(process.env.BENCH_NODE_ARGS ?? "").split(" ").filter(Boolean),
+  ];
   const child = await startChild("service-child.ts", { BENCH_SERVICE_ENV: JSON.stringify(serviceEnv(servers, db, extra)) }, nodeArgs);
   // Ready once the node holds partitions (readyz), bounded.
   for (let i = 0; i < 200; i++) {
