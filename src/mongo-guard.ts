@@ -32,7 +32,7 @@ export function isDuplicateKey(err: unknown): boolean {
 const NETWORK_CODES = new Set(["EPIPE", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENOTCONN"]);
 
 /** Driver errors that mean "try again later" rather than "your request is wrong". */
-function isTransient(err: unknown): boolean {
+export function isTransient(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
   if (err instanceof Error && !(err instanceof MongoError) && typeof code === "string") return NETWORK_CODES.has(code);
   if (!(err instanceof MongoError)) return false;

@@ -1,4 +1,5 @@
-import { MongoServerError, type AnyBulkWriteOperation, type Collection, type Document, type Filter, type UpdateFilter } from "mongodb";
+import type { AnyBulkWriteOperation, Collection, Document, Filter, UpdateFilter } from "mongodb";
+import { isTransient } from "./mongo-guard.js";
 
 interface Queued<T> {
   filter: Filter<T>;
@@ -8,11 +9,12 @@ interface Queued<T> {
 
 /**
  * Group commit for one collection's single-document updates, the counterpart of
- * {@link InsertBatcher}. An update made while none is in flight is sent at once as an
- * `updateOne`; updates made meanwhile wait for it and then go together in one unordered
- * `bulkWrite`. On MongoDB that is one command for many; on the FerretDB this project
+ * {@link InsertBatcher}. An update made while fewer than `maxInFlight` commands are out
+ * is sent at once (alone: as an `updateOne`); updates made meanwhile wait for one to end
+ * and then go together in one unordered `bulkWrite`. On MongoDB that is one command for many; on the FerretDB this project
  * builds, also one SQLite transaction (deploy/tools/README.md, `update-batch.patch`):
- * measured there, 0.35–0.47 instead of 0.99–1.07 ms of FerretDB CPU per update.
+ * measured there, 0.35–0.47 instead of 0.83–1.11 ms of FerretDB CPU per update
+ * (`bench/trace-store-commands.ts`).
  *
  * Each caller learns whether its filter matched a document. A bulk reports only how
  * many matched: when that is all of them, each did; when fewer matched (a fenced write
@@ -26,27 +28,35 @@ interface Queued<T> {
  */
 export class UpdateBatcher<T extends Document> {
   private queue: Queued<T>[] = [];
-  private flushing = false;
+  private inFlight = 0;
 
   constructor(
     private readonly collection: Collection<T>,
     private readonly maxBatch = 64,
+    /**
+     * Commands in flight at most. More than one, so that a command that never answers
+     * (a connection gone half-open: the store sets no socket timeout) holds back its own
+     * callers only, as an `updateOne` would, and not every later update of the node.
+     */
+    private readonly maxInFlight = 4,
   ) {}
 
   /** Updates the document `filter` names (at most one); resolves to whether one matched. */
   update(filter: Filter<T>, update: UpdateFilter<T>): Promise<boolean> {
     return new Promise<boolean>((resolve, reject) => {
       this.queue.push({ filter, update, settle: (error, matched) => (error === undefined ? resolve(matched === true) : reject(error)) });
-      if (!this.flushing) void this.flush();
+      this.send();
     });
   }
 
-  private async flush(): Promise<void> {
-    this.flushing = true;
-    try {
-      while (this.queue.length > 0) await this.write(this.queue.splice(0, this.maxBatch));
-    } finally {
-      this.flushing = false;
+  /** Sends what waits, while fewer than `maxInFlight` commands are out; each one's end sends on. */
+  private send(): void {
+    while (this.queue.length > 0 && this.inFlight < this.maxInFlight) {
+      this.inFlight++;
+      void this.write(this.queue.splice(0, this.maxBatch)).finally(() => {
+        this.inFlight--;
+        this.send();
+      });
     }
   }
 
@@ -60,10 +70,11 @@ export class UpdateBatcher<T extends Document> {
           return;
         }
       } catch (err) {
-        // The server answered but refused statements (MongoDB reports them one by one,
-        // FerretDB fails the command at the first): told apart below, so a refused update
-        // fails only its own caller. No answer (the connection, a timeout): all failed.
-        if (!(err instanceof MongoServerError)) {
+        // No answer (the connection, a timeout): all failed, as each alone would have.
+        // Anything else is one statement's (the server refused it: MongoDB reports them one
+        // by one, FerretDB fails the command at the first; or the driver refused to send
+        // one, e.g. a document over 16 MiB): told apart below, so it fails only its caller.
+        if (isTransient(err)) {
           for (const q of batch) q.settle(err);
           return;
         }

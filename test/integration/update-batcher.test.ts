@@ -2,6 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { MongoClient, type Collection } from "mongodb";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
 import { UpdateBatcher } from "../../src/update-batcher.js";
+import { FencedError, MongoStore, type RunDoc } from "../../src/index.js";
 
 interface Doc {
   _id: string;
@@ -63,12 +64,13 @@ test("update-batcher - in a batch where some filters match nothing (a fence move
   await c.deleteOne({ _id: "d33" });
   const batcher = new UpdateBatcher(c);
   const before = t.context.updates.get("fenced")!.length;
-  // The first update goes alone; the other 59 wait for it and go as one command.
   const matched = await Promise.all(Array.from({ length: 60 }, (_, i) => batcher.update({ _id: `d${i}`, epoch: 1 }, { $set: { n: 1 } })));
   t.deepEqual(matched.flatMap((m, i) => (m ? [] : [i])), [7, 21, 33, 40]);
   const sent = t.context.updates.get("fenced")!.slice(before);
-  t.deepEqual(sent.slice(0, 2), [1, 59], "the batch went as one command first");
-  t.is(sent.length, 2 + 59, "then, fewer having matched, each of its updates alone");
+  // Four go alone (four commands in flight at most), the other 56 wait and go as one;
+  // fewer of those having matched, each is sent again alone.
+  t.deepEqual(sent.slice(0, 5), [1, 1, 1, 1, 56]);
+  t.deepEqual(sent.slice(5), Array.from({ length: 56 }, () => 1));
   const docs = await c.find({}).sort({ _id: 1 }).toArray();
   t.is(docs.length, 59);
   for (const d of docs) t.is(d.n, ["d7", "d21", "d40"].includes(d._id) ? 0 : 1, d._id);
@@ -101,4 +103,56 @@ test("update-batcher - no answer from the server fails every caller of the batch
   const outcomes = await Promise.allSettled(Array.from({ length: 10 }, (_, i) => batcher.update({ _id: `d${i}` }, { $set: { n: 1 } })));
   t.true(outcomes.every((o) => o.status === "rejected"));
   t.is(await t.context.client.db(t.context.servers.dbName).collection<Doc>("unanswered").countDocuments({ n: 1 }), 0);
+});
+
+test("update-batcher - an update the driver refuses to send fails only its own caller", async (t) => {
+  const c = await seeded(t, "unsendable", 30);
+  const batcher = new UpdateBatcher(c);
+  const outcomes = await Promise.allSettled(
+    Array.from({ length: 30 }, (_, i) =>
+      // A field name holding a NUL byte cannot be written as BSON: refused before anything is sent.
+      i === 20 ? batcher.update({ _id: `d${i}` }, { $set: { "bad\u0000name": 1 } as never }) : batcher.update({ _id: `d${i}` }, { $set: { n: i } }),
+    ),
+  );
+  t.deepEqual(outcomes.flatMap((o, i) => (o.status === "rejected" ? [i] : [])), [20]);
+  for (const d of await c.find({}).toArray()) t.is(d.n, d._id === "d20" ? 0 : Number(d._id.slice(1)), d._id);
+});
+
+test("store - fenced writes of runs and turns share commands on this store and still tell a stale epoch", async (t) => {
+  const client = new MongoClient(t.context.servers.mongoUri, { monitorCommands: true });
+  const runsSent: number[] = [];
+  client.on("commandStarted", (e) => {
+    if (e.commandName === "update" && e.command.update === "runs") runsSent.push((e.command.updates as unknown[]).length);
+  });
+  const store = await MongoStore.over(client, "store_batched");
+  try {
+    const raw = t.context.client.db("store_batched").collection<Pick<RunDoc, "_id" | "epoch" | "state">>("runs");
+    await raw.insertMany(Array.from({ length: 40 }, (_, i) => ({ _id: `run_${i}`, epoch: i === 25 ? 3 : 2, state: "busy" as RunDoc["state"] })));
+    const outcomes = await Promise.allSettled(Array.from({ length: 40 }, (_, i) => store.updateRunFenced(`run_${i}`, 2, { state: "idle" as RunDoc["state"] })));
+    t.deepEqual(outcomes.flatMap((o, i) => (o.status === "rejected" ? [i] : [])), [25]);
+    t.true((outcomes[25] as PromiseRejectedResult).reason instanceof FencedError);
+    t.true(runsSent.some((n) => n > 1), `update commands: ${runsSent.join(",")}`);
+    t.is(await raw.countDocuments({ state: "idle" }), 39);
+    t.is((await raw.findOne({ _id: "run_25" }))?.state, "busy", "the stale write changed nothing");
+  } finally {
+    await store.close();
+  }
+});
+
+test("store - told the store does not commit bulks together (stock FerretDB), its updates go one by one", async (t) => {
+  const client = new MongoClient(t.context.servers.mongoUri, { monitorCommands: true });
+  const sent: number[] = [];
+  client.on("commandStarted", (e) => {
+    if (e.commandName === "update" && e.command.update === "runs") sent.push((e.command.updates as unknown[]).length);
+  });
+  const store = await MongoStore.over(client, "store_single", { batchUpdates: false });
+  try {
+    const raw = t.context.client.db("store_single").collection<Pick<RunDoc, "_id" | "epoch" | "state">>("runs");
+    await raw.insertMany(Array.from({ length: 20 }, (_, i) => ({ _id: `run_${i}`, epoch: 2, state: "busy" as RunDoc["state"] })));
+    await Promise.all(Array.from({ length: 20 }, (_, i) => store.updateRunFenced(`run_${i}`, 2, { state: "idle" as RunDoc["state"] })));
+    t.deepEqual(sent, Array.from({ length: 20 }, () => 1));
+    t.is(await raw.countDocuments({ state: "idle" }), 20);
+  } finally {
+    await store.close();
+  }
 });
