@@ -1,4 +1,6 @@
 interface KeyState<V> {
+  /** When the read in flight began. */
+  startedMs: number;
   /** Callers that asked while a read of the key was in flight: they share the next one. */
   next: { promise: Promise<V>; resolve: (value: V) => void; reject: (err: unknown) => void } | null;
 }
@@ -16,14 +18,24 @@ interface KeyState<V> {
 export class FreshReads<V> {
   private readonly keys = new Map<string, KeyState<V>>();
 
-  constructor(private readonly read: (key: string) => Promise<V>) {}
+  constructor(
+    private readonly read: (key: string) => Promise<V>,
+    /**
+     * A read in flight for longer is not waited for: a caller reads alone instead (a
+     * command that never answers, on a connection gone half-open, holds back only the
+     * callers that were already waiting for it).
+     */
+    private readonly patienceMs = 1_000,
+    private readonly nowMs: () => number = () => performance.now(),
+  ) {}
 
   get(key: string): Promise<V> {
     const state = this.keys.get(key);
     if (!state) {
-      this.keys.set(key, { next: null });
+      this.keys.set(key, { startedMs: this.nowMs(), next: null });
       return this.start(key);
     }
+    if (this.nowMs() - state.startedMs > this.patienceMs) return this.readAlone(key);
     if (!state.next) {
       let resolve!: (value: V) => void;
       let reject!: (err: unknown) => void;
@@ -35,12 +47,7 @@ export class FreshReads<V> {
 
   /** Reads the key; when the read ends, begins the read its waiting callers share, if any. */
   private start(key: string): Promise<V> {
-    let reading: Promise<V>;
-    try {
-      reading = this.read(key);
-    } catch (err) {
-      reading = Promise.reject(err);
-    }
+    const reading = this.readAlone(key);
     const after = () => {
       const state = this.keys.get(key)!;
       const waiting = state.next;
@@ -49,9 +56,18 @@ export class FreshReads<V> {
         return;
       }
       state.next = null;
+      state.startedMs = this.nowMs();
       this.start(key).then(waiting.resolve, waiting.reject);
     };
     reading.then(after, after);
     return reading;
+  }
+
+  private readAlone(key: string): Promise<V> {
+    try {
+      return this.read(key);
+    } catch (err) {
+      return Promise.reject(err);
+    }
   }
 }

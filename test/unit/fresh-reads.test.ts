@@ -92,3 +92,24 @@ test("fresh-reads - a read that throws at once does not leave its key waiting fo
   t.is(await throwing.get("k"), "k");
   t.is(await reads.get("x"), "x");
 });
+
+test("fresh-reads - a read in flight past the patience is not waited for: later callers read alone", async (t) => {
+  const store = manualStore();
+  let now = 0;
+  const reads = new FreshReads(store.read, 1_000, () => now);
+  store.values.set("a", 1);
+  const hung = reads.get("a");
+  const waiting = reads.get("a");
+  now = 1_001;
+  const later = [reads.get("a"), reads.get("a")];
+  t.is(store.reads.length, 3, "each later caller reads at once");
+  store.reads[1]!.end();
+  store.reads[2]!.end();
+  t.deepEqual(await Promise.all(later), [1, 1]);
+  // The read that did not answer holds back only the callers already waiting for it.
+  store.reads[0]!.end();
+  t.is(await hung, 1);
+  await tick();
+  store.reads[3]!.end();
+  t.is(await waiting, 1);
+});
