@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdir, open, readFile } from "node:fs/promises";
 import net from "node:net";
-import { availableParallelism } from "node:os";
+import { availableParallelism, totalmem } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -241,19 +241,29 @@ export async function startFerretDb(options: FerretDbOptions): Promise<ServerPro
 
 /**
  * FerretDB's Go runtime settings, unless the environment sets them. Its heap is small,
- * and collecting it at every doubling cost FerretDB a third of its CPU under 64-client
+ * and collecting it at every doubling cost FerretDB much of its CPU under 64-client
  * background starts (perf: the Go collector's functions at the top of its profile): it
- * collects at 5× (GOGC=400), and more often as it nears 1 GiB (GOMEMLIMIT). And it
- * leaves one core to the service's event loop (GOMAXPROCS: the cores but one, at least
- * one): on two cores its scheduler's idle threads woke and spun beside it. Measured
- * (bench/trace-admission.ts, 2,048 background starts at 64 clients): 3.6 → 2.1 ms of
- * FerretDB CPU per start, 203 → 253 starts/s (docs/performance.md).
+ * collects at 5× (GOGC=400), and more often as it nears a soft limit (GOMEMLIMIT: an
+ * eighth of the memory this process may use, at most 1 GiB, so a small machine or
+ * container is not filled by the larger heap). And it leaves one core to the service's
+ * event loop (GOMAXPROCS: the cores but one, at least one): on two cores its
+ * scheduler's idle threads woke and spun beside it. Measured (bench/trace-admission.ts,
+ * 2,048 background starts at 64 clients, two alternating pairs): 2.97 / 4.27 → 2.25 /
+ * 2.59 ms of FerretDB CPU per start (docs/performance.md).
  */
-export function ferretDbEnv(env: NodeJS.ProcessEnv, cores = availableParallelism()): NodeJS.ProcessEnv {
+export function ferretDbEnv(env: NodeJS.ProcessEnv, cores = availableParallelism(), memoryBytes = usableMemory()): NodeJS.ProcessEnv {
+  const limitMiB = Math.max(64, Math.min(1024, Math.floor(memoryBytes / 8 / 1_048_576)));
   return {
     ...env,
     GOGC: env.GOGC ?? "400",
-    GOMEMLIMIT: env.GOMEMLIMIT ?? "1GiB",
+    GOMEMLIMIT: env.GOMEMLIMIT ?? `${limitMiB}MiB`,
     GOMAXPROCS: env.GOMAXPROCS ?? String(Math.max(1, cores - 1)),
   };
+}
+
+/** The machine's memory, or the container's limit when it has a smaller one. */
+function usableMemory(): number {
+  const constrained = (process as { constrainedMemory?: () => number | undefined }).constrainedMemory?.();
+  const total = totalmem();
+  return constrained !== undefined && constrained > 0 && constrained < total ? constrained : total;
 }
