@@ -251,7 +251,11 @@ export async function startFerretDb(options: FerretDbOptions): Promise<ServerPro
  * 2,048 background starts at 64 clients, two alternating pairs): 2.97 / 4.27 → 2.25 /
  * 2.59 ms of FerretDB CPU per start (docs/performance.md).
  */
-export function ferretDbEnv(env: NodeJS.ProcessEnv, cores = availableParallelism(), memoryBytes = usableMemory()): NodeJS.ProcessEnv {
+export function ferretDbEnv(
+  env: NodeJS.ProcessEnv,
+  cores = availableParallelism(),
+  memoryBytes = usableMemory((process as { constrainedMemory?: () => number | undefined }).constrainedMemory?.(), totalmem()),
+): NodeJS.ProcessEnv {
   const limitMiB = Math.max(64, Math.min(1024, Math.floor(memoryBytes / 8 / 1_048_576)));
   return {
     ...env,
@@ -261,9 +265,11 @@ export function ferretDbEnv(env: NodeJS.ProcessEnv, cores = availableParallelism
   };
 }
 
-/** The machine's memory, or the container's limit when it has a smaller one. */
-function usableMemory(): number {
-  const constrained = (process as { constrainedMemory?: () => number | undefined }).constrainedMemory?.();
-  const total = totalmem();
+/**
+ * The machine's memory, or the container's limit when it is smaller. Node's
+ * `process.constrainedMemory()` answers undefined (older Node 20), 0 (limit unknown) or,
+ * without a limit, a number past any memory (2^64 on Node 20.20 here).
+ */
+export function usableMemory(constrained: number | undefined, total: number): number {
   return constrained !== undefined && constrained > 0 && constrained < total ? constrained : total;
 }

@@ -3,7 +3,7 @@
  * transient ones become {@link StoreUnavailableError} (answered 503), a unique index's
  * refusal is recognised, and an insert can be "once".
  */
-import { MongoError, type Document } from "mongodb";
+import { MongoError, MongoNetworkError, type Document } from "mongodb";
 import type { InsertBatcher } from "./insert-batcher.js";
 
 /** The store could not be reached or answered with a transient failure. */
@@ -36,16 +36,21 @@ export function isTransient(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
   if (err instanceof Error && !(err instanceof MongoError) && typeof code === "string") return NETWORK_CODES.has(code);
   if (!(err instanceof MongoError)) return false;
-  const name = err.name;
-  return (
-    name === "MongoServerSelectionError" ||
-    name === "MongoNetworkError" ||
-    name === "MongoNetworkTimeoutError" ||
-    name === "MongoTopologyClosedError" ||
-    name === "MongoNotConnectedError" ||
-    (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"))
-  );
+  // Network errors by class: the driver renames some (a pool cleared after a network error
+  // is a MongoNetworkError named MongoPoolClearedError).
+  if (err instanceof MongoNetworkError) return true;
+  return TRANSIENT_NAMES.has(err.name) || (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"));
 }
+
+/** Driver errors of a store that is away or saturated, not of a bad request (some classes are not exported). */
+const TRANSIENT_NAMES = new Set([
+  "MongoServerSelectionError",
+  "MongoTopologyClosedError",
+  "MongoNotConnectedError",
+  "MongoServerClosedError",
+  "MongoOperationTimeoutError",
+  "MongoWaitQueueTimeoutError",
+]);
 
 /**
  * Translates driver failures once: transient ones become StoreUnavailableError. Every

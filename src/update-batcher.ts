@@ -9,7 +9,7 @@ interface Queued<T> {
 
 /**
  * Group commit for one collection's single-document updates, the counterpart of
- * {@link InsertBatcher}. An update made while fewer than `maxInFlight` commands are out
+ * {@link InsertBatcher}. An update made while fewer than `maxInFlight` batches are out
  * is sent at once (alone: as an `updateOne`); updates made meanwhile wait for one to end
  * and then go together in one unordered `bulkWrite`. On MongoDB that is one command for many; on the FerretDB this project
  * builds, also one SQLite transaction (deploy/tools/README.md, `update-batch.patch`):
@@ -34,9 +34,11 @@ export class UpdateBatcher<T extends Document> {
     private readonly collection: Collection<T>,
     private readonly maxBatch = 64,
     /**
-     * Commands in flight at most. More than one, so that a command that never answers
-     * (a connection gone half-open: the store sets no socket timeout) holds back its own
-     * callers only, as an `updateOne` would, and not every later update of the node.
+     * Batches in flight at most (a batch whose updates are sent again alone has them out
+     * at once). More than one, so that a command that never answers (a connection gone
+     * half-open: the store sets no socket timeout) holds back its own callers, as an
+     * `updateOne` would, and not every later update of the node; all of them would take
+     * that many such commands at once.
      */
     private readonly maxInFlight = 4,
   ) {}

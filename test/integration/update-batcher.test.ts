@@ -93,15 +93,28 @@ test("update-batcher - an update the server refuses fails only its own caller; t
   t.true(await batcher.update({ _id: "d13" }, { $set: { n: 99 } }));
 });
 
-test("update-batcher - no answer from the server fails every caller of the batch", async (t) => {
+test("update-batcher - no answer from the server fails every caller of the batch, without sending each again", async (t) => {
   const client = new MongoClient(t.context.servers.mongoUri, { serverSelectionTimeoutMS: 500 });
   await client.connect();
   const c = client.db(t.context.servers.dbName).collection<Doc>("unanswered");
   await c.insertMany(Array.from({ length: 10 }, (_, i) => ({ _id: `d${i}`, epoch: 1, n: 0 })));
-  const batcher = new UpdateBatcher(c);
+  // The real collection, its calls counted.
+  const calls = { bulkWrite: 0, updateOne: 0 };
+  const counted = new Proxy(c, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (prop !== "bulkWrite" && prop !== "updateOne") return value;
+      return (...args: unknown[]) => {
+        calls[prop]++;
+        return (value as (...a: unknown[]) => unknown).apply(target, args);
+      };
+    },
+  });
+  const batcher = new UpdateBatcher(counted);
   await client.close();
   const outcomes = await Promise.allSettled(Array.from({ length: 10 }, (_, i) => batcher.update({ _id: `d${i}` }, { $set: { n: 1 } })));
   t.true(outcomes.every((o) => o.status === "rejected"));
+  t.deepEqual(calls, { bulkWrite: 1, updateOne: 4 }, "four alone, then the other six as one bulk, not again one by one");
   t.is(await t.context.client.db(t.context.servers.dbName).collection<Doc>("unanswered").countDocuments({ n: 1 }), 0);
 });
 

@@ -1,5 +1,5 @@
 import test from "ava";
-import { ferretDbEnv } from "../../node/servers.js";
+import { ferretDbEnv, usableMemory } from "../../node/servers.js";
 
 const GiB = 1024 ** 3;
 
@@ -10,4 +10,11 @@ test("ferretdb env - GOGC 400, a soft memory limit of an eighth of the memory (6
   t.is(ferretDbEnv({}, 1, GiB).GOMAXPROCS, "1", "at least one core");
   t.is(ferretDbEnv({}, 8, GiB).GOMAXPROCS, "7");
   t.like(ferretDbEnv({ GOGC: "off", GOMEMLIMIT: "256MiB", GOMAXPROCS: "4" }, 2, GiB), { GOGC: "off", GOMEMLIMIT: "256MiB", GOMAXPROCS: "4" });
+});
+
+test("ferretdb env - the memory is the container's limit when it is below the machine's, else the machine's", (t) => {
+  t.is(usableMemory(2 * GiB, 24 * GiB), 2 * GiB);
+  t.is(usableMemory(undefined, 24 * GiB), 24 * GiB, "no answer");
+  t.is(usableMemory(0, 24 * GiB), 24 * GiB, "limit unknown");
+  t.is(usableMemory(2 ** 64, 24 * GiB), 24 * GiB, "no limit");
 });

@@ -1,6 +1,6 @@
 import test from "ava";
-import { MongoNetworkError, MongoServerError } from "mongodb";
-import { guard, isDuplicateKey, StoreUnavailableError } from "../../src/mongo-guard.js";
+import { MongoDriverError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
+import { guard, isDuplicateKey, isTransient, StoreUnavailableError } from "../../src/mongo-guard.js";
 
 const fails = (err: unknown) => guard(async () => Promise.reject(err));
 
@@ -20,4 +20,26 @@ test("mongo guard - other failures pass through unchanged: a bug is not a 503", 
   }
   t.true(isDuplicateKey(refused));
   t.is(await guard(async () => 7), 7);
+});
+
+test("mongo guard - a store away or saturated is transient, whatever the driver names it; a refused request is not", (t) => {
+  // Shaped as the driver's own subclasses it does not export: a cleared pool (a network error renamed) and a full wait queue.
+  class MongoPoolClearedError extends MongoNetworkError {
+    override get name(): string {
+      return "MongoPoolClearedError";
+    }
+  }
+  class MongoWaitQueueTimeoutError extends MongoDriverError {
+    override get name(): string {
+      return "MongoWaitQueueTimeoutError";
+    }
+  }
+  const poolCleared = new MongoPoolClearedError("pool cleared");
+  const waitQueue = new MongoWaitQueueTimeoutError("timed out waiting for a connection");
+  for (const err of [poolCleared, waitQueue, new MongoServerClosedError(), new MongoOperationTimeoutError("timed out"), new MongoTopologyClosedError(), new MongoNotConnectedError("not connected")]) {
+    t.true(isTransient(err), err.name);
+  }
+  for (const err of [new MongoServerError({ message: "immutable field _id", code: 66 }), new MongoDriverError("bad argument"), new Error("bad")]) {
+    t.false(isTransient(err), err.message);
+  }
 });
