@@ -67,10 +67,10 @@ test("update-batcher - in a batch where some filters match nothing (a fence move
   const matched = await Promise.all(Array.from({ length: 60 }, (_, i) => batcher.update({ _id: `d${i}`, epoch: 1 }, { $set: { n: 1 } })));
   t.deepEqual(matched.flatMap((m, i) => (m ? [] : [i])), [7, 21, 33, 40]);
   const sent = t.context.updates.get("fenced")!.slice(before);
-  // Four go alone (four commands in flight at most), the other 56 wait and go as one;
-  // fewer of those having matched, each is sent again alone.
-  t.deepEqual(sent.slice(0, 5), [1, 1, 1, 1, 56]);
-  t.deepEqual(sent.slice(5), Array.from({ length: 56 }, () => 1));
+  // The first goes alone, the other 59 wait for it and go as one; fewer of those having
+  // matched, each is sent again alone.
+  t.deepEqual(sent.slice(0, 2), [1, 59]);
+  t.deepEqual(sent.slice(2), Array.from({ length: 59 }, () => 1));
   const docs = await c.find({}).sort({ _id: 1 }).toArray();
   t.is(docs.length, 59);
   for (const d of docs) t.is(d.n, ["d7", "d21", "d40"].includes(d._id) ? 0 : 1, d._id);
@@ -114,7 +114,7 @@ test("update-batcher - no answer from the server fails every caller of the batch
   await client.close();
   const outcomes = await Promise.allSettled(Array.from({ length: 10 }, (_, i) => batcher.update({ _id: `d${i}` }, { $set: { n: 1 } })));
   t.true(outcomes.every((o) => o.status === "rejected"));
-  t.deepEqual(calls, { bulkWrite: 1, updateOne: 4 }, "four alone, then the other six as one bulk, not again one by one");
+  t.deepEqual(calls, { bulkWrite: 1, updateOne: 1 }, "one alone, then the other nine as one bulk, not again one by one");
   t.is(await t.context.client.db(t.context.servers.dbName).collection<Doc>("unanswered").countDocuments({ n: 1 }), 0);
 });
 
@@ -168,4 +168,32 @@ test("store - told the store does not commit bulks together (stock FerretDB), it
   } finally {
     await store.close();
   }
+});
+
+test("update-batcher - a command that does not answer holds back its own callers only: after the stall time the next batch goes beside it", async (t) => {
+  const c = await seeded(t, "stalled", 12);
+  // The real collection, but its first updateOne never answers (a connection gone half-open).
+  let first = true;
+  const stalling = new Proxy(c, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (prop !== "updateOne") return value;
+      return (...args: unknown[]) => {
+        if (first) {
+          first = false;
+          return new Promise(() => undefined);
+        }
+        return (value as (...a: unknown[]) => unknown).apply(target, args);
+      };
+    },
+  });
+  const batcher = new UpdateBatcher(stalling, 64, 200);
+  const hung = batcher.update({ _id: "d0" }, { $set: { n: 1 } });
+  const startedMs = performance.now();
+  const others = await Promise.all(Array.from({ length: 11 }, (_, i) => batcher.update({ _id: `d${i + 1}` }, { $set: { n: 1 } })));
+  const waitedMs = performance.now() - startedMs;
+  t.deepEqual(others, Array.from({ length: 11 }, () => true));
+  t.true(waitedMs >= 190 && waitedMs < 5_000, `the others went after ${waitedMs.toFixed(0)} ms`);
+  t.is(await c.countDocuments({ n: 1 }), 11);
+  t.is(await Promise.race([hung.then(() => "answered"), new Promise((resolve) => setTimeout(() => resolve("still waiting"), 50))]), "still waiting");
 });
