@@ -85,6 +85,28 @@ test("deployments - versions 1, 2, 3, building then ready, activation and upgrad
   t.is((await api.get(`/api/v1/agents/${agent.id}/deployments/abc`)).body.error.param, "version");
 });
 
+test("deployments - a start sent after an activation answered runs on the new version, while other starts of the agent share their reads of it", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "activation-race" })).body;
+  await api.deploy(agent.id, { model: "faux/scripted" });
+  await api.waitDeployment(agent.id, 1);
+  await api.deploy(agent.id, { model: "faux/scripted" }, { activate: false });
+  await api.waitDeployment(agent.id, 2);
+  const start = () => api.post("/api/v1/runs", { agent: agent.id, input: "hi", background: true });
+  // Starts of the agent in flight all along, eight at a time: their reads of it overlap.
+  let stop = false;
+  const beside = (async () => {
+    for (let i = 0; i < 100 && !stop; i++) await Promise.all(Array.from({ length: 8 }, start));
+  })();
+  await new Promise((resolve) => setTimeout(resolve, 150));
+  const activated = await api.post(`/api/v1/agents/${agent.id}/deployments/2/activate`);
+  t.is(activated.status, 200);
+  const after = await Promise.all(Array.from({ length: 16 }, start));
+  stop = true;
+  await beside;
+  t.deepEqual(after.map((r) => [r.status, r.body.agent_version]), Array.from({ length: 16 }, () => [202, 2]));
+});
+
 test("deployments - concurrent creates get distinct versions", async (t) => {
   const { api } = t.context;
   const agent = (await api.post("/api/v1/agents", { name: "race" })).body;
