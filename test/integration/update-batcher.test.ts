@@ -42,6 +42,17 @@ async function seeded(t: { context: Context }, name: string, count: number): Pro
   return c;
 }
 
+/** The real collection, with `methods` called through `wrap` (which may call the method, or not). */
+function around<C extends object>(collection: C, methods: string[], wrap: (name: string, call: () => unknown) => unknown): C {
+  return new Proxy(collection, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (typeof prop !== "string" || !methods.includes(prop)) return value;
+      return (...args: unknown[]) => wrap(prop, () => (value as (...a: unknown[]) => unknown).apply(target, args));
+    },
+  });
+}
+
 test("update-batcher - concurrent updates share commands, each caller learns it matched, every document holds its write", async (t) => {
   const c = await seeded(t, "batched", 300);
   const batcher = new UpdateBatcher(c);
@@ -100,15 +111,9 @@ test("update-batcher - no answer from the server fails every caller of the batch
   await c.insertMany(Array.from({ length: 10 }, (_, i) => ({ _id: `d${i}`, epoch: 1, n: 0 })));
   // The real collection, its calls counted.
   const calls = { bulkWrite: 0, updateOne: 0 };
-  const counted = new Proxy(c, {
-    get(target, prop, receiver) {
-      const value = Reflect.get(target, prop, receiver);
-      if (prop !== "bulkWrite" && prop !== "updateOne") return value;
-      return (...args: unknown[]) => {
-        calls[prop]++;
-        return (value as (...a: unknown[]) => unknown).apply(target, args);
-      };
-    },
+  const counted = around(c, ["bulkWrite", "updateOne"], (name, call) => {
+    calls[name as keyof typeof calls]++;
+    return call();
   });
   const batcher = new UpdateBatcher(counted);
   await client.close();
@@ -174,18 +179,10 @@ test("update-batcher - a command that does not answer holds back its own callers
   const c = await seeded(t, "stalled", 12);
   // The real collection, but its first updateOne never answers (a connection gone half-open).
   let first = true;
-  const stalling = new Proxy(c, {
-    get(target, prop, receiver) {
-      const value = Reflect.get(target, prop, receiver);
-      if (prop !== "updateOne") return value;
-      return (...args: unknown[]) => {
-        if (first) {
-          first = false;
-          return new Promise(() => undefined);
-        }
-        return (value as (...a: unknown[]) => unknown).apply(target, args);
-      };
-    },
+  const stalling = around(c, ["updateOne"], (_name, call) => {
+    if (!first) return call();
+    first = false;
+    return new Promise(() => undefined);
   });
   const batcher = new UpdateBatcher(stalling, 64, 200);
   const hung = batcher.update({ _id: "d0" }, { $set: { n: 1 } });
