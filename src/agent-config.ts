@@ -3,6 +3,7 @@ import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
 import { parseWith, refuse } from "./request-schemas.js";
 import { validateAllowPattern } from "./address-guard.js";
 import { ENV_NAME_PATTERN } from "./env-values.js";
+import { unstorableKeyPath } from "./json-depth.js";
 import { APPROVAL_TOOLS, DEFAULT_APPROVAL_TIMEOUT_S, MAX_APPROVAL_TIMEOUT_S, PATH_TOOLS } from "./approval.js";
 
 /** Bounds of `config.limits` (the sandbox's defaults are in actors/sandbox-limits.ts and the README). */
@@ -103,6 +104,15 @@ export const DeploymentRequestSchema = z
   .superRefine(({ config }, ctx) => {
     if (config.model !== SCRIPTED_MODEL && config.script !== undefined) {
       return refuse(ctx, "config.script", `script is only for the ${SCRIPTED_MODEL} model.`);
+    }
+    // The only members of a config with names of the tenant's choosing (the store holds the config).
+    for (const [i, step] of (config.script ?? []).entries()) {
+      if (!("tool_call" in step)) continue;
+      const bad = unstorableKeyPath(step.tool_call.arguments);
+      if (bad) {
+        const field = `config.script.${i}.tool_call.arguments`;
+        return refuse(ctx, field, `${field}: the key ${JSON.stringify(bad[bad.length - 1])} cannot be stored (keys may not start with "$" or hold "." or a NUL character).`);
+      }
     }
     for (const [i, pattern] of (config.network?.allow ?? []).entries()) {
       const problem = validateAllowPattern(pattern);

@@ -20,6 +20,33 @@ export function tooDeepPath(value: unknown, max = MAX_JSON_DEPTH): string[] | un
   return undefined;
 }
 
+/**
+ * The path to the first object key the store cannot hold, or undefined: one starting with
+ * `$` or holding a `.` (FerretDB refuses both anywhere in a document; MongoDB reads them as
+ * operators and paths in updates) or holding a NUL (BSON cannot encode it). Iterative,
+ * as {@link tooDeepPath}.
+ */
+export function unstorableKeyPath(value: unknown): string[] | undefined {
+  // Each entry links to its parent: the path is built once, for the key found.
+  type Step = { key: string; parent: Step | null };
+  const pathOf = (step: Step | null): string[] => {
+    const path: string[] = [];
+    for (let s = step; s; s = s.parent) path.push(s.key);
+    return path.reverse();
+  };
+  const stack: Array<{ value: unknown; at: Step | null }> = [{ value, at: null }];
+  while (stack.length > 0) {
+    const { value: current, at } = stack.pop()!;
+    if (current === null || typeof current !== "object") continue;
+    const keyed = !Array.isArray(current);
+    for (const [key, child] of Object.entries(current)) {
+      if (keyed && (key.startsWith("$") || key.includes(".") || key.includes("\u0000"))) return pathOf({ key, parent: at });
+      if (child !== null && typeof child === "object") stack.push({ value: child, at: { key, parent: at } });
+    }
+  }
+  return undefined;
+}
+
 /** The field a too-deep path names: its first `segments` segments (`config.script.0.tool_call.arguments`). */
 export function fieldOfPath(path: readonly string[], segments = 5): string {
   return path.slice(0, segments).join(".");

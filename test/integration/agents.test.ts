@@ -229,6 +229,21 @@ test("deployments - JSON nested 2,000 levels deep is 400 naming the field, and t
   t.is(run.status, 400, JSON.stringify(run.body).slice(0, 300));
 });
 
+test("deployments - abuse: tool-call arguments in a script with keys the store cannot hold ($-prefixed, dotted, NUL) are 400 naming the field, never 500; nothing is deployed", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "unstorable" })).body.id;
+  for (const args of [{ $where: "1" }, { ok: [{ "a.b": 1 }] }, { ok: { nested: { $gt: 1 } } }, { "nul\u0000key": 1 }]) {
+    const config = { model: "faux/scripted", script: [{ text: "first" }, { tool_call: { name: "bash", arguments: { command: "echo hi", ...args } } }] };
+    const res = await api.post(`/api/v1/agents/${agent}/deployments`, { config });
+    t.is(res.status, 400, JSON.stringify(res.body).slice(0, 300));
+    t.is(res.body.error.param, "config.script.1.tool_call.arguments");
+  }
+  t.deepEqual((await api.get(`/api/v1/agents/${agent}/deployments`)).body.data, []);
+  // The same keys as values, and keys merely holding "$" later on, are stored as given.
+  const fine = await api.post(`/api/v1/agents/${agent}/deployments`, { config: { model: "faux/scripted", script: [{ tool_call: { name: "bash", arguments: { command: "$where a.b", "price$": "x" } } }] } });
+  t.is(fine.status, 201, JSON.stringify(fine.body).slice(0, 300));
+});
+
 test("deployments - the runtime's deployment cache holds at most its capacity, least recently used out", async (t) => {
   const { api, service } = t.context;
   const { DeploymentCache } = await import("../../src/deployments.js");
