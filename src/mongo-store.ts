@@ -12,6 +12,7 @@ import {
 import { InsertBatcher } from "./insert-batcher.js";
 import { UpdateBatcher } from "./update-batcher.js";
 import { FreshReads } from "./fresh-reads.js";
+import { loadedTurn, storedTurnFields } from "./stored-json.js";
 import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
 import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
@@ -324,18 +325,19 @@ export class MongoStore implements RunStore {
 
   /** Inserts a turn unless one with its id exists; false when it did (a resent command). */
   insertTurnOnce(doc: TurnDoc): Promise<boolean> {
-    return insertOnce(this.turnInserts, doc);
+    return insertOnce(this.turnInserts, storedTurnFields(doc));
   }
 
-  getTurn(id: string): Promise<TurnDoc | null> {
-    return guard(() => this.turns.findOne({ _id: id }));
+  async getTurn(id: string): Promise<TurnDoc | null> {
+    return loadedTurn(await guard(() => this.turns.findOne({ _id: id })));
   }
 
   /**
    * A turn write conditional on no newer owner having written the turn; it stamps
    * the writer's epoch so a stale owner's later write matches nothing.
    */
-  async updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void> {
+  async updateTurnFenced(id: string, epoch: number, fields: Partial<TurnDoc>): Promise<void> {
+    const set = storedTurnFields(fields);
     if (this.idOnlyFilters) {
       const current = await guard(() => this.turns.findOne({ _id: id }, { projection: { epoch: 1 } }));
       if (!current || current.epoch > epoch) throw new FencedError(id);
@@ -347,13 +349,13 @@ export class MongoStore implements RunStore {
   }
 
   /** The run's turns in order, without transcripts unless asked. */
-  listTurns(runId: string, options: { afterIndex?: number; limit?: number; withTranscript?: boolean } = {}): Promise<TurnDoc[]> {
+  async listTurns(runId: string, options: { afterIndex?: number; limit?: number; withTranscript?: boolean } = {}): Promise<TurnDoc[]> {
     // Bounds on index even without afterIndex: they state the sort key's type (numbers
     // within ±2^53), so the embedded store reads the run's turns in order from its index.
     const filter: Filter<TurnDoc> = { run_id: runId, index: { $gt: options.afterIndex ?? -1, $lt: Number.MAX_SAFE_INTEGER } };
     const cursor = this.turns.find(filter, options.withTranscript ? {} : { projection: { transcript: 0 } }).sort({ index: 1 });
     if (options.limit) cursor.limit(options.limit);
-    return guard(() => cursor.toArray());
+    return (await guard(() => cursor.toArray())).map((turn) => loadedTurn(turn));
   }
 
   // ---- idempotency ------------------------------------------------------------------
