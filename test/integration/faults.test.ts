@@ -136,3 +136,44 @@ test.serial("faults - inserts are not fenced: a run a stale owner inserts after 
   t.is(after.body.turn.status, "completed");
 });
 
+
+test.serial("faults - the store frozen (SIGSTOP: its sockets open, nothing answered): reads and commands answer 503 in bounded time instead of hanging; a turn in flight finishes once it answers again, no run stays busy", async (t) => {
+  t.timeout(120_000);
+  const { servers, api } = t.context;
+  const words = Array.from({ length: 30 }, (_, i) => `w${i}`).join(" ");
+  const slow = await api.agentWith({ model: "faux/scripted", tools: [], tokens_per_second: 20, script: [{ text: words }] });
+  const idle = (await api.post("/api/v1/runs", { agent: t.context.agent, input: "before" })).body;
+  const started = await api.post("/api/v1/runs", { agent: slow, input: "go", background: true });
+  t.is(started.status, 202);
+  const pid = servers.ferret.pid;
+  process.kill(pid, "SIGSTOP");
+  let resumed = false;
+  const resume = () => {
+    if (!resumed) process.kill(pid, "SIGCONT");
+    resumed = true;
+  };
+  try {
+    const frozenAt = Date.now();
+    const [read, command] = await Promise.all([api.get(`/api/v1/runs/${idle.id}`), api.post("/api/v1/runs", { run_id: idle.id, input: "while frozen" })]);
+    assertUnavailable(t, read);
+    assertUnavailable(t, command);
+    t.true(Date.now() - frozenAt < 20_000, `answered after ${Date.now() - frozenAt} ms, never hangs`);
+  } finally {
+    resume();
+  }
+  let done: any;
+  for (let i = 0; i < 120; i++) {
+    const res = await api.get(`/api/v1/runs/${started.body.id}`);
+    if (res.status === 200 && res.body.state === "idle") {
+      done = res.body;
+      break;
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  t.truthy(done, "the run went idle within 30 s of the store answering again");
+  t.is(done.turn.status, "completed", JSON.stringify(done.turn.error));
+  t.deepEqual(done.turn.output, [{ type: "output_text", text: words }]);
+  const after = await api.post("/api/v1/runs", { run_id: idle.id, input: "after" });
+  t.is(after.status, 200, JSON.stringify(after.body));
+  t.is(after.body.turn.status, "completed");
+});
