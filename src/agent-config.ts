@@ -3,7 +3,7 @@ import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
 import { parseWith, refuse } from "./request-schemas.js";
 import { validateAllowPattern } from "./address-guard.js";
 import { ENV_NAME_PATTERN } from "./env-values.js";
-import { unstorableKeyPath } from "./json-depth.js";
+import { type Unstorable, unstorablePath } from "./json-depth.js";
 import { APPROVAL_TOOLS, DEFAULT_APPROVAL_TIMEOUT_S, MAX_APPROVAL_TIMEOUT_S, PATH_TOOLS } from "./approval.js";
 
 /** Bounds of `config.limits` (the sandbox's defaults are in actors/sandbox-limits.ts and the README). */
@@ -108,10 +108,17 @@ export const DeploymentRequestSchema = z
     // The only members of a config with names of the tenant's choosing (the store holds the config).
     for (const [i, step] of (config.script ?? []).entries()) {
       if (!("tool_call" in step)) continue;
-      const bad = unstorableKeyPath(step.tool_call.arguments);
+      const bad = unstorablePath(step.tool_call.arguments);
       if (bad) {
         const field = `config.script.${i}.tool_call.arguments`;
-        return refuse(ctx, field, `${field}: the key ${JSON.stringify(bad[bad.length - 1])} cannot be stored (keys may not start with "$" or hold "." or a NUL character).`);
+        const at = JSON.stringify(bad.path.join("."));
+        const why: Record<Unstorable, string> = {
+          key: `the key ${JSON.stringify(bad.path[bad.path.length - 1])} cannot be stored (keys may not start with "$" or hold "." or a NUL character)`,
+          "nested array": `the array at ${at} is inside another array, which cannot be stored`,
+          "non-finite number": `the number at ${at} is not finite, which cannot be stored`,
+          depth: `the value at ${at} is nested too deep to be stored`, // not asked for: request bodies are bounded first
+        };
+        return refuse(ctx, field, `${field}: ${why[bad.why]}.`);
       }
     }
     for (const [i, pattern] of (config.network?.allow ?? []).entries()) {

@@ -20,28 +20,45 @@ export function tooDeepPath(value: unknown, max = MAX_JSON_DEPTH): string[] | un
   return undefined;
 }
 
+/** Why the store cannot hold a value (see {@link unstorablePath}). */
+export type Unstorable = "key" | "nested array" | "non-finite number" | "depth";
+
 /**
- * The path to the first object key the store cannot hold, or undefined: one starting with
- * `$` or holding a `.` (FerretDB refuses both anywhere in a document; MongoDB reads them as
- * operators and paths in updates) or holding a NUL (BSON cannot encode it). Iterative,
- * as {@link tooDeepPath}.
+ * The path to the first part of `value` the store cannot hold, and why, or undefined:
+ * - `key`: an object key starting with `$` or holding a `.` (FerretDB refuses both anywhere
+ *   in a document; MongoDB reads them as operators and paths in updates) or a NUL (BSON
+ *   cannot encode it);
+ * - `nested array`: an array directly inside an array (FerretDB 1.24 refuses it);
+ * - `non-finite number`: NaN or ±Infinity (FerretDB refuses infinities and drops the
+ *   connection on a NaN; `JSON.parse("1e999")` is Infinity);
+ * - `depth`: an object or array `maxDepth` levels down (MongoDB refuses documents nested
+ *   past 100 levels), only when `maxDepth` is given.
+ *
+ * One iterative walk, linear in the value's size at any depth (no stack to overflow).
  */
-export function unstorableKeyPath(value: unknown): string[] | undefined {
-  // Each entry links to its parent: the path is built once, for the key found.
+export function unstorablePath(value: unknown, maxDepth = Infinity): { path: string[]; why: Unstorable } | undefined {
+  // Each entry links to its parent: the path is built once, for the part found.
   type Step = { key: string; parent: Step | null };
   const pathOf = (step: Step | null): string[] => {
     const path: string[] = [];
     for (let s = step; s; s = s.parent) path.push(s.key);
     return path.reverse();
   };
-  const stack: Array<{ value: unknown; at: Step | null }> = [{ value, at: null }];
+  const stack: Array<{ value: unknown; at: Step | null; depth: number }> = [{ value, at: null, depth: 0 }];
   while (stack.length > 0) {
-    const { value: current, at } = stack.pop()!;
+    const { value: current, at, depth } = stack.pop()!;
+    if (typeof current === "number") {
+      if (!Number.isFinite(current)) return { path: pathOf(at), why: "non-finite number" };
+      continue;
+    }
     if (current === null || typeof current !== "object") continue;
-    const keyed = !Array.isArray(current);
+    if (depth >= maxDepth) return { path: pathOf(at), why: "depth" };
+    const list = Array.isArray(current);
     for (const [key, child] of Object.entries(current)) {
-      if (keyed && (key.startsWith("$") || key.includes(".") || key.includes("\u0000"))) return pathOf({ key, parent: at });
-      if (child !== null && typeof child === "object") stack.push({ value: child, at: { key, parent: at } });
+      const step = { key, parent: at };
+      if (!list && (key.startsWith("$") || key.includes(".") || key.includes("\u0000"))) return { path: pathOf(step), why: "key" };
+      if (list && Array.isArray(child)) return { path: pathOf(step), why: "nested array" };
+      if (typeof child === "number" || (child !== null && typeof child === "object")) stack.push({ value: child, at: step, depth: depth + 1 });
     }
   }
   return undefined;

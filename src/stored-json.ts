@@ -1,16 +1,19 @@
 /**
  * Model-made JSON in store documents: a turn's transcript (tool calls' arguments, tool
- * results) and its gated calls' arguments. A model may use any key (`{"src/main.py": …}`,
- * `{"$ref": …}`) and any nesting, and the store cannot hold every such value: FerretDB
- * refuses keys starting with `$` or holding `.` anywhere, BSON cannot encode a key with a
- * NUL, and both stores refuse documents nested deeper than 100 levels. Such a value is
- * stored as its JSON text in a one-key wrapper, `{ _runs_json: "<JSON>" }`, and read back
- * as the value; every other value is stored as it is, so documents look as they did.
+ * results, a provider's usage figures) and its gated calls' arguments. A model may use any
+ * key (`{"src/main.py": …}`, `{"$ref": …}`), arrays of arrays (`{"rows": [[1, 2]]}`), any
+ * nesting and numbers such as `1e999`, and the store cannot hold every such value
+ * ({@link unstorablePath}: FerretDB refuses `$`-prefixed and dotted keys, arrays in arrays
+ * and infinities, BSON cannot encode a key with a NUL, MongoDB refuses nesting past 100
+ * levels). Such a value is stored as its JSON text in a one-key wrapper,
+ * `{ _runs_json: "<JSON>" }`, and read back as JSON gives it (a non-finite number as
+ * null, as the events show it); every other value is stored as it is, so documents look
+ * as they did.
  *
  * A value that is itself an object with the one key `_runs_json` holding a string is
  * wrapped too, so a read never takes a model's value for a wrapper.
  */
-import { tooDeepPath, unstorableKeyPath } from "./json-depth.js";
+import { unstorablePath } from "./json-depth.js";
 import type { ActionDoc } from "./approval.js";
 import type { TurnDoc } from "./documents.js";
 
@@ -32,20 +35,23 @@ function isWrapper(value: unknown): value is { [WRAPPED_KEY]: string } {
 /** `value` as the store keeps it: the value itself, or its JSON in a wrapper (see the module comment). */
 export function toStored<T>(value: T): T | { [WRAPPED_KEY]: string } {
   if (value === null || typeof value !== "object") return value;
-  if (isWrapper(value) || unstorableKeyPath(value) !== undefined || tooDeepPath(value, STORED_DEPTH) !== undefined) {
+  if (isWrapper(value) || unstorablePath(value, STORED_DEPTH) !== undefined) {
     return { [WRAPPED_KEY]: JSON.stringify(value) };
   }
   return value;
 }
 
 /**
- * The value {@link toStored} was given (as JSON gives it back: `undefined` members dropped).
- * A wrapper whose text is not JSON (the document was edited by hand) is returned as it is.
+ * The value {@link toStored} was given (as JSON gives it back: `undefined` members dropped,
+ * non-finite numbers null). {@link toStored} wraps only objects and arrays: a wrapper whose
+ * text is not the JSON of one (edited by hand, or a model's value stored as it was before
+ * wrappers existed) is returned as it is.
  */
 export function fromStored(value: unknown): unknown {
   if (!isWrapper(value)) return value;
   try {
-    return JSON.parse(value[WRAPPED_KEY]) as unknown;
+    const parsed = JSON.parse(value[WRAPPED_KEY]) as unknown;
+    return parsed !== null && typeof parsed === "object" ? parsed : value;
   } catch {
     return value;
   }

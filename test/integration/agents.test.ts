@@ -229,15 +229,20 @@ test("deployments - JSON nested 2,000 levels deep is 400 naming the field, and t
   t.is(run.status, 400, JSON.stringify(run.body).slice(0, 300));
 });
 
-test("deployments - abuse: tool-call arguments in a script with keys the store cannot hold ($-prefixed, dotted, NUL) are 400 naming the field, never 500; nothing is deployed", async (t) => {
+test("deployments - abuse: tool-call arguments in a script the store cannot hold ($-prefixed, dotted, NUL keys; arrays in arrays; 1e999) are 400 naming the field, never 500; nothing is deployed", async (t) => {
   const { api } = t.context;
   const agent = (await api.post("/api/v1/agents", { name: "unstorable" })).body.id;
-  for (const args of [{ $where: "1" }, { ok: [{ "a.b": 1 }] }, { ok: { nested: { $gt: 1 } } }, { "nul\u0000key": 1 }]) {
-    const config = { model: "faux/scripted", script: [{ text: "first" }, { tool_call: { name: "bash", arguments: { command: "echo hi", ...args } } }] };
-    const res = await api.post(`/api/v1/agents/${agent}/deployments`, { config });
+  const refused = (res: { status: number; body: any }) => {
     t.is(res.status, 400, JSON.stringify(res.body).slice(0, 300));
     t.is(res.body.error.param, "config.script.1.tool_call.arguments");
+  };
+  for (const args of [{ $where: "1" }, { ok: [{ "a.b": 1 }] }, { ok: { nested: { $gt: 1 } } }, { "nul\u0000key": 1 }, { grid: [[1], [2]] }, { ok: [{ rows: [[]] }] }]) {
+    const config = { model: "faux/scripted", script: [{ text: "first" }, { tool_call: { name: "bash", arguments: { command: "echo hi", ...args } } }] };
+    refused(await api.post(`/api/v1/agents/${agent}/deployments`, { config }));
   }
+  // JSON.parse reads 1e999 as Infinity, which the store refuses.
+  const infinite = '{"config":{"model":"faux/scripted","script":[{"text":"first"},{"tool_call":{"name":"bash","arguments":{"command":"echo hi","n":1e999}}}]}}';
+  refused(await api.request("POST", `/api/v1/agents/${agent}/deployments`, { rawBody: infinite, idempotencyKey: "infinite-1" }));
   t.deepEqual((await api.get(`/api/v1/agents/${agent}/deployments`)).body.data, []);
   // The same keys as values, and keys merely holding "$" later on, are stored as given.
   const fine = await api.post(`/api/v1/agents/${agent}/deployments`, { config: { model: "faux/scripted", script: [{ tool_call: { name: "bash", arguments: { command: "$where a.b", "price$": "x" } } }] } });

@@ -15,28 +15,36 @@ type Answer = (res: ServerResponse) => void;
 /** `live.service` is replaced by the first test (a restart): tests get a copy of the context, not the holder. */
 const test = anyTest as TestFn<{ servers: TestServers; live: { service: RunningService }; provider: Server; baseUrl: string; answers: Answer[]; bodies: any[] }>;
 
+/** `levels` objects, one inside the other. */
 const nested = (levels: number): unknown => {
   let v: unknown = "bottom";
-  for (let i = 0; i < levels; i++) v = [v];
+  for (let i = 0; i < levels; i++) v = { in: v };
   return v;
 };
 
-/** Arguments no store takes as they are: every kind of key, at the top and further down, and 120 levels of nesting. */
+/**
+ * Arguments no store takes as they are: every kind of key, at the top and further down,
+ * arrays in arrays, 120 levels of nesting, and (sent as `1e999`, below) an infinite number.
+ */
 const HOSTILE_ARGS = {
   "src/main.py": "print(1)",
   "a.b": 1,
   $where: "sleep(1000)",
   "n\u0000k": true,
   files: { "README.md": "# hi", $ref: ["$x", { "x.y": null }] },
+  rows: [[1, 2], [3]],
   _runs_json: "not a wrapper",
   deep: nested(120),
+  big: "INFINITE",
 };
+/** What the model's arguments are once parsed (`1e999` is Infinity) and written as JSON again. */
+const HOSTILE_ARGS_AS_JSON = { ...HOSTILE_ARGS, big: null };
 
 function toolCall(name: string, args: unknown): Answer {
   return (res) => {
     res.writeHead(200, { "content-type": "text/event-stream" });
     const chunk = (body: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", ...body })}\n\n`;
-    const call = { index: 0, id: "call_1", type: "function", function: { name, arguments: JSON.stringify(args) } };
+    const call = { index: 0, id: "call_1", type: "function", function: { name, arguments: JSON.stringify(args).replace('"INFINITE"', "1e999") } };
     res.write(chunk({ choices: [{ index: 0, delta: { role: "assistant", tool_calls: [call] }, finish_reason: null }] }));
     res.write(chunk({ choices: [{ index: 0, delta: {}, finish_reason: "tool_calls" }] }));
     res.end("data: [DONE]\n\n");
@@ -76,7 +84,7 @@ function historyArguments(body: any): unknown[] {
   return body.messages.flatMap((m: any) => (m.tool_calls ?? []).map((c: any) => JSON.parse(c.function.arguments)));
 }
 
-test.serial("model keys - a tool call whose arguments hold $-prefixed, dotted and NUL keys and 120 levels completes its turn; a new service loads the session from the store and sends them back unchanged", async (t) => {
+test.serial("model keys - a tool call whose arguments hold $-prefixed, dotted and NUL keys, arrays in arrays, 120 levels and 1e999 completes its turn; a new service loads the session from the store and sends them back unchanged", async (t) => {
   const { servers, baseUrl, answers, bodies } = t.context;
   const ws = await newWorkspace(t.context.live.service);
   const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: [] });
@@ -85,14 +93,14 @@ test.serial("model keys - a tool call whose arguments hold $-prefixed, dotted an
   t.is(run.status, 200);
   t.is(run.body.turn.status, "completed", JSON.stringify(run.body.turn.error));
   t.deepEqual(run.body.turn.output, [{ type: "output_text", text: "done" }]);
-  t.deepEqual(historyArguments(bodies.at(-1)), [HOSTILE_ARGS], "the turn's second call carried the arguments");
+  t.deepEqual(historyArguments(bodies.at(-1)), [HOSTILE_ARGS_AS_JSON], "the turn's second call carried the arguments");
 
   // Stored as JSON in a wrapper, the rest of the transcript as it was.
   const raw = await servers.raw();
   const doc = await raw.db.collection("turns").findOne({ _id: run.body.turn.id as any });
   const wrapped = (doc!.transcript as any[]).filter((m) => typeof m._runs_json === "string");
   t.is(wrapped.length, 1, "only the message holding the call is wrapped");
-  t.deepEqual(JSON.parse(wrapped[0]._runs_json).content.find((c: any) => c.type === "toolCall").arguments, HOSTILE_ARGS);
+  t.deepEqual(JSON.parse(wrapped[0]._runs_json).content.find((c: any) => c.type === "toolCall").arguments, HOSTILE_ARGS_AS_JSON);
   t.true((doc!.transcript as any[]).some((m) => m.role === "user"), "other messages are stored as they are");
 
   // A new service has no session in memory: it reads the transcript from the store.
@@ -104,15 +112,15 @@ test.serial("model keys - a tool call whose arguments hold $-prefixed, dotted an
   const next = await api.post("/api/v1/runs", { run_id: run.body.id, input: "and again" });
   t.is(next.status, 200, JSON.stringify(next.body));
   t.is(next.body.turn.status, "completed", JSON.stringify(next.body.turn.error));
-  t.deepEqual(historyArguments(bodies.at(-1)), [HOSTILE_ARGS]);
+  t.deepEqual(historyArguments(bodies.at(-1)), [HOSTILE_ARGS_AS_JSON]);
   const turns = await api.get(`/api/v1/runs/${run.body.id}/turns`);
   t.deepEqual(turns.body.data.map((x: any) => x.status), ["completed", "completed"]);
 });
 
-test.serial("model keys - a gated call's arguments with keys the store cannot hold are shown on its pending action as the model sent them; denying it ends the turn", async (t) => {
-  const { baseUrl, answers } = t.context;
-  const ws = await newWorkspace(t.context.live.service);
-  const args = { command: "echo hi", "a.b": 1, $where: { "x.y": [1] } };
+test.serial("model keys - a gated call's arguments with keys the store cannot hold are shown on its pending action as the model sent them; after a restart, denying it resumes the turn from the stored transcript", async (t) => {
+  const { servers, baseUrl, answers, bodies, live } = t.context;
+  const ws = await newWorkspace(live.service);
+  const args = { command: "echo hi", "a.b": 1, $where: { "x.y": [1] }, grid: [[0]] };
   const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: ["bash"], approval: { rules: [{ tool: "bash" }] } });
   answers.push(toolCall("bash", args), text("denied"));
   const res = await ws.api.post("/api/v1/runs", { agent, input: "go", background: true });
@@ -120,9 +128,16 @@ test.serial("model keys - a gated call's arguments with keys the store cannot ho
   const waiting = await ws.api.waitRun(res.body.id, (r) => r.turn?.pending_action != null || r.turn?.status !== "in_progress", 30_000);
   t.is(waiting.turn.status, "in_progress", JSON.stringify(waiting.turn));
   t.deepEqual(waiting.turn.pending_action.arguments, args);
+  // The new service has only the store: the waiting turn's transcript and action come from there.
+  await live.service.close();
+  live.service = await startTestService(servers, { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000" });
+  ws.api = new Api(live.service.url!, ws.key);
+  const restored = await ws.api.waitRun(res.body.id, (r) => r.turn?.pending_action != null, 30_000);
+  t.deepEqual(restored.turn.pending_action.arguments, args);
   const decided = await ws.api.post(`/api/v1/runs/${res.body.id}/actions/${waiting.turn.pending_action.id}`, { decision: "deny" });
   t.is(decided.status, 200, JSON.stringify(decided.body));
   const done = await ws.api.waitTurn(res.body.id, waiting.turn.id, 30_000);
   t.is(done.turn.status, "completed", JSON.stringify(done.turn.error));
   t.deepEqual(done.turn.output, [{ type: "output_text", text: "denied" }]);
+  t.deepEqual(historyArguments(bodies.at(-1)), [args], "the resumed call's history holds the arguments as sent");
 });

@@ -1,5 +1,5 @@
 import test from "ava";
-import { fieldOfPath, tooDeepPath, unstorableKeyPath } from "../../src/json-depth.js";
+import { fieldOfPath, tooDeepPath, unstorablePath } from "../../src/json-depth.js";
 
 const nest = (levels: number, leaf: unknown = 1, key = "a"): unknown => {
   let v = leaf;
@@ -25,13 +25,35 @@ test("json-depth - the path names where the depth is, 100,000 levels without a s
   t.is(tooDeepPath({ a: "x".repeat(1000), b: [1, 2, 3], c: null }), undefined);
 });
 
-test("json-depth - unstorableKeyPath names the first key starting with $ or holding . or NUL, at any depth and inside arrays; values and array indices are not keys", (t) => {
-  t.deepEqual(unstorableKeyPath({ a: 1, $b: 2 }), ["$b"]);
-  t.deepEqual(unstorableKeyPath({ a: [{ ok: 1 }, { "x.y": 1 }] }), ["a", "1", "x.y"]);
-  t.deepEqual(unstorableKeyPath({ a: { b: { "n\u0000k": 1 } } }), ["a", "b", "n\u0000k"]);
-  t.is(unstorableKeyPath({ a: "$where", b: ["x.y", "\u0000"], "c$": 1, "": 2 }), undefined);
-  t.is(unstorableKeyPath(null), undefined);
-  t.is(unstorableKeyPath([1, [2, [3]]]), undefined);
+test("json-depth - unstorablePath names the first key starting with $ or holding . or NUL, at any depth and inside arrays; values and array indices are not keys", (t) => {
+  t.deepEqual(unstorablePath({ a: 1, $b: 2 }), { path: ["$b"], why: "key" });
+  t.deepEqual(unstorablePath({ a: [{ ok: 1 }, { "x.y": 1 }] }), { path: ["a", "1", "x.y"], why: "key" });
+  t.deepEqual(unstorablePath({ a: { b: { "n\u0000k": 1 } } }), { path: ["a", "b", "n\u0000k"], why: "key" });
+  t.is(unstorablePath({ a: "$where", b: ["x.y", "\u0000"], "c$": 1, "": 2, n: -0, big: Number.MAX_VALUE }), undefined);
+  t.is(unstorablePath(null), undefined);
   const deep = nest(100_000, { $gt: 1 });
-  t.is(unstorableKeyPath(deep)?.length, 100_001, "100,000 levels without a stack overflow");
+  t.is(unstorablePath(deep)?.path.length, 100_001, "100,000 levels without a stack overflow");
+});
+
+test("json-depth - unstorablePath names an array held directly in an array, and no other array", (t) => {
+  t.deepEqual(unstorablePath([1, [2]]), { path: ["1"], why: "nested array" });
+  t.deepEqual(unstorablePath({ rows: [[1, 2], [3]] }), { path: ["rows", "0"], why: "nested array" });
+  t.deepEqual(unstorablePath({ a: [{ b: [{ c: [[]] }] }] }), { path: ["a", "0", "b", "0", "c", "0"], why: "nested array" });
+  t.is(unstorablePath({ a: [1, { b: [2, { c: [3] }] }], d: [] }), undefined, "arrays in objects in arrays are fine");
+});
+
+test("json-depth - unstorablePath names NaN and infinities wherever they are, and depth only when asked", (t) => {
+  for (const bad of [NaN, Infinity, -Infinity, JSON.parse("1e999") as number]) {
+    t.deepEqual(unstorablePath(bad), { path: [], why: "non-finite number" });
+    t.deepEqual(unstorablePath({ usage: { cost: [{ total: bad }] } }), { path: ["usage", "cost", "0", "total"], why: "non-finite number" });
+  }
+  t.is(unstorablePath(nest(200)), undefined);
+  for (let levels = 0; levels <= 6; levels++) {
+    const found = unstorablePath(nest(levels), 4);
+    t.is(found === undefined, levels <= 4, `${levels}`);
+    if (found) t.deepEqual(found, { path: ["a", "a", "a", "a"], why: "depth" });
+  }
+  // Arrays count as levels too.
+  t.deepEqual(unstorablePath([{ a: [{ a: 1 }] }], 3), { path: ["0", "a", "0"], why: "depth" });
+  t.is(unstorablePath([{ a: [{ a: 1 }] }], 4), undefined);
 });
