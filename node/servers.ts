@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdir, open, readFile } from "node:fs/promises";
 import net from "node:net";
 import { availableParallelism, totalmem } from "node:os";
@@ -246,14 +246,15 @@ export async function startFerretDb(options: FerretDbOptions): Promise<ServerPro
  * collects at 5× (GOGC=400), and more often as it nears a soft limit (GOMEMLIMIT: an
  * eighth of the memory this process may use, at most 1 GiB, so a small machine or
  * container is not filled by the larger heap). And it leaves one core to the service's
- * event loop (GOMAXPROCS: the cores but one, at least one): on two cores its
+ * event loop (GOMAXPROCS: the cores but one, at least one, counting a container's CPU
+ * quota as Go's own default would, which an explicit GOMAXPROCS overrides): on two cores its
  * scheduler's idle threads woke and spun beside it. Measured (bench/trace-admission.ts,
  * 2,048 background starts at 64 clients, two alternating pairs): 2.97 / 4.27 → 2.25 /
  * 2.59 ms of FerretDB CPU per start (docs/performance.md).
  */
 export function ferretDbEnv(
   env: NodeJS.ProcessEnv,
-  cores = availableParallelism(),
+  cores = usableCores(availableParallelism(), cgroupCpuQuota()),
   memoryBytes = usableMemory((process as { constrainedMemory?: () => number | undefined }).constrainedMemory?.(), totalmem()),
 ): NodeJS.ProcessEnv {
   const limitMiB = Math.max(64, Math.min(1024, Math.floor(memoryBytes / 8 / 1_048_576)));
@@ -263,6 +264,65 @@ export function ferretDbEnv(
     GOMEMLIMIT: env.GOMEMLIMIT ?? `${limitMiB}MiB`,
     GOMAXPROCS: env.GOMAXPROCS ?? String(Math.max(1, cores - 1)),
   };
+}
+
+/**
+ * The cores this process may use: `availableParallelism()` (the CPUs it may run on), or
+ * fewer when a cgroup CPU quota allows fewer (a container's `--cpus`, a Kubernetes CPU
+ * limit), rounded up; at least one. Node 20 does not read the quota itself.
+ */
+export function usableCores(parallelism: number, quotaCores: number | undefined): number {
+  return quotaCores !== undefined && quotaCores > 0 ? Math.max(1, Math.min(parallelism, Math.ceil(quotaCores))) : parallelism;
+}
+
+/**
+ * The CPU quota of this process's cgroup, in cores (the smallest along its path to the
+ * root), or undefined when none is set or none can be read. cgroup v2: `cpu.max`
+ * ("<quota|max> <period>") from the process's own cgroup up; v1: `cpu.cfs_quota_us` /
+ * `cpu.cfs_period_us` of the cpu controller's mount (a container's own) and of the
+ * process's path under it.
+ */
+export function cgroupCpuQuota(root = "/sys/fs/cgroup", selfCgroup = readText("/proc/self/cgroup")): number | undefined {
+  const quotas: number[] = [];
+  const quotaOf = (text: string | undefined, period?: string): number | undefined => {
+    if (text === undefined) return undefined;
+    const [q, p] = period === undefined ? text.trim().split(/\s+/) : [text.trim(), period.trim()];
+    const quota = Number(q);
+    const per = Number(p);
+    return Number.isFinite(quota) && quota > 0 && Number.isFinite(per) && per > 0 ? quota / per : undefined;
+  };
+  /** `dir` and its ancestors up to `top`, at most 64 levels. */
+  const upFrom = (top: string, rel: string): string[] => {
+    const parts = rel.split("/").filter(Boolean).slice(0, 64);
+    return parts.map((_, i) => path.join(top, ...parts.slice(0, parts.length - i))).concat(top);
+  };
+  for (const line of (selfCgroup ?? "").split("\n")) {
+    const [, controllers, rel] = line.match(/^\d+:([^:]*):(.*)$/) ?? [];
+    if (rel === undefined) continue;
+    if (controllers === "") {
+      for (const dir of upFrom(root, rel)) {
+        const q = quotaOf(readText(path.join(dir, "cpu.max")));
+        if (q !== undefined) quotas.push(q);
+      }
+    } else if (controllers!.split(",").includes("cpu")) {
+      const mount = path.join(root, controllers!);
+      const dirs = [...upFrom(mount, rel), path.join(root, "cpu")];
+      for (const dir of dirs) {
+        const period = readText(path.join(dir, "cpu.cfs_period_us"));
+        const q = period === undefined ? undefined : quotaOf(readText(path.join(dir, "cpu.cfs_quota_us")), period);
+        if (q !== undefined) quotas.push(q);
+      }
+    }
+  }
+  return quotas.length > 0 ? Math.min(...quotas) : undefined;
+}
+
+function readText(file: string): string | undefined {
+  try {
+    return readFileSync(file, "utf8");
+  } catch {
+    return undefined;
+  }
 }
 
 /**
