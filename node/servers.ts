@@ -291,9 +291,13 @@ export function cgroupCpuQuota(root = "/sys/fs/cgroup", selfCgroup = readText("/
     const per = Number(p);
     return Number.isFinite(quota) && quota > 0 && Number.isFinite(per) && per > 0 ? quota / per : undefined;
   };
-  /** `dir` and its ancestors up to `top`, at most 64 levels. */
+  /**
+   * `top/rel` and its ancestors up to `top`. Only `top` for a path that leaves it (`..`: a
+   * cgroup outside this namespace's root) or is implausibly deep (over 64 levels).
+   */
   const upFrom = (top: string, rel: string): string[] => {
-    const parts = rel.split("/").filter(Boolean).slice(0, 64);
+    const parts = rel.split("/").filter(Boolean);
+    if (parts.length > 64 || parts.some((p) => p === ".." || p === ".")) return [top];
     return parts.map((_, i) => path.join(top, ...parts.slice(0, parts.length - i))).concat(top);
   };
   for (const line of (selfCgroup ?? "").split("\n")) {

@@ -32,8 +32,9 @@ test("ferretdb env - the cores are the CPUs the process may run on, or fewer und
 });
 
 test("ferretdb env - the CPU quota is read from cgroup v2 cpu.max along the process's path, and from cgroup v1 cfs files; none, unreadable or unlimited is undefined", (t) => {
-  const root = mkdtempSync(path.join(os.tmpdir(), "runs-cgroup-"));
-  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const base = mkdtempSync(path.join(os.tmpdir(), "runs-cgroup-"));
+  t.teardown(() => rmSync(base, { recursive: true, force: true }));
+  const root = path.join(base, "cgroup");
   const put = (rel: string, text: string) => {
     mkdirSync(path.dirname(path.join(root, rel)), { recursive: true });
     writeFileSync(path.join(root, rel), text);
@@ -56,6 +57,9 @@ test("ferretdb env - the CPU quota is read from cgroup v2 cpu.max along the proc
   t.is(cgroupCpuQuota(root, undefined), undefined, "no /proc/self/cgroup");
   t.is(cgroupCpuQuota(root, "garbage\n\n0::\n"), undefined);
   t.is(cgroupCpuQuota(path.join(root, "missing"), "0::/a/b\n"), undefined, "nothing readable");
+  // A cgroup outside the namespace's root shows as `..`: nothing outside `root` is read.
+  put("../outside/cpu.max", "100000 100000\n");
+  t.is(cgroupCpuQuota(root, "0::/../outside\n"), undefined, "never reads above root");
   put("bad/cpu.max", "lots 0\n");
   t.is(cgroupCpuQuota(root, "0::/bad\n"), undefined, "unparseable");
 });
