@@ -1,0 +1,170 @@
+/**
+ * A hostile (or merely strange) model endpoint: generated streams with tool calls whose
+ * arguments hold any JSON (keys the store refuses, arrays in arrays, deep nesting, lone
+ * surrogates, `1e999`, text that is not JSON), many calls at once, nonsense usage figures,
+ * unknown finish reasons, garbage lines and streams cut off. Every turn must end in a final
+ * status with the contract's error body, never as "could not be stored"; every run must
+ * go idle and stay usable, also after a restart that loads the sessions from the store.
+ *
+ * Seeded and reproducible: HOSTILE_SEED replays a run (the seed is logged).
+ */
+import anyTest, { type TestFn } from "ava";
+import fc from "fast-check";
+import { createServer, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { writeChatStream } from "../helpers/chat-stream.js";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../node/service.js";
+
+const SEED = Number(process.env.HOSTILE_SEED ?? Date.now() % 2 ** 31);
+const TURNS = 40;
+const INFINITE = "\u0001INFINITE\u0001";
+
+/** `live.service` is replaced by a restart: tests get a copy of the context, not the holder. */
+const test = anyTest as TestFn<{ servers: TestServers; live: { service: RunningService }; provider: Server; baseUrl: string; served: Set<number> }>;
+
+type Script = (res: ServerResponse) => void;
+
+const key = fc.oneof(
+  fc.constantFrom("$where", "$ref", "a.b", ".", "n\u0000k", "_runs_json", "__proto__", "constructor", "", " ", "src/main.py", "ключ", "🔑"),
+  fc.string({ maxLength: 8 }),
+);
+const leaf = fc.oneof(
+  fc.integer(),
+  fc.double({ noNaN: true, noDefaultInfinity: true }),
+  fc.constant(INFINITE),
+  fc.string({ unit: "binary", maxLength: 12 }),
+  fc.constantFrom(null, true, false, -0, 2 ** 60, "\ud800", "$where", "a.b"),
+);
+const { value } = fc.letrec((tie) => ({
+  value: fc.oneof({ depthSize: "small" }, leaf, fc.array(tie("value"), { maxLength: 4 }), fc.dictionary(key, tie("value"), { maxKeys: 4 })),
+}));
+const deep = fc.tuple(fc.integer({ min: 60, max: 150 }), fc.boolean()).map(([levels, arrays]) => {
+  let v: unknown = "bottom";
+  for (let i = 0; i < levels; i++) v = arrays ? [v] : { in: v };
+  return v;
+});
+const argumentsText = fc.oneof(
+  fc.dictionary(key, fc.oneof(value, deep), { maxKeys: 6 }).map((args) => JSON.stringify(args).replaceAll(JSON.stringify(INFINITE), "1e999")),
+  fc.constantFrom("{not json", "", "[]", "null", "1e999", '"text"', '{"a":', "{}"),
+);
+const usage = fc.record({
+  prompt_tokens: fc.oneof(fc.integer({ min: -5, max: 2 ** 40 }), fc.constantFrom("abc", null, 1.5)),
+  completion_tokens: fc.oneof(fc.nat(1000), fc.constant(-1)),
+  total_tokens: fc.constantFrom(0, 7, "x"),
+});
+
+const chunk = (body: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", ...body })}\n\n`;
+
+const script: fc.Arbitrary<Script> = fc.oneof(
+  // Tool calls, one to five, with hostile arguments, maybe cut off or followed by nonsense usage.
+  fc
+    .record({
+      calls: fc.array(fc.record({ name: fc.oneof(fc.constantFrom("lookup", "bash", "$x", "a.b", ""), fc.string({ maxLength: 6 })), args: argumentsText }), { minLength: 1, maxLength: 5 }),
+      usage: fc.option(usage),
+      cut: fc.boolean(),
+      finish: fc.constantFrom("tool_calls", "stop", "length", "content_filter", "weird"),
+    })
+    .map(({ calls, usage: u, cut, finish }) => (res: ServerResponse) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      const toolCalls = calls.map((c, i) => ({ index: i, id: `call_${i}`, type: "function", function: { name: c.name, arguments: "" } }));
+      res.write(chunk({ choices: [{ index: 0, delta: { role: "assistant", tool_calls: toolCalls }, finish_reason: null }] }));
+      // Arguments streamed in two pieces, as providers do.
+      for (const [i, c] of calls.entries()) {
+        const half = Math.floor(c.args.length / 2);
+        for (const piece of [c.args.slice(0, half), c.args.slice(half)]) res.write(chunk({ choices: [{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: piece } }] }, finish_reason: null }] }));
+      }
+      if (cut) return res.destroy();
+      res.write(chunk({ choices: [{ index: 0, delta: {}, finish_reason: finish }] }));
+      if (u) res.write(chunk({ choices: [], usage: u }).replace('"total_tokens":7', '"total_tokens":1e999'));
+      res.end("data: [DONE]\n\n");
+    }),
+  // Text with garbage lines between the chunks.
+  fc.record({ words: fc.array(fc.string({ unit: "binary", maxLength: 10 }), { minLength: 1, maxLength: 4 }), garbage: fc.constantFrom("data: {not json}\n\n", ": comment\n\n", "event: x\ndata: 1\n\n", "data: []\n\n") }).map(
+    ({ words, garbage }) =>
+      (res: ServerResponse) => {
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write(garbage);
+        for (const w of words) res.write(chunk({ choices: [{ index: 0, delta: { content: w }, finish_reason: null }] }) + garbage);
+        res.end("data: [DONE]\n\n");
+      },
+  ),
+);
+
+test.before(async (t) => {
+  const servers = await startTestServers();
+  const env = { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_RATE_SOLO: "1000000", RUNS_ACTIVE_TURNS_SOLO: "1000" };
+  const service = await startTestService(servers, env);
+  const scripts = fc.sample(script, { seed: SEED, numRuns: TURNS });
+  const served = new Set<number>();
+  // Stateless: a hostile answer to "hostile <n>", a plain one after a tool result or to anything else.
+  const provider = createServer((req, res) => {
+    let raw = "";
+    req.on("data", (c: Buffer) => (raw += c.toString("utf8")));
+    req.on("end", () => {
+      const messages: Array<{ role: string; content?: unknown }> = JSON.parse(raw).messages ?? [];
+      const last = messages.at(-1);
+      const text = typeof last?.content === "string" ? last.content : Array.isArray(last?.content) ? last.content.map((p: { text?: string }) => p.text ?? "").join("") : "";
+      const n = last?.role === "user" ? /^hostile (\d+)$/.exec(text.trim())?.[1] : undefined;
+      const hostile = n === undefined ? undefined : scripts[Number(n)];
+      if (hostile) {
+        served.add(Number(n));
+        return hostile(res);
+      }
+      writeChatStream(res, ["ok"]);
+    });
+  });
+  await new Promise<void>((resolve) => provider.listen(0, "127.0.0.1", resolve));
+  const baseUrl = `http://127.0.0.1:${(provider.address() as AddressInfo).port}/v1`;
+  t.context = { servers, live: { service }, provider, baseUrl, served };
+});
+
+test.after.always(async (t) => {
+  t.context.provider?.close();
+  await t.context.live?.service.close();
+  await t.context.servers?.stop();
+});
+
+const FINAL = ["completed", "failed", "incomplete"];
+
+test.serial(`hostile provider - ${TURNS} generated hostile streams: every turn ends final with the contract's error body, never 'could not be stored'; every run goes idle, reads back, and continues after a restart`, async (t) => {
+  t.timeout(300_000);
+  t.log(`HOSTILE_SEED=${SEED}`);
+  const { servers, live, baseUrl } = t.context;
+  const ws = await newWorkspace(live.service);
+  const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: [] });
+  const runs: string[] = [];
+  const outcomes = new Map<string, number>();
+  for (let i = 0; i < TURNS; i++) {
+    const res = await ws.api.post("/api/v1/runs", { agent, input: `hostile ${i}` });
+    t.is(res.status, 200, `${i}: ${JSON.stringify(res.body).slice(0, 300)}`);
+    if (res.status !== 200) continue;
+    runs.push(res.body.id);
+    const turn = res.body.turn;
+    const outcome = turn.error ? `${turn.status} ${turn.error.code}` : turn.status;
+    outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+    t.true(FINAL.includes(turn.status), `${i}: ${turn.status}`);
+    t.is(res.body.state, "idle", `${i}`);
+    if (turn.error) {
+      t.regex(turn.error.code, /^[a-z_]+$/, `${i}`);
+      t.is(typeof turn.error.retryable, "boolean");
+      t.not(turn.error.message, "The turn finished, but its result could not be stored.", `${i}: ${JSON.stringify(turn.error)}`);
+      t.notRegex(turn.error.message, /mongo|ferret|sqlite|bson|\bat \w+ \(/i, `${i}`);
+    }
+    const turns = await ws.api.get(`/api/v1/runs/${res.body.id}/turns`);
+    t.is(turns.status, 200, `${i}`);
+    const events = await ws.api.get(`/api/v1/runs/${res.body.id}/events?limit=1000`);
+    t.is(events.status, 200, `${i}`);
+  }
+  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
+  t.is(t.context.served.size, TURNS, "every hostile stream was served");
+  // The new service has no sessions in memory: each continuation loads its run's transcript from the store.
+  await live.service.close();
+  live.service = await startTestService(servers, { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_RATE_SOLO: "1000000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
+  const api = new Api(live.service.url!, ws.key);
+  for (const [i, id] of runs.entries()) {
+    const next = await api.post("/api/v1/runs", { run_id: id, input: "benign" });
+    t.is(next.status, 200, `${i}: ${JSON.stringify(next.body).slice(0, 300)}`);
+    t.is(next.body.turn?.status, "completed", `${i}: ${JSON.stringify(next.body.turn?.error)}`);
+  }
+});
