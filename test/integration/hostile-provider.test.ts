@@ -6,11 +6,14 @@
  * status with the contract's error body, never as "could not be stored"; every run must
  * go idle and stay usable, also after a restart that loads the sessions from the store.
  *
- * Seeded and reproducible: HOSTILE_SEED replays a run (the seed is logged).
+ * Seeded and reproducible: HOSTILE_SEED replays a run (the seed is logged); HOSTILE_DEBUG=1
+ * logs what each real tool answered.
  */
 import anyTest, { type TestFn } from "ava";
 import fc from "fast-check";
+import { existsSync } from "node:fs";
 import { createServer, type Server, type ServerResponse } from "node:http";
+import os from "node:os";
 import type { AddressInfo } from "node:net";
 import { writeChatStream } from "../helpers/chat-stream.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
@@ -18,10 +21,11 @@ import type { RunningService } from "../../node/service.js";
 
 const SEED = Number(process.env.HOSTILE_SEED ?? Date.now() % 2 ** 31);
 const TURNS = 40;
+const TOOL_TURNS = 16;
 const INFINITE = "\u0001INFINITE\u0001";
 
 /** `live.service` is replaced by a restart: tests get a copy of the context, not the holder. */
-const test = anyTest as TestFn<{ servers: TestServers; live: { service: RunningService }; provider: Server; baseUrl: string; served: Set<number> }>;
+const test = anyTest as TestFn<{ servers: TestServers; live: { service: RunningService }; provider: Server; baseUrl: string; served: Set<string> }>;
 
 type Script = (res: ServerResponse) => void;
 
@@ -56,6 +60,41 @@ const usage = fc.record({
 
 const chunk = (body: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", ...body })}\n\n`;
 
+/** A stream of tool calls (arguments in two pieces each, as providers send them), maybe cut off before its end. */
+function writeToolCalls(res: ServerResponse, calls: Array<{ name: string; args: string }>, opts: { usage?: unknown; cut?: boolean; finish?: string } = {}): void {
+  res.writeHead(200, { "content-type": "text/event-stream" });
+  const toolCalls = calls.map((c, i) => ({ index: i, id: `call_${i}`, type: "function", function: { name: c.name, arguments: "" } }));
+  res.write(chunk({ choices: [{ index: 0, delta: { role: "assistant", tool_calls: toolCalls }, finish_reason: null }] }));
+  for (const [i, c] of calls.entries()) {
+    const half = Math.floor(c.args.length / 2);
+    for (const piece of [c.args.slice(0, half), c.args.slice(half)]) res.write(chunk({ choices: [{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: piece } }] }, finish_reason: null }] }));
+  }
+  if (opts.cut) return void res.destroy();
+  res.write(chunk({ choices: [{ index: 0, delta: {}, finish_reason: opts.finish ?? "tool_calls" }] }));
+  if (opts.usage) res.write(chunk({ choices: [], usage: opts.usage }).replace('"total_tokens":7', '"total_tokens":1e999'));
+  res.end("data: [DONE]\n\n");
+}
+
+const CANARY = `hostile-canary-${SEED}`;
+/** Calls of the real tools with arguments of the wrong types, paths out of the workspace and hostile extra keys. */
+const path = fc.oneof(
+  fc.constantFrom(`../../../../../tmp/${CANARY}`, `/tmp/${CANARY}`, `a/../../${CANARY}`, "/etc/passwd", "/proc/self/environ", "\u0000", "", ".", "..", "x".repeat(5000), "dir/", "~/.ssh/id_rsa"),
+  fc.string({ maxLength: 10 }),
+  fc.constantFrom(123, null, ["a"], { p: 1 }),
+);
+const toolCall = fc.oneof(
+  fc.record({ path, offset: fc.option(fc.constantFrom(0, -1, 1.5, "x", INFINITE, 2 ** 53)), limit: fc.option(fc.constantFrom(0, 1, -5, 1e9)) }).map((a) => ({ name: "read", a })),
+  fc.record({ path, content: fc.oneof(fc.string({ unit: "binary", maxLength: 20 }), fc.constantFrom(42, null, "x".repeat(100_000))) }).map((a) => ({ name: "write", a })),
+  fc.record({ path, old_text: fc.constantFrom("", "a", 1), new_text: fc.constantFrom("b", null) }).map((a) => ({ name: "edit", a })),
+  fc.record({ path: fc.option(path) }).map((a) => ({ name: "ls", a })),
+  fc.record({ command: fc.constantFrom(`echo x > /tmp/${CANARY}; echo done`, `touch ../../${CANARY}`, "cat /proc/self/environ | head -c 200", "ls / | head", "exit 3", "", "printf 'a\\0b'", "head -c 100000 /dev/zero | tr '\\0' a", 42, ["ls"]) }).map((a) => ({ name: "bash", a })),
+);
+const toolScript: fc.Arbitrary<Script> = fc
+  .record({ calls: fc.array(fc.tuple(toolCall, fc.dictionary(key, value, { maxKeys: 2 })), { minLength: 1, maxLength: 3 }), finish: fc.constantFrom("tool_calls", "stop") })
+  .map(({ calls, finish }) => (res: ServerResponse) =>
+    writeToolCalls(res, calls.map(([c, extra]) => ({ name: c.name, args: JSON.stringify({ ...extra, ...c.a }).replaceAll(JSON.stringify(INFINITE), "1e999") })), { finish }),
+  );
+
 const script: fc.Arbitrary<Script> = fc.oneof(
   // Tool calls, one to five, with hostile arguments, maybe cut off or followed by nonsense usage.
   fc
@@ -65,20 +104,7 @@ const script: fc.Arbitrary<Script> = fc.oneof(
       cut: fc.boolean(),
       finish: fc.constantFrom("tool_calls", "stop", "length", "content_filter", "weird"),
     })
-    .map(({ calls, usage: u, cut, finish }) => (res: ServerResponse) => {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      const toolCalls = calls.map((c, i) => ({ index: i, id: `call_${i}`, type: "function", function: { name: c.name, arguments: "" } }));
-      res.write(chunk({ choices: [{ index: 0, delta: { role: "assistant", tool_calls: toolCalls }, finish_reason: null }] }));
-      // Arguments streamed in two pieces, as providers do.
-      for (const [i, c] of calls.entries()) {
-        const half = Math.floor(c.args.length / 2);
-        for (const piece of [c.args.slice(0, half), c.args.slice(half)]) res.write(chunk({ choices: [{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: piece } }] }, finish_reason: null }] }));
-      }
-      if (cut) return res.destroy();
-      res.write(chunk({ choices: [{ index: 0, delta: {}, finish_reason: finish }] }));
-      if (u) res.write(chunk({ choices: [], usage: u }).replace('"total_tokens":7', '"total_tokens":1e999'));
-      res.end("data: [DONE]\n\n");
-    }),
+    .map(({ calls, usage: u, cut, finish }) => (res: ServerResponse) => writeToolCalls(res, calls, { usage: u, cut, finish })),
   // Text with garbage lines between the chunks.
   fc.record({ words: fc.array(fc.string({ unit: "binary", maxLength: 10 }), { minLength: 1, maxLength: 4 }), garbage: fc.constantFrom("data: {not json}\n\n", ": comment\n\n", "event: x\ndata: 1\n\n", "data: []\n\n") }).map(
     ({ words, garbage }) =>
@@ -95,8 +121,8 @@ test.before(async (t) => {
   const servers = await startTestServers();
   const env = { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_RATE_SOLO: "1000000", RUNS_ACTIVE_TURNS_SOLO: "1000" };
   const service = await startTestService(servers, env);
-  const scripts = fc.sample(script, { seed: SEED, numRuns: TURNS });
-  const served = new Set<number>();
+  const scripts: Record<string, Script[]> = { hostile: fc.sample(script, { seed: SEED, numRuns: TURNS }), "hostile-tools": fc.sample(toolScript, { seed: SEED, numRuns: TOOL_TURNS }) };
+  const served = new Set<string>();
   // Stateless: a hostile answer to "hostile <n>", a plain one after a tool result or to anything else.
   const provider = createServer((req, res) => {
     let raw = "";
@@ -105,10 +131,10 @@ test.before(async (t) => {
       const messages: Array<{ role: string; content?: unknown }> = JSON.parse(raw).messages ?? [];
       const last = messages.at(-1);
       const text = typeof last?.content === "string" ? last.content : Array.isArray(last?.content) ? last.content.map((p: { text?: string }) => p.text ?? "").join("") : "";
-      const n = last?.role === "user" ? /^hostile (\d+)$/.exec(text.trim())?.[1] : undefined;
-      const hostile = n === undefined ? undefined : scripts[Number(n)];
+      const [, kind, n] = (last?.role === "user" ? /^(hostile|hostile-tools) (\d+)$/.exec(text.trim()) : null) ?? [];
+      const hostile = kind === undefined ? undefined : scripts[kind]?.[Number(n)];
       if (hostile) {
-        served.add(Number(n));
+        served.add(`${kind} ${n}`);
         return hostile(res);
       }
       writeChatStream(res, ["ok"]);
@@ -143,6 +169,7 @@ test.serial(`hostile provider - ${TURNS} generated hostile streams: every turn e
     const turn = res.body.turn;
     const outcome = turn.error ? `${turn.status} ${turn.error.code}` : turn.status;
     outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+    if (process.env.HOSTILE_DEBUG && turn.error) t.log(i, JSON.stringify(turn.error));
     t.true(FINAL.includes(turn.status), `${i}: ${turn.status}`);
     t.is(res.body.state, "idle", `${i}`);
     if (turn.error) {
@@ -157,7 +184,7 @@ test.serial(`hostile provider - ${TURNS} generated hostile streams: every turn e
     t.is(events.status, 200, `${i}`);
   }
   t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
-  t.is(t.context.served.size, TURNS, "every hostile stream was served");
+  t.is([...t.context.served].filter((k) => k.startsWith("hostile ")).length, TURNS, "every hostile stream was served");
   // The new service has no sessions in memory: each continuation loads its run's transcript from the store.
   await live.service.close();
   live.service = await startTestService(servers, { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_RATE_SOLO: "1000000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
@@ -167,4 +194,30 @@ test.serial(`hostile provider - ${TURNS} generated hostile streams: every turn e
     t.is(next.status, 200, `${i}: ${JSON.stringify(next.body).slice(0, 300)}`);
     t.is(next.body.turn?.status, "completed", `${i}: ${JSON.stringify(next.body.turn?.error)}`);
   }
+});
+
+test.serial(`hostile provider - ${TOOL_TURNS} generated calls of the real tools (wrong types, paths out of the workspace, /proc and /etc, NULs, 100 KB contents, hostile extra keys): every turn ends final, the run goes idle, nothing is written outside the workspace`, async (t) => {
+  t.timeout(300_000);
+  t.log(`HOSTILE_SEED=${SEED}`);
+  const { servers, live, baseUrl } = t.context;
+  const ws = await newWorkspace(live.service);
+  const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" } });
+  const outcomes = new Map<string, number>();
+  for (let i = 0; i < TOOL_TURNS; i++) {
+    const res = await ws.api.post("/api/v1/runs", { agent, input: `hostile-tools ${i}` });
+    t.is(res.status, 200, `${i}: ${JSON.stringify(res.body).slice(0, 300)}`);
+    if (res.status !== 200) continue;
+    const turn = res.body.turn;
+    const outcome = turn.error ? `${turn.status} ${turn.error.code}` : turn.status;
+    outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+    t.true(FINAL.includes(turn.status), `${i}: ${turn.status}`);
+    t.is(res.body.state, "idle", `${i}`);
+    if (turn.error) t.not(turn.error.message, "The turn finished, but its result could not be stored.", `${i}: ${JSON.stringify(turn.error)}`);
+    const events = await ws.api.get(`/api/v1/runs/${res.body.id}/events?limit=1000`);
+    t.is(events.status, 200, `${i}`);
+    if (process.env.HOSTILE_DEBUG) for (const e of events.body.data.filter((e: any) => e.type === "tool_execution_end")) t.log(i, e.data.toolName, JSON.stringify(e.data.result).slice(0, 200));
+  }
+  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
+  t.is([...t.context.served].filter((k) => k.startsWith("hostile-tools ")).length, TOOL_TURNS, "every hostile stream was served");
+  for (const outside of [`/tmp/${CANARY}`, `${servers.dir}/${CANARY}`, `${os.tmpdir()}/${CANARY}`]) t.false(existsSync(outside), `${outside} was written`);
 });
