@@ -923,7 +923,7 @@ export interface components {
             tool: string;
             /** @description The call's id in the model's message and in the tool_execution_* events. */
             tool_call_id: string;
-            /** @description The call's arguments, as the model gave them. */
+            /** @description The call's arguments as the tool would run with them: the model's, validated against the tool's parameters (a scalar of another type converted, as 1 to "1" for a string). Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call as it was written. */
             arguments: {
                 [key: string]: unknown;
             };
@@ -939,7 +939,7 @@ export interface components {
             tool: string;
             /** @description The call's id in the model's message and in the tool_execution_* events. */
             tool_call_id: string;
-            /** @description The call's arguments, as the model gave them. */
+            /** @description The call's arguments as the tool would run with them: the model's, validated against the tool's parameters (a scalar of another type converted, as 1 to "1" for a string). Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call as it was written. */
             arguments: {
                 [key: string]: unknown;
             };

@@ -81,7 +81,11 @@ export const PendingActionSchema = named(
     id: z.string().regex(/^act_/).describe("Decide with POST /api/v1/runs/{runId}/actions/{actionId}."),
     tool: z.string().describe("The tool the agent asked to call."),
     tool_call_id: z.string().describe("The call's id in the model's message and in the tool_execution_* events."),
-    arguments: z.record(z.string(), z.unknown()).describe("The call's arguments, as the model gave them."),
+    arguments: z
+      .record(z.string(), z.unknown())
+      .describe(
+        "The call's arguments as the tool would run with them: the model's, validated against the tool's parameters (a scalar of another type converted, as 1 to \"1\" for a string). Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call as it was written.",
+      ),
     requested_at: unixSeconds(),
     expires_at: unixSeconds().describe("Then the deployment's config.approval.on_timeout decides (default deny)."),
   }),

@@ -75,9 +75,9 @@ function omitImages(value: Json, replaceDataUrls: boolean): Json {
   if (value === null || typeof value !== "object") return value;
   if (Array.isArray(value)) return value.map((item) => omitImages(item, replaceDataUrls));
   if (isImagePart(value)) return omittedImage(value.mimeType, Buffer.from(value.data, "base64"));
-  const out: { [key: string]: Json } = {};
-  for (const [key, item] of Object.entries(value)) out[key] = omitImages(item, replaceDataUrls);
-  return out;
+  // Entries, not assignments: a model's key "__proto__" stays a key (`out[key] = …` would set
+  // the new object's prototype instead and drop the key).
+  return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, omitImages(item, replaceDataUrls)]));
 }
 
 export function omittedImage(mimeType: string, decoded: Uint8Array): OmittedImage & { [key: string]: Json } {

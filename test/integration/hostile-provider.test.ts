@@ -22,6 +22,7 @@ import type { RunningService } from "../../node/service.js";
 const SEED = Number(process.env.HOSTILE_SEED ?? Date.now() % 2 ** 31);
 const TURNS = 40;
 const TOOL_TURNS = 16;
+const GATED_TURNS = 8;
 const INFINITE = "\u0001INFINITE\u0001";
 
 /** `live.service` is replaced by a restart: tests get a copy of the context, not the holder. */
@@ -219,5 +220,62 @@ test.serial(`hostile provider - ${TOOL_TURNS} generated calls of the real tools 
   }
   t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
   t.is([...t.context.served].filter((k) => k.startsWith("hostile-tools ")).length, TOOL_TURNS, "every hostile stream was served");
+  for (const outside of [`/tmp/${CANARY}`, `${servers.dir}/${CANARY}`, `${os.tmpdir()}/${CANARY}`]) t.false(existsSync(outside), `${outside} was written`);
+});
+
+test.serial(`hostile provider - ${GATED_TURNS} turns whose hostile tool calls each wait for a decision (approved or denied at random, the service restarted while one waits): every pending action shows every key of the model's call and its nested values unchanged, every turn ends final, no run stays busy`, async (t) => {
+  t.timeout(300_000);
+  t.log(`HOSTILE_SEED=${SEED}`);
+  const { servers, live, baseUrl } = t.context;
+  const ws = await newWorkspace(live.service);
+  let api = ws.api;
+  const agent = await api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, approval: { rules: [{ tool: "*" }], timeout_s: 60 } });
+  const decisions = fc.sample(fc.constantFrom("approve", "deny"), { seed: SEED, numRuns: GATED_TURNS * 3 * 2 });
+  const outcomes = new Map<string, number>();
+  let restarted = false;
+  for (let i = 0; i < GATED_TURNS; i++) {
+    const started = await api.post("/api/v1/runs", { agent, input: `hostile-tools ${i}`, background: true });
+    t.is(started.status, 202, `${i}: ${JSON.stringify(started.body).slice(0, 300)}`);
+    if (started.status !== 202) continue;
+    const runId = started.body.id;
+    let run: any;
+    // At most three calls a message, each decided once: bounded.
+    for (let step = 0; step < 8; step++) {
+      run = await api.waitRun(runId, (r) => r.turn?.pending_action != null || FINAL.includes(r.turn?.status), 30_000);
+      const action = run.turn.pending_action;
+      if (!action) break;
+      t.is(typeof action.arguments, "object", `${i}`);
+      t.false(Array.isArray(action.arguments));
+      // Every key of the model's call (the event log's copy, kept in JetStream, not the store) is
+      // there: the values are as the tool would run with them (validated, scalars converted).
+      if (!action.arguments.truncated) {
+        const events = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data as any[];
+        const calls = events.filter((e) => e.type === "message_end" && e.data.message.role === "assistant").flatMap((e) => e.data.message.content.filter((c: any) => c.type === "toolCall"));
+        const written = calls.find((c: any) => c.id === action.tool_call_id)?.arguments;
+        t.deepEqual(Object.keys(action.arguments).sort(), Object.keys(written ?? {}).sort(), `${i}: ${action.tool}`);
+        for (const [k, v] of Object.entries(written ?? {})) if (v !== null && typeof v === "object") t.deepEqual(action.arguments[k], v, `${i}: ${action.tool}.${k}`);
+      }
+      if (!restarted) {
+        // The wait and its hostile arguments come back from the store alone.
+        restarted = true;
+        await live.service.close();
+        live.service = await startTestService(servers, { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_RATE_SOLO: "1000000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
+        api = new Api(live.service.url!, ws.key);
+        const again = await api.waitRun(runId, (r) => r.turn?.pending_action?.id === action.id, 30_000);
+        t.deepEqual(again.turn.pending_action.arguments, action.arguments, `${i}: the restored action's arguments`);
+      }
+      const decision = decisions.pop() ?? "deny";
+      const res = await api.post(`/api/v1/runs/${runId}/actions/${action.id}`, { decision });
+      t.is(res.status, 200, `${i}: ${JSON.stringify(res.body).slice(0, 300)}`);
+    }
+    t.true(FINAL.includes(run.turn.status), `${i}: ${run.turn.status}`);
+    const idle = await api.waitRun(runId, (r) => r.state === "idle", 30_000);
+    const turn = idle.turn;
+    const outcome = turn.error ? `${turn.status} ${turn.error.code}` : turn.status;
+    outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+    if (turn.error) t.not(turn.error.message, "The turn finished, but its result could not be stored.", `${i}: ${JSON.stringify(turn.error)}`);
+  }
+  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
+  t.true(restarted, "a call waited for a decision");
   for (const outside of [`/tmp/${CANARY}`, `${servers.dir}/${CANARY}`, `${os.tmpdir()}/${CANARY}`]) t.false(existsSync(outside), `${outside} was written`);
 });

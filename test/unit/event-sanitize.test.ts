@@ -192,3 +192,13 @@ test("event-sanitize - a huge data URL in a delta is truncated by size, not by m
   const out = sanitizeEvent("text_delta", { delta }) as any;
   t.is(out.delta, `[truncated: ${delta.length} bytes]`);
 });
+
+test("event-sanitize - a key named __proto__ is kept as a key at any depth, never made the stored object's prototype", (t) => {
+  const data = JSON.parse('{"__proto__": {"type": "image", "data": "aGk=", "mimeType": "image/png"}, "args": {"__proto__": 5, "b": [{"__proto__": {"x": 1}}]}}');
+  const stored = sanitizeEvent("message_end", data) as Record<string, any>;
+  const image = `{"type":"image","mimeType":"image/png","bytes":2,"sha256":"${sha(Buffer.from("hi"))}","omitted":"not_persisted"}`;
+  t.is(JSON.stringify(stored), `{"__proto__":${image},"args":{"__proto__":5,"b":[{"__proto__":{"x":1}}]}}`);
+  t.is(Object.getPrototypeOf(stored), Object.prototype);
+  t.is(Object.getPrototypeOf(stored.args), Object.prototype);
+  t.true(Object.hasOwn(stored.args.b[0], "__proto__"));
+});
