@@ -75,9 +75,14 @@ function omitImages(value: Json, replaceDataUrls: boolean): Json {
   if (value === null || typeof value !== "object") return value;
   if (Array.isArray(value)) return value.map((item) => omitImages(item, replaceDataUrls));
   if (isImagePart(value)) return omittedImage(value.mimeType, Buffer.from(value.data, "base64"));
-  // Entries, not assignments: a model's key "__proto__" stays a key (`out[key] = …` would set
-  // the new object's prototype instead and drop the key).
-  return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, omitImages(item, replaceDataUrls)]));
+  const out: { [key: string]: Json } = {};
+  for (const [key, item] of Object.entries(value)) {
+    const kept = omitImages(item, replaceDataUrls);
+    // A model's key "__proto__" stays a key: assigning it would set the copy's prototype instead.
+    if (key === "__proto__") Object.defineProperty(out, key, { value: kept, enumerable: true, writable: true, configurable: true });
+    else out[key] = kept;
+  }
+  return out;
 }
 
 export function omittedImage(mimeType: string, decoded: Uint8Array): OmittedImage & { [key: string]: Json } {
