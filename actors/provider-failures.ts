@@ -32,7 +32,7 @@ export function providerFailure(message: AssistantMessage): { code: TurnErrorCod
   // whatever the endpoint wants stored and shown, or reflect what it was sent).
   if (message.provider === OPENAI_COMPATIBLE) {
     if (status !== undefined) return { code: providerErrorCode(status), message: `The model endpoint answered HTTP ${status}.` };
-    if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) return { code: TurnErrorCode.provider_transport_failed, message: "The model endpoint could not be reached." };
+    if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) return { code: TurnErrorCode.provider_transport_failed, message: "The model endpoint could not be reached, or its answer broke off." };
     return { code: TurnErrorCode.provider_failure, message: "The model endpoint's answer could not be used." };
   }
   if (status !== undefined) return { code: providerErrorCode(status), message: withProvider(message, text) };

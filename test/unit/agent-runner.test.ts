@@ -612,6 +612,10 @@ test("agent-runner - providerFailure parses provider error messages in one place
   t.is(providerFailure(failed("fetch failed")).code, "provider_transport_failed");
   t.is(providerFailure(failed("Something odd")).code, "provider_failure");
   t.is(providerFailure(failed("Something odd")).message, "openai: Something odd");
+  // A tenant's own endpoint is summarised: a connection that broke mid-answer is not "never reached".
+  const own = (errorMessage: string) => providerFailure({ ...failed(errorMessage), provider: "openai-compatible" });
+  t.deepEqual(own("other side closed"), { code: "provider_transport_failed", message: "The model endpoint could not be reached, or its answer broke off." });
+  t.deepEqual(own("Something odd: secret-ish body"), { code: "provider_failure", message: "The model endpoint's answer could not be used." });
 });
 
 test("agent-runner - sanitizeErrorText redacts secrets and caps length", (t) => {
