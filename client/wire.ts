@@ -923,7 +923,7 @@ export interface components {
             tool: string;
             /** @description The call's id in the model's message and in the tool_execution_* events. */
             tool_call_id: string;
-            /** @description The call's arguments as the tool would run with them: the model's, validated against the tool's parameters (a scalar of another type converted, as 1 to "1" for a string). Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call as it was written. */
+            /** @description The call's arguments as the tool would run with them: the model's, as parsed (text that is not JSON repaired or empty), then validated against the tool's parameters, which converts a value of another type where it can (1 to "1" and null to "null" for a string, 1.5 to 1 for an integer); other keys as given. Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call before validation (stored under the event rules: images omitted, oversized strings truncated, non-finite numbers null). */
             arguments: {
                 [key: string]: unknown;
             };
@@ -939,7 +939,7 @@ export interface components {
             tool: string;
             /** @description The call's id in the model's message and in the tool_execution_* events. */
             tool_call_id: string;
-            /** @description The call's arguments as the tool would run with them: the model's, validated against the tool's parameters (a scalar of another type converted, as 1 to "1" for a string). Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call as it was written. */
+            /** @description The call's arguments as the tool would run with them: the model's, as parsed (text that is not JSON repaired or empty), then validated against the tool's parameters, which converts a value of another type where it can (1 to "1" and null to "null" for a string, 1.5 to 1 for an integer); other keys as given. Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call before validation (stored under the event rules: images omitted, oversized strings truncated, non-finite numbers null). */
             arguments: {
                 [key: string]: unknown;
             };

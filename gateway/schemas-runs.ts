@@ -84,7 +84,7 @@ export const PendingActionSchema = named(
     arguments: z
       .record(z.string(), z.unknown())
       .describe(
-        "The call's arguments as the tool would run with them: the model's, validated against the tool's parameters (a scalar of another type converted, as 1 to \"1\" for a string). Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call as it was written.",
+        "The call's arguments as the tool would run with them: the model's, as parsed (text that is not JSON repaired or empty), then validated against the tool's parameters, which converts a value of another type where it can (1 to \"1\" and null to \"null\" for a string, 1.5 to 1 for an integer); other keys as given. Over 64 KiB: {truncated: true, bytes, preview}. The model's message in the event log holds the call before validation (stored under the event rules: images omitted, oversized strings truncated, non-finite numbers null).",
       ),
     requested_at: unixSeconds(),
     expires_at: unixSeconds().describe("Then the deployment's config.approval.on_timeout decides (default deny)."),

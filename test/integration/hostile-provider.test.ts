@@ -11,9 +11,10 @@
  */
 import anyTest, { type TestFn } from "ava";
 import fc from "fast-check";
-import { existsSync } from "node:fs";
+import { type Dirent, existsSync, readdirSync, rmSync } from "node:fs";
 import { createServer, type Server, type ServerResponse } from "node:http";
 import os from "node:os";
+import { posix } from "node:path";
 import type { AddressInfo } from "node:net";
 import { writeChatStream } from "../helpers/chat-stream.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
@@ -77,6 +78,8 @@ function writeToolCalls(res: ServerResponse, calls: Array<{ name: string; args: 
 }
 
 const CANARY = `hostile-canary-${SEED}`;
+/** Parameters of the built-in tools: their values are validated and may be converted. */
+const TOOL_PARAMETERS = new Set(["path", "offset", "limit", "content", "old_text", "new_text", "command"]);
 /** Calls of the real tools with arguments of the wrong types, paths out of the workspace and hostile extra keys. */
 const path = fc.oneof(
   fc.constantFrom(`../../../../../tmp/${CANARY}`, `/tmp/${CANARY}`, `a/../../${CANARY}`, "/etc/passwd", "/proc/self/environ", "\u0000", "", ".", "..", "x".repeat(5000), "dir/", "~/.ssh/id_rsa"),
@@ -90,6 +93,61 @@ const toolCall = fc.oneof(
   fc.record({ path: fc.option(path) }).map((a) => ({ name: "ls", a })),
   fc.record({ command: fc.constantFrom(`echo x > /tmp/${CANARY}; echo done`, `touch ../../${CANARY}`, "cat /proc/self/environ | head -c 200", "ls / | head", "exit 3", "", "printf 'a\\0b'", "head -c 100000 /dev/zero | tr '\\0' a", 42, ["ls"]) }).map((a) => ({ name: "bash", a })),
 );
+/**
+ * Links out of the workspace made in the sandbox, then written through by the file tools
+ * (which run on the host) and by bash: every write must stay in the workspace or fail.
+ */
+const symlinkAttack: Script = (res) =>
+  writeToolCalls(res, [
+    { name: "bash", args: JSON.stringify({ command: `ln -s ../../../.. up; ln -s /tmp/${CANARY} f; ln -s / root; echo linked` }) },
+    { name: "write", args: JSON.stringify({ path: `up/${CANARY}`, content: "escaped" }) },
+    { name: "write", args: JSON.stringify({ path: "f", content: "escaped" }) },
+  ]);
+
+/**
+ * Files named like the canary anywhere under `dir`, other than inside a run's own workspace
+ * (not descended into: it holds the runs' links to / and ..). Links are not followed
+ * (Node's recursive readdir would); unreadable directories are skipped; at most 100,000 entries.
+ */
+function canariesUnder(dir: string): string[] {
+  const found: string[] = [];
+  const stack = [dir];
+  for (let seen = 0; stack.length > 0 && seen < 100_000; ) {
+    const current = stack.pop()!;
+    let entries: Dirent[];
+    try {
+      entries = readdirSync(current, { withFileTypes: true });
+    } catch {
+      continue;
+    }
+    for (const entry of entries) {
+      seen++;
+      const full = posix.join(current, entry.name);
+      if (entry.name === CANARY) found.push(full);
+      if (entry.isDirectory() && !(posix.basename(current) === "workspaces" && entry.name.startsWith("run_"))) stack.push(full);
+    }
+  }
+  return found;
+}
+
+/** Where a write that left the workspace would land: the servers' tree (every node's data), the host's temp dir and home. */
+function assertNoCanaryOutside(t: { deepEqual: (a: unknown, b: unknown, m?: string) => void; false: (v: boolean, m?: string) => void }, servers: TestServers): void {
+  t.deepEqual(canariesUnder(servers.dir), [], "nothing named like the canary outside the runs' workspaces");
+  for (const outside of [`/tmp/${CANARY}`, `${os.tmpdir()}/${CANARY}`, `${os.homedir()}/${CANARY}`]) t.false(existsSync(outside), `${outside} was written`);
+}
+
+/** Calls of the file tools with paths that leave the workspace: each must end as an error. */
+function escapingFileCalls(events: any[]): Array<{ tool: string; path: string; isError: boolean }> {
+  const starts = new Map<string, any>(events.filter((e) => e.type === "tool_execution_start").map((e) => [e.data.toolCallId, e.data]));
+  return events
+    .filter((e) => e.type === "tool_execution_end" && ["read", "write", "edit", "ls"].includes(e.data.toolName))
+    .flatMap((e) => {
+      const p = starts.get(e.data.toolCallId)?.args?.path;
+      const leaves = typeof p === "string" && (p.startsWith("/") || posix.normalize(p).split("/")[0] === "..");
+      return leaves ? [{ tool: e.data.toolName, path: p, isError: e.data.isError === true }] : [];
+    });
+}
+
 const toolScript: fc.Arbitrary<Script> = fc
   .record({ calls: fc.array(fc.tuple(toolCall, fc.dictionary(key, value, { maxKeys: 2 })), { minLength: 1, maxLength: 3 }), finish: fc.constantFrom("tool_calls", "stop") })
   .map(({ calls, finish }) => (res: ServerResponse) =>
@@ -122,17 +180,28 @@ test.before(async (t) => {
   const servers = await startTestServers();
   const env = { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_RATE_SOLO: "1000000", RUNS_ACTIVE_TURNS_SOLO: "1000" };
   const service = await startTestService(servers, env);
-  const scripts: Record<string, Script[]> = { hostile: fc.sample(script, { seed: SEED, numRuns: TURNS }), "hostile-tools": fc.sample(toolScript, { seed: SEED, numRuns: TOOL_TURNS }) };
+  const scripts: Record<string, Script[]> = {
+    hostile: fc.sample(script, { seed: SEED, numRuns: TURNS }),
+    // The first tools turn always tries the links out of the workspace.
+    "hostile-tools": [symlinkAttack, ...fc.sample(toolScript, { seed: SEED, numRuns: TOOL_TURNS - 1 })],
+    "hostile-gated": fc.sample(toolScript, { seed: SEED + 1, numRuns: GATED_TURNS }),
+  };
+  for (const dir of [os.tmpdir(), os.homedir()]) rmSync(`${dir}/${CANARY}`, { force: true }); // a failed run's leftovers
   const served = new Set<string>();
   // Stateless: a hostile answer to "hostile <n>", a plain one after a tool result or to anything else.
   const provider = createServer((req, res) => {
-    let raw = "";
-    req.on("data", (c: Buffer) => (raw += c.toString("utf8")));
+    const parts: Buffer[] = [];
+    req.on("data", (c: Buffer) => parts.push(c));
     req.on("end", () => {
-      const messages: Array<{ role: string; content?: unknown }> = JSON.parse(raw).messages ?? [];
+      let messages: Array<{ role: string; content?: unknown }>;
+      try {
+        messages = JSON.parse(Buffer.concat(parts).toString("utf8")).messages ?? [];
+      } catch {
+        return void res.writeHead(400).end();
+      }
       const last = messages.at(-1);
       const text = typeof last?.content === "string" ? last.content : Array.isArray(last?.content) ? last.content.map((p: { text?: string }) => p.text ?? "").join("") : "";
-      const [, kind, n] = (last?.role === "user" ? /^(hostile|hostile-tools) (\d+)$/.exec(text.trim()) : null) ?? [];
+      const [, kind, n] = (last?.role === "user" ? /^(hostile|hostile-tools|hostile-gated) (\d+)$/.exec(text.trim()) : null) ?? [];
       const hostile = kind === undefined ? undefined : scripts[kind]?.[Number(n)];
       if (hostile) {
         served.add(`${kind} ${n}`);
@@ -148,11 +217,26 @@ test.before(async (t) => {
 
 test.after.always(async (t) => {
   t.context.provider?.close();
-  await t.context.live?.service.close();
+  // A restart that failed leaves the old, closed service here: closing it again is harmless.
+  await t.context.live?.service.close().catch(() => undefined);
   await t.context.servers?.stop();
 });
 
 const FINAL = ["completed", "failed", "incomplete"];
+
+/**
+ * `value` with lone surrogates in its strings and keys replaced by U+FFFD, as the store's
+ * UTF-8 keeps them (the event log's JSON keeps them as escapes).
+ */
+function wellFormed(value: unknown): unknown {
+  const text = (s: string) => s.replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, "\ufffd");
+  if (typeof value === "string") return text(value);
+  if (Array.isArray(value)) return value.map(wellFormed);
+  if (value === null || typeof value !== "object") return value;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) Object.defineProperty(out, text(k), { value: wellFormed(v), enumerable: true, writable: true, configurable: true });
+  return out;
+}
 
 test.serial(`hostile provider - ${TURNS} generated hostile streams: every turn ends final with the contract's error body, never 'could not be stored'; every run goes idle, reads back, and continues after a restart`, async (t) => {
   t.timeout(300_000);
@@ -204,6 +288,7 @@ test.serial(`hostile provider - ${TOOL_TURNS} generated calls of the real tools 
   const ws = await newWorkspace(live.service);
   const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" } });
   const outcomes = new Map<string, number>();
+  const escapes: Array<{ tool: string; path: string; isError: boolean }> = [];
   for (let i = 0; i < TOOL_TURNS; i++) {
     const res = await ws.api.post("/api/v1/runs", { agent, input: `hostile-tools ${i}` });
     t.is(res.status, 200, `${i}: ${JSON.stringify(res.body).slice(0, 300)}`);
@@ -217,10 +302,19 @@ test.serial(`hostile provider - ${TOOL_TURNS} generated calls of the real tools 
     const events = await ws.api.get(`/api/v1/runs/${res.body.id}/events?limit=1000`);
     t.is(events.status, 200, `${i}`);
     if (process.env.HOSTILE_DEBUG) for (const e of events.body.data.filter((e: any) => e.type === "tool_execution_end")) t.log(i, e.data.toolName, JSON.stringify(e.data.result).slice(0, 200));
+    escapes.push(...escapingFileCalls(events.body.data));
+    if (i === 0) {
+      // The links made in the sandbox: writes through them run in the sandbox too, so they
+      // reach its read-only / (refused) or its private /tmp (gone with it), never the host's.
+      const writes = events.body.data.filter((e: any) => e.type === "tool_execution_end" && e.data.toolName === "write");
+      t.is(writes.length, 2, "both writes through the links ran");
+      t.true(writes[0]?.data.isError, `the write through a link to the sandbox's /: ${JSON.stringify(writes[0]?.data.result).slice(0, 200)}`);
+    }
   }
-  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
+  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}; ${escapes.length} file-tool calls with paths out of the workspace`);
   t.is([...t.context.served].filter((k) => k.startsWith("hostile-tools ")).length, TOOL_TURNS, "every hostile stream was served");
-  for (const outside of [`/tmp/${CANARY}`, `${servers.dir}/${CANARY}`, `${os.tmpdir()}/${CANARY}`]) t.false(existsSync(outside), `${outside} was written`);
+  for (const e of escapes) t.true(e.isError, `${e.tool} ${JSON.stringify(e.path)} was not refused`);
+  assertNoCanaryOutside(t, servers);
 });
 
 test.serial(`hostile provider - ${GATED_TURNS} turns whose hostile tool calls each wait for a decision (approved or denied at random, the service restarted while one waits): every pending action shows every key of the model's call and its nested values unchanged, every turn ends final, no run stays busy`, async (t) => {
@@ -233,8 +327,9 @@ test.serial(`hostile provider - ${GATED_TURNS} turns whose hostile tool calls ea
   const decisions = fc.sample(fc.constantFrom("approve", "deny"), { seed: SEED, numRuns: GATED_TURNS * 3 * 2 });
   const outcomes = new Map<string, number>();
   let restarted = false;
+  let compared = 0;
   for (let i = 0; i < GATED_TURNS; i++) {
-    const started = await api.post("/api/v1/runs", { agent, input: `hostile-tools ${i}`, background: true });
+    const started = await api.post("/api/v1/runs", { agent, input: `hostile-gated ${i}`, background: true });
     t.is(started.status, 202, `${i}: ${JSON.stringify(started.body).slice(0, 300)}`);
     if (started.status !== 202) continue;
     const runId = started.body.id;
@@ -246,14 +341,17 @@ test.serial(`hostile provider - ${GATED_TURNS} turns whose hostile tool calls ea
       if (!action) break;
       t.is(typeof action.arguments, "object", `${i}`);
       t.false(Array.isArray(action.arguments));
-      // Every key of the model's call (the event log's copy, kept in JetStream, not the store) is
-      // there: the values are as the tool would run with them (validated, scalars converted).
+      // Against the model's call as the event log (JetStream, not the store) keeps it: every
+      // key, and every value the tool's parameters do not name, unchanged (those it names are
+      // as the tool would run with them: converted where their type differs).
       if (!action.arguments.truncated) {
         const events = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data as any[];
         const calls = events.filter((e) => e.type === "message_end" && e.data.message.role === "assistant").flatMap((e) => e.data.message.content.filter((c: any) => c.type === "toolCall"));
         const written = calls.find((c: any) => c.id === action.tool_call_id)?.arguments;
-        t.deepEqual(Object.keys(action.arguments).sort(), Object.keys(written ?? {}).sort(), `${i}: ${action.tool}`);
-        for (const [k, v] of Object.entries(written ?? {})) if (v !== null && typeof v === "object") t.deepEqual(action.arguments[k], v, `${i}: ${action.tool}.${k}`);
+        t.truthy(written, `${i}: the call is in the event log`);
+        t.deepEqual(Object.keys(wellFormed(action.arguments) as object).sort(), Object.keys(wellFormed(written ?? {}) as object).sort(), `${i}: ${action.tool}`);
+        for (const [k, v] of Object.entries(written ?? {})) if (!TOOL_PARAMETERS.has(k)) t.deepEqual(wellFormed(action.arguments[k]), wellFormed(v), `${i}: ${action.tool}.${k}`);
+        compared++;
       }
       if (!restarted) {
         // The wait and its hostile arguments come back from the store alone.
@@ -275,7 +373,10 @@ test.serial(`hostile provider - ${GATED_TURNS} turns whose hostile tool calls ea
     outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
     if (turn.error) t.not(turn.error.message, "The turn finished, but its result could not be stored.", `${i}: ${JSON.stringify(turn.error)}`);
   }
-  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}`);
+  t.log(`outcomes: ${JSON.stringify(Object.fromEntries(outcomes))}; ${compared} actions compared with their calls`);
   t.true(restarted, "a call waited for a decision");
-  for (const outside of [`/tmp/${CANARY}`, `${servers.dir}/${CANARY}`, `${os.tmpdir()}/${CANARY}`]) t.false(existsSync(outside), `${outside} was written`);
+  // Calls that fail validation never wait (they are refused before the gate): not every turn has one.
+  t.true(compared > 0, "actions were compared with their calls");
+  t.is([...t.context.served].filter((k) => k.startsWith("hostile-gated ")).length, GATED_TURNS, "every hostile stream was served");
+  assertNoCanaryOutside(t, servers);
 });
