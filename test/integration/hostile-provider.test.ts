@@ -5,6 +5,9 @@
  * unknown finish reasons, garbage lines and streams cut off. Every turn must end in a final
  * status with the contract's error body, never as "could not be stored"; every run must
  * go idle and stay usable, also after a restart that loads the sessions from the store.
+ * The same endpoint then calls the real tools with hostile arguments and links out of the
+ * workspace (nothing may be written outside it), and makes gated calls that wait for a
+ * decision across a restart (each action shows the call the event log holds).
  *
  * Seeded and reproducible: HOSTILE_SEED replays a run (the seed is logged); HOSTILE_DEBUG=1
  * logs what each real tool answered.
