@@ -141,3 +141,32 @@ test.serial("model keys - a gated call's arguments with keys the store cannot ho
   t.deepEqual(done.turn.output, [{ type: "output_text", text: "denied" }]);
   t.deepEqual(historyArguments(bodies.at(-1)), [args], "the resumed call's history holds the arguments as sent");
 });
+
+test.serial("model keys - abuse: a tool call nested 100,000 levels deep (past what JSON.stringify can write) ends its turn final without taking the node down; the run's next turn completes", async (t) => {
+  const { baseUrl, answers, live } = t.context;
+  const ws = await newWorkspace(live.service);
+  const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: [] });
+  const depth = 100_000;
+  answers.push((res) => {
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    const chunk = (body: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 0, model: "m", ...body })}\n\n`;
+    const args = `{"deep":${"[".repeat(depth)}1${"]".repeat(depth)}}`;
+    res.write(chunk({ choices: [{ index: 0, delta: { role: "assistant", tool_calls: [{ index: 0, id: "call_1", type: "function", function: { name: "lookup", arguments: args } }] }, finish_reason: null }] }));
+    res.write(chunk({ choices: [{ index: 0, delta: {}, finish_reason: "tool_calls" }] }));
+    res.end("data: [DONE]\n\n");
+  });
+  const run = await ws.api.post("/api/v1/runs", { agent, input: "hi" });
+  t.is(run.status, 200, JSON.stringify(run.body).slice(0, 300));
+  t.log(`the deep turn: ${run.body.turn.status} ${JSON.stringify(run.body.turn.error)}`);
+  t.true(["completed", "failed"].includes(run.body.turn.status), run.body.turn.status);
+  t.is(run.body.state, "idle");
+  const events = await ws.api.get(`/api/v1/runs/${run.body.id}/events?limit=1000`);
+  t.is(events.status, 200);
+  t.is(events.body.data.at(-1).type, `turn.${run.body.turn.status}`, "the turn's end is in the event log");
+  answers.length = 0; // whatever the turn left unasked
+  answers.push(text("still here"));
+  const next = await ws.api.post("/api/v1/runs", { run_id: run.body.id, input: "again" });
+  t.is(next.status, 200, JSON.stringify(next.body).slice(0, 300));
+  t.is(next.body.turn.status, "completed", JSON.stringify(next.body.turn.error));
+  t.deepEqual(next.body.turn.output, [{ type: "output_text", text: "still here" }]);
+});
