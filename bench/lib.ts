@@ -223,6 +223,12 @@ export function rssOf(pid: number): number {
   return procBytes(pid, "status", "VmRSS");
 }
 
+/** CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat (100 ticks a second). */
+export function cpuSecondsOf(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
 /** Proportional set size (shared pages split among sharers) in bytes. */
 export function pssOf(pid: number): number {
   return procBytes(pid, "smaps_rollup", "Pss");

@@ -14,7 +14,7 @@
 import { readFileSync } from "node:fs";
 import { startTestServers } from "../test/helpers/servers.js";
 import { startServiceChild, benchWorkspace, agentWith } from "./service.js";
-import { load, request, sleep } from "./lib.js";
+import { cpuSecondsOf, load, request, sleep } from "./lib.js";
 const N = Number(process.env.N ?? 512);
 const CLIENTS = Number(process.env.CLIENTS ?? 64);
 const WAIT = process.env.WAIT === "1";
@@ -24,7 +24,7 @@ const svc = await startServiceChild(servers, db, process.env.EXTRA ? JSON.parse(
 const ws = await benchWorkspace(servers.mongoUri, db);
 // AGENT='{"tokens_per_second":0.05}' keeps each turn waiting in its model call past the measurement: admission and turn start alone.
 const echo = await agentWith(svc.url, ws.key, { model: "faux/scripted", tools: [], ...(process.env.AGENT ? JSON.parse(process.env.AGENT) : {}) });
-const cpu = (pid: number) => { const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" "); return (Number(f[11]) + Number(f[12])) / 100; };
+const cpu = cpuSecondsOf;
 /** Read and write system calls of a process so far (/proc/<pid>/io counts every thread's). */
 const io = (pid: number) => { const t = readFileSync(`/proc/${pid}/io`, "utf8"); const n = (f: string) => Number(t.match(new RegExp(`^${f}: (\\d+)`, "m"))?.[1] ?? 0); return { reads: n("syscr"), writes: n("syscw") }; };
 const start = (bg = !WAIT) => request(svc.url, "POST", "/api/v1/runs", { key: ws.key, body: { agent: echo, input: "hello", background: bg }, idempotencyKey: `k-${Math.random().toString(36).slice(2)}`, timeoutMs: 20_000 });

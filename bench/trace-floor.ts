@@ -9,10 +9,9 @@
  * The counterpart of bench/trace-admission.ts (ours); used for the per-process table in
  * docs/performance.md; not part of `npm run bench`.
  */
-import { readFileSync } from "node:fs";
 import { startTestServers } from "../test/helpers/servers.js";
 import { bareClients } from "./baselines.js";
-import { load, request, sleep } from "./lib.js";
+import { cpuSecondsOf, load, request, sleep } from "./lib.js";
 import { startNoopServer } from "./service.js";
 
 const servers = await startTestServers();
@@ -20,10 +19,7 @@ const db = `trace_floor_${Date.now()}`;
 // The baselines' stream, which the floor routes publish to.
 const clients = await bareClients(servers.natsUrl, servers.servicePassword, servers.mongoUri, db);
 const noop = await startNoopServer(servers, db);
-const cpu = (pid: number) => {
-  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-  return (Number(f[11]) + Number(f[12])) / 100;
-};
+const cpu = cpuSecondsOf;
 const pids = { node: noop.proc.pid!, ferret: servers.ferret.pid, nats: servers.nats.pid, bench: process.pid };
 /** Until the server has written every end it owes (at most 60 s). */
 async function tailsDone(): Promise<void> {

@@ -10,35 +10,25 @@
  * Used for the per-command figures in docs/performance.md and deploy/tools/README.md; not
  * part of `npm run bench`.
  */
-import { readFileSync } from "node:fs";
 import { MongoClient } from "mongodb";
 import { startTestServers } from "../test/helpers/servers.js";
+import { cpuSecondsOf, load } from "./lib.js";
 
 const servers = await startTestServers();
 const client = new MongoClient(servers.mongoUri, { maxPoolSize: 100 });
 await client.connect();
 const db = client.db("store_commands");
-const cpu = (pid: number) => {
-  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-  return (Number(f[11]) + Number(f[12])) / 100;
-};
+const cpu = cpuSecondsOf;
 const N = 3000;
 const pad = "x".repeat(600);
 
 async function measure(name: string, ops: number, docsPerOp: number, op: (i: number) => Promise<unknown>, concurrency = 64): Promise<void> {
   const ferret0 = cpu(servers.ferret.pid);
   const node0 = cpu(process.pid);
-  const t0 = Date.now();
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < ops) await op(next++);
-    }),
-  );
-  const ms = Date.now() - t0;
-  const docs = ops * docsPerOp;
+  const r = await load(concurrency, ops, 120_000, async (i) => void (await op(i)));
+  const docs = r.ops * docsPerOp;
   const per = (seconds: number) => ((seconds * 1000) / docs).toFixed(3);
-  console.log(`${name.padEnd(42)} ${((docs / ms) * 1000).toFixed(0).padStart(6)} docs/s  FerretDB ${per(cpu(servers.ferret.pid) - ferret0)} ms/doc  driver ${per(cpu(process.pid) - node0)} ms/doc`);
+  console.log(`${name.padEnd(42)} ${((docs / r.elapsedMs) * 1000).toFixed(0).padStart(6)} docs/s  FerretDB ${per(cpu(servers.ferret.pid) - ferret0)} ms/doc  driver ${per(cpu(process.pid) - node0)} ms/doc${r.errors ? `  (${r.errors} failed)` : ""}`);
 }
 
 type Doc = { _id: string } & Record<string, unknown>;
