@@ -8,16 +8,7 @@ export const MAX_JSON_DEPTH = 64;
 
 /** The path to the first value nested deeper than `max` levels, or undefined. */
 export function tooDeepPath(value: unknown, max = MAX_JSON_DEPTH): string[] | undefined {
-  const stack: Array<{ value: unknown; path: string[] }> = [{ value, path: [] }];
-  while (stack.length > 0) {
-    const { value: current, path } = stack.pop()!;
-    if (current === null || typeof current !== "object") continue;
-    if (path.length >= max) return path;
-    for (const [key, child] of Object.entries(current)) {
-      if (child !== null && typeof child === "object") stack.push({ value: child, path: [...path, key] });
-    }
-  }
-  return undefined;
+  return firstProblem(value, max, false)?.path;
 }
 
 /** Why the store cannot hold a value (see {@link unstorablePath}). */
@@ -37,6 +28,11 @@ export type Unstorable = "key" | "nested array" | "non-finite number" | "depth";
  * One iterative walk, linear in the value's size at any depth (no stack to overflow).
  */
 export function unstorablePath(value: unknown, maxDepth = Infinity): { path: string[]; why: Unstorable } | undefined {
+  return firstProblem(value, maxDepth, true);
+}
+
+/** The one walk of both checks: depth always, what the store refuses when `storable` is asked. */
+function firstProblem(value: unknown, maxDepth: number, storable: boolean): { path: string[]; why: Unstorable } | undefined {
   // Each entry links to its parent: the path is built once, for the part found.
   type Step = { key: string; parent: Step | null };
   const pathOf = (step: Step | null): string[] => {
@@ -56,9 +52,12 @@ export function unstorablePath(value: unknown, maxDepth = Infinity): { path: str
     const list = Array.isArray(current);
     for (const [key, child] of Object.entries(current)) {
       const step = { key, parent: at };
-      if (!list && (key.startsWith("$") || key.includes(".") || key.includes("\u0000"))) return { path: pathOf(step), why: "key" };
-      if (list && Array.isArray(child)) return { path: pathOf(step), why: "nested array" };
-      if (typeof child === "number" || (child !== null && typeof child === "object")) stack.push({ value: child, at: step, depth: depth + 1 });
+      if (storable) {
+        if (!list && (key.startsWith("$") || key.includes(".") || key.includes("\u0000"))) return { path: pathOf(step), why: "key" };
+        if (list && Array.isArray(child)) return { path: pathOf(step), why: "nested array" };
+        if (typeof child === "number") stack.push({ value: child, at: step, depth: depth + 1 });
+      }
+      if (child !== null && typeof child === "object") stack.push({ value: child, at: step, depth: depth + 1 });
     }
   }
   return undefined;
