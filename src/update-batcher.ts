@@ -28,8 +28,8 @@ interface Queued<T> {
  */
 export class UpdateBatcher<T extends Document> {
   private queue: Queued<T>[] = [];
-  /** When each batch in flight was sent, by a number of its own. */
-  private readonly inFlight = new Map<number, number>();
+  /** Each batch in flight, by a number of its own: when it was sent, and the documents it updates. */
+  private readonly inFlight = new Map<number, { sentMs: number; docs: Set<unknown> }>();
   private sent = 0;
   private timer: NodeJS.Timeout | undefined;
 
@@ -58,9 +58,11 @@ export class UpdateBatcher<T extends Document> {
   /** Sends what waits: when nothing is in flight, or beside batches that stalled. */
   private send(): void {
     while (this.queue.length > 0 && this.mayStart()) {
+      const batch = this.take();
+      if (batch.length === 0) break; // every waiting update is of a document a batch in flight holds
       const id = this.sent++;
-      this.inFlight.set(id, performance.now());
-      void this.write(this.queue.splice(0, this.maxBatch)).finally(() => {
+      this.inFlight.set(id, { sentMs: performance.now(), docs: new Set(batch.map((q) => q.filter._id)) });
+      void this.write(batch).finally(() => {
         this.inFlight.delete(id);
         this.send();
       });
@@ -78,7 +80,28 @@ export class UpdateBatcher<T extends Document> {
   private mayStart(): boolean {
     if (this.inFlight.size === 0) return true;
     if (this.inFlight.size >= this.maxInFlight) return false;
-    return performance.now() - Math.min(...this.inFlight.values()) >= this.stallMs;
+    return performance.now() - Math.min(...[...this.inFlight.values()].map((b) => b.sentMs)) >= this.stallMs;
+  }
+
+  /**
+   * The next batch, in queue order: at most one update of a document, and none of a
+   * document a batch in flight holds (two flows of one actor, a cancel and a turn's end,
+   * may both update a turn: a later update must not land before an earlier one that
+   * stalled). The rest wait, in their order.
+   */
+  private take(): Queued<T>[] {
+    const held = new Set<unknown>();
+    for (const b of this.inFlight.values()) for (const doc of b.docs) held.add(doc);
+    const batch: Queued<T>[] = [];
+    const rest: Queued<T>[] = [];
+    for (const q of this.queue) {
+      const doc = q.filter._id;
+      if (batch.length < this.maxBatch && !held.has(doc)) batch.push(q);
+      else rest.push(q);
+      held.add(doc);
+    }
+    this.queue = rest;
+    return batch;
   }
 
   private async write(batch: Queued<T>[]): Promise<void> {

@@ -194,3 +194,27 @@ test("update-batcher - a command that does not answer holds back its own callers
   t.is(await c.countDocuments({ n: 1 }), 11);
   t.is(await Promise.race([hung.then(() => "answered"), new Promise((resolve) => setTimeout(() => resolve("still waiting"), 50))]), "still waiting");
 });
+
+test("update-batcher - an update of a document whose earlier update stalled waits for it, even past the stall time; two updates of one document never share a batch", async (t) => {
+  const c = await seeded(t, "ordered", 3);
+  // The first updateOne (d0 := 1) answers only after 600 ms, three stall times.
+  let first = true;
+  const sent: string[] = [];
+  const slow = around(c, ["updateOne", "bulkWrite"], (name, call) => {
+    sent.push(name);
+    if (name !== "updateOne" || !first) return call();
+    first = false;
+    return new Promise((resolve) => setTimeout(resolve, 600)).then(call);
+  });
+  const batcher = new UpdateBatcher(slow, 64, 200);
+  const earlier = batcher.update({ _id: "d0" }, { $set: { n: 1 } });
+  await new Promise((resolve) => setImmediate(resolve));
+  const later = [batcher.update({ _id: "d0" }, { $set: { n: 2 } }), batcher.update({ _id: "d1" }, { $set: { n: 2 } }), batcher.update({ _id: "d0" }, { $set: { n: 3 } })];
+  // d1 goes beside the stalled batch after the stall time; d0's updates wait for it, one by one.
+  const d1 = await later[1];
+  t.true(d1);
+  t.is((await c.findOne({ _id: "d1" }))?.n, 2);
+  t.deepEqual(await Promise.all([earlier, later[0], later[2]]), [true, true, true]);
+  t.is((await c.findOne({ _id: "d0" }))?.n, 3, "the last update of d0 is the one it holds");
+  t.deepEqual(sent, ["updateOne", "updateOne", "updateOne", "updateOne"], "no batch held two updates of d0");
+});
