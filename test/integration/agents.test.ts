@@ -234,6 +234,9 @@ test("deployments - abuse: tool-call arguments in a script the store cannot hold
   const agent = (await api.post("/api/v1/agents", { name: "unstorable" })).body.id;
   const refused = (res: { status: number; body: any }) => {
     t.is(res.status, 400, JSON.stringify(res.body).slice(0, 300));
+    t.is(res.body.error.type, "invalid_request_error");
+    t.is(res.body.error.code, "invalid_request");
+    t.false(res.body.error.retryable);
     t.is(res.body.error.param, "config.script.1.tool_call.arguments");
   };
   for (const args of [{ $where: "1" }, { ok: [{ "a.b": 1 }] }, { ok: { nested: { $gt: 1 } } }, { "nul\u0000key": 1 }, { grid: [[1], [2]] }, { ok: [{ rows: [[]] }] }]) {

@@ -43,6 +43,8 @@ test.serial("faults - the store going away answers 503 runtime_unavailable with 
     const read = await api.get(`/api/v1/runs/${run.id}`);
     assertUnavailable(t, read);
     t.true(Date.now() - started < 15_000, "answers in bounded time, never hangs");
+    // Starts by agent read the agent through shared reads: each still answers 503, never 500 or agent_not_found.
+    for (const start of await Promise.all(Array.from({ length: 8 }, () => api.post("/api/v1/runs", { agent, input: "during" })))) assertUnavailable(t, start);
     // Each answer draws 1, 2 or 3 s: until two differ, at most 30 (6 drew one value in 1 of 243 runs).
     const retryAfters = new Set<string>();
     for (let i = 0; i < 30 && retryAfters.size < 2; i++) retryAfters.add((await api.get(`/api/v1/runs/${run.id}`)).headers.get("retry-after") ?? "");
