@@ -86,7 +86,9 @@ test("deployments - versions 1, 2, 3, building then ready, activation and upgrad
 });
 
 test("deployments - a start sent after an activation answered runs on the new version, while other starts of the agent share their reads of it", async (t) => {
-  const { api } = t.context;
+  // A workspace of its own: its two dozen turns at once would take the shared workspace's
+  // active turns (10 on solo), and the other tests' turns would fail concurrency_limit_reached.
+  const { api } = await newWorkspace(t.context.service, "business");
   const agent = (await api.post("/api/v1/agents", { name: "activation-race" })).body;
   await api.deploy(agent.id, { model: "faux/scripted" });
   await api.waitDeployment(agent.id, 1);
