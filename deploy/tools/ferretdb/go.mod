@@ -15,11 +15,15 @@
 // Bump with: go get -tool github.com/FerretDB/FerretDB/cmd/ferretdb@vX.Y.Z && go mod tidy
 //
 // modernc.org/sqlite (FerretDB's SQLite driver) is pinned above the v1.32.0 that
-// FerretDB 1.24.2 names: that driver dropped a query cut by its context right after its
-// first row without closing it, so the statement stayed open on its pooled connection
-// (a stale snapshot and "interrupted (9)" for every later command there), and it could
-// fire an interrupt late, into another statement. Fixed upstream by v1.43.0; v1.44.3
-// (SQLite 3.51.2) is the newest that builds with go 1.24. See deploy/tools/README.md.
+// FerretDB 1.24.2 names. When a command's context ended (maxTimeMS), that driver could
+// drop a query right after its first row without closing it: the statement stayed open
+// on its pooled connection, which then read from an old snapshot (rows written later
+// were missing) and held back WAL checkpoints; and its interrupt could land late, in
+// another statement. Fixed upstream in v1.40.1 and v1.42.2. v1.46.1 (SQLite 3.51.2,
+// still go 1.24) also rolls back a connection whose COMMIT failed, which our one writer
+// connection (write-queue.patch) needs. Upstream asks for exactly the modernc.org/libc
+// its go.mod names (v1.67.6 here): bump the two together, never libc alone.
+// See deploy/tools/README.md.
 
 module runs/deploy/tools/ferretdb
 
@@ -90,5 +94,5 @@ require (
 	modernc.org/libc v1.67.6 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.11.0 // indirect
-	modernc.org/sqlite v1.44.3 // indirect
+	modernc.org/sqlite v1.46.1 // indirect
 )
