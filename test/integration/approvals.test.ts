@@ -23,7 +23,10 @@ const gatedConfig = (extra: Record<string, unknown> = {}, script?: unknown[]) =>
 
 test.before(async (t) => {
   const servers = await startTestServers();
-  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000" });
+  // The file's tests run at once in one solo workspace: some sixteen turns start together
+  // and resumed ones run bash, past the plan's 10 active turns (a turn over it would fail
+  // concurrency_limit_reached and another test with it). The limit has tests of its own.
+  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
   const ws = await newWorkspace(service);
   const other = await newWorkspace(service);
   const gated = await ws.api.agentWith(gatedConfig());

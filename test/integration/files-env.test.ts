@@ -253,7 +253,10 @@ test("env values - reveal needs env_vars:reveal (403 naming it); other workspace
 });
 
 test("env values - stored sealed, never in plaintext; resolveAll decrypts for the agent runner", async (t) => {
-  const { api, service, wsId } = t.context;
+  // A workspace of its own: the undecryptable value below would fail a sibling test's turn
+  // in the shared workspace (its environment is read when the turn starts).
+  const { service } = t.context;
+  const { api, id: wsId } = await newWorkspace(service, "business");
   const secret = `plaintext-canary-${randomBytes(8).toString("hex")}`;
   await api.request("PUT", "/api/v1/environment-values/CANARY", { body: { value: secret } });
   const doc = await (await t.context.servers.raw()).db.collection("env_values").findOne({ workspace_id: wsId, name: "CANARY" });

@@ -8,7 +8,10 @@ const WAIT_MS = 4_000;
 
 test.before(async (t) => {
   const servers = await startTestServers();
-  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: String(WAIT_MS) });
+  // The file's tests run at once in one solo workspace: a dozen turns, some sleeping for
+  // seconds in bash, can overlap past the plan's 10 active turns (a turn over it would fail
+  // concurrency_limit_reached and a test with it). The limit has tests of its own.
+  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: String(WAIT_MS), RUNS_ACTIVE_TURNS_SOLO: "1000" });
   const ws = await newWorkspace(service);
   const other = await newWorkspace(service);
   const echoAgent = await ws.api.agentWith({ model: "faux/scripted" });
