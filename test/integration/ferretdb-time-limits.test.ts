@@ -36,8 +36,8 @@ test.serial("finds cut by their time limit leave no pooled connection behind: ev
   // statement open (its connection answered from before that moment ever after: every
   // read after some round missed the new row). The reads reach such a connection only
   // when the pool hands it to them: this detects the old driver (it failed three runs of
-  // three), it does not prove every connection clean. First in the file: run after the next test,
-  // the old driver passed it (its finds were cut at other moments).
+  // three), it does not prove every connection clean. First in the file: run after the
+  // next test, the old driver passed it (its finds were cut at other moments).
   let cut = 0;
   const otherErrors: string[] = [];
   for (let round = 0; round < 8; round++) {
