@@ -19,15 +19,17 @@
 // drop a query right after its first row without closing it: the statement stayed open
 // on its pooled connection, which then read from an old snapshot (rows written later
 // were missing) and held back WAL checkpoints; and its interrupt could land late, in
-// another statement. Fixed upstream in v1.40.1 and v1.42.2. v1.46.1 (SQLite 3.51.2,
-// still go 1.24) also rolls back a connection whose COMMIT failed, which our one writer
-// connection (write-queue.patch) needs. Upstream asks for exactly the modernc.org/libc
-// its go.mod names (v1.67.6 here): bump the two together, never libc alone.
+// another statement. Fixed upstream in v1.40.1 and v1.42.2. v1.46.2 also rolls back a
+// connection whose COMMIT failed (v1.46.1), which our one writer connection
+// (write-queue.patch) needs, and brings SQLite 3.51.3, which fixes SQLite's WAL-reset
+// corruption bug (3.7.0-3.51.2; two connections writing or checkpointing at once). It
+// needs go 1.25, as natscli does. Upstream asks for exactly the modernc.org/libc its
+// go.mod names (v1.70.0 here): bump the two together, never libc alone.
 // See deploy/tools/README.md.
 
 module runs/deploy/tools/ferretdb
 
-go 1.24.0
+go 1.25.0
 
 tool github.com/FerretDB/FerretDB/cmd/ferretdb
 
@@ -84,15 +86,15 @@ require (
 	golang.org/x/crypto/x509roots/fallback v0.0.0-20250515174705-ebc8e4631531 // indirect
 	golang.org/x/exp v0.0.0-20251023183803-a4bb9ffd2546 // indirect
 	golang.org/x/net v0.40.0 // indirect
-	golang.org/x/sync v0.17.0 // indirect
-	golang.org/x/sys v0.37.0 // indirect
+	golang.org/x/sync v0.19.0 // indirect
+	golang.org/x/sys v0.42.0 // indirect
 	golang.org/x/text v0.25.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20250519155744-55703ea1f237 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250519155744-55703ea1f237 // indirect
 	google.golang.org/grpc v1.72.1 // indirect
 	google.golang.org/protobuf v1.36.6 // indirect
-	modernc.org/libc v1.67.6 // indirect
+	modernc.org/libc v1.70.0 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.11.0 // indirect
-	modernc.org/sqlite v1.46.1 // indirect
+	modernc.org/sqlite v1.46.2 // indirect
 )
