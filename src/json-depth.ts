@@ -40,13 +40,11 @@ function firstProblem(value: unknown, maxDepth: number, storable: boolean): { pa
     for (let s = step; s; s = s.parent) path.push(s.key);
     return path.reverse();
   };
+  const nonFinite = (v: unknown): boolean => typeof v === "number" && !Number.isFinite(v);
+  if (storable && nonFinite(value)) return { path: [], why: "non-finite number" };
   const stack: Array<{ value: unknown; at: Step | null; depth: number }> = [{ value, at: null, depth: 0 }];
   while (stack.length > 0) {
     const { value: current, at, depth } = stack.pop()!;
-    if (typeof current === "number") {
-      if (!Number.isFinite(current)) return { path: pathOf(at), why: "non-finite number" };
-      continue;
-    }
     if (current === null || typeof current !== "object") continue;
     if (depth >= maxDepth) return { path: pathOf(at), why: "depth" };
     const list = Array.isArray(current);
@@ -55,7 +53,7 @@ function firstProblem(value: unknown, maxDepth: number, storable: boolean): { pa
       if (storable) {
         if (!list && (key.startsWith("$") || key.includes(".") || key.includes("\u0000"))) return { path: pathOf(step), why: "key" };
         if (list && Array.isArray(child)) return { path: pathOf(step), why: "nested array" };
-        if (typeof child === "number") stack.push({ value: child, at: step, depth: depth + 1 });
+        if (nonFinite(child)) return { path: pathOf(step), why: "non-finite number" };
       }
       if (child !== null && typeof child === "object") stack.push({ value: child, at: step, depth: depth + 1 });
     }

@@ -229,6 +229,12 @@ test("deployments - JSON nested 2,000 levels deep is 400 naming the field, and t
   // Deep JSON anywhere else is refused before any handler: 400, never 5xx.
   const run = await api.post("/api/v1/runs", { agent, input: [{ type: "input_text", text: "x", extra: deep }] });
   t.is(run.status, 400, JSON.stringify(run.body).slice(0, 300));
+  // A body that is a bare number JSON cannot hold (1e999 parses as Infinity) is refused as
+  // a body that is not an object, not as JSON nested too deep.
+  const infinite = await api.request("POST", "/api/v1/runs", { rawBody: "1e999", idempotencyKey: "inf-key" });
+  t.is(infinite.status, 400, JSON.stringify(infinite.body));
+  t.is(infinite.body.error.code, "invalid_request");
+  t.notRegex(infinite.body.error.message, /nested/);
 });
 
 test("deployments - abuse: tool-call arguments in a script the store cannot hold ($-prefixed, dotted, NUL keys; arrays in arrays; 1e999) are 400 naming the field, never 500; nothing is deployed", async (t) => {

@@ -23,6 +23,8 @@ test("json-depth - the path names where the depth is, 100,000 levels without a s
   t.deepEqual(path.slice(0, 6), ["config", "script", "0", "tool_call", "arguments", "a"]);
   t.is(fieldOfPath(path), "config.script.0.tool_call.arguments");
   t.is(tooDeepPath({ a: "x".repeat(1000), b: [1, 2, 3], c: null }), undefined);
+  // Depth only: a body that is a bare 1e999 (JSON.parse gives Infinity) is not "too deep".
+  for (const number of [Infinity, NaN, { a: -Infinity }]) t.is(tooDeepPath(number), undefined);
 });
 
 test("json-depth - unstorablePath names the first key starting with $ or holding . or NUL, at any depth and inside arrays; values and array indices are not keys", (t) => {
