@@ -1,13 +1,27 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
-import { type BlobKeyring, fromStream, isSealedBlob, openBlob, sealBlob, toStream } from "../src/index.js";
+import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
     this.name = "CheckpointError";
+  }
+}
+
+/**
+ * The run's checkpoint was saved by another actor since this one last read or saved it:
+ * nothing was stored. `current` is the revision stored now (0: none).
+ */
+export class CheckpointConflictError extends CheckpointError {
+  constructor(
+    runId: string,
+    readonly current: number,
+  ) {
+    super(`the checkpoint of ${runId} was saved by another owner since it was read`);
+    this.name = "CheckpointConflictError";
   }
 }
 
@@ -87,36 +101,51 @@ export class WorkspaceCheckpoints {
   ) {}
 
   /**
-   * Saves the directory. An empty workspace of a run never saved before is skipped;
-   * returns whether a checkpoint exists afterwards.
+   * Saves the directory, only over the checkpoint this actor knows: `expected` is the
+   * revision it last read or saved (0: none stored). A stale owner, one whose partition
+   * moved while it was paused, cannot replace what the new owner saved since: its put is
+   * refused with {@link CheckpointConflictError} and nothing is stored. An empty workspace
+   * of a run never saved before is skipped (undefined); otherwise the new revision.
    */
-  async save(runId: string, dir: string, savedBefore: boolean, workspaceId = ""): Promise<boolean> {
+  async save(runId: string, dir: string, savedBefore: boolean, workspaceId: string, expected: number): Promise<number | undefined> {
     let entries: string[];
     try {
       entries = await readdir(dir);
     } catch {
       entries = [];
     }
-    if (entries.length === 0 && !savedBefore) return false;
+    if (entries.length === 0 && !savedBefore) return undefined;
     try {
       const archive = archiveOf(dir);
       const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;
-      const info = await this.store.put({ name: runId }, toStream(stored));
+      // The object's metadata is written last, only if its subject is still at `expected`
+      // (JetStream's expected last subject sequence); a refused put's chunks are purged.
+      const info = await this.store.put({ name: runId }, toStream(stored), { previousRevision: expected });
       await writeMarker(dir, info.nuid);
-      return true;
+      return info.revision;
     } catch (err) {
       if (err instanceof CheckpointError) throw err;
+      if (isCasConflict(err)) throw new CheckpointConflictError(runId, await this.revision(runId));
       throw new CheckpointError(`could not save the workspace of ${runId}`, { cause: err });
     }
   }
 
-  /** Restores the latest checkpoint into `dir`; false when the run has none. */
-  async restore(runId: string, dir: string, workspaceId = ""): Promise<boolean> {
+  /** The revision of the run's checkpoint stored now; 0 when none ever was. */
+  async revision(runId: string): Promise<number> {
+    try {
+      return (await this.store.info(runId))?.revision ?? 0;
+    } catch (err) {
+      throw new CheckpointError(`could not look up the workspace of ${runId}`, { cause: err });
+    }
+  }
+
+  /** Restores the latest checkpoint into `dir`: its revision, or null when the run has none. */
+  async restore(runId: string, dir: string, workspaceId = ""): Promise<number | null> {
     let object: Awaited<ReturnType<ObjectStore["get"]>>;
     let first: { head: Uint8Array; all: AsyncIterable<Uint8Array> };
     try {
       object = await this.store.get(runId);
-      if (!object) return false;
+      if (!object) return null;
       first = await peek(fromStream(object.data));
     } catch (err) {
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
@@ -144,15 +173,16 @@ export class WorkspaceCheckpoints {
       throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
     }
     await writeMarker(dir, object.info.nuid);
-    return true;
+    return object.info.revision;
   }
 
   /**
    * Whether `dir` holds the run's latest checkpoint: it was saved as or restored from it
    * here. A directory kept from an earlier time this node held the run is not, once another
    * node saved the run's workspace since. No checkpoint stored: the directory is all there is.
+   * `revision` is the checkpoint's (0: none), what a save over it expects.
    */
-  async matches(runId: string, dir: string): Promise<boolean> {
+  async matches(runId: string, dir: string): Promise<{ current: boolean; revision: number }> {
     const marker = await readFile(checkpointMarkerOf(dir), "utf8").catch(() => null);
     let info: Awaited<ReturnType<ObjectStore["info"]>>;
     try {
@@ -160,7 +190,7 @@ export class WorkspaceCheckpoints {
     } catch (err) {
       throw new CheckpointError(`could not look up the workspace of ${runId}`, { cause: err });
     }
-    return info === null || info.deleted || marker === info.nuid;
+    return { current: info === null || info.deleted || marker === info.nuid, revision: info?.revision ?? 0 };
   }
 
   async remove(runId: string): Promise<void> {

@@ -22,46 +22,64 @@ export async function removeRunWorkspace(workspaceDir: string): Promise<void> {
   await rm(checkpointMarkerOf(workspaceDir), { force: true });
 }
 
+type PreparationFailure = Extract<TurnErrorCode, "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | "sandbox_operation_failed">;
+
 /**
- * Makes `workspaceDir` ready for a turn of `run`; the turn's failure code when it
- * cannot be. A run that moved here from another node gets its workspace back from the
- * checkpoint: a store that cannot be read now may answer later (retryable); a
- * checkpoint that is gone or cannot be extracted will not come back. With `verify` (an
- * actor's first turn with tools), a directory this node kept from an earlier time it held
- * the run is used only if it is still the run's latest checkpoint; otherwise it is
- * replaced by that checkpoint (another node saved the run since).
+ * The workspace's preparation: `failure`, the turn's failure code when it cannot be made
+ * ready; `revision`, the run's checkpoint revision when the preparation read it (checked,
+ * restored, or none stored yet: 0), which the actor's next save expects.
+ */
+export interface PreparedWorkspace {
+  failure: PreparationFailure | null;
+  revision?: number;
+}
+
+/**
+ * Makes `workspaceDir` ready for a turn of `run`. A run that moved here from another node
+ * gets its workspace back from the checkpoint: a store that cannot be read now may answer
+ * later (retryable); a checkpoint that is gone or cannot be extracted will not come back.
+ * With `verify` (an actor's first turn with tools), a directory this node kept from an
+ * earlier time it held the run is used only if it is still the run's latest checkpoint;
+ * otherwise it is replaced by that checkpoint (another node saved the run since).
  */
 export async function prepareRunWorkspace(
   r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace">; log: Logger },
   run: RunDoc,
   workspaceDir: string,
   verify = false,
-): Promise<Extract<TurnErrorCode, "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | "sandbox_operation_failed"> | null> {
+): Promise<PreparedWorkspace> {
   let present = existsSync(workspaceDir);
+  // A run never saved has no checkpoint to check against (one saved by an owner that died
+  // before it marked the run is found by the save, which expects none).
+  let revision = verify && !run.checkpointed ? 0 : undefined;
   if (run.checkpointed && present && verify) {
     try {
-      if (!(await r.checkpoints.matches(run._id, workspaceDir))) {
+      const kept = await r.checkpoints.matches(run._id, workspaceDir);
+      revision = kept.revision;
+      if (!kept.current) {
         r.log.info({ run_id: run._id }, "the workspace kept on this node is older than the run's checkpoint: restoring the checkpoint");
         await rm(workspaceDir, { recursive: true, force: true });
         present = false;
       }
     } catch (err) {
       r.log.error({ err, run_id: run._id }, "could not check the run's workspace against its checkpoint");
-      return "sandbox_snapshot_activation_failed";
+      return { failure: "sandbox_snapshot_activation_failed" };
     }
   }
   if (run.checkpointed && !present) {
-    let code: "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | undefined;
+    let failure: PreparationFailure | undefined;
     try {
-      if (!(await r.checkpoints.restore(run._id, workspaceDir, run.workspace_id))) code = "sandbox_snapshot_unavailable";
+      const restored = await r.checkpoints.restore(run._id, workspaceDir, run.workspace_id);
+      if (restored === null) failure = "sandbox_snapshot_unavailable";
+      else revision = restored;
     } catch (err) {
       r.log.error({ err, run_id: run._id }, "could not restore the run's workspace");
-      code = err instanceof CheckpointCorruptError ? "sandbox_snapshot_unavailable" : "sandbox_snapshot_activation_failed";
+      failure = err instanceof CheckpointCorruptError ? "sandbox_snapshot_unavailable" : "sandbox_snapshot_activation_failed";
     }
-    if (code) {
+    if (failure) {
       // Nothing half-restored is left to pass for the workspace on the next try.
       await rm(workspaceDir, { recursive: true, force: true });
-      return code;
+      return { failure };
     }
   }
   // Searchable, not listable, for the sandbox's uid; the workspace itself becomes its own.
@@ -71,13 +89,13 @@ export async function prepareRunWorkspace(
     await r.sandbox.prepareWorkspace(workspaceDir);
   } catch (err) {
     r.log.error({ err, run_id: run._id }, "could not prepare the run's workspace for its sandbox");
-    return "sandbox_operation_failed";
+    return { failure: "sandbox_operation_failed" };
   }
   // In use now: a kept directory's age counts from its last use (sweepKeptWorkspaces).
   // Best effort (the directory is the sandbox's own; the marker may not exist yet).
   const now = new Date();
   await Promise.all([utimes(checkpointMarkerOf(workspaceDir), now, now), utimes(workspaceDir, now, now)].map((p) => p.catch(() => undefined)));
-  return null;
+  return { failure: null, revision };
 }
 
 const CHECKPOINT_SUFFIX = checkpointMarkerOf("");

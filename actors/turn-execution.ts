@@ -10,7 +10,7 @@ import { existsSync } from "node:fs";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure, BUILTIN_TOOLS } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
-import { CheckpointError } from "./checkpoints.js";
+import { CheckpointConflictError, CheckpointError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
 import type { ActorResources } from "./actor-resources.js";
 import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
@@ -86,6 +86,11 @@ export class TurnExecution {
    */
   private workspaceChecked = false;
   /**
+   * The revision of the run's checkpoint this actor last read or saved (0: none stored),
+   * what its next save expects to replace (see WorkspaceCheckpoints.save).
+   */
+  private checkpointRevision = 0;
+  /**
    * The workspace on this node may hold what its checkpoint lacks: a turn with tools began
    * under this actor (which clears `checkpointedTurnId`) and no save succeeded since.
    */
@@ -159,10 +164,11 @@ export class TurnExecution {
     const toolless = (deployment.config.tools ?? BUILTIN_TOOLS).length === 0;
     if (toolless && (!this.workspaceUnsaved || !existsSync(workspaceDir))) this.checkpointedTurnId = turn._id;
     const preparation = toolless ? null : await prepareRunWorkspace(this.r, run, workspaceDir, !this.workspaceChecked);
-    if (preparation) {
-      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
+    if (preparation?.failure) {
+      await this.finishTurn(turn, TurnStatus.failed, [], before, turnError(preparation.failure, { reference: this.r.ids.reference() }), { ...used, checkpoint: false });
       return;
     }
+    if (preparation?.revision !== undefined) this.checkpointRevision = preparation.revision;
     if (!toolless) {
       this.workspaceChecked = true;
       this.checkpointedTurnId = undefined;
@@ -350,9 +356,30 @@ export class TurnExecution {
     if (!this.workspaceChecked) return true;
     try {
       const run = this.host.run;
-      if (run && (await this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id)) && !run.checkpointed) {
-        await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
-        run.checkpointed = true;
+      if (run) {
+        const save = (expected: number) =>
+          this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id, expected);
+        let revision: number | undefined;
+        try {
+          revision = await save(this.checkpointRevision);
+        } catch (err) {
+          if (!(err instanceof CheckpointConflictError)) throw err;
+          // Saved by another actor since this one read it. A newer owner would have fenced
+          // this one, so the write below fails if it did (FencedError: nothing of this
+          // actor's replaces it). Otherwise an older owner, paused while the run moved
+          // here, saved late; this actor's workspace is the run's, and it is saved over
+          // that, once (a second conflict is a newer owner between the two: it fails).
+          this.r.log.warn({ run_id: run._id, turn_id: turn._id, revision: err.current }, "the run's checkpoint was saved by another owner since this one read it");
+          await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
+          revision = await save(err.current);
+        }
+        if (revision !== undefined) {
+          this.checkpointRevision = revision;
+          if (!run.checkpointed) {
+            await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
+            run.checkpointed = true;
+          }
+        }
       }
       this.checkpointedTurnId = turn._id;
       return true;

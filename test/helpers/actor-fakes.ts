@@ -15,6 +15,7 @@ import type { Clock, Timer } from "../../src/clock.js";
 import { DeploymentCache } from "../../src/deployments.js";
 import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
+import { CheckpointConflictError } from "../../actors/checkpoints.js";
 import { FencedError, type RunStore } from "../../src/contracts.js";
 import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
 import type { UsageRecordDoc } from "../../src/usage.js";
@@ -318,7 +319,11 @@ export interface ActorWorld {
   clock: TestClock;
   /** Subjects published on NATS (live events, final notices). */
   published: string[];
-  checkpoints: { saved: number; removed: string[] };
+  /**
+   * The object store's checkpoint, as a revision moved on by every save (which expects the
+   * revision it replaces, as the real one does) and what each save expected.
+   */
+  checkpoints: { saved: number; removed: string[]; revision: number; expected: number[] };
   /** Usage records the actor wrote (the ledger, in memory). */
   usage: UsageRecordDoc[];
   /** Webhook events the actor recorded, each once. */
@@ -335,7 +340,7 @@ export async function actorWorld(): Promise<ActorWorld> {
   const steps = new ParkedSteps();
   const clock = new TestClock();
   const published: string[] = [];
-  const checkpoints = { saved: 0, removed: [] as string[] };
+  const checkpoints = { saved: 0, removed: [] as string[], revision: 0, expected: [] as number[] };
   const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-actor-unit-"));
   const log = pino({ level: "silent" });
   sandboxOff ??= Sandbox.start({ mode: "off", maxConcurrent: 4, runtimeDir: path.join(dataDir, "sandbox"), nodeId: "unit", log });
@@ -359,12 +364,14 @@ export async function actorWorld(): Promise<ActorWorld> {
     log,
     deployments: new DeploymentCache(store),
     checkpoints: {
-      save: async () => {
+      save: async (runId: string, _dir: string, _savedBefore: boolean, _workspaceId: string, expected: number) => {
+        checkpoints.expected.push(expected);
+        if (expected !== checkpoints.revision) throw new CheckpointConflictError(runId, checkpoints.revision);
         checkpoints.saved++;
-        return false;
+        return ++checkpoints.revision;
       },
-      restore: async () => true,
-      matches: async () => true,
+      restore: async () => checkpoints.revision,
+      matches: async () => ({ current: true, revision: checkpoints.revision }),
       remove: async (runId: string) => void checkpoints.removed.push(runId),
     },
     activeTurns: {

@@ -1,8 +1,12 @@
 import test from "ava";
 import { existsSync } from "node:fs";
-import { cp, rename, rm, writeFile } from "node:fs/promises";
+import { cp, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { bashThen } from "../helpers/agent-configs.js";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Objm } from "@nats-io/obj";
+import { CheckpointConflictError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { connectNats } from "../../src/nats.js";
 import { Api, newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
 
 /**
@@ -68,6 +72,59 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
     t.is(await turn(runId), "kept as it is\ntwo");
   } finally {
     await service.close();
+    await servers.stop();
+  }
+});
+
+/**
+ * A save replaces only the checkpoint its actor knows (JetStream's expected last subject
+ * sequence on the object's metadata): a stale owner, paused while the run moved, cannot
+ * overwrite what the new owner saved, nor bring back a deleted run's workspace. Real
+ * object store (the service's bucket settings do not matter here), real tar.
+ */
+test("checkpoints - a save expecting an older revision is refused and stores nothing; the current one stays readable", async (t) => {
+  const servers = await startTestServers();
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "checkpoint-cas-test" });
+  try {
+    const bucket = await new Objm(jetstream(nc)).create("checkpoint_cas_test");
+    const checkpoints = new WorkspaceCheckpoints(bucket);
+    const runId = "run_checkpointcas00000001";
+    const dirOf = async (name: string, text: string) => {
+      const dir = path.join(servers.dir, name, runId);
+      await mkdir(dir, { recursive: true });
+      await writeFile(path.join(dir, "note.txt"), text);
+      return dir;
+    };
+    const stale = await dirOf("stale", "stale owner's");
+    const owner = await dirOf("owner", "new owner's");
+
+    // Both owners found no checkpoint (revision 0); the new owner saves first.
+    const saved = (await checkpoints.save(runId, owner, false, "ws_x", 0))!;
+    t.true(saved > 0);
+    const refused = await t.throwsAsync(checkpoints.save(runId, stale, false, "ws_x", 0), { instanceOf: CheckpointConflictError });
+    t.is(refused!.current, saved, "the conflict names the revision stored now");
+    t.is(await checkpoints.revision(runId), saved, "nothing was stored by the refused save");
+
+    const restoredDir = path.join(servers.dir, "third", runId);
+    t.is(await checkpoints.restore(runId, restoredDir, "ws_x"), saved);
+    t.is(await readFile(path.join(restoredDir, "note.txt"), "utf8"), "new owner's");
+    // The refused put left no chunks behind: the stream holds the object's chunk and its metadata only.
+    const stream = await (await jetstreamManager(nc)).streams.info("OBJ_checkpoint_cas_test");
+    t.is(stream.state.messages, 2);
+
+    // The owner saves on from its own revision; a check of a kept directory reports the revision to expect.
+    await writeFile(path.join(owner, "note.txt"), "new owner's, later");
+    const next = (await checkpoints.save(runId, owner, true, "ws_x", saved))!;
+    t.true(next > saved);
+    t.deepEqual(await checkpoints.matches(runId, owner), { current: true, revision: next });
+    t.deepEqual(await checkpoints.matches(runId, stale), { current: false, revision: next });
+
+    // A deleted run's checkpoint is not brought back by a save that read it before the delete.
+    await checkpoints.remove(runId);
+    await t.throwsAsync(checkpoints.save(runId, stale, true, "ws_x", next), { instanceOf: CheckpointConflictError });
+    t.is(await checkpoints.restore(runId, path.join(servers.dir, "fourth", runId), "ws_x"), null);
+  } finally {
+    await nc.close();
     await servers.stop();
   }
 });

@@ -367,6 +367,62 @@ test("run-actor - race: a paused owner whose partition moved cannot store its fi
   t.deepEqual(finals.map((e) => e.type), ["turn.incomplete"], "one final event for the turn");
 });
 
+test("run-actor - race: a paused owner's late workspace save cannot replace the checkpoint the new owner saved; it stops fenced", async (t) => {
+  const w = await world();
+  const stale = w.actor(1);
+  await stale.command(startCmd());
+  const staleTurn = w.turns.last; // prepared its workspace with no checkpoint stored (revision 0)
+  const owner = w.actor(2);
+  await owner.recover();
+  okReply(await owner.command(continueCmd("turn_2", "reject")));
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "new owner's work" }] });
+  await settled(owner);
+  t.is(w.store.turns.get("turn_2")!.status, "completed");
+  t.is(w.checkpoints.revision, 1, "the new owner saved the workspace");
+
+  // The old owner wakes up, its agent finishes, and it saves what it expects to replace: none.
+  staleTurn.finish({ outcome: "completed", output: [{ type: "output_text", text: "late" }] });
+  await new Promise((resolve) => setImmediate(resolve));
+  t.deepEqual(await stale.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] }), { ok: false, not_owner: true });
+  t.true(stale.isStopped, "the conflict's ownership check stopped the old owner");
+  t.is(w.checkpoints.revision, 1, "the new owner's checkpoint was not replaced");
+  t.is(w.checkpoints.saved, 1);
+  t.deepEqual(w.checkpoints.expected, [0, 0], "the late save expected the checkpoint it had read: refused, not retried");
+  t.is(w.store.turns.get("turn_1")!.status, "incomplete");
+  t.is(w.store.turns.get("turn_2")!.status, "completed");
+});
+
+test("run-actor - race: a paused owner's save that lands before the new owner's is saved over: the new owner's workspace is the run's", async (t) => {
+  const w = await world();
+  const stale = w.actor(1);
+  await stale.command(startCmd());
+  const staleTurn = w.turns.last;
+  const owner = w.actor(2);
+  await owner.recover();
+  okReply(await owner.command(continueCmd("turn_2", "reject")));
+  const ownerTurn = w.turns.last; // prepared with no checkpoint stored (revision 0)
+
+  // The old owner's late save comes first and is stored (nothing newer to refuse it); its turn's write is fenced.
+  staleTurn.finish({ outcome: "completed", output: [{ type: "output_text", text: "late" }] });
+  await new Promise((resolve) => setImmediate(resolve));
+  t.deepEqual(await stale.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] }), { ok: false, not_owner: true });
+  t.is(w.checkpoints.revision, 1);
+  t.is(w.store.turns.get("turn_1")!.status, "incomplete", "the old owner's result did not overwrite the recovery");
+
+  ownerTurn.finish({ outcome: "completed", output: [{ type: "output_text", text: "new owner's work" }] });
+  await settled(owner);
+  t.is(w.store.turns.get("turn_2")!.status, "completed", "the conflict did not fail the owner's turn");
+  t.deepEqual(w.checkpoints.expected, [0, 0, 1], "the owner's save met the late one, checked it still owns the run, and saved over it");
+  t.is(w.checkpoints.revision, 2);
+  t.false(owner.isStopped);
+  // Its next save expects its own revision: no conflict.
+  okReply(await owner.command(continueCmd("turn_3", "reject")));
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(owner);
+  t.deepEqual(w.checkpoints.expected, [0, 0, 1, 2]);
+  t.is(w.store.turns.get("turn_3")!.status, "completed");
+});
+
 test("run-actor - race: a cancel that arrives while a finished turn moves the run on waits for it, then answers 200 on the final turn", async (t) => {
   const w = await world();
   const actor = w.actor();

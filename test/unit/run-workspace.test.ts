@@ -25,6 +25,7 @@ async function kept(t: { teardown(fn: () => Promise<void>): void }): Promise<str
   return dir;
 }
 
+/** The fakes' checkpoint: revision 7 when the kept directory is it, 9 (newer) when it is not. */
 function resources(matches: () => Promise<boolean>) {
   const calls = { matches: 0, restores: 0 };
   return {
@@ -33,13 +34,14 @@ function resources(matches: () => Promise<boolean>) {
       checkpoints: {
         matches: async () => {
           calls.matches++;
-          return matches();
+          const current = await matches();
+          return { current, revision: current ? 7 : 9 };
         },
         restore: async (_runId: string, dir: string) => {
           calls.restores++;
           await mkdir(dir, { recursive: true });
           await writeFile(path.join(dir, "note.txt"), "restored");
-          return true;
+          return 9;
         },
       },
       sandbox: { prepareWorkspace: async () => undefined },
@@ -51,7 +53,7 @@ function resources(matches: () => Promise<boolean>) {
 test("run-workspace - a kept directory that is the latest checkpoint is used as it is", async (t) => {
   const dir = await kept(t);
   const { r, calls } = resources(async () => true);
-  t.is(await prepareRunWorkspace(r, run, dir, true), null);
+  t.deepEqual(await prepareRunWorkspace(r, run, dir, true), { failure: null, revision: 7 }, "the next save expects the checkpoint checked");
   t.deepEqual(calls, { matches: 1, restores: 0 });
   t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "kept");
 });
@@ -60,7 +62,7 @@ test("run-workspace - a kept directory older than the checkpoint is replaced by 
   const dir = await kept(t);
   await writeFile(path.join(dir, "stale-only.txt"), "x");
   const { r, calls } = resources(async () => false);
-  t.is(await prepareRunWorkspace(r, run, dir, true), null);
+  t.deepEqual(await prepareRunWorkspace(r, run, dir, true), { failure: null, revision: 9 }, "the next save expects the checkpoint restored");
   t.deepEqual(calls, { matches: 1, restores: 1 });
   t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "restored");
   t.false(existsSync(path.join(dir, "stale-only.txt")), "nothing of the old directory is left");
@@ -71,13 +73,18 @@ test("run-workspace - a check that cannot be made fails the turn retryably and l
   const failing = resources(async () => {
     throw new CheckpointError("the object store is away");
   });
-  t.is(await prepareRunWorkspace(failing.r, run, dir, true), "sandbox_snapshot_activation_failed");
+  t.deepEqual(await prepareRunWorkspace(failing.r, run, dir, true), { failure: "sandbox_snapshot_activation_failed" });
   t.is(failing.calls.restores, 0);
   t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "kept");
 
   const unchecked = resources(async () => false);
-  t.is(await prepareRunWorkspace(unchecked.r, run, dir, false), null);
+  t.deepEqual(await prepareRunWorkspace(unchecked.r, run, dir, false), { failure: null, revision: undefined }, "the actor keeps the revision it knows");
   t.deepEqual(unchecked.calls, { matches: 0, restores: 0 }, "an actor that prepared it already does not ask again");
+
+  // A run never saved: nothing to check; its first save expects none stored.
+  const fresh = resources(async () => false);
+  t.deepEqual(await prepareRunWorkspace(fresh.r, { ...run, checkpointed: false }, dir, true), { failure: null, revision: 0 });
+  t.deepEqual(fresh.calls, { matches: 0, restores: 0 });
 });
 
 test("run-workspace - removing a run's workspace removes its marker too", async (t) => {
@@ -142,7 +149,7 @@ test("run-workspace - a kept directory's age counts from its last use: preparing
   await utimes(checkpointMarkerOf(dir), old, old);
   await utimes(dir, old, old);
   const { r } = resources(async () => true);
-  t.is(await prepareRunWorkspace(r, run, dir, true), null);
+  t.is((await prepareRunWorkspace(r, run, dir, true)).failure, null);
   // Not held any more (the run moved on), but used just now: kept.
   t.deepEqual(await sweepKeptWorkspaces(dataDir, () => false, { nowMs: Date.now(), olderThanMs: hour }), { removed: 0, failed: 0 });
   t.true(existsSync(path.join(dir, "note.txt")));
