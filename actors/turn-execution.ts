@@ -364,13 +364,15 @@ export class TurnExecution {
           revision = await save(this.checkpointRevision);
         } catch (err) {
           if (!(err instanceof CheckpointConflictError)) throw err;
-          // Saved by another actor since this one read it. A newer owner would have fenced
-          // this one, so the write below fails if it did (FencedError: nothing of this
-          // actor's replaces it). Otherwise an older owner, paused while the run moved
-          // here, saved late; this actor's workspace is the run's, and it is saved over
+          // The checkpoint changed since this actor read it. A newer owner claims the run
+          // before it saves, so the write below fails if one did (FencedError: nothing of
+          // this actor's replaces its checkpoint). Otherwise an older owner, paused while
+          // the run moved here, saved late (or this actor's own last save was stored but
+          // its answer lost); this actor's workspace is the run's, and it is saved over
           // that, once (a second conflict is a newer owner between the two: it fails).
-          this.r.log.warn({ run_id: run._id, turn_id: turn._id, revision: err.current }, "the run's checkpoint was saved by another owner since this one read it");
+          this.r.log.warn({ run_id: run._id, turn_id: turn._id, revision: err.current }, "the run's checkpoint changed since this owner read it: saving over it once ownership is confirmed");
           await this.r.store.updateRunFenced(run._id, this.host.epoch, { checkpointed: true });
+          run.checkpointed = true;
           revision = await save(err.current);
         }
         if (revision !== undefined) {

@@ -321,7 +321,9 @@ export interface ActorWorld {
   published: string[];
   /**
    * The object store's checkpoint, as a revision moved on by every save (which expects the
-   * revision it replaces, as the real one does) and what each save expected.
+   * revision it replaces, as the real one does) and what each save expected. Unlike the
+   * real one, a save of an empty workspace never saved before is stored too (these
+   * tests' workspaces stay empty: no tool runs).
    */
   checkpoints: { saved: number; removed: string[]; revision: number; expected: number[] };
   /** Usage records the actor wrote (the ledger, in memory). */

@@ -381,10 +381,15 @@ test("run-actor - race: a paused owner's late workspace save cannot replace the 
   t.is(w.checkpoints.revision, 1, "the new owner saved the workspace");
 
   // The old owner wakes up, its agent finishes, and it saves what it expects to replace: none.
+  const finishing = w.steps.park("turn:finishing");
+  let wrote = false;
+  void finishing.reached.then(() => (wrote = true));
   staleTurn.finish({ outcome: "completed", output: [{ type: "output_text", text: "late" }] });
   await new Promise((resolve) => setImmediate(resolve));
   t.deepEqual(await stale.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] }), { ok: false, not_owner: true });
-  t.true(stale.isStopped, "the conflict's ownership check stopped the old owner");
+  t.true(stale.isStopped);
+  t.false(wrote, "the conflict's ownership check stopped the old owner before its turn's own write");
+  finishing.release();
   t.is(w.checkpoints.revision, 1, "the new owner's checkpoint was not replaced");
   t.is(w.checkpoints.saved, 1);
   t.deepEqual(w.checkpoints.expected, [0, 0], "the late save expected the checkpoint it had read: refused, not retried");
