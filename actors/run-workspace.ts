@@ -8,8 +8,8 @@ import { existsSync, mkdirSync, renameSync, rmSync } from "node:fs";
 import { mkdir, readdir, rm, stat, utimes } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
-import type { RunDoc, TurnErrorCode } from "../src/index.js";
-import { CheckpointCorruptError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { type Clock, isTransientFailure, type RunDoc, type TurnErrorCode } from "../src/index.js";
+import { CheckpointCorruptError, CheckpointError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
 import type { Sandbox } from "./sandbox.js";
 
 export function workspaceDirOf(dataDir: string, runId: string): string {
@@ -34,16 +34,36 @@ export interface PreparedWorkspace {
   revision?: number;
 }
 
+/** Attempts of an object-store read that fails for a moment; pauses 0.2, 0.4, 0.8 and 1.6 s between them. */
+export const CHECKPOINT_READ_ATTEMPTS = 5;
+
+/**
+ * A checkpoint read, again while the object store fails for a moment (a NATS server
+ * restarting, a stream leader being elected: ~3 s in all); any other failure, or the
+ * last, is thrown. A checkpoint that cannot be extracted is never read again here.
+ */
+async function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await read();
+    } catch (err) {
+      if (attempt >= CHECKPOINT_READ_ATTEMPTS || !(err instanceof CheckpointError) || !isTransientFailure(err.cause)) throw err;
+      await clock.sleep(200 * 2 ** (attempt - 1));
+    }
+  }
+}
+
 /**
  * Makes `workspaceDir` ready for a turn of `run`. A run that moved here from another node
- * gets its workspace back from the checkpoint: a store that cannot be read now may answer
- * later (retryable); a checkpoint that is gone or cannot be extracted will not come back.
+ * gets its workspace back from the checkpoint: a store that fails for a moment is asked
+ * again, one that cannot be read for longer may answer later (the turn fails retryably);
+ * a checkpoint that is gone or cannot be extracted will not come back.
  * With `verify` (an actor's first turn with tools), a directory this node kept from an
  * earlier time it held the run is used only if it is still the run's latest checkpoint;
  * otherwise it is replaced by that checkpoint (another node saved the run since).
  */
 export async function prepareRunWorkspace(
-  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace">; log: Logger },
+  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace">; log: Logger; clock: Pick<Clock, "sleep"> },
   run: RunDoc,
   workspaceDir: string,
   verify = false,
@@ -54,7 +74,7 @@ export async function prepareRunWorkspace(
   let revision = verify && !run.checkpointed ? 0 : undefined;
   if (run.checkpointed && present && verify) {
     try {
-      const kept = await r.checkpoints.matches(run._id, workspaceDir);
+      const kept = await readCheckpoint(r.clock, () => r.checkpoints.matches(run._id, workspaceDir));
       revision = kept.revision;
       if (!kept.current) {
         r.log.info({ run_id: run._id }, "the workspace kept on this node is older than the run's checkpoint: restoring the checkpoint");
@@ -69,7 +89,7 @@ export async function prepareRunWorkspace(
   if (run.checkpointed && !present) {
     let failure: PreparationFailure | undefined;
     try {
-      const restored = await r.checkpoints.restore(run._id, workspaceDir, run.workspace_id);
+      const restored = await readCheckpoint(r.clock, () => r.checkpoints.restore(run._id, workspaceDir, run.workspace_id));
       if (restored === null) failure = "sandbox_snapshot_unavailable";
       else revision = restored;
     } catch (err) {

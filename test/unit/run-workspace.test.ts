@@ -3,6 +3,7 @@ import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { errors as natsErrors } from "@nats-io/transport-node";
 import pino from "pino";
 import { CheckpointError, checkpointMarkerOf } from "../../actors/checkpoints.js";
 import { prepareRunWorkspace, removeRunWorkspace, sweepKeptWorkspaces } from "../../actors/run-workspace.js";
@@ -27,10 +28,11 @@ async function kept(t: { teardown(fn: () => Promise<void>): void }): Promise<str
 
 /** The fakes' checkpoint: revision 7 when the kept directory is it, 9 (newer) when it is not. */
 function resources(matches: () => Promise<boolean>) {
-  const calls = { matches: 0, restores: 0 };
+  const calls = { matches: 0, restores: 0, pauses: [] as number[] };
   return {
     calls,
     r: {
+      clock: { sleep: async (ms: number) => void calls.pauses.push(ms) },
       checkpoints: {
         matches: async () => {
           calls.matches++;
@@ -54,7 +56,7 @@ test("run-workspace - a kept directory that is the latest checkpoint is used as 
   const dir = await kept(t);
   const { r, calls } = resources(async () => true);
   t.deepEqual(await prepareRunWorkspace(r, run, dir, true), { failure: null, revision: 7 }, "the next save expects the checkpoint checked");
-  t.deepEqual(calls, { matches: 1, restores: 0 });
+  t.deepEqual(calls, { matches: 1, restores: 0, pauses: [] });
   t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "kept");
 });
 
@@ -63,7 +65,7 @@ test("run-workspace - a kept directory older than the checkpoint is replaced by 
   await writeFile(path.join(dir, "stale-only.txt"), "x");
   const { r, calls } = resources(async () => false);
   t.deepEqual(await prepareRunWorkspace(r, run, dir, true), { failure: null, revision: 9 }, "the next save expects the checkpoint restored");
-  t.deepEqual(calls, { matches: 1, restores: 1 });
+  t.deepEqual(calls, { matches: 1, restores: 1, pauses: [] });
   t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "restored");
   t.false(existsSync(path.join(dir, "stale-only.txt")), "nothing of the old directory is left");
 });
@@ -79,12 +81,49 @@ test("run-workspace - a check that cannot be made fails the turn retryably and l
 
   const unchecked = resources(async () => false);
   t.deepEqual(await prepareRunWorkspace(unchecked.r, run, dir, false), { failure: null, revision: undefined }, "the actor keeps the revision it knows");
-  t.deepEqual(unchecked.calls, { matches: 0, restores: 0 }, "an actor that prepared it already does not ask again");
+  t.deepEqual(unchecked.calls, { matches: 0, restores: 0, pauses: [] }, "an actor that prepared it already does not ask again");
 
   // A run never saved: nothing to check; its first save expects none stored.
   const fresh = resources(async () => false);
   t.deepEqual(await prepareRunWorkspace(fresh.r, { ...run, checkpointed: false }, dir, true), { failure: null, revision: 0 });
-  t.deepEqual(fresh.calls, { matches: 0, restores: 0 });
+  t.deepEqual(fresh.calls, { matches: 0, restores: 0, pauses: [] });
+});
+
+test("run-workspace - an object store that fails for a moment is asked again (the check and the restore); a lasting failure, after five attempts, or any other at once, fails the turn", async (t) => {
+  const transient = () => new CheckpointError("could not look up the workspace", { cause: new natsErrors.TimeoutError() });
+  const dir = await kept(t);
+  let failures = 2;
+  const flaky = resources(async () => {
+    if (failures-- > 0) throw transient();
+    return false;
+  });
+  t.deepEqual(await prepareRunWorkspace(flaky.r, run, dir, true), { failure: null, revision: 9 }, "checked on the third attempt, then restored");
+  t.deepEqual(flaky.calls, { matches: 3, restores: 1, pauses: [200, 400] });
+  t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "restored");
+
+  // A restore that fails for a moment (the directory gone, as on a node new to the run).
+  await rm(dir, { recursive: true, force: true });
+  const restoring = resources(async () => true);
+  let restoreFailures = 1;
+  const restore = restoring.r.checkpoints.restore;
+  restoring.r.checkpoints.restore = async (...args: Parameters<typeof restore>) => {
+    if (restoreFailures-- > 0) throw transient();
+    return restore(...args);
+  };
+  t.deepEqual(await prepareRunWorkspace(restoring.r, run, dir, true), { failure: null, revision: 9 });
+  t.deepEqual(restoring.calls.pauses, [200]);
+
+  const away = resources(async () => {
+    throw transient();
+  });
+  t.deepEqual(await prepareRunWorkspace(away.r, run, dir, true), { failure: "sandbox_snapshot_activation_failed" });
+  t.deepEqual(away.calls, { matches: 5, restores: 0, pauses: [200, 400, 800, 1600] });
+
+  const broken = resources(async () => {
+    throw new CheckpointError("the object store answered garbage", { cause: new Error("bad") });
+  });
+  t.deepEqual(await prepareRunWorkspace(broken.r, run, dir, true), { failure: "sandbox_snapshot_activation_failed" });
+  t.deepEqual(broken.calls, { matches: 1, restores: 0, pauses: [] }, "not a moment's failure: not asked again");
 });
 
 test("run-workspace - removing a run's workspace removes its marker too", async (t) => {
