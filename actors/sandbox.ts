@@ -168,6 +168,7 @@ export class Sandbox {
       const outcome = await sandbox.runOnce(
         { workspaceDir: probeDir, argv: ["/bin/sh", "-c", "id -u 2>&1"], timeoutMs: 30_000, limits: probeLimits },
         `probe-${randomBytes(6).toString("hex")}`,
+        false,
       );
       const text = outcome.output.toString("utf8").trim();
       if (outcome.kind !== "exited" || outcome.exitCode !== 0 || text !== String(SANDBOX_INNER_ID)) {
@@ -257,7 +258,14 @@ export class Sandbox {
     }
   }
 
-  private async runOnce(cmd: SandboxCommand, id: string): Promise<SandboxOutcome> {
+  /**
+   * `processLimit: false` (the start's probe only) sets no RLIMIT_NPROC, nor the
+   * address-space limit that goes with it, where no cgroup limits processes: that limit
+   * counts every process of the sandboxes' uid on the host, so a probe limited to a
+   * handful would fail while other sandboxes run (a node restarting beside another
+   * one's commands), and the node would not start.
+   */
+  private async runOnce(cmd: SandboxCommand, id: string, processLimit = true): Promise<SandboxOutcome> {
     if (cmd.signal?.aborted) return { kind: "aborted", output: Buffer.alloc(0), totalBytes: 0, limits: [] };
     if (this.options.mode === "off") return this.runUnconfined(cmd);
 
@@ -292,7 +300,7 @@ export class Sandbox {
       }
       const argv = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, this.cgroups ? undefined : this.nprocFlag), [this.bwrap!, ...args]);
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, this.cgroups || !processLimit ? undefined : this.nprocFlag), [this.bwrap!, ...args]);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",

@@ -121,6 +121,28 @@ test_("sandbox - a bwrap that fails to start is tried three times, then sandbox_
   }
 });
 
+test_("sandbox - without cgroups, a node starts while other sandboxes of the host's sandbox uid run more processes than its probe needs (RLIMIT_NPROC counts them all)", async (t) => {
+  const base = await tempBase();
+  try {
+    const running = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt-a"), nodeId: "nproc-a", log, cgroupRoot: false });
+    const dir = await workspace(running, base);
+    // 24 processes of the sandbox uid for ~8 s: more than the 16 the probe once allowed itself.
+    const busy = running.run(bash(dir, "for i in $(seq 24); do sleep 8.137 & done; wait", { limits: { ...DEFAULT_LIMITS, processes: 64 }, timeoutMs: 20_000 }));
+    let count = 0;
+    for (let i = 0; i < 100 && count < 24; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      count = (await hostProcesses("sleep 8.137")).length;
+    }
+    t.true(count >= 24, `${count} sleeping processes`);
+    const second = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt-b"), nodeId: "nproc-b", log, cgroupRoot: false });
+    t.is(second.status().limits, "rlimit");
+    const outcome = await busy;
+    t.is(outcome.kind, "exited");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
 test_("sandbox - without cgroups, rlimits bound a command's processes and CPU time (the launcher's shell may be dash)", async (t) => {
   const base = await tempBase();
   try {
