@@ -59,13 +59,11 @@ export class JetStreamAppender implements EventAppender {
   }
 
   append(turnId: string | null, source: EventSource, type: string, data: unknown, createdAtMs: number): number {
-    const sequence = this.next++;
-    if (this.firstFailure) return sequence;
-    let tf: number | undefined;
-    if (turnId !== null) {
-      tf = this.turnFirstSeqs.get(turnId);
-      if (tf === undefined) this.turnFirstSeqs.set(turnId, (tf = sequence));
-    }
+    if (this.firstFailure) return this.next++;
+    // The sequence is taken only once the event is built: an event that could not be
+    // built and took one would be a gap that holds every reader of the run (src/event-order.ts).
+    const sequence = this.next;
+    const tf = turnId === null ? undefined : (this.turnFirstSeqs.get(turnId) ?? sequence);
     const shell: Omit<RunEvent, "id"> = {
       sequence,
       source,
@@ -82,6 +80,8 @@ export class JetStreamAppender implements EventAppender {
     // the members, their order or `event` as the last one needs another `v`.
     const envelope: StoredEnvelope = { v: 1, ms: createdAtMs, ...(tf === undefined ? {} : { tf }), event: shell };
     const payload = seal(this.key, Buffer.from(JSON.stringify(envelope), "utf8"));
+    this.next++;
+    if (turnId !== null && tf === sequence) this.turnFirstSeqs.set(turnId, sequence);
     const hdrs = natsHeaders();
     hdrs.set(SEQ_HEADER, String(sequence));
     hdrs.set(TURN_HEADER, turnId ?? "");

@@ -9,7 +9,12 @@ import { createHash } from "node:crypto";
  * 2. Inline `data:image/<subtype>;base64,<…>` URLs inside string values become
  *    `[image omitted: image/<subtype>, <decoded bytes> bytes]`, in every event type except
  *    the streamed fragments `text_delta` and `toolcall_delta`, which are stored as written.
- * 3. Size: when the JSON of the data exceeds its budget, strings are replaced, largest first
+ * 3. Depth: data nested more than {@link MAX_EVENT_DATA_DEPTH} levels (a model's tool call can
+ *    be nested at any depth) is stored as `{omitted: "unserializable"}`, as data that JSON
+ *    cannot write is. The bound is ours, the same on every Node version: how deep
+ *    `JSON.stringify` goes is the engine's (Node 20 throws past ~10⁴ levels; Node 26 writes
+ *    10⁵), and the walks below are recursive.
+ * 4. Size: when the JSON of the data exceeds its budget, strings are replaced, largest first
  *    (only strings over {@link MIN_TRUNCATED_STRING_BYTES}), by `[truncated: <utf8 bytes> bytes]`
  *    until it fits. If that is not enough (many small values), the smallest single object or
  *    array whose replacement makes it fit becomes `{truncated: true, originalBytes, sha256}`
@@ -18,6 +23,12 @@ import { createHash } from "node:crypto";
 
 /** Limit of one stored event's JSON (spec Limits: "about 675 KiB of JSON"). */
 export const MAX_STORED_EVENT_BYTES = 675 * 1024;
+
+/** Deepest nesting of an event's data that is stored (see rule 3). */
+export const MAX_EVENT_DATA_DEPTH = 1_000;
+
+/** Thrown inside the walk when the data is nested past {@link MAX_EVENT_DATA_DEPTH}. */
+class TooDeep extends Error {}
 
 /** Room left for the event's other fields when only its data is measured. */
 export const EVENT_ENVELOPE_ALLOWANCE_BYTES = 1024;
@@ -50,34 +61,39 @@ export interface SanitizeOptions {
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Container = Json[] | { [key: string]: Json };
 
-/** Returns the data to store for an event of `type` (a new value; `data` is not changed). */
+/**
+ * Returns the data to store for an event of `type` (a new value; `data` is not changed).
+ * Never throws: data that cannot be stored as it is becomes `{omitted: "unserializable"}`.
+ */
 export function sanitizeEvent(type: string, data: unknown, options: SanitizeOptions = {}): Json {
   const maxDataBytes = options.maxDataBytes ?? MAX_STORED_EVENT_BYTES - EVENT_ENVELOPE_ALLOWANCE_BYTES;
-  let tree: Json;
   try {
     // The JSON round trip is the stored form (toJSON, undefined, NaN handled as JSON does)
     // and a deep copy, so the caller's objects stay untouched.
     const text = JSON.stringify(data);
-    tree = text === undefined ? null : (JSON.parse(text) as Json);
+    const tree = text === undefined ? null : (JSON.parse(text) as Json);
+    // The first walk bounds the depth (TooDeep) before any other recursion meets it.
+    return fitToSize(omitImages(tree, !FRAGMENT_EVENT_TYPES.has(type), 0), maxDataBytes);
   } catch {
+    // Not JSON (a BigInt, a cycle, a throwing toJSON), too deep, or deeper than the stack.
     return { omitted: "unserializable" };
   }
-  tree = omitImages(tree, !FRAGMENT_EVENT_TYPES.has(type));
-  return fitToSize(tree, maxDataBytes);
 }
 
 function isImagePart(value: { [key: string]: Json }): value is { type: "image"; data: string; mimeType: string } {
   return value.type === "image" && typeof value.data === "string" && typeof value.mimeType === "string";
 }
 
-function omitImages(value: Json, replaceDataUrls: boolean): Json {
+/** `depth`: how many objects and arrays hold `value`. */
+function omitImages(value: Json, replaceDataUrls: boolean, depth: number): Json {
   if (typeof value === "string") return replaceDataUrls ? replaceImageDataUrls(value) : value;
   if (value === null || typeof value !== "object") return value;
-  if (Array.isArray(value)) return value.map((item) => omitImages(item, replaceDataUrls));
+  if (depth >= MAX_EVENT_DATA_DEPTH) throw new TooDeep();
+  if (Array.isArray(value)) return value.map((item) => omitImages(item, replaceDataUrls, depth + 1));
   if (isImagePart(value)) return omittedImage(value.mimeType, Buffer.from(value.data, "base64"));
   const out: { [key: string]: Json } = {};
   for (const [key, item] of Object.entries(value)) {
-    const kept = omitImages(item, replaceDataUrls);
+    const kept = omitImages(item, replaceDataUrls, depth + 1);
     // A model's key "__proto__" stays a key: assigning it would set the copy's prototype instead.
     if (key === "__proto__") Object.defineProperty(out, key, { value: kept, enumerable: true, writable: true, configurable: true });
     else out[key] = kept;

@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import test from "ava";
 import {
   EVENT_ENVELOPE_ALLOWANCE_BYTES,
+  MAX_EVENT_DATA_DEPTH,
   MAX_STORED_EVENT_BYTES,
   MIN_TRUNCATED_STRING_BYTES,
   replaceImageDataUrls,
@@ -95,6 +96,23 @@ test("event-sanitize - unserializable data is replaced, not thrown", (t) => {
   a.self = a;
   t.deepEqual(sanitizeEvent("x", a), { omitted: "unserializable" });
   t.deepEqual(sanitizeEvent("x", { n: 10n }), { omitted: "unserializable" });
+});
+
+test("event-sanitize - depth: data nested up to MAX_EVENT_DATA_DEPTH levels is kept, deeper is replaced, at any depth and on any Node version", (t) => {
+  const nested = (levels: number, leaf: unknown = 1): unknown => {
+    let v: unknown = leaf;
+    for (let i = 0; i < levels; i++) v = i % 2 ? [v] : { k: v };
+    return v;
+  };
+  const kept = nested(MAX_EVENT_DATA_DEPTH);
+  t.deepEqual(sanitizeEvent("message_end", kept), kept, `${MAX_EVENT_DATA_DEPTH} objects and arrays deep: as it is`);
+  t.deepEqual(sanitizeEvent("message_end", nested(MAX_EVENT_DATA_DEPTH + 1)), { omitted: "unserializable" });
+  // Past what JSON.stringify writes on Node 20 (it throws), and what Node 26 writes: the same answer.
+  for (const levels of [20_000, 100_000]) {
+    t.deepEqual(sanitizeEvent("toolcall_delta", { args: nested(levels) }), { omitted: "unserializable" }, `${levels} levels`);
+  }
+  // A deep value too large for the event is replaced too, never walked past the bound.
+  t.deepEqual(sanitizeEvent("x", nested(MAX_EVENT_DATA_DEPTH + 1, "y".repeat(MAX_STORED_EVENT_BYTES))), { omitted: "unserializable" });
 });
 
 test("event-sanitize - rule 5: data within the limit is not truncated", (t) => {
