@@ -39,8 +39,10 @@ export const CHECKPOINT_READ_ATTEMPTS = 5;
 
 /**
  * A checkpoint read, again while the object store fails for a moment (a NATS server
- * restarting, a stream leader being elected: ~3 s in all); any other failure, or the
- * last, is thrown. A checkpoint that cannot be extracted is never read again here.
+ * restarting, a stream leader being elected): five attempts, 3 s of pauses between them,
+ * each attempt bounded by its request's own timeout; any other failure, or the last, is
+ * thrown. A checkpoint that cannot be extracted is never read again here (a stream cut
+ * after its first chunk is reported so too: not retried).
  */
 async function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>): Promise<T> {
   for (let attempt = 1; ; attempt++) {

@@ -24,7 +24,7 @@ import { createHash } from "node:crypto";
 /** Limit of one stored event's JSON (spec Limits: "about 675 KiB of JSON"). */
 export const MAX_STORED_EVENT_BYTES = 675 * 1024;
 
-/** Deepest nesting of an event's data that is stored (see rule 3). */
+/** Deepest nesting of an event's data that is stored (point 3 of the module comment). */
 export const MAX_EVENT_DATA_DEPTH = 1_000;
 
 /** Thrown inside the walk when the data is nested past {@link MAX_EVENT_DATA_DEPTH}. */
@@ -36,7 +36,7 @@ export const EVENT_ENVELOPE_ALLOWANCE_BYTES = 1024;
 /** Strings at or below this size are never replaced one by one (a marker would save little). */
 export const MIN_TRUNCATED_STRING_BYTES = 1024;
 
-/** Event types stored as written: fragments of a field, not a whole field (rule 4). */
+/** Event types stored as written: fragments of a field, not a whole field (the spec's event rule 4). */
 export const FRAGMENT_EVENT_TYPES: ReadonlySet<string> = new Set(["text_delta", "toolcall_delta"]);
 
 export interface OmittedImage {
