@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
-import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, openBlob, sealBlob, toStream } from "../src/index.js";
+import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
@@ -169,6 +169,12 @@ export class WorkspaceCheckpoints {
       stdin.destroy();
       child.kill("SIGKILL");
       await done.catch(() => undefined);
+      // The object store stopped answering partway (a NATS server restarting): worth
+      // reading again, into an empty directory.
+      if (isTransientFailure(err)) {
+        await rm(dir, { recursive: true, force: true });
+        throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
+      }
       // Read, but not a workspace this service can open: no retry brings it back.
       throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
     }

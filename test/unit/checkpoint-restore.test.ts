@@ -1,0 +1,77 @@
+/**
+ * WorkspaceCheckpoints.restore against an object store stand-in that serves a real archive
+ * (made by tar here), whole, cut by a transient failure partway, or as bytes that are not
+ * an archive: only the cut is worth reading again, and it leaves no half-restored files.
+ */
+import test from "ava";
+import { execFileSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import type { ObjectStore } from "@nats-io/obj";
+import { errors as natsErrors } from "@nats-io/transport-node";
+import { CheckpointCorruptError, CheckpointError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+
+async function archive(t: { teardown(fn: () => Promise<void>): void }): Promise<{ bytes: Buffer; root: string }> {
+  const root = await mkdtemp(path.join(os.tmpdir(), "runs-test-restore-"));
+  t.teardown(() => rm(root, { recursive: true, force: true }));
+  const src = path.join(root, "src");
+  await mkdir(src);
+  await writeFile(path.join(src, "note.txt"), "restored");
+  // Incompressible, so the archive spans several chunks.
+  await writeFile(path.join(src, "blob.bin"), randomBytes(256 * 1024));
+  return { bytes: execFileSync("tar", ["-czf", "-", "-C", src, "."]), root };
+}
+
+/** An object store whose `get` serves `chunks`, then fails with `failure` (if any). */
+function storeServing(chunks: Buffer[], failure?: Error): ObjectStore {
+  return {
+    get: async () => {
+      let i = 0;
+      let fail!: (err: Error) => void;
+      const error = new Promise<Error | null>((resolve) => (fail = resolve));
+      const data = new ReadableStream<Uint8Array>({
+        pull(controller) {
+          if (i < chunks.length) return controller.enqueue(chunks[i++]);
+          if (failure) {
+            fail(failure);
+            return controller.error(failure);
+          }
+          fail(null as never);
+          controller.close();
+        },
+      });
+      return { info: { nuid: "nuid-1", revision: 7 }, data, error };
+    },
+  } as unknown as ObjectStore;
+}
+
+const chunksOf = (bytes: Buffer, size = 64 * 1024) => Array.from({ length: Math.ceil(bytes.length / size) }, (_, i) => bytes.subarray(i * size, (i + 1) * size));
+
+test("checkpoint restore - whole: extracted, its revision answered", async (t) => {
+  const { bytes, root } = await archive(t);
+  const dir = path.join(root, "whole");
+  t.is(await new WorkspaceCheckpoints(storeServing(chunksOf(bytes))).restore("run_1", dir), 7);
+  t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "restored");
+});
+
+test("checkpoint restore - a read cut by a transient failure partway is a CheckpointError (read again) and leaves no directory", async (t) => {
+  const { bytes, root } = await archive(t);
+  const dir = path.join(root, "cut");
+  const chunks = chunksOf(bytes);
+  t.true(chunks.length > 2);
+  const err = await t.throwsAsync(new WorkspaceCheckpoints(storeServing(chunks.slice(0, 2), new natsErrors.TimeoutError())).restore("run_1", dir));
+  t.true(err instanceof CheckpointError, String(err));
+  t.false(err instanceof CheckpointCorruptError);
+  t.true((err as CheckpointError).cause instanceof natsErrors.TimeoutError);
+  t.false(existsSync(dir), "nothing half-restored is left");
+});
+
+test("checkpoint restore - bytes that are not an archive, or a read cut by a failure that is not transient, are CheckpointCorruptError", async (t) => {
+  const { bytes, root } = await archive(t);
+  await t.throwsAsync(new WorkspaceCheckpoints(storeServing([randomBytes(4096)])).restore("run_1", path.join(root, "garbage")), { instanceOf: CheckpointCorruptError });
+  const cut = storeServing(chunksOf(bytes).slice(0, 1), new Error("SHA256 digest mismatch"));
+  await t.throwsAsync(new WorkspaceCheckpoints(cut).restore("run_1", path.join(root, "mismatch")), { instanceOf: CheckpointCorruptError });
+});
