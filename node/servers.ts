@@ -29,7 +29,35 @@ export function toolPath(name: string): string {
 }
 
 /** A free TCP port on the loopback interface. */
+/**
+ * A loopback port nothing listens on now, and not one this process handed out in the last
+ * minute: the kernel may give a port that was just probed and closed to the next probe
+ * again, before the first taker binds it (a cluster's FerretDB was once given a NATS
+ * server's port that way, and the server failed "address already in use").
+ */
 export function freePort(): Promise<number> {
+  return unusedPort(anyFreePort);
+}
+
+/** Ports handed out lately, with when. */
+const handedOut = new Map<number, number>();
+const HANDED_OUT_MS = 60_000;
+
+/** The first port `probe` finds that was not handed out lately (at most 50 probes). */
+export async function unusedPort(probe: () => Promise<number>, nowMs = Date.now): Promise<number> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const port = await probe();
+    const now = nowMs();
+    for (const [p, at] of handedOut) if (now - at > HANDED_OUT_MS) handedOut.delete(p);
+    if (!handedOut.has(port)) {
+      handedOut.set(port, now);
+      return port;
+    }
+  }
+  throw new Error("no free loopback port that was not handed out in the last minute");
+}
+
+function anyFreePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.unref();

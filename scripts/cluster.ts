@@ -271,11 +271,14 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
       });
     };
     const ferretPort = await freePort();
-    const [ferretServer] = await Promise.all([
-      startFerretDb({ port: ferretPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") }),
+    // Every launch is waited for, even after one failed: stop() stops the servers that
+    // started (one still starting when it ran would be left behind, holding the caller).
+    const launches = await Promise.allSettled([
+      startFerretDb({ port: ferretPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") }).then((server) => (ferret = server)),
       ...nats.map(launchNats),
     ]);
-    ferret = ferretServer;
+    const failed = launches.find((launch): launch is PromiseRejectedResult => launch.status === "rejected");
+    if (failed) throw failed.reason;
     const mongoUri = `mongodb://127.0.0.1:${ferretPort}/`;
     const natsUrl = nats.map((n) => n.url).join(",");
 
