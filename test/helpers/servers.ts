@@ -48,7 +48,13 @@ export async function startTestServers(): Promise<TestServers> {
     ferret = { name: "external", port: 0, child: undefined as never, pid: 0, stop: async () => undefined, kill: () => undefined };
   } else {
     const mongoPort = await freePort();
-    ferret = await startFerretDb({ port: mongoPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") });
+    try {
+      ferret = await startFerretDb({ port: mongoPort, dataDir: path.join(dir, "ferretdb"), logFile: path.join(dir, "ferretdb.log") });
+    } catch (err) {
+      // A NATS server left running would keep the test's worker alive after its failure.
+      await nats.stop().catch(() => undefined);
+      throw err;
+    }
     mongoUri = `mongodb://127.0.0.1:${mongoPort}/`;
   }
   let raw: Promise<RawDb> | undefined;
