@@ -1,5 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer } from "../src/index.js";
+import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer, type UsageLedger } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
 import { CommandReplies } from "./command-replies.js";
 import { PartitionLeases } from "./partition-leases.js";
@@ -21,6 +21,7 @@ export interface HostResources extends ActorResources {
   config: Config;
   nc: NatsConnection;
   files: FileStore;
+  usage: ActorResources["usage"] & Pick<UsageLedger, "sweep">;
 }
 
 /**
@@ -126,6 +127,10 @@ export class ActorHost {
         }
       }
       await this.r.store.sweepRecords(now);
+      if (this.r.config.usageRetentionMs > 0) {
+        const usage = await this.r.usage.sweep(now - this.r.config.usageRetentionMs);
+        if (usage) this.r.log.info({ usage_records: usage }, "usage records past their retention removed");
+      }
       const swept = await this.r.files.sweep(now);
       if (swept.files || swept.uploads) this.r.log.info(swept, "expired files and upload records removed");
       const partitions = this.r.config.partitions;

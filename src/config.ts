@@ -45,6 +45,13 @@ const EnvSchema = z.object({
   RUNS_FILE_RETENTION_SOLO_S: intFromEnv(7 * DAY_S, 1),
   RUNS_FILE_RETENTION_BUSINESS_S: intFromEnv(30 * DAY_S, 1),
   RUNS_SWEEP_INTERVAL_MS: intFromEnv(60_000, 100),
+  // 0 keeps them for good; otherwise at least a month and a day: budgets sum the month so far.
+  RUNS_USAGE_RETENTION_DAYS: z.coerce
+    .number()
+    .int()
+    .refine((days) => days === 0 || days >= 32, "0 (keep usage records for good) or at least 32 days (budgets sum the month so far)")
+    .optional()
+    .transform((days) => days ?? 400),
   RUNS_AUTH_CACHE_MS: intFromEnv(2_000, 0),
   RUNS_ACTIVE_TURNS_SOLO: intFromEnv(10, 1),
   RUNS_ACTIVE_TURNS_BUSINESS: intFromEnv(200, 1),
@@ -113,6 +120,8 @@ export interface Config {
   routeRetryMs: number;
   retention: RetentionConfig;
   sweepIntervalMs: number;
+  /** How long usage records are kept after their turn, in ms; 0: for good. */
+  usageRetentionMs: number;
   authCacheMs: number;
   /** Active turns a workspace may run at once, per plan. */
   activeTurnLimit: { solo: number; business: number };
@@ -218,6 +227,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       fileS: { solo: e.RUNS_FILE_RETENTION_SOLO_S, business: e.RUNS_FILE_RETENTION_BUSINESS_S },
     },
     sweepIntervalMs: e.RUNS_SWEEP_INTERVAL_MS,
+    usageRetentionMs: e.RUNS_USAGE_RETENTION_DAYS * DAY_S * 1000,
     authCacheMs: e.RUNS_AUTH_CACHE_MS,
     activeTurnLimit: { solo: e.RUNS_ACTIVE_TURNS_SOLO, business: e.RUNS_ACTIVE_TURNS_BUSINESS },
     tagScanLimit: e.RUNS_TAG_SCAN_LIMIT,

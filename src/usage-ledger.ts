@@ -68,9 +68,18 @@ export class UsageLedger implements UsageRecorder {
     this.budgets = db.collection<BudgetDoc>(BUDGETS_COLLECTION);
   }
 
-  /** Creates the summary index; safe on every start. */
+  /** Creates the summary and retention indexes; safe on every start. */
   async provision(): Promise<void> {
     await guard(() => this.records.createIndex({ workspace_id: 1, at: 1 }, { name: "ws_at" }));
+    await guard(() => this.records.createIndex({ at: 1 }, { name: "at" }));
+  }
+
+  /**
+   * Removes the records of turns that ended before `beforeMs` (the retention sweep; every
+   * node runs it, and a record removed twice is removed once). How many were removed.
+   */
+  async sweep(beforeMs: number): Promise<number> {
+    return (await guard(() => this.records.deleteMany({ at: { $lt: beforeMs } }))).deletedCount;
   }
 
   /** Calls `observer` for every record this process wrote first (the Prometheus counters). */

@@ -277,3 +277,46 @@ test("usage ledger - /metrics counts tokens by workspace, model and kind", async
   t.is(line("cache_read"), undefined, "no cache reads were reported");
   t.false(text.includes(`runs_cost_usd_total{workspace="${ws.id}"`), "an unpriced model has no cost");
 });
+
+test.serial("usage ledger - records are kept for RUNS_USAGE_RETENTION_DAYS after their turn, then swept; the sweep reads by the `at` index", async (t) => {
+  t.timeout(60_000);
+  const { servers } = t.context;
+  const DAY = 86_400_000;
+  // A node of its own, sweeping every 300 ms and keeping records for 32 days (the least allowed).
+  const service = await startTestService(servers, { RUNS_SWEEP_INTERVAL_MS: "300", RUNS_USAGE_RETENTION_DAYS: "32" });
+  try {
+    const ws = await newWorkspace(service);
+    const now = (await ws.api.post("/api/v1/runs", { agent: await countingAgent(ws, 11, 1), input: "x" })).body;
+    t.is(now.turn.status, "completed");
+    const raw = await servers.raw();
+    const usage = raw.db.collection("usage");
+    const workspaceId = (await usage.findOne({ run_id: now.id }))!.workspace_id as string;
+    const record = (id: string, ageDays: number) => ({
+      _id: id, workspace_id: workspaceId, run_id: now.id, agent_id: "agt_x", agent_version: 1, model: "faux/scripted", at: Date.now() - ageDays * DAY,
+      input_tokens: 1000, output_tokens: 100, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null,
+    });
+    await usage.insertMany([record("turn_usageold0000000001", 40), record("turn_usageold0000000002", 33), record("turn_usagemid0000000001", 31)] as never[]);
+
+    let left: string[] = [];
+    for (let i = 0; i < 100; i++) {
+      left = (await usage.find({ workspace_id: workspaceId }).toArray()).map((d) => String(d._id)).sort();
+      if (left.length === 2) break;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    t.is(left.length, 2, `left: ${left}`);
+    t.true(left.includes("turn_usagemid0000000001"), "31 days old: kept");
+    t.true(left.includes(now.turn.id), "this turn's: kept");
+    const s = (ms: number) => Math.floor(ms / 1000);
+    const summary = (await ws.api.get(`/api/v1/usage?from=${s(Date.now() - 45 * DAY)}&to=${s(Date.now() + 60_000)}`)).body;
+    t.deepEqual([summary.total.turns, summary.total.input_tokens], [2, 1011], "what is left is what a summary counts");
+
+    if (!process.env.RUNS_TEST_MONGODB_URI) {
+      // The embedded store answers the sweep's condition from the `at` index (a scan would read every workspace's records).
+      const explained = await raw.db.command({ explain: { find: "usage", filter: { at: { $lt: Date.now() - 32 * DAY } } } });
+      const plan = (explained.queryPlanner?.Plan ?? []) as string[];
+      t.true(plan.some((line) => /SEARCH \S+ USING (COVERING )?INDEX \S+_at /.test(line) && !/_ws_at /.test(line)), plan.join(" | "));
+    }
+  } finally {
+    await service.close();
+  }
+});

@@ -40,3 +40,14 @@ test("config - RUNS_EVENT_ID_VERSION: 3 by default, 2 while upgrading, anything 
   t.regex(err!.message, /RUNS_EVENT_ID_VERSION/);
   t.regex(err!.message, /allowed: 2, 3/);
 });
+
+test("config - RUNS_USAGE_RETENTION_DAYS: 400 days by default, 0 for good, at least 32 otherwise (budgets sum the month so far)", (t) => {
+  const DAY = 86_400_000;
+  t.is(loadConfig({}).usageRetentionMs, 400 * DAY);
+  t.is(loadConfig({ RUNS_USAGE_RETENTION_DAYS: "32" }).usageRetentionMs, 32 * DAY);
+  t.is(loadConfig({ RUNS_USAGE_RETENTION_DAYS: "0" }).usageRetentionMs, 0);
+  for (const value of ["31", "1", "-5", "2.5", "forever"]) {
+    const err = t.throws(() => loadConfig({ RUNS_USAGE_RETENTION_DAYS: value }), { instanceOf: ConfigurationError }, value);
+    t.regex(err!.message, /RUNS_USAGE_RETENTION_DAYS/, value);
+  }
+});
