@@ -128,8 +128,13 @@ export class ActorHost {
       }
       await this.r.store.sweepRecords(now);
       if (this.r.config.usageRetentionMs > 0) {
-        const usage = await this.r.usage.sweep(now - this.r.config.usageRetentionMs);
-        if (usage) this.r.log.info({ usage_records: usage }, "usage records past their retention removed");
+        // Apart: a ledger that cannot be swept now must not stop the sweeps after it.
+        try {
+          const usage = await this.r.usage.sweep(now - this.r.config.usageRetentionMs);
+          if (usage) this.r.log.info({ usage_records: usage }, "usage records past their retention removed");
+        } catch (err) {
+          this.r.log.warn({ err }, "usage sweep failed; retrying at the next interval");
+        }
       }
       const swept = await this.r.files.sweep(now);
       if (swept.files || swept.uploads) this.r.log.info(swept, "expired files and upload records removed");

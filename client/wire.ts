@@ -501,7 +501,7 @@ export interface paths {
         };
         /**
          * Usage and cost of the workspace
-         * @description Totals of the workspace's final turns in [from, to), bucketed, and its budget's state. Read from a ledger written as each turn becomes final: runs deleted or expired since still count. Scope: run:read.
+         * @description Totals of the workspace's final turns in [from, to), bucketed, and its budget's state. Read from a ledger written as each turn becomes final: runs deleted or expired since still count. Records are kept for the service's RUNS_USAGE_RETENTION_DAYS (400 days by default), so a range further back counts only what is left. Scope: run:read.
          */
         get: operations["getUsage"];
         put?: never;

@@ -229,7 +229,7 @@ export const UsageSummarySchema = named(
     data: z.array(UsageBucketSchema).describe("group_by=day: by day ascending; otherwise the largest cost first, then tokens."),
     budget: BudgetSchema.nullable().describe("null when the workspace has no budget."),
   }),
-  "A workspace's usage in [from, to), from a ledger written as turns become final (deleted and expired runs still count).",
+  "A workspace's usage in [from, to), from a ledger written as turns become final (deleted and expired runs still count; records are kept for RUNS_USAGE_RETENTION_DAYS, 400 days by default, so a range further back counts less).",
 );
 
 export const BudgetRequestSchema = named(

@@ -28,7 +28,6 @@ export function toolPath(name: string): string {
   return file;
 }
 
-/** A free TCP port on the loopback interface. */
 /**
  * A loopback port nothing listens on now, and not one this process handed out in the last
  * minute: the kernel may give a port that was just probed and closed to the next probe

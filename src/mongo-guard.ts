@@ -3,7 +3,7 @@
  * transient ones become {@link StoreUnavailableError} (answered 503), a unique index's
  * refusal is recognised, and an insert can be "once".
  */
-import { MongoError, MongoNetworkError, type Document } from "mongodb";
+import { type Collection, type Document, type Filter, MongoError, MongoNetworkError } from "mongodb";
 import type { InsertBatcher } from "./insert-batcher.js";
 
 /** The store could not be reached or answered with a transient failure. */
@@ -75,3 +75,39 @@ export async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, 
     throw err;
   }
 }
+
+/** Documents one sweep step removes at most (see {@link deleteOldest}). */
+export const SWEEP_BATCH = 1_000;
+/** Steps of one sweep at most: the rest waits for the next sweep. */
+export const SWEEP_BATCHES = 20;
+
+/**
+ * Removes the documents whose `field` (a number, indexed) is below `before`, oldest first,
+ * in steps of at most {@link SWEEP_BATCH} (plus documents tied with a step's last), and
+ * at most {@link SWEEP_BATCHES} steps; how many were removed. Never one `deleteMany` over
+ * everything that is due: FerretDB reads all the matches and deletes them in one SQL
+ * statement with a bound variable each (SQLite takes at most 32,766, so a larger backlog
+ * failed at every sweep), holding its one writer meanwhile. Each step is an index range:
+ * the `field` of the step's last document bounds its delete. Both ends are given: the
+ * embedded store serves a sort from an index only for a number range bounded on both
+ * sides (10x faster at 20,000 due; else it reads every due document at each step).
+ */
+export async function deleteOldest<T extends Document>(collection: Collection<T>, field: string, before: number): Promise<number> {
+  let removed = 0;
+  for (let step = 0; step < SWEEP_BATCHES; step++) {
+    const oldest = await guard(() =>
+      collection
+        .find({ [field]: { $gte: Number.MIN_SAFE_INTEGER, $lt: before } } as Filter<T>, { projection: { [field]: 1 } })
+        .sort({ [field]: 1 })
+        .limit(SWEEP_BATCH)
+        .toArray(),
+    );
+    if (oldest.length === 0) break;
+    const last = Number((oldest[oldest.length - 1] as Record<string, unknown>)[field]);
+    const bound = oldest.length < SWEEP_BATCH ? { $gte: Number.MIN_SAFE_INTEGER, $lt: before } : { $gte: Number.MIN_SAFE_INTEGER, $lte: last, $lt: before };
+    removed += (await guard(() => collection.deleteMany({ [field]: bound } as Filter<T>))).deletedCount;
+    if (oldest.length < SWEEP_BATCH) break;
+  }
+  return removed;
+}
+

@@ -15,7 +15,7 @@ import { FreshReads } from "./fresh-reads.js";
 import { loadedTurn, storedTurnFields } from "./stored-json.js";
 import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
-import { guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
+import { deleteOldest, guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
 
 /**
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
@@ -421,8 +421,8 @@ export class MongoStore implements RunStore {
 
   /** Forgets idempotency records and tombstones past their keeping time. */
   async sweepRecords(nowMs: number): Promise<void> {
-    await guard(() => this.idempotency.deleteMany({ expires_at: { $lte: nowMs } }));
-    await guard(() => this.tombstones.deleteMany({ expires_at: { $lte: nowMs } }));
+    await deleteOldest(this.idempotency, "expires_at", nowMs + 1);
+    await deleteOldest(this.tombstones, "expires_at", nowMs + 1);
   }
 
   // ---- tombstones -------------------------------------------------------------------

@@ -9,7 +9,7 @@
 import type { Collection, Db } from "mongodb";
 import { type Clock, unixSeconds } from "./clock.js";
 import { ApiError } from "./errors.js";
-import { guard, isDuplicateKey } from "./mongo-guard.js";
+import { deleteOldest, guard, isDuplicateKey } from "./mongo-guard.js";
 import { type Budget, budgetSpent, monthStart, nextMonthStart, NO_USAGE, pickUsage, type UsageGroup, type UsageRecordDoc, UsageTally, addUsage } from "./usage.js";
 import type { TurnUsage } from "./domain.js";
 
@@ -75,11 +75,12 @@ export class UsageLedger implements UsageRecorder {
   }
 
   /**
-   * Removes the records of turns that ended before `beforeMs` (the retention sweep; every
-   * node runs it, and a record removed twice is removed once). How many were removed.
+   * Removes the records of turns that ended before `beforeMs`, oldest first and a bounded
+   * number per call (the retention sweep; every node runs it, and a record removed twice
+   * is removed once). How many were removed.
    */
-  async sweep(beforeMs: number): Promise<number> {
-    return (await guard(() => this.records.deleteMany({ at: { $lt: beforeMs } }))).deletedCount;
+  sweep(beforeMs: number): Promise<number> {
+    return deleteOldest(this.records, "at", beforeMs);
   }
 
   /** Calls `observer` for every record this process wrote first (the Prometheus counters). */

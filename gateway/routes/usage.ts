@@ -21,7 +21,7 @@ export const USAGE_OPERATIONS = {
     operationId: "getUsage",
     summary: "Usage and cost of the workspace",
     description:
-      "Totals of the workspace's final turns in [from, to), bucketed, and its budget's state. Read from a ledger written as each turn becomes final: runs deleted or expired since still count.",
+      "Totals of the workspace's final turns in [from, to), bucketed, and its budget's state. Read from a ledger written as each turn becomes final: runs deleted or expired since still count. Records are kept for the service's RUNS_USAGE_RETENTION_DAYS (400 days by default), so a range further back counts only what is left.",
     tag: "usage",
     scope: "run:read",
     query: UsageQuerySchema,

@@ -1,0 +1,63 @@
+/**
+ * The sweeps remove what is due in bounded steps, never in one delete of everything due:
+ * FerretDB (the embedded store) reads all the matches of a delete and removes them in one
+ * SQL statement with a bound variable each, and SQLite takes at most 32,766, so a larger
+ * backlog (retention lowered, a store restored, a long outage) failed at every sweep.
+ * Real FerretDB and driver; the usage ledger and the idempotency records.
+ */
+import test from "ava";
+import { MongoClient } from "mongodb";
+import { SWEEP_BATCH, SWEEP_BATCHES } from "../../src/mongo-guard.js";
+import { MongoStore } from "../../src/mongo-store.js";
+import { UsageLedger } from "../../src/usage-ledger.js";
+import { systemClock } from "../../src/clock.js";
+import { startTestServers } from "../helpers/servers.js";
+
+const DUE = 33_000;
+
+test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded steps, oldest first; what is not due stays", async (t) => {
+  t.timeout(180_000);
+  const servers = await startTestServers();
+  const client = new MongoClient(servers.mongoUri, { maxPoolSize: 4 });
+  try {
+    const store = await MongoStore.over(client, servers.dbName);
+    await store.provision();
+    const db = client.db(servers.dbName);
+    const ledger = new UsageLedger(db, systemClock);
+    await ledger.provision();
+    const usage = db.collection<{ _id: string; at: number }>("usage");
+    const cutoff = 1_000_000_000;
+    const record = (i: number, at: number) => ({
+      _id: `turn_sweep${String(i).padStart(10, "0")}`, workspace_id: "ws_sweep", run_id: "run_sweep", agent_id: "agt_sweep", agent_version: 1, model: "faux/scripted", at,
+      input_tokens: 1, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null,
+    });
+    for (let from = 0; from < DUE; from += 5_000) {
+      await usage.insertMany(Array.from({ length: Math.min(5_000, DUE - from) }, (_, k) => record(from + k, 1_000 + from + k)) as never[], { ordered: false });
+    }
+    await usage.insertMany(Array.from({ length: 10 }, (_, k) => record(DUE + k, cutoff + k)) as never[]);
+
+    if (!process.env.RUNS_TEST_MONGODB_URI) {
+      // What the sweep did before: one delete of everything due. The embedded store refuses it.
+      await t.throwsAsync(usage.deleteMany({ at: { $lt: cutoff } }), undefined, "one delete of 33,000 documents fails on FerretDB/SQLite");
+      t.is(await usage.countDocuments({}), DUE + 10, "and removes nothing");
+    }
+
+    const perSweep = SWEEP_BATCH * SWEEP_BATCHES;
+    t.is(await ledger.sweep(cutoff), perSweep, "one sweep removes its bound");
+    t.is(await usage.countDocuments({ at: { $lt: 1_000 + perSweep } }), 0, "the oldest first");
+    t.is(await ledger.sweep(cutoff), DUE - perSweep, "the next sweep the rest");
+    t.is(await ledger.sweep(cutoff), 0);
+    t.deepEqual((await usage.find({}).toArray()).map((d) => d.at), Array.from({ length: 10 }, (_, k) => cutoff + k), "not due: kept");
+
+    // The idempotency records' sweep takes the same steps (ties on a step's last time go with it).
+    const idempotency = db.collection("idempotency");
+    await idempotency.insertMany(Array.from({ length: 2_500 }, (_, i) => ({ _id: `idem_${i}`, expires_at: 5_000 + Math.floor(i / 10) })) as never[]);
+    await idempotency.insertOne({ _id: "idem_live", expires_at: Date.now() + 60_000 } as never);
+    await store.sweepRecords(Date.now());
+    t.deepEqual((await idempotency.find({}).toArray()).map((d) => d._id), ["idem_live"]);
+    await store.close();
+  } finally {
+    await client.close();
+    await servers.stop();
+  }
+});
