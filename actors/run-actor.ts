@@ -1,6 +1,6 @@
 import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
-import { inputText } from "./turn-input.js";
+import { inputText, withRetries } from "./turn-input.js";
 import { removeRunWorkspace, workspaceDirOf } from "./run-workspace.js";
 import { TurnExecution, waitingTranscript } from "./turn-execution.js";
 import type { ActorResources } from "./actor-resources.js";
@@ -615,12 +615,19 @@ export class RunActor {
     this.run = null;
     this.stopped = true;
     await this.appender?.flush().catch(() => undefined);
-    await this.r.store.deleteTurnsOf(run._id);
-    await this.r.events.purge({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }).catch((err) =>
-      this.r.log.warn({ err, run_id: run._id }, "could not purge the run's events; their retention removes them"),
-    );
-    await removeRunWorkspace(this.workspaceDir(run));
-    await this.r.checkpoints.remove(run._id);
+    // The run is gone from here on: each of its parts is removed whatever became of the
+    // others (a failure used to skip the parts after it, kept for good).
+    const remove = async (part: string, work: () => Promise<unknown>) => {
+      try {
+        await work();
+      } catch (err) {
+        this.r.log.warn({ err, run_id: run._id }, `could not remove the deleted run's ${part}`);
+      }
+    };
+    await remove("turns", () => withRetries(this.r.clock, () => this.r.store.deleteTurnsOf(run._id)));
+    await remove("events (their retention removes them)", () => this.r.events.purge({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }));
+    await remove("workspace directory", () => removeRunWorkspace(this.workspaceDir(run)));
+    await remove("checkpoint", () => this.r.checkpoints.remove(run._id));
     this.r.log.info({ run_id: run._id, reason }, "run removed");
   }
 

@@ -35,7 +35,7 @@ export interface RunStore {
   updateTurnFenced(id: string, epoch: number, set: Partial<TurnDoc>): Promise<void>;
   /** A run's turns in order; transcripts only when asked for. */
   listTurns(runId: string, options?: { afterIndex?: number; limit?: number; withTranscript?: boolean }): Promise<TurnDoc[]>;
-  deleteTurnsOf(runId: string): Promise<unknown>;
+  deleteTurnsOf(runId: string): Promise<void>;
   insertTombstone(doc: TombstoneDoc): Promise<void>;
   /** The agent's active version, or null (no agent, or none active). */
   activeVersionOf(agentId: string): Promise<number | null>;

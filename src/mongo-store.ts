@@ -15,7 +15,7 @@ import { FreshReads } from "./fresh-reads.js";
 import { loadedTurn, storedTurnFields } from "./stored-json.js";
 import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
-import { deleteOldest, guard, insertOnce, isDuplicateKey, StoreUnavailableError } from "./mongo-guard.js";
+import { deleteOldest, guard, insertOnce, isDuplicateKey, StoreUnavailableError, SWEEP_BATCH } from "./mongo-guard.js";
 
 /**
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
@@ -405,8 +405,19 @@ export class MongoStore implements RunStore {
     if (r.deletedCount === 0) throw new FencedError(id);
   }
 
-  deleteTurnsOf(runId: string): Promise<unknown> {
-    return guard(() => this.turns.deleteMany({ run_id: runId }));
+  /**
+   * Removes a run's turns in ranges of {@link SWEEP_BATCH} turn indexes, never in one
+   * delete: the embedded store deletes every match of a delete in one SQL statement with a
+   * variable each, at most 32,766 (a run with more turns could never be removed). Each
+   * range is a seek of the (run_id, index) index; then a last delete takes anything else.
+   */
+  async deleteTurnsOf(runId: string): Promise<void> {
+    const everyIndex = { $gte: 0, $lte: Number.MAX_SAFE_INTEGER };
+    const [last] = await guard(() => this.turns.find({ run_id: runId, index: everyIndex }, { projection: { index: 1 } }).sort({ index: -1 }).limit(1).toArray());
+    for (let from = 0; last && from <= last.index; from += SWEEP_BATCH) {
+      await guard(() => this.turns.deleteMany({ run_id: runId, index: { $gte: from, $lt: from + SWEEP_BATCH } }));
+    }
+    await guard(() => this.turns.deleteMany({ run_id: runId }));
   }
 
   /** Runs of these partitions whose retention ran out. */

@@ -95,9 +95,8 @@ export class MemoryRunStore implements RunStore {
       .slice(0, options.limit ?? Infinity)
       .map((turn) => (options.withTranscript ? clone(turn) : { ...clone(turn), transcript: [] }));
   }
-  async deleteTurnsOf(runId: string): Promise<unknown> {
+  async deleteTurnsOf(runId: string): Promise<void> {
     for (const [id, turn] of this.turns) if (turn.run_id === runId) this.turns.delete(id);
-    return undefined;
   }
   async insertTombstone(doc: TombstoneDoc): Promise<void> {
     if (!this.tombstones.has(doc._id)) this.tombstones.set(doc._id, clone(doc));

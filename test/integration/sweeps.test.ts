@@ -11,7 +11,7 @@ import { SWEEP_BATCH, SWEEP_BATCHES } from "../../src/mongo-guard.js";
 import { MongoStore } from "../../src/mongo-store.js";
 import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
-import { startTestServers } from "../helpers/servers.js";
+import { newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
 
 const DUE = 33_000;
 
@@ -58,6 +58,32 @@ test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded st
     await store.close();
   } finally {
     await client.close();
+    await servers.stop();
+  }
+});
+
+test("sweeps - deleting a run with more turns than one delete can take (33,000) removes every turn, then its other parts", async (t) => {
+  t.timeout(180_000);
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  try {
+    const ws = await newWorkspace(service);
+    const run = (await ws.api.post("/api/v1/runs", { agent: await ws.api.agentWith({ model: "faux/scripted" }), input: "one" })).body;
+    t.is(run.turn.status, "completed");
+    const raw = await servers.raw();
+    const first = (await raw.turns.findOne({ run_id: run.id }))!;
+    // The run's other turns, as a long-lived run would have them (written here: 33,000 real turns take too long).
+    for (let from = 1; from <= DUE; from += 5_000) {
+      const turns = Array.from({ length: Math.min(5_000, DUE + 1 - from) }, (_, k) => ({ ...first, _id: `${first._id}_${from + k}`, index: from + k }));
+      await raw.turns.insertMany(turns as never[], { ordered: false });
+    }
+    t.is(await raw.turns.countDocuments({ run_id: run.id }), DUE + 1);
+    const deleted = await ws.api.request("DELETE", `/api/v1/runs/${run.id}`, { idempotencyKey: `del-${run.id}` });
+    t.is(deleted.status, 200, JSON.stringify(deleted.body));
+    t.is(await raw.turns.countDocuments({ run_id: run.id }), 0, "every turn removed");
+    t.is((await ws.api.get(`/api/v1/runs/${run.id}`)).status, 404);
+  } finally {
+    await service.close();
     await servers.stop();
   }
 });
