@@ -87,6 +87,9 @@ const IN_FLIGHT = "in flight";
 export const MAX_WEBHOOKS_PER_WORKSPACE = 50;
 /** How long a finished delivery (delivered or failed) stays in the log. */
 export const DELIVERY_LOG_MS = 7 * 24 * 3600 * 1000;
+
+/** Steps of 1,000 deliveries an endpoint's delete removes its log in, at most (200,000 deliveries). */
+export const DELETE_LOG_STEPS = 200;
 /** How long a node trusts its list of a workspace's endpoints (its own changes apply at once). */
 const ENDPOINTS_TTL_MS = 2_000;
 
@@ -236,13 +239,36 @@ export class WebhookStore {
     return updated ? { doc: updated, secret } : null;
   }
 
-  /** Deletes an endpoint and its deliveries' records; false when there was none. */
+  /**
+   * Deletes an endpoint and its deliveries' records; false when there was none. The log goes
+   * 1,000 deliveries (and their attempts) at a time, at most {@link DELETE_LOG_STEPS} steps:
+   * the embedded store deletes every match of one delete in one SQL statement with a
+   * variable each (at most 32,766), so a busy endpoint's week of deliveries could not be
+   * deleted at once (the request answered 500). Once the endpoint is gone, a log that cannot
+   * be removed now is left to the log's sweep, not answered as a failure.
+   */
   async delete(workspaceId: string, id: string): Promise<boolean> {
     const deleted = await guard(() => this.endpoints.deleteOne({ _id: id, workspace_id: workspaceId }));
     this.cache.delete(workspaceId);
     if (deleted.deletedCount === 0) return false;
-    await guard(() => this.deliveries.deleteMany({ webhook_id: id }));
-    await guard(() => this.attempts.deleteMany({ webhook_id: id }));
+    try {
+      for (let step = 0; step < DELETE_LOG_STEPS; step++) {
+        // Newest first by the webhook_created index; a number range bounded on both sides is
+        // what the embedded store serves sorted from an index, so it reads 1,000 rows, not all.
+        const everyTime = { $gte: Number.MIN_SAFE_INTEGER, $lte: Number.MAX_SAFE_INTEGER };
+        const batch = await guard(() =>
+          this.deliveries.find({ webhook_id: id, created_at: everyTime }, { projection: { _id: 1, created_at: 1 } }).sort({ created_at: -1 }).limit(1_000).toArray(),
+        );
+        if (batch.length === 0) break;
+        const ids = batch.map((d) => d._id);
+        await guard(() => this.attempts.deleteMany({ delivery_id: { $in: ids } }));
+        // The batch's time range seeks the same index (`_id: {$in}` alone reads the collection).
+        const range = { $gte: batch[batch.length - 1]!.created_at, $lte: Number.MAX_SAFE_INTEGER };
+        await guard(() => this.deliveries.deleteMany({ webhook_id: id, created_at: range, _id: { $in: ids } }));
+      }
+    } catch {
+      // The log's sweep removes what is left (finished deliveries of a deleted endpoint).
+    }
     return true;
   }
 

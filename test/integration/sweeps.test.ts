@@ -74,14 +74,49 @@ test("sweeps - deleting a run with more turns than one delete can take (33,000) 
     const first = (await raw.turns.findOne({ run_id: run.id }))!;
     // The run's other turns, as a long-lived run would have them (written here: 33,000 real turns take too long).
     for (let from = 1; from <= DUE; from += 5_000) {
-      const turns = Array.from({ length: Math.min(5_000, DUE + 1 - from) }, (_, k) => ({ ...first, _id: `${first._id}_${from + k}`, index: from + k }));
+      const turns = Array.from({ length: Math.min(5_000, DUE + 1 - from) }, (_, k) => ({ ...first, _id: `${first._id}_${from + k}`, index: from + k, transcript: [], output: [] }));
       await raw.turns.insertMany(turns as never[], { ordered: false });
     }
     t.is(await raw.turns.countDocuments({ run_id: run.id }), DUE + 1);
+    const began = Date.now();
     const deleted = await ws.api.request("DELETE", `/api/v1/runs/${run.id}`, { idempotencyKey: `del-${run.id}` });
+    t.log(`deleted in ${Date.now() - began} ms`);
     t.is(deleted.status, 200, JSON.stringify(deleted.body));
     t.is(await raw.turns.countDocuments({ run_id: run.id }), 0, "every turn removed");
     t.is((await ws.api.get(`/api/v1/runs/${run.id}`)).status, 404);
+  } finally {
+    await service.close();
+    await servers.stop();
+  }
+});
+
+test("sweeps - deleting a webhook whose delivery log outgrew one delete (33,000 deliveries) answers deleted and removes the log", async (t) => {
+  t.timeout(180_000);
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  try {
+    const ws = await newWorkspace(service);
+    const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/hook", event_types: ["*"] })).body;
+    const raw = await servers.raw();
+    const deliveries = raw.db.collection("webhook_deliveries");
+    const attempts = raw.db.collection("webhook_attempts");
+    const now = Date.now();
+    const delivery = (i: number) => ({
+      _id: `whd_sweep${String(i).padStart(10, "0")}`, workspace_id: "ws_other", webhook_id: hook.id, partition: 0, run_id: null, message_id: `msg_${i}`,
+      event_type: "turn.completed", body: "{}", status: "delivered", attempts: 1, next_attempt_at: now, last_attempt: null, created_at: now - i, completed_at: now,
+    });
+    for (let from = 0; from < DUE; from += 5_000) {
+      await deliveries.insertMany(Array.from({ length: Math.min(5_000, DUE - from) }, (_, k) => delivery(from + k)) as never[], { ordered: false });
+    }
+    t.log(`inserted in ${Date.now() - now} ms`);
+    await attempts.insertMany([0, 1, DUE - 1].map((i) => ({ _id: `wha_sweep${i}`, delivery_id: delivery(i)._id, webhook_id: hook.id, n: 1 })) as never[]);
+    const began = Date.now();
+    const deleted = await ws.api.request("DELETE", `/api/v1/webhooks/${hook.id}`);
+    t.log(`deleted in ${Date.now() - began} ms`);
+    t.is(deleted.status, 200, JSON.stringify(deleted.body));
+    t.deepEqual(deleted.body, { id: hook.id, object: "webhook.deleted", deleted: true });
+    t.is(await deliveries.countDocuments({ webhook_id: hook.id }), 0, "the delivery log removed");
+    t.is(await attempts.countDocuments({ webhook_id: hook.id }), 0, "and its attempts");
   } finally {
     await service.close();
     await servers.stop();
