@@ -126,9 +126,13 @@ export class ActorHost {
           this.actors.delete(run._id);
         }
       }
-      await this.r.store.sweepRecords(now);
+      // Each apart: one that cannot be swept now must not stop the sweeps after it.
+      try {
+        await this.r.store.sweepRecords(now);
+      } catch (err) {
+        this.r.log.warn({ err }, "idempotency and tombstone sweep failed; retrying at the next interval");
+      }
       if (this.r.config.usageRetentionMs > 0) {
-        // Apart: a ledger that cannot be swept now must not stop the sweeps after it.
         try {
           const usage = await this.r.usage.sweep(now - this.r.config.usageRetentionMs);
           if (usage) this.r.log.info({ usage_records: usage }, "usage records past their retention removed");

@@ -78,23 +78,31 @@ export async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, 
 
 /** Documents one sweep step removes at most (see {@link deleteOldest}). */
 export const SWEEP_BATCH = 1_000;
-/** Steps of one sweep at most: the rest waits for the next sweep. */
-export const SWEEP_BATCHES = 20;
+
+/** Bounds of one sweep of a collection: steps, and time (a step is begun only within it). */
+export interface SweepBounds {
+  maxSteps: number;
+  budgetMs: number;
+}
+
+/** 1,000 steps within 10 s: a backlog of a million clears in one sweep when the store keeps up. */
+export const SWEEP_BOUNDS: SweepBounds = { maxSteps: 1_000, budgetMs: 10_000 };
 
 /**
  * Removes the documents whose `field` (a number, indexed) is below `before`, oldest first,
- * in steps of at most {@link SWEEP_BATCH} (plus documents tied with a step's last), and
- * at most {@link SWEEP_BATCHES} steps; how many were removed. Never one `deleteMany` over
- * everything that is due: FerretDB reads all the matches and deletes them in one SQL
+ * in steps of at most {@link SWEEP_BATCH} (plus documents tied with a step's last), while
+ * steps come back full and within `bounds`; how many were removed. Never one `deleteMany`
+ * over everything that is due: FerretDB reads all the matches and deletes them in one SQL
  * statement with a bound variable each (SQLite takes at most 32,766, so a larger backlog
  * failed at every sweep), holding its one writer meanwhile. Each step is an index range:
  * the `field` of the step's last document bounds its delete. Both ends are given: the
  * embedded store serves a sort from an index only for a number range bounded on both
  * sides (10x faster at 20,000 due; else it reads every due document at each step).
  */
-export async function deleteOldest<T extends Document>(collection: Collection<T>, field: string, before: number): Promise<number> {
+export async function deleteOldest<T extends Document>(collection: Collection<T>, field: string, before: number, bounds: SweepBounds = SWEEP_BOUNDS): Promise<number> {
+  const until = Date.now() + bounds.budgetMs;
   let removed = 0;
-  for (let step = 0; step < SWEEP_BATCHES; step++) {
+  for (let step = 0; step < bounds.maxSteps && (step === 0 || Date.now() < until); step++) {
     const oldest = await guard(() =>
       collection
         .find({ [field]: { $gte: Number.MIN_SAFE_INTEGER, $lt: before } } as Filter<T>, { projection: { [field]: 1 } })
@@ -110,4 +118,3 @@ export async function deleteOldest<T extends Document>(collection: Collection<T>
   }
   return removed;
 }
-

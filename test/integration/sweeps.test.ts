@@ -7,7 +7,7 @@
  */
 import test from "ava";
 import { MongoClient } from "mongodb";
-import { SWEEP_BATCH, SWEEP_BATCHES } from "../../src/mongo-guard.js";
+import { deleteOldest, SWEEP_BATCH } from "../../src/mongo-guard.js";
 import { MongoStore } from "../../src/mongo-store.js";
 import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
@@ -42,19 +42,23 @@ test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded st
       t.is(await usage.countDocuments({}), DUE + 10, "and removes nothing");
     }
 
-    const perSweep = SWEEP_BATCH * SWEEP_BATCHES;
-    t.is(await ledger.sweep(cutoff), perSweep, "one sweep removes its bound");
-    t.is(await usage.countDocuments({ at: { $lt: 1_000 + perSweep } }), 0, "the oldest first");
-    t.is(await ledger.sweep(cutoff), DUE - perSweep, "the next sweep the rest");
+    // A sweep's bounds: steps, and time (the first step is always taken).
+    t.is(await deleteOldest(usage, "at", cutoff, { maxSteps: 20, budgetMs: 60_000 }), 20 * SWEEP_BATCH, "20 steps of 1,000");
+    t.is(await usage.countDocuments({ at: { $lt: 1_000 + 20 * SWEEP_BATCH } }), 0, "the oldest first");
+    t.is(await deleteOldest(usage, "at", cutoff, { maxSteps: 1_000, budgetMs: 0 }), SWEEP_BATCH, "no time left: one step");
+    // The ledger's sweep takes the rest of the backlog at once (it is well within its bounds).
+    t.is(await ledger.sweep(cutoff), DUE - 21 * SWEEP_BATCH);
     t.is(await ledger.sweep(cutoff), 0);
     t.deepEqual((await usage.find({}).toArray()).map((d) => d.at), Array.from({ length: 10 }, (_, k) => cutoff + k), "not due: kept");
 
-    // The idempotency records' sweep takes the same steps (ties on a step's last time go with it).
+    // The idempotency records' sweep takes the same steps: times tied across a step's end go
+    // with it, a record due exactly now goes, one due a millisecond later stays.
     const idempotency = db.collection("idempotency");
-    await idempotency.insertMany(Array.from({ length: 2_500 }, (_, i) => ({ _id: `idem_${i}`, expires_at: 5_000 + Math.floor(i / 10) })) as never[]);
-    await idempotency.insertOne({ _id: "idem_live", expires_at: Date.now() + 60_000 } as never);
-    await store.sweepRecords(Date.now());
-    t.deepEqual((await idempotency.find({}).toArray()).map((d) => d._id), ["idem_live"]);
+    const now = 9_000_000;
+    await idempotency.insertMany(Array.from({ length: 2_500 }, (_, i) => ({ _id: `idem_${i}`, expires_at: 5_000 + Math.floor(i / 7) })) as never[]);
+    await idempotency.insertMany([{ _id: "idem_now", expires_at: now }, { _id: "idem_later", expires_at: now + 1 }] as never[]);
+    await store.sweepRecords(now);
+    t.deepEqual((await idempotency.find({}).toArray()).map((d) => d._id), ["idem_later"]);
     await store.close();
   } finally {
     await client.close();

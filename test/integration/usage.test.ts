@@ -311,10 +311,13 @@ test.serial("usage ledger - records are kept for RUNS_USAGE_RETENTION_DAYS after
     t.deepEqual([summary.total.turns, summary.total.input_tokens], [2, 1011], "what is left is what a summary counts");
 
     if (!process.env.RUNS_TEST_MONGODB_URI) {
-      // The embedded store answers the sweep's condition from the `at` index (a scan would read every workspace's records).
-      const explained = await raw.db.command({ explain: { find: "usage", filter: { at: { $lt: Date.now() - 32 * DAY } } } });
+      // The embedded store answers the sweep's step (the oldest due, sorted, 1,000) from the `at`
+      // index, in order: a scan would read every workspace's records, an unsorted read every due one.
+      const step = { find: "usage", filter: { at: { $gte: Number.MIN_SAFE_INTEGER, $lt: Date.now() - 32 * DAY } }, sort: { at: 1 }, limit: 1_000 };
+      const explained = await raw.db.command({ explain: step });
       const plan = (explained.queryPlanner?.Plan ?? []) as string[];
       t.true(plan.some((line) => /SEARCH \S+ USING (COVERING )?INDEX \S+_at /.test(line) && !/_ws_at /.test(line)), plan.join(" | "));
+      t.true(explained.sortPushdown, "sorted by the index");
     }
   } finally {
     await service.close();
