@@ -11,6 +11,8 @@ import { deleteOldest, SWEEP_BATCH } from "../../src/mongo-guard.js";
 import { MongoStore } from "../../src/mongo-store.js";
 import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
+import { Ids } from "../../src/ids.js";
+import { WebhookStore } from "../../src/webhooks.js";
 import { newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
 
 const DUE = 33_000;
@@ -123,6 +125,46 @@ test("sweeps - deleting a webhook whose delivery log outgrew one delete (33,000 
     t.is(await attempts.countDocuments({ webhook_id: hook.id }), 0, "and its attempts");
   } finally {
     await service.close();
+    await servers.stop();
+  }
+});
+
+test("sweeps - the webhook delivery log's sweep takes every finished delivery past the log's week in steps, by its index; pending and recent ones stay", async (t) => {
+  t.timeout(120_000);
+  const servers = await startTestServers();
+  const client = new MongoClient(servers.mongoUri, { maxPoolSize: 4 });
+  try {
+    const db = client.db(servers.dbName);
+    const store = new WebhookStore(db, Buffer.alloc(32, 7).toString("base64"), systemClock, Ids);
+    await store.provision();
+    const deliveries = db.collection("webhook_deliveries");
+    const attempts = db.collection("webhook_attempts");
+    const before = 1_000_000;
+    const delivery = (i: number, status: string, completedAt: number | null, partition = 7) => ({
+      _id: `whd_log${String(i).padStart(8, "0")}`, workspace_id: "ws_log", webhook_id: "wh_log", partition, run_id: null, message_id: `m${i}`,
+      event_type: "turn.completed", body: "{}", status, attempts: 1, next_attempt_at: 0, last_attempt: null, created_at: i, completed_at: completedAt,
+    });
+    const old = Array.from({ length: 2_500 }, (_, i) => delivery(i, i % 2 ? "delivered" : "failed", 10 + i));
+    const stay = [delivery(90_001, "pending", null), delivery(90_002, "delivered", before + 5), delivery(90_003, "delivered", 10, 8)];
+    await deliveries.insertMany([...old, ...stay] as never[]);
+    await attempts.insertMany([0, 1_999, 2_499, 90_002].map((i) => ({ _id: `wha_log${i}`, delivery_id: `whd_log${String(i).padStart(8, "0")}`, webhook_id: "wh_log", n: 1 })) as never[]);
+
+    t.is(await store.sweep([7], before, { maxSteps: 1, budgetMs: 60_000 }), SWEEP_BATCH, "one step: 1,000");
+    t.is(await store.sweep([7], before), 1_500, "then the rest, in steps, in one sweep");
+    t.deepEqual((await deliveries.find({}).toArray()).map((d) => d._id).sort(), stay.map((d) => d._id), "pending, recent and other partitions' stay");
+    t.deepEqual((await attempts.find({}).toArray()).map((d) => d._id), ["wha_log90002"], "the removed deliveries' attempts went with them");
+
+    if (!process.env.RUNS_TEST_MONGODB_URI) {
+      // Each step's read and delete seek the `done` index: no scan of the log or the collection.
+      const finished = { status: { $in: ["delivered", "failed"] }, completed_at: { $gte: Number.MIN_SAFE_INTEGER, $lt: before } };
+      for (const filter of [{ ...finished, partition: { $in: [7] } }, { ...finished, _id: { $in: ["whd_log00000001"] } }]) {
+        const plan = ((await db.command({ explain: { find: "webhook_deliveries", filter } })).queryPlanner?.Plan ?? []) as string[];
+        t.true(plan.some((line) => /SEARCH \S+ USING INDEX \S+_done /.test(line)), plan.join(" | "));
+        t.false(plan.some((line) => /\bSCAN\b/.test(line)), plan.join(" | "));
+      }
+    }
+  } finally {
+    await client.close();
     await servers.stop();
   }
 });
