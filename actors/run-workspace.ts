@@ -10,6 +10,7 @@ import path from "node:path";
 import type { Logger } from "pino";
 import { type Clock, isTransientFailure, type RunDoc, type TurnErrorCode } from "../src/index.js";
 import { CheckpointCorruptError, CheckpointError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { withRetries } from "./turn-input.js";
 import type { Sandbox } from "./sandbox.js";
 
 export function workspaceDirOf(dataDir: string, runId: string): string {
@@ -34,25 +35,14 @@ export interface PreparedWorkspace {
   revision?: number;
 }
 
-/** Attempts of an object-store read that fails for a moment; pauses 0.2, 0.4, 0.8 and 1.6 s between them. */
-export const CHECKPOINT_READ_ATTEMPTS = 5;
-
 /**
  * A checkpoint read, again while the object store fails for a moment (a NATS server
  * restarting, a stream leader being elected): five attempts, 3 s of pauses between them,
- * each attempt bounded by its request's own timeout; any other failure, or the last, is
- * thrown. A checkpoint that cannot be extracted is never read again here (a stream cut
- * after its first chunk is reported so too: not retried).
+ * each attempt bounded by its request's own timeout. A checkpoint that cannot be extracted
+ * is never read again here (a stream cut after its first chunk is reported so too).
  */
-async function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>): Promise<T> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await read();
-    } catch (err) {
-      if (attempt >= CHECKPOINT_READ_ATTEMPTS || !(err instanceof CheckpointError) || !isTransientFailure(err.cause)) throw err;
-      await clock.sleep(200 * 2 ** (attempt - 1));
-    }
-  }
+function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>): Promise<T> {
+  return withRetries(clock, read, { attempts: 5, transient: (err) => err instanceof CheckpointError && isTransientFailure(err.cause) });
 }
 
 /**

@@ -48,14 +48,22 @@ export function inputText(input: InputPart[]): string {
     .join("\n");
 }
 
-/** Runs `work`, retrying transient failures up to three times with a short backoff. */
-export async function withRetries<T>(clock: Clock, work: () => Promise<T>): Promise<T> {
-  for (let attempt = 0; ; attempt++) {
+/**
+ * Runs `work`, again while it fails for a moment (`transient`, by default the store or NATS
+ * away): `attempts` in all (4 by default), pausing 0.2, 0.4, 0.8, 1.6 s… between them; any
+ * other failure, or the last, is thrown.
+ */
+export async function withRetries<T>(
+  clock: Pick<Clock, "sleep">,
+  work: () => Promise<T>,
+  { attempts = 4, transient = isTransientFailure }: { attempts?: number; transient?: (err: unknown) => boolean } = {},
+): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
     try {
       return await work();
     } catch (err) {
-      if (attempt >= 3 || !isTransientFailure(err)) throw err;
-      await clock.sleep(200 * 2 ** attempt);
+      if (attempt >= attempts || !transient(err)) throw err;
+      await clock.sleep(200 * 2 ** (attempt - 1));
     }
   }
 }
