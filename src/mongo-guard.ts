@@ -89,6 +89,21 @@ export interface SweepBounds {
 export const SWEEP_BOUNDS: SweepBounds = { maxSteps: 1_000, budgetMs: 10_000 };
 
 /**
+ * Runs `step` while it reports a full batch, within `bounds` (the first step always runs);
+ * what the steps removed, summed. The bounded deletes' one loop.
+ */
+export async function inSteps(bounds: SweepBounds, step: () => Promise<{ removed: number; full: boolean }>): Promise<number> {
+  const until = Date.now() + bounds.budgetMs;
+  let removed = 0;
+  for (let n = 0; n < bounds.maxSteps && (n === 0 || Date.now() < until); n++) {
+    const done = await step();
+    removed += done.removed;
+    if (!done.full) break;
+  }
+  return removed;
+}
+
+/**
  * Removes the documents whose `field` (a number, indexed) is below `before`, oldest first,
  * in steps of at most {@link SWEEP_BATCH} (plus documents tied with a step's last), while
  * steps come back full and within `bounds`; how many were removed. Never one `deleteMany`
@@ -99,22 +114,14 @@ export const SWEEP_BOUNDS: SweepBounds = { maxSteps: 1_000, budgetMs: 10_000 };
  * embedded store serves a sort from an index only for a number range bounded on both
  * sides (10x faster at 20,000 due; else it reads every due document at each step).
  */
-export async function deleteOldest<T extends Document>(collection: Collection<T>, field: string, before: number, bounds: SweepBounds = SWEEP_BOUNDS): Promise<number> {
-  const until = Date.now() + bounds.budgetMs;
-  let removed = 0;
-  for (let step = 0; step < bounds.maxSteps && (step === 0 || Date.now() < until); step++) {
-    const oldest = await guard(() =>
-      collection
-        .find({ [field]: { $gte: Number.MIN_SAFE_INTEGER, $lt: before } } as Filter<T>, { projection: { [field]: 1 } })
-        .sort({ [field]: 1 })
-        .limit(SWEEP_BATCH)
-        .toArray(),
-    );
-    if (oldest.length === 0) break;
+export function deleteOldest<T extends Document>(collection: Collection<T>, field: string, before: number, bounds: SweepBounds = SWEEP_BOUNDS): Promise<number> {
+  const due = { $gte: Number.MIN_SAFE_INTEGER, $lt: before };
+  return inSteps(bounds, async () => {
+    const oldest = await guard(() => collection.find({ [field]: due } as Filter<T>, { projection: { [field]: 1 } }).sort({ [field]: 1 }).limit(SWEEP_BATCH).toArray());
+    if (oldest.length === 0) return { removed: 0, full: false };
+    const full = oldest.length === SWEEP_BATCH;
     const last = Number((oldest[oldest.length - 1] as Record<string, unknown>)[field]);
-    const bound = oldest.length < SWEEP_BATCH ? { $gte: Number.MIN_SAFE_INTEGER, $lt: before } : { $gte: Number.MIN_SAFE_INTEGER, $lte: last, $lt: before };
-    removed += (await guard(() => collection.deleteMany({ [field]: bound } as Filter<T>))).deletedCount;
-    if (oldest.length < SWEEP_BATCH) break;
-  }
-  return removed;
+    const bound = full ? { ...due, $lte: last } : due;
+    return { removed: (await guard(() => collection.deleteMany({ [field]: bound } as Filter<T>))).deletedCount, full };
+  });
 }

@@ -13,7 +13,7 @@
 import type { Collection, Db } from "mongodb";
 import type { Clock } from "./clock.js";
 import { deriveLabelledKey, masterKeyBytes, open, seal } from "./event-crypto.js";
-import { guard, isDuplicateKey, SWEEP_BATCH, SWEEP_BOUNDS, type SweepBounds } from "./mongo-guard.js";
+import { guard, inSteps, isDuplicateKey, SWEEP_BATCH, SWEEP_BOUNDS, type SweepBounds } from "./mongo-guard.js";
 import { newWebhookSecret, WEBHOOK_TEST_EVENT, type WebhookEventType, wantsEvent } from "./webhook-signing.js";
 import type { IdSource } from "./ids.js";
 
@@ -89,7 +89,7 @@ export const MAX_WEBHOOKS_PER_WORKSPACE = 50;
 export const DELIVERY_LOG_MS = 7 * 24 * 3600 * 1000;
 
 /** Steps of 1,000 deliveries an endpoint's delete removes its log in, at most (200,000 deliveries). */
-export const DELETE_LOG_STEPS = 200;
+const DELETE_LOG_STEPS = 200;
 /** How long a node trusts its list of a workspace's endpoints (its own changes apply at once). */
 const ENDPOINTS_TTL_MS = 2_000;
 
@@ -253,20 +253,21 @@ export class WebhookStore {
     this.cache.delete(workspaceId);
     if (deleted.deletedCount === 0) return false;
     try {
-      for (let step = 0; step < DELETE_LOG_STEPS; step++) {
-        // Newest first by the webhook_created index; a number range bounded on both sides is
-        // what the embedded store serves sorted from an index, so it reads 1,000 rows, not all.
-        const everyTime = { $gte: Number.MIN_SAFE_INTEGER, $lte: Number.MAX_SAFE_INTEGER };
+      // Newest first by the webhook_created index; a number range bounded on both sides is
+      // what the embedded store serves sorted from an index, so it reads 1,000 rows, not all.
+      const everyTime = { $gte: Number.MIN_SAFE_INTEGER, $lte: Number.MAX_SAFE_INTEGER };
+      await inSteps({ maxSteps: DELETE_LOG_STEPS, budgetMs: Infinity }, async () => {
         const batch = await guard(() =>
-          this.deliveries.find({ webhook_id: id, created_at: everyTime }, { projection: { _id: 1, created_at: 1 } }).sort({ created_at: -1 }).limit(1_000).toArray(),
+          this.deliveries.find({ webhook_id: id, created_at: everyTime }, { projection: { _id: 1, created_at: 1 } }).sort({ created_at: -1 }).limit(SWEEP_BATCH).toArray(),
         );
-        if (batch.length === 0) break;
+        if (batch.length === 0) return { removed: 0, full: false };
         const ids = batch.map((d) => d._id);
         await guard(() => this.attempts.deleteMany({ delivery_id: { $in: ids } }));
         // The batch's time range seeks the same index (`_id: {$in}` alone reads the collection).
         const range = { $gte: batch[batch.length - 1]!.created_at, $lte: Number.MAX_SAFE_INTEGER };
         await guard(() => this.deliveries.deleteMany({ webhook_id: id, created_at: range, _id: { $in: ids } }));
-      }
+        return { removed: ids.length, full: batch.length === SWEEP_BATCH };
+      });
     } catch {
       // The log's sweep removes what is left (finished deliveries of a deleted endpoint).
     }
@@ -446,18 +447,14 @@ export class WebhookStore {
    */
   async sweep(partitions: number[], beforeMs: number, bounds: SweepBounds = SWEEP_BOUNDS): Promise<number> {
     const finished = { status: { $in: ["delivered", "failed"] as DeliveryStatus[] }, completed_at: { $gte: Number.MIN_SAFE_INTEGER, $lt: beforeMs } };
-    const until = Date.now() + bounds.budgetMs;
-    let removed = 0;
-    for (let step = 0; step < bounds.maxSteps && (step === 0 || Date.now() < until); step++) {
+    return inSteps(bounds, async () => {
       const old = await guard(() => this.deliveries.find({ ...finished, partition: { $in: partitions } }, { projection: { _id: 1 } }).limit(SWEEP_BATCH).toArray());
-      if (old.length === 0) break;
+      if (old.length === 0) return { removed: 0, full: false };
       const ids = old.map((d) => d._id);
       await guard(() => this.attempts.deleteMany({ delivery_id: { $in: ids } }));
       await guard(() => this.deliveries.deleteMany({ ...finished, _id: { $in: ids } }));
-      removed += ids.length;
-      if (old.length < SWEEP_BATCH) break;
-    }
-    return removed;
+      return { removed: ids.length, full: old.length === SWEEP_BATCH };
+    });
   }
 
   /** Every attempt of a delivery, in order. */
