@@ -6,22 +6,52 @@
  * Real FerretDB and driver; the usage ledger and the idempotency records.
  */
 import test from "ava";
-import { MongoClient } from "mongodb";
+import { type Collection, MongoClient } from "mongodb";
+import type { RunningService } from "../../node/service.js";
 import { deleteOldest, SWEEP_BATCH } from "../../src/mongo-guard.js";
 import { MongoStore } from "../../src/mongo-store.js";
 import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
 import { Ids } from "../../src/ids.js";
 import { WebhookStore } from "../../src/webhooks.js";
-import { newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
+import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 const DUE = 33_000;
 
-test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded steps, oldest first; what is not due stays", async (t) => {
-  t.timeout(180_000);
+/** Inserts `make(from)` … `make(to - 1)`, 5,000 at a time. */
+async function insertRange(collection: Collection<any>, from: number, to: number, make: (i: number) => Record<string, unknown>): Promise<void> {
+  for (let start = from; start < to; start += 5_000) {
+    await collection.insertMany(Array.from({ length: Math.min(5_000, to - start) }, (_, k) => make(start + k)), { ordered: false });
+  }
+}
+
+/** Test servers and a client of their store for `work`; all stopped after it. */
+async function withStore(work: (servers: TestServers, client: MongoClient) => Promise<void>): Promise<void> {
   const servers = await startTestServers();
   const client = new MongoClient(servers.mongoUri, { maxPoolSize: 4 });
   try {
+    await work(servers, client);
+  } finally {
+    await client.close();
+    await servers.stop();
+  }
+}
+
+/** Test servers and a service on them for `work`; all stopped after it. */
+async function withService(work: (servers: TestServers, service: RunningService) => Promise<void>): Promise<void> {
+  const servers = await startTestServers();
+  const service = await startTestService(servers);
+  try {
+    await work(servers, service);
+  } finally {
+    await service.close();
+    await servers.stop();
+  }
+}
+
+test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded steps, oldest first; what is not due stays", async (t) => {
+  t.timeout(180_000);
+  await withStore(async (servers, client) => {
     const store = await MongoStore.over(client, servers.dbName);
     await store.provision();
     const db = client.db(servers.dbName);
@@ -33,9 +63,7 @@ test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded st
       _id: `turn_sweep${String(i).padStart(10, "0")}`, workspace_id: "ws_sweep", run_id: "run_sweep", agent_id: "agt_sweep", agent_version: 1, model: "faux/scripted", at,
       input_tokens: 1, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null,
     });
-    for (let from = 0; from < DUE; from += 5_000) {
-      await usage.insertMany(Array.from({ length: Math.min(5_000, DUE - from) }, (_, k) => record(from + k, 1_000 + from + k)) as never[], { ordered: false });
-    }
+    await insertRange(usage, 0, DUE, (i) => record(i, 1_000 + i));
     await usage.insertMany(Array.from({ length: 10 }, (_, k) => record(DUE + k, cutoff + k)) as never[]);
 
     if (!process.env.RUNS_TEST_MONGODB_URI) {
@@ -62,27 +90,19 @@ test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded st
     await store.sweepRecords(now);
     t.deepEqual((await idempotency.find({}).toArray()).map((d) => d._id), ["idem_later"]);
     await store.close();
-  } finally {
-    await client.close();
-    await servers.stop();
-  }
+  });
 });
 
 test("sweeps - deleting a run with more turns than one delete can take (33,000) removes every turn, then its other parts", async (t) => {
   t.timeout(180_000);
-  const servers = await startTestServers();
-  const service = await startTestService(servers);
-  try {
+  await withService(async (servers, service) => {
     const ws = await newWorkspace(service);
     const run = (await ws.api.post("/api/v1/runs", { agent: await ws.api.agentWith({ model: "faux/scripted" }), input: "one" })).body;
     t.is(run.turn.status, "completed");
     const raw = await servers.raw();
     const first = (await raw.turns.findOne({ run_id: run.id }))!;
     // The run's other turns, as a long-lived run would have them (written here: 33,000 real turns take too long).
-    for (let from = 1; from <= DUE; from += 5_000) {
-      const turns = Array.from({ length: Math.min(5_000, DUE + 1 - from) }, (_, k) => ({ ...first, _id: `${first._id}_${from + k}`, index: from + k, transcript: [], output: [] }));
-      await raw.turns.insertMany(turns as never[], { ordered: false });
-    }
+    await insertRange(raw.turns, 1, DUE + 1, (i) => ({ ...first, _id: `${first._id}_${i}`, index: i, transcript: [], output: [] }));
     t.is(await raw.turns.countDocuments({ run_id: run.id }), DUE + 1);
     const began = Date.now();
     const deleted = await ws.api.request("DELETE", `/api/v1/runs/${run.id}`, { idempotencyKey: `del-${run.id}` });
@@ -90,17 +110,12 @@ test("sweeps - deleting a run with more turns than one delete can take (33,000) 
     t.is(deleted.status, 200, JSON.stringify(deleted.body));
     t.is(await raw.turns.countDocuments({ run_id: run.id }), 0, "every turn removed");
     t.is((await ws.api.get(`/api/v1/runs/${run.id}`)).status, 404);
-  } finally {
-    await service.close();
-    await servers.stop();
-  }
+  });
 });
 
 test("sweeps - deleting a webhook whose delivery log outgrew one delete (33,000 deliveries) answers deleted and removes the log", async (t) => {
   t.timeout(180_000);
-  const servers = await startTestServers();
-  const service = await startTestService(servers);
-  try {
+  await withService(async (servers, service) => {
     const ws = await newWorkspace(service);
     const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/hook", event_types: ["*"] })).body;
     const raw = await servers.raw();
@@ -111,9 +126,7 @@ test("sweeps - deleting a webhook whose delivery log outgrew one delete (33,000 
       _id: `whd_sweep${String(i).padStart(10, "0")}`, workspace_id: "ws_other", webhook_id: hook.id, partition: 0, run_id: null, message_id: `msg_${i}`,
       event_type: "turn.completed", body: "{}", status: "delivered", attempts: 1, next_attempt_at: now, last_attempt: null, created_at: now - i, completed_at: now,
     });
-    for (let from = 0; from < DUE; from += 5_000) {
-      await deliveries.insertMany(Array.from({ length: Math.min(5_000, DUE - from) }, (_, k) => delivery(from + k)) as never[], { ordered: false });
-    }
+    await insertRange(deliveries, 0, DUE, delivery);
     t.log(`inserted in ${Date.now() - now} ms`);
     await attempts.insertMany([0, 1, DUE - 1].map((i) => ({ _id: `wha_sweep${i}`, delivery_id: delivery(i)._id, webhook_id: hook.id, n: 1 })) as never[]);
     const began = Date.now();
@@ -123,17 +136,12 @@ test("sweeps - deleting a webhook whose delivery log outgrew one delete (33,000 
     t.deepEqual(deleted.body, { id: hook.id, object: "webhook.deleted", deleted: true });
     t.is(await deliveries.countDocuments({ webhook_id: hook.id }), 0, "the delivery log removed");
     t.is(await attempts.countDocuments({ webhook_id: hook.id }), 0, "and its attempts");
-  } finally {
-    await service.close();
-    await servers.stop();
-  }
+  });
 });
 
 test("sweeps - the webhook delivery log's sweep takes every finished delivery past the log's week in steps, by its index; pending and recent ones stay", async (t) => {
   t.timeout(120_000);
-  const servers = await startTestServers();
-  const client = new MongoClient(servers.mongoUri, { maxPoolSize: 4 });
-  try {
+  await withStore(async (servers, client) => {
     const db = client.db(servers.dbName);
     const store = new WebhookStore(db, Buffer.alloc(32, 7).toString("base64"), systemClock, Ids);
     await store.provision();
@@ -163,8 +171,5 @@ test("sweeps - the webhook delivery log's sweep takes every finished delivery pa
         t.false(plan.some((line) => /\bSCAN\b/.test(line)), plan.join(" | "));
       }
     }
-  } finally {
-    await client.close();
-    await servers.stop();
-  }
+  });
 });
