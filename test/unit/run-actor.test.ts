@@ -331,6 +331,25 @@ test("run-actor - other workspaces see no run; tags edit with set semantics and 
   t.deepEqual(w.checkpoints.removed, [RUN]);
 });
 
+test("run-actor - a deleted run's parts are each removed whatever became of the others: its turns failing to go leaves its events, workspace and checkpoint to be removed, and the delete answers", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(actor);
+  let attempts = 0;
+  w.store.deleteTurnsOf = async () => {
+    attempts++;
+    throw new Error("the store answered garbage");
+  };
+  okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }));
+  t.is(attempts, 1, "not a moment's failure: not retried");
+  t.false(w.store.runs.has(RUN), "the run is gone (fenced first)");
+  t.is(w.store.tombstones.get(RUN)?.reason, "deleted");
+  t.deepEqual(w.events.types(RUN), [], "its events are purged all the same");
+  t.deepEqual(w.checkpoints.removed, [RUN], "and its checkpoint");
+});
+
 test("run-actor - an expired run answers run_expired and the sweeper removes it with a tombstone", async (t) => {
   const w = await world();
   const actor = w.actor();
