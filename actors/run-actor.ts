@@ -1,7 +1,7 @@
 import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
-import { inputText, withRetries } from "./turn-input.js";
-import { removeRunWorkspace, workspaceDirOf } from "./run-workspace.js";
+import { inputText } from "./turn-input.js";
+import { PARTS_CHECK_AFTER_MS, removeRunParts } from "./run-removal.js";
 import { TurnExecution, waitingTranscript } from "./turn-execution.js";
 import type { ActorResources } from "./actor-resources.js";
 
@@ -159,7 +159,8 @@ export class RunActor {
       }
       this.turns.waiting?.timer.cancel();
       this.turns.waiting = undefined;
-      await this.removeRun(run, "expired");
+      // The sweeper expires runs one after another, each removed whole.
+      await (await this.removeRun(run, "expired")).parts;
     });
   }
 
@@ -593,12 +594,18 @@ export class RunActor {
 
   private async deleteRun(run: RunDoc): Promise<CommandReply> {
     if (run.state !== RunState.idle || this.turns.active) return fail("run_busy", "A busy run must be cancelled and settle before it is deleted.");
+    // The answer waits for the run's document only: its parts are removed asynchronously
+    // (runs-api.md), so a run with a long history is deleted as quickly as any other.
     await this.removeRun(run, "deleted");
     return ok({ run_id: run._id });
   }
 
-  /** Fences the run off, keeps a tombstone, then removes its documents, events and workspace. */
-  private async removeRun(run: RunDoc, reason: "deleted" | "expired"): Promise<void> {
+  /**
+   * Fences the run off and keeps a tombstone, then removes its document; `parts` is the
+   * removal of its other parts (turns, events, workspace, checkpoint), which never fails:
+   * what it cannot remove is left to the check its tombstone schedules.
+   */
+  private async removeRun(run: RunDoc, reason: "deleted" | "expired"): Promise<{ parts: Promise<void> }> {
     const now = this.r.clock.nowMs();
     // Webhooks first: a crash after this repeats the removal (keyed: nothing twice).
     await this.r.webhooks.enqueue({
@@ -610,25 +617,31 @@ export class RunActor {
       eventKey: `${run._id}_${reason}`,
       data: { run_id: run._id, agent_id: run.agent_id, tags: run.tags, reason, at: Math.floor(now / 1000) },
     });
-    await this.r.store.insertTombstone({ _id: run._id, workspace_id: run.workspace_id, reason, at: now, expires_at: now + 90 * 86_400_000 });
+    // The tombstone also says when the partition's owner checks that the parts below are
+    // gone: a crash from here on, or a store away for longer than the retries, leaves them to it.
+    await this.r.store.insertTombstone({
+      _id: run._id,
+      workspace_id: run.workspace_id,
+      reason,
+      at: now,
+      expires_at: now + 90 * 86_400_000,
+      partition: run.partition,
+      plan: run.plan,
+      parts_due_at: now + PARTS_CHECK_AFTER_MS,
+    });
     await this.r.store.deleteRunFenced(run._id, this.epoch);
     this.run = null;
     this.stopped = true;
-    await this.appender?.flush().catch(() => undefined);
-    // The run is gone from here on: each of its parts is removed whatever became of the
-    // others (a failure used to skip the parts after it, kept for good).
-    const remove = async (part: string, work: () => Promise<unknown>) => {
-      try {
-        await work();
-      } catch (err) {
-        this.r.log.warn({ err, run_id: run._id }, `could not remove the deleted run's ${part}`);
-      }
-    };
-    await remove("turns", () => withRetries(this.r.clock, () => this.r.store.deleteTurnsOf(run._id)));
-    await remove("events (their retention removes them)", () => this.r.events.purge({ id: run._id, workspace_id: run.workspace_id, plan: run.plan }));
-    await remove("workspace directory", () => removeRunWorkspace(this.workspaceDir(run)));
-    await remove("checkpoint", () => this.r.checkpoints.remove(run._id));
     this.r.log.info({ run_id: run._id, reason }, "run removed");
+    const appender = this.appender;
+    const parts = (async () => {
+      await appender?.flush().catch(() => undefined);
+      if (await removeRunParts(this.r, { id: run._id, workspace_id: run.workspace_id, plan: run.plan })) {
+        // Nothing left to check; if this write fails, the check finds nothing to remove.
+        await this.r.store.setPartsDue(run._id, null).catch((err: unknown) => this.r.log.debug({ err, run_id: run._id }, "could not mark the removed run's parts gone"));
+      }
+    })();
+    return { parts };
   }
 
   private async editTags(run: RunDoc, add: string[], remove: string[]): Promise<CommandReply> {
@@ -641,13 +654,5 @@ export class RunActor {
     }
     return ok({ run_id: run._id, tags: next });
   }
-
-  // ---- execution ------------------------------------------------------------------
-
-  private workspaceDir(run: RunDoc): string {
-    return workspaceDirOf(this.r.config.dataDir, run._id);
-  }
-
-
 }
 

@@ -153,4 +153,18 @@ export interface TombstoneDoc {
   reason: "expired" | "deleted";
   at: number;
   expires_at: number;
+  /**
+   * The run's partition and plan: the partition's owner checks that the run's parts
+   * (turns, events, checkpoint, workspace directory) are gone (absent on tombstones
+   * written before they were kept).
+   */
+  partition?: number;
+  plan?: Plan;
+  /**
+   * When the partition's owner checks that the run's parts are gone, unless the removal
+   * that wrote the tombstone reported them all removed first (then absent): a node that
+   * died during the removal, or a store that failed for longer than its retries, leaves
+   * them to that check.
+   */
+  parts_due_at?: number;
 }

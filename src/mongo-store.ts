@@ -152,6 +152,7 @@ export class MongoStore implements RunStore {
       await this.runs.createIndex({ workspace_id: 1, tags: 1, last_activity_at: -1, _id: -1 }, { name: "ws_tags_activity" });
       await this.idempotency.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.tombstones.createIndex({ expires_at: 1 }, { name: "expires" });
+      await this.tombstones.createIndex({ partition: 1, parts_due_at: 1 }, { name: "partition_parts_due" });
     });
   }
 
@@ -448,6 +449,20 @@ export class MongoStore implements RunStore {
 
   getTombstone(id: string): Promise<TombstoneDoc | null> {
     return guard(() => this.tombstones.findOne({ _id: id }));
+  }
+
+  tombstonesDueIn(partitions: number[], nowMs: number, limit = 100): Promise<TombstoneDoc[]> {
+    return guard(() =>
+      this.tombstones
+        .find({ partition: { $in: partitions }, parts_due_at: { $lte: nowMs } })
+        .limit(limit)
+        .toArray(),
+    );
+  }
+
+  async setPartsDue(runId: string, dueAt: number | null): Promise<void> {
+    const update = dueAt === null ? { $unset: { parts_due_at: "" as const } } : { $set: { parts_due_at: dueAt } };
+    await guard(() => this.tombstones.updateOne({ _id: runId }, update));
   }
 }
 

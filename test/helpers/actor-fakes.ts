@@ -101,6 +101,15 @@ export class MemoryRunStore implements RunStore {
   async insertTombstone(doc: TombstoneDoc): Promise<void> {
     if (!this.tombstones.has(doc._id)) this.tombstones.set(doc._id, clone(doc));
   }
+  async tombstonesDueIn(partitions: number[], nowMs: number): Promise<TombstoneDoc[]> {
+    return [...this.tombstones.values()].filter((t) => t.partition !== undefined && partitions.includes(t.partition) && t.parts_due_at !== undefined && t.parts_due_at <= nowMs).map(clone);
+  }
+  async setPartsDue(runId: string, dueAt: number | null): Promise<void> {
+    const tombstone = this.tombstones.get(runId);
+    if (!tombstone) return;
+    if (dueAt === null) delete tombstone.parts_due_at;
+    else tombstone.parts_due_at = dueAt;
+  }
   async activeVersionOf(agentId: string): Promise<number | null> {
     return this.activeVersions.get(agentId) ?? null;
   }

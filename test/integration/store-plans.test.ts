@@ -4,7 +4,7 @@ import { startTestServers, type TestServers } from "../helpers/servers.js";
 import { MongoStore } from "../../src/mongo-store.js";
 import { FencedError } from "../../src/contracts.js";
 import { listRuns, type RunListFilters } from "../../src/run-list.js";
-import type { RunDoc, TurnDoc } from "../../src/documents.js";
+import type { RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
 
 /**
  * The hot reads are index-backed on the embedded store: the reads the service issues
@@ -217,6 +217,33 @@ test.serial("store plans - expiry sweep and orphan check seek their partitions",
   t.deepEqual(busy.map((r) => r._id).sort(), wantBusy.sort());
   assertIndexBacked(t, sweepPlans, "partition_expires", false);
   assertIndexBacked(t, orphanPlans, "partition_state", false);
+});
+
+test.serial("store plans - the check of removed runs' parts seeks its partitions' due tombstones; a tombstone from before they were kept is never due", async (t) => {
+  const { store, client, servers } = t.context;
+  const tombstones = client.db(servers.dbName).collection<TombstoneDoc>("tombstones");
+  const docs: TombstoneDoc[] = [...Array(RUNS).keys()].map((i) => ({
+    _id: `run_gone_${String(i).padStart(5, "0")}`,
+    workspace_id: i % 2 ? WS : OTHER,
+    reason: "deleted",
+    at: T0,
+    expires_at: T0 + 10_000_000,
+    // Every tenth from before the parts were kept; every third checked already.
+    ...(i % 10 === 0 ? {} : { partition: i % 8, plan: "solo" as const, ...(i % 3 === 0 ? {} : { parts_due_at: T0 + (i % 5) * 1000 }) }),
+  }));
+  await tombstones.insertMany(docs);
+  let due!: TombstoneDoc[];
+  const plans = await plansOf(t, async () => {
+    due = await store.tombstonesDueIn([0, 3], T0 + 2000, 1_000);
+  });
+  const want = docs.filter((d) => d.partition !== undefined && [0, 3].includes(d.partition) && d.parts_due_at !== undefined && d.parts_due_at <= T0 + 2000);
+  t.true(want.length > 10);
+  t.deepEqual(due.map((d) => d._id).sort(), want.map((d) => d._id).sort());
+  await store.setPartsDue(want[0]!._id, null);
+  await store.setPartsDue(want[1]!._id, T0 + 5000);
+  t.deepEqual((await store.tombstonesDueIn([0, 3], T0 + 2000, 1_000)).map((d) => d._id).sort(), want.slice(2).map((d) => d._id).sort(), "marked gone, or put off");
+  t.false("parts_due_at" in (await tombstones.findOne({ _id: want[0]!._id }))!);
+  if (embedded) assertIndexBacked(t, plans, "partition_parts_due", false);
 });
 
 test.serial("store plans - a fenced write is one conditional update (the build's FerretDB reads `_id` beside the epoch from the key); a stale epoch is refused", async (t) => {

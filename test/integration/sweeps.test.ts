@@ -14,6 +14,12 @@ import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
 import { Ids } from "../../src/ids.js";
 import { WebhookStore } from "../../src/webhooks.js";
+import { existsSync, readdirSync } from "node:fs";
+import path from "node:path";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Objm } from "@nats-io/obj";
+import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
+import { bashThen } from "../helpers/agent-configs.js";
 import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 const DUE = 33_000;
@@ -38,9 +44,9 @@ async function withStore(work: (servers: TestServers, client: MongoClient) => Pr
 }
 
 /** Test servers and a service on them for `work`; all stopped after it. */
-async function withService(work: (servers: TestServers, service: RunningService) => Promise<void>): Promise<void> {
+async function withService(work: (servers: TestServers, service: RunningService) => Promise<void>, env: Record<string, string> = {}): Promise<void> {
   const servers = await startTestServers();
-  const service = await startTestService(servers);
+  const service = await startTestService(servers, env);
   try {
     await work(servers, service);
   } finally {
@@ -93,7 +99,7 @@ test("sweeps - a backlog past SQLite's 32,766 variables is removed in bounded st
   });
 });
 
-test("sweeps - deleting a run with more turns than one delete can take (33,000) removes every turn, then its other parts", async (t) => {
+test("sweeps - deleting a run with more turns than one delete can take (33,000) answers without waiting for them and removes every turn, then its other parts", async (t) => {
   t.timeout(180_000);
   await withService(async (servers, service) => {
     const ws = await newWorkspace(service);
@@ -106,10 +112,18 @@ test("sweeps - deleting a run with more turns than one delete can take (33,000) 
     t.is(await raw.turns.countDocuments({ run_id: run.id }), DUE + 1);
     const began = Date.now();
     const deleted = await ws.api.request("DELETE", `/api/v1/runs/${run.id}`, { idempotencyKey: `del-${run.id}` });
-    t.log(`deleted in ${Date.now() - began} ms`);
+    const answeredMs = Date.now() - began;
     t.is(deleted.status, 200, JSON.stringify(deleted.body));
-    t.is(await raw.turns.countDocuments({ run_id: run.id }), 0, "every turn removed");
     t.is((await ws.api.get(`/api/v1/runs/${run.id}`)).status, 404);
+    // The turns go asynchronously (runs-api.md: DELETE): the answer did not wait for them.
+    let left = await raw.turns.countDocuments({ run_id: run.id });
+    for (let i = 0; i < 600 && left > 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      left = await raw.turns.countDocuments({ run_id: run.id });
+    }
+    t.log(`answered in ${answeredMs} ms, every turn removed after ${Date.now() - began} ms`);
+    t.is(left, 0, "every turn removed");
+    t.false("parts_due_at" in (await raw.tombstones.findOne({ _id: run.id }))!, "then its other parts: nothing is left to check");
   });
 });
 
@@ -172,4 +186,77 @@ test("sweeps - the webhook delivery log's sweep takes every finished delivery pa
       }
     }
   });
+});
+
+test("sweeps - what a removal left behind (its node died once the run's document was gone) is removed by the partition owner's sweep, found through the tombstone; a run whose delete failed after its tombstone keeps everything", async (t) => {
+  t.timeout(120_000);
+  await withService(async (servers, service) => {
+    const ws = await newWorkspace(service);
+    const agent = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo kept > note.txt", "wrote") });
+    const start = async () => {
+      const run = (await ws.api.post("/api/v1/runs", { agent, input: "go" })).body;
+      t.is(run.turn?.status, "completed", JSON.stringify(run));
+      return run.id as string;
+    };
+    const [left, live, deleted] = [await start(), await start(), await start()];
+    const raw = await servers.raw();
+    const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "leftovers-test" });
+    try {
+      const checkpoints = await new Objm(jetstream(nc)).open(CHECKPOINTS_BUCKET);
+      const jsm = await jetstreamManager(nc);
+      const events = async (runId: string) => {
+        const info = await jsm.streams.info(eventStreamName("solo"), { subjects_filter: eventSubject("solo", runId) });
+        return info.state.subjects?.[eventSubject("solo", runId)] ?? 0;
+      };
+      const parts = async (runId: string) => ({
+        turns: await raw.turns.countDocuments({ run_id: runId }),
+        events: (await events(runId)) > 0,
+        // The node's data directory is node-… in the servers' directory.
+        directory: readdirSync(servers.dir).some((name) => name.startsWith("node-") && existsSync(path.join(servers.dir, name, "workspaces", runId))),
+        // A removed object keeps a marker: info says deleted.
+        checkpoint: (await checkpoints.info(runId))?.deleted === false,
+      });
+      const all = { turns: 1, events: true, directory: true, checkpoint: true };
+      /** The run's tombstone once its parts are marked gone (within 20 s), or as it is then. */
+      const partsGone = async (runId: string) => {
+        let tombstone = await raw.tombstones.findOne({ _id: runId });
+        for (let i = 0; i < 100 && (!tombstone || "parts_due_at" in tombstone); i++) {
+          await new Promise((resolve) => setTimeout(resolve, 200));
+          tombstone = await raw.tombstones.findOne({ _id: runId });
+        }
+        return tombstone!;
+      };
+      t.deepEqual(await parts(left), all, "a run's parts before its removal");
+
+      // A removal that finished: the tombstone names the run's partition and plan, and nothing is left to check.
+      const { partition } = (await raw.runs.findOne({ _id: deleted }))!;
+      t.is((await ws.api.request("DELETE", `/api/v1/runs/${deleted}`, { idempotencyKey: `del-${deleted}` })).status, 200);
+      const done = await partsGone(deleted);
+      t.like(done, { reason: "deleted", plan: "solo", partition });
+      t.false("parts_due_at" in done, "all its parts went (after the answer): no check is due");
+      t.deepEqual(await parts(deleted), { turns: 0, events: false, directory: false, checkpoint: false });
+
+      // The state a node leaves when it dies right after the run's document went (tombstone
+      // written, nothing else removed), its check due; and a tombstone whose run's delete failed
+      // right after it (the run is still there).
+      const now = Date.now();
+      for (const runId of [left, live]) {
+        const run = (await raw.runs.findOne({ _id: runId }))!;
+        await raw.tombstones.insertOne({ _id: runId, workspace_id: run.workspace_id, reason: "deleted", at: now, expires_at: now + 86_400_000, partition: run.partition, plan: run.plan, parts_due_at: now - 1 });
+      }
+      await raw.runs.deleteOne({ _id: left });
+
+      t.false("parts_due_at" in (await partsGone(left)), "the sweep found the tombstone and marked its run's parts gone");
+      t.deepEqual(await parts(left), { turns: 0, events: false, directory: false, checkpoint: false }, "turns, events, workspace directory and checkpoint removed");
+      t.is((await ws.api.get(`/api/v1/runs/${left}`)).status, 404);
+
+      const liveTombstone = (await raw.tombstones.findOne({ _id: live }))!;
+      t.true(liveTombstone.parts_due_at! > now, "a run that still exists is checked again later");
+      t.deepEqual(await parts(live), all, "and keeps every part");
+      t.is((await ws.api.get(`/api/v1/runs/${live}`)).status, 200);
+      t.is((await ws.api.post("/api/v1/runs", { run_id: live, input: "again" })).body.turn?.status, "completed");
+    } finally {
+      await nc.close();
+    }
+  }, { RUNS_SWEEP_INTERVAL_MS: "200" });
 });

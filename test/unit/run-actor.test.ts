@@ -7,6 +7,7 @@
 import test from "ava";
 import { CheckpointError } from "../../actors/checkpoints.js";
 import { RunActor } from "../../actors/run-actor.js";
+import { PARTS_CHECK_AFTER_MS } from "../../actors/run-removal.js";
 import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
@@ -34,6 +35,11 @@ async function world(): Promise<ActorWorld & { actor: (epoch?: number) => RunAct
 async function settled(actor: RunActor): Promise<void> {
   await new Promise((resolve) => setImmediate(resolve));
   await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] });
+}
+
+/** Lets work the actor does after its answer (a deleted run's parts) go on until `done`, within 1,000 turns of the event loop. */
+async function until(done: () => boolean): Promise<void> {
+  for (let i = 0; i < 1_000 && !done(); i++) await new Promise((resolve) => setImmediate(resolve));
 }
 
 function okReply(reply: CommandReply): Extract<CommandReply, { ok: true }> {
@@ -325,8 +331,11 @@ test("run-actor - other workspaces see no run; tags edit with set semantics and 
   await settled(actor);
   okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }));
   t.false(w.store.runs.has(RUN));
+  // The answer waits for the run's document only; its other parts go after it.
+  await until(() => w.checkpoints.removed.length > 0);
   t.is(w.store.turns.size, 0);
-  t.is(w.store.tombstones.get(RUN)?.reason, "deleted");
+  t.like(w.store.tombstones.get(RUN), { reason: "deleted", partition: 0, plan: "business" });
+  t.false("parts_due_at" in w.store.tombstones.get(RUN)!, "every part went: no check of them is due");
   t.deepEqual(w.events.types(RUN), [], "its events are purged");
   t.deepEqual(w.checkpoints.removed, [RUN]);
 });
@@ -343,11 +352,13 @@ test("run-actor - a deleted run's parts are each removed whatever became of the 
     throw new Error("the store answered garbage");
   };
   okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }));
+  await until(() => w.checkpoints.removed.length > 0);
   t.is(attempts, 1, "not a moment's failure: not retried");
   t.false(w.store.runs.has(RUN), "the run is gone (fenced first)");
   t.is(w.store.tombstones.get(RUN)?.reason, "deleted");
   t.deepEqual(w.events.types(RUN), [], "its events are purged all the same");
   t.deepEqual(w.checkpoints.removed, [RUN], "and its checkpoint");
+  t.is(w.store.tombstones.get(RUN)?.parts_due_at, w.clock.now + PARTS_CHECK_AFTER_MS, "the partition's owner checks its parts later");
 });
 
 test("run-actor - an expired run answers run_expired and the sweeper removes it with a tombstone", async (t) => {
