@@ -199,11 +199,16 @@ export class WorkspaceCheckpoints {
     return { current: info === null || info.deleted || marker === info.nuid, revision: info?.revision ?? 0 };
   }
 
+  /**
+   * Removes the run's checkpoint; nothing to do when it has none or it is removed already
+   * (the object store answers those without an error). A failure (NATS away) is thrown:
+   * the removal is then tried again (actors/run-removal.ts).
+   */
   async remove(runId: string): Promise<void> {
     try {
       await this.store.delete(runId);
-    } catch {
-      // absent already
+    } catch (err) {
+      throw new CheckpointError(`could not remove the workspace checkpoint of ${runId}`, { cause: err });
     }
   }
 }

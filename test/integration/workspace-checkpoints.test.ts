@@ -5,7 +5,7 @@ import path from "node:path";
 import { bashThen } from "../helpers/agent-configs.js";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
-import { CheckpointConflictError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { CheckpointConflictError, CheckpointError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { connectNats } from "../../src/nats.js";
 import { Api, newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
 
@@ -123,6 +123,12 @@ test("checkpoints - a save expecting an older revision is refused and stores not
     await checkpoints.remove(runId);
     await t.throwsAsync(checkpoints.save(runId, stale, true, "ws_x", next), { instanceOf: CheckpointConflictError });
     t.is(await checkpoints.restore(runId, path.join(servers.dir, "fourth", runId), "ws_x"), null);
+    // Removing it again, or a run's that never had one, is nothing to do; a removal that cannot
+    // reach the object store fails (the run's removal tries again later), never passes for done.
+    await checkpoints.remove(runId);
+    await checkpoints.remove("run_checkpointnever0000001");
+    await nc.close();
+    await t.throwsAsync(checkpoints.remove(runId), { instanceOf: CheckpointError });
   } finally {
     await nc.close();
     await servers.stop();
