@@ -1,11 +1,11 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer, type TombstoneDoc, type UsageLedger } from "../src/index.js";
+import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer, type UsageLedger } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
 import { CommandReplies } from "./command-replies.js";
 import { PartitionLeases } from "./partition-leases.js";
 import { RunActor, type ActorResources } from "./run-actor.js";
-import { sweepKeptWorkspaces } from "./run-workspace.js";
-import { PARTS_RECHECK_MS, removeRunParts } from "./run-removal.js";
+import { keptWorkspaceIds, sweepKeptWorkspaces } from "./run-workspace.js";
+import { removeGoneWorkspaces, removeLeftParts } from "./run-removal.js";
 import type { KV } from "@nats-io/kv";
 
 const encoder = new TextEncoder();
@@ -130,7 +130,11 @@ export class ActorHost {
       // Each apart: one that cannot be swept now must not stop the sweeps after it.
       if (held.length) {
         try {
-          for (const tombstone of await this.r.store.tombstonesDueIn(held, now)) await this.removeLeftParts(tombstone, now);
+          // Within 10 s a pass: a run with a long history takes a while; the rest wait for the next one.
+          for (const tombstone of await this.r.store.tombstonesDueIn(held, now)) {
+            if (this.r.clock.nowMs() - now > 10_000) break;
+            await removeLeftParts(this.r, tombstone, now);
+          }
         } catch (err) {
           this.r.log.warn({ err }, "the check of removed runs' parts failed; retrying at the next interval");
         }
@@ -160,26 +164,6 @@ export class ActorHost {
     } finally {
       this.sweeping = false;
     }
-  }
-
-  /**
-   * Removes what the removal of a run left behind (its node died during it, or the store
-   * failed for longer than its retries), found through the run's tombstone. A run that
-   * still exists was not removed (its delete failed after the tombstone was written): it is
-   * checked again later, in case a repeated delete removes it.
-   */
-  private async removeLeftParts(tombstone: TombstoneDoc, now: number): Promise<void> {
-    if (tombstone.plan === undefined) return;
-    if (await this.r.store.getRun(tombstone._id)) {
-      await this.r.store.setPartsDue(tombstone._id, now + PARTS_RECHECK_MS);
-      return;
-    }
-    const removed = await removeRunParts(this.r, { id: tombstone._id, workspace_id: tombstone.workspace_id, plan: tombstone.plan });
-    await this.r.store.setPartsDue(tombstone._id, removed ? null : now + PARTS_RECHECK_MS);
-    this.r.log[removed ? "info" : "warn"](
-      { run_id: tombstone._id, reason: tombstone.reason },
-      removed ? "removed what a removed run left behind" : "could not remove all a removed run left behind; checking again later",
-    );
   }
 
   /** Turns this node executes now and turns queued behind them (for /metrics). */
@@ -257,6 +241,18 @@ export class ActorHost {
       );
     }
     if (busy.length) this.r.log.info({ partition, runs: busy.length }, "recovering busy runs");
+    void this.removeGoneWorkspaces(partition);
+  }
+
+  /** The directories this node kept of the gained partition's runs that were removed meanwhile (actors/run-removal.ts). */
+  private async removeGoneWorkspaces(partition: number): Promise<void> {
+    try {
+      const kept = (await keptWorkspaceIds(this.r.config.dataDir)).filter((runId) => partitionOf(runId, this.r.config.partitions) === partition);
+      const removed = await removeGoneWorkspaces(this.r, kept, (runId) => this.actors.has(runId));
+      if (removed) this.r.log.info({ partition, workspaces: removed }, "removed workspace directories kept for runs removed while another node held their partition");
+    } catch (err) {
+      this.r.log.warn({ err, partition }, "could not look for kept workspace directories of removed runs; the next gain of the partition looks again");
+    }
   }
 
   /** The lease may have lapsed: hold the partition's event writes (its actors go on). */

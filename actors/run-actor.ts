@@ -640,7 +640,7 @@ export class RunActor {
         // Nothing left to check; if this write fails, the check finds nothing to remove.
         await this.r.store.setPartsDue(run._id, null).catch((err: unknown) => this.r.log.debug({ err, run_id: run._id }, "could not mark the removed run's parts gone"));
       }
-    })();
+    })().catch((err: unknown) => this.r.log.error({ err, run_id: run._id }, "removing the removed run's parts failed; its partition's owner tries again later"));
     return { parts };
   }
 

@@ -4,7 +4,7 @@
  * after the run (RunActor.removeRun); the partition owner's sweep removes what a removal
  * left behind, found through the run's tombstone (ActorHost.sweep).
  */
-import type { Plan } from "../src/index.js";
+import type { Plan, TombstoneDoc } from "../src/index.js";
 import type { ActorResources } from "./actor-resources.js";
 import { removeRunWorkspace, workspaceDirOf } from "./run-workspace.js";
 import { withRetries } from "./turn-input.js";
@@ -13,6 +13,8 @@ import { withRetries } from "./turn-input.js";
 export const PARTS_CHECK_AFTER_MS = 10 * 60_000;
 /** When it checks again after a check that could not remove them all. */
 export const PARTS_RECHECK_MS = 10 * 60_000;
+/** At most this many of a gained partition's kept workspace directories are looked up at once. */
+const MAX_KEPT_LOOKUPS = 10_000;
 
 export interface RemovedRun {
   id: string;
@@ -42,4 +44,41 @@ export async function removeRunParts(r: Removal, run: RemovedRun): Promise<boole
   await remove("workspace directory", () => removeRunWorkspace(workspaceDirOf(r.config.dataDir, run.id)));
   await remove("checkpoint", () => r.checkpoints.remove(run.id));
   return removedAll;
+}
+
+/**
+ * Removes what the removal of a run left behind (its node died during it, or the store
+ * failed for longer than its retries), found through the run's tombstone by the owner of
+ * its partition. A run that still exists was not removed (its delete failed after the
+ * tombstone was written): it is checked again later, in case a repeated delete removes it.
+ */
+export async function removeLeftParts(r: Removal, tombstone: TombstoneDoc, nowMs: number): Promise<void> {
+  if (tombstone.plan === undefined) return;
+  if (await r.store.getRun(tombstone._id)) {
+    await r.store.setPartsDue(tombstone._id, nowMs + PARTS_RECHECK_MS);
+    return;
+  }
+  const removed = await removeRunParts(r, { id: tombstone._id, workspace_id: tombstone.workspace_id, plan: tombstone.plan });
+  await r.store.setPartsDue(tombstone._id, removed ? null : nowMs + PARTS_RECHECK_MS);
+  r.log[removed ? "info" : "warn"](
+    { run_id: tombstone._id, reason: tombstone.reason },
+    removed ? "removed what a removed run left behind" : "could not remove all a removed run left behind; checking again later",
+  );
+}
+
+/**
+ * Removes this node's workspace directories of `runIds` whose run no longer exists, asked
+ * when the node gains their partition: a run removed while another node held it had its
+ * directory removed there, not here, and a directory of a partition this node holds is
+ * otherwise kept. A directory whose run has an actor here (`inUse`) is left alone. One store
+ * read per directory; the number removed.
+ */
+export async function removeGoneWorkspaces(r: Removal, runIds: string[], inUse: (runId: string) => boolean): Promise<number> {
+  let removed = 0;
+  for (const runId of runIds.slice(0, MAX_KEPT_LOOKUPS)) {
+    if (inUse(runId) || (await r.store.getRun(runId))) continue;
+    await removeRunWorkspace(workspaceDirOf(r.config.dataDir, runId));
+    removed++;
+  }
+  return removed;
 }

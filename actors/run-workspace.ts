@@ -114,6 +114,15 @@ const CHECKPOINT_SUFFIX = checkpointMarkerOf("");
 /** Where swept directories go before they are removed (a crash between the two leaves them here). */
 const TRASH = ".trash";
 
+/** The runs with a workspace directory (or its checkpoint marker) on this node. */
+export async function keptWorkspaceIds(dataDir: string): Promise<string[]> {
+  const names = await readdir(path.join(dataDir, "workspaces")).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === "ENOENT") return [] as string[];
+    throw err;
+  });
+  return [...new Set(names.filter((name) => !name.startsWith(".")).map((name) => (name.endsWith(CHECKPOINT_SUFFIX) ? name.slice(0, -CHECKPOINT_SUFFIX.length) : name)))];
+}
+
 /**
  * Removes the workspace directories (and checkpoint markers) this node kept for runs it
  * no longer holds, once untouched for `olderThanMs` (last prepared for a turn, saved or
@@ -136,11 +145,7 @@ export async function sweepKeptWorkspaces(
   const done = { removed: 0, failed: 0 };
   // What a crash (or a failed removal) left there; tried again at every sweep.
   await rm(trash, { recursive: true, force: true }).catch(() => undefined);
-  const names = await readdir(root).catch((err: NodeJS.ErrnoException) => {
-    if (err.code === "ENOENT") return [] as string[];
-    throw err;
-  });
-  const runIds = [...new Set(names.filter((name) => !name.startsWith(".")).map((name) => (name.endsWith(CHECKPOINT_SUFFIX) ? name.slice(0, -CHECKPOINT_SUFFIX.length) : name)))];
+  const runIds = await keptWorkspaceIds(dataDir);
   const from = Math.floor(Math.random() * runIds.length);
   let looked = 0;
   for (let i = 0; i < runIds.length && looked < (o.limit ?? 1_000) && done.removed < (o.maxRemovals ?? 50); i++) {

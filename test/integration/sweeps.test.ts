@@ -20,7 +20,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
 import { bashThen } from "../helpers/agent-configs.js";
-import { newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 const DUE = 33_000;
 
@@ -123,7 +123,12 @@ test("sweeps - deleting a run with more turns than one delete can take (33,000) 
     }
     t.log(`answered in ${answeredMs} ms, every turn removed after ${Date.now() - began} ms`);
     t.is(left, 0, "every turn removed");
-    t.false("parts_due_at" in (await raw.tombstones.findOne({ _id: run.id }))!, "then its other parts: nothing is left to check");
+    let tombstone = await raw.tombstones.findOne({ _id: run.id });
+    for (let i = 0; i < 100 && tombstone && "parts_due_at" in tombstone; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      tombstone = await raw.tombstones.findOne({ _id: run.id });
+    }
+    t.false("parts_due_at" in tombstone!, "then its other parts: nothing is left to check");
   });
 });
 
@@ -240,11 +245,12 @@ test("sweeps - what a removal left behind (its node died once the run's document
       // written, nothing else removed), its check due; and a tombstone whose run's delete failed
       // right after it (the run is still there).
       const now = Date.now();
-      for (const runId of [left, live]) {
-        const run = (await raw.runs.findOne({ _id: runId }))!;
-        await raw.tombstones.insertOne({ _id: runId, workspace_id: run.workspace_id, reason: "deleted", at: now, expires_at: now + 86_400_000, partition: run.partition, plan: run.plan, parts_due_at: now - 1 });
-      }
+      const runs = { left: (await raw.runs.findOne({ _id: left }))!, live: (await raw.runs.findOne({ _id: live }))! };
+      // The document first: a sweep between the two would find the run and put its check off.
       await raw.runs.deleteOne({ _id: left });
+      for (const run of [runs.left, runs.live]) {
+        await raw.tombstones.insertOne({ _id: run._id, workspace_id: run.workspace_id, reason: "deleted", at: now, expires_at: now + 86_400_000, partition: run.partition, plan: run.plan, parts_due_at: now - 1 });
+      }
 
       t.false("parts_due_at" in (await partsGone(left)), "the sweep found the tombstone and marked its run's parts gone");
       t.deepEqual(await parts(left), { turns: 0, events: false, directory: false, checkpoint: false }, "turns, events, workspace directory and checkpoint removed");
@@ -259,4 +265,40 @@ test("sweeps - what a removal left behind (its node died once the run's document
       await nc.close();
     }
   }, { RUNS_SWEEP_INTERVAL_MS: "200" });
+});
+
+test("sweeps - a node that gains a partition removes the workspace directories it kept of runs removed while another node held it; a live run's stays", async (t) => {
+  t.timeout(120_000);
+  const servers = await startTestServers();
+  const dataDir = path.join(servers.dir, "node-keeper");
+  let service = await startTestService(servers, { RUNS_DATA_DIR: dataDir });
+  try {
+    const ws = await newWorkspace(service);
+    const agent = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo kept > note.txt", "wrote") });
+    const start = async () => {
+      const run = (await ws.api.post("/api/v1/runs", { agent, input: "go" })).body;
+      t.is(run.turn?.status, "completed", JSON.stringify(run));
+      return run.id as string;
+    };
+    const [gone, live] = [await start(), await start()];
+    const dirOf = (runId: string) => path.join(dataDir, "workspaces", runId);
+    t.true(existsSync(dirOf(gone)) && existsSync(dirOf(live)));
+    await service.close();
+    t.true(existsSync(dirOf(gone)), "a stopping node keeps its directories (the run may come back to it)");
+    // Meanwhile another node held the partition and removed the run: its document and turns
+    // went there, and this node's directory could not be reached.
+    const raw = await servers.raw();
+    await raw.runs.deleteOne({ _id: gone });
+    await raw.turns.deleteMany({ run_id: gone });
+
+    service = await startTestService(servers, { RUNS_DATA_DIR: dataDir });
+    for (let i = 0; i < 100 && existsSync(dirOf(gone)); i++) await new Promise((resolve) => setTimeout(resolve, 200));
+    t.false(existsSync(dirOf(gone)), "the removed run's directory went when its partition was gained");
+    t.true(existsSync(dirOf(live)), "the live run's stays");
+    const next = await new Api(service.url!, ws.key).post("/api/v1/runs", { run_id: live, input: "again" });
+    t.is(next.body.turn?.status, "completed", JSON.stringify(next.body));
+  } finally {
+    await service.close();
+    await servers.stop();
+  }
 });
