@@ -45,6 +45,9 @@ export class ActorHost {
   private orphanTimer: Timer | undefined;
   private adopting = false;
   private admitting = true;
+  /** Gained partitions whose kept workspace directories are still to be looked at (checkGoneWorkspaces). */
+  private readonly goneChecks = new Set<number>();
+  private checkingGone = false;
 
   constructor(
     private readonly r: HostResources,
@@ -119,6 +122,8 @@ export class ActorHost {
     try {
       const now = this.r.clock.nowMs();
       const held = this.leases.heldPartitions();
+      // Gained partitions whose kept directories could not all be looked at: again now.
+      if (this.goneChecks.size) void this.checkGoneWorkspaces();
       if (held.length) {
         for (const run of await this.r.store.expiredRunsIn(held, now)) {
           const epoch = this.leases.epochOf(run.partition);
@@ -131,8 +136,9 @@ export class ActorHost {
       if (held.length) {
         try {
           // Within 10 s a pass: a run with a long history takes a while; the rest wait for the next one.
+          const began = this.r.clock.nowMs();
           for (const tombstone of await this.r.store.tombstonesDueIn(held, now)) {
-            if (this.r.clock.nowMs() - now > 10_000) break;
+            if (this.r.clock.nowMs() - began > 10_000) break;
             await removeLeftParts(this.r, tombstone, now);
           }
         } catch (err) {
@@ -241,17 +247,46 @@ export class ActorHost {
       );
     }
     if (busy.length) this.r.log.info({ partition, runs: busy.length }, "recovering busy runs");
-    void this.removeGoneWorkspaces(partition);
+    this.goneChecks.add(partition);
+    void this.checkGoneWorkspaces();
   }
 
-  /** The directories this node kept of the gained partition's runs that were removed meanwhile (actors/run-removal.ts). */
-  private async removeGoneWorkspaces(partition: number): Promise<void> {
+  /**
+   * Looks at the directories this node kept of gained partitions' runs and removes those of
+   * runs removed meanwhile (actors/run-removal.ts). One pass at a time, over every partition
+   * gained until it starts (a node's start gains many at once: one listing for all); a
+   * partition whose pass could not finish is looked at again after the next sweep.
+   */
+  private async checkGoneWorkspaces(): Promise<void> {
+    if (this.checkingGone) return;
+    this.checkingGone = true;
+    const again = new Set<number>();
     try {
-      const kept = (await keptWorkspaceIds(this.r.config.dataDir)).filter((runId) => partitionOf(runId, this.r.config.partitions) === partition);
-      const removed = await removeGoneWorkspaces(this.r, kept, (runId) => this.actors.has(runId));
-      if (removed) this.r.log.info({ partition, workspaces: removed }, "removed workspace directories kept for runs removed while another node held their partition");
-    } catch (err) {
-      this.r.log.warn({ err, partition }, "could not look for kept workspace directories of removed runs; the next gain of the partition looks again");
+      for (let pass = 0; pass < 10 && this.goneChecks.size > 0 && this.admitting; pass++) {
+        const partitions = new Set(this.goneChecks);
+        this.goneChecks.clear();
+        const partitionOfRun = (runId: string) => partitionOf(runId, this.r.config.partitions);
+        try {
+          const kept = (await keptWorkspaceIds(this.r.config.dataDir)).filter((runId) => {
+            const p = partitionOfRun(runId);
+            return partitions.has(p) && this.leases.epochOf(p) !== undefined;
+          });
+          const done = await removeGoneWorkspaces(this.r, kept, (runId) => this.actors.has(runId));
+          for (const runId of done.failed) again.add(partitionOfRun(runId));
+          if (done.checked) {
+            this.r.log.info(
+              { partitions: partitions.size, checked: done.checked, removed: done.removed, failed: done.failed.length },
+              "looked for kept workspace directories of runs removed while another node held their partition",
+            );
+          }
+        } catch (err) {
+          for (const p of partitions) again.add(p);
+          this.r.log.warn({ err }, "could not list the kept workspace directories; looking again after the next sweep");
+        }
+      }
+    } finally {
+      this.checkingGone = false;
+      for (const p of again) this.goneChecks.add(p);
     }
   }
 

@@ -70,15 +70,26 @@ export async function removeLeftParts(r: Removal, tombstone: TombstoneDoc, nowMs
  * Removes this node's workspace directories of `runIds` whose run no longer exists, asked
  * when the node gains their partition: a run removed while another node held it had its
  * directory removed there, not here, and a directory of a partition this node holds is
- * otherwise kept. A directory whose run has an actor here (`inUse`) is left alone. One store
- * read per directory; the number removed.
+ * otherwise kept. A directory whose run has an actor here (`inUse`, asked again after the
+ * store's answer) is left alone; a run's directory is made only after its document is
+ * stored (RunActor.start), so a run without one has none in use. One store read per
+ * directory, at most 10,000 from a random place in the list (none is always left behind
+ * the bound); a failed read or removal is counted in `failed` and the rest go on.
  */
-export async function removeGoneWorkspaces(r: Removal, runIds: string[], inUse: (runId: string) => boolean): Promise<number> {
-  let removed = 0;
-  for (const runId of runIds.slice(0, MAX_KEPT_LOOKUPS)) {
-    if (inUse(runId) || (await r.store.getRun(runId))) continue;
-    await removeRunWorkspace(workspaceDirOf(r.config.dataDir, runId));
-    removed++;
+export async function removeGoneWorkspaces(r: Removal, runIds: string[], inUse: (runId: string) => boolean): Promise<{ checked: number; removed: number; failed: string[] }> {
+  const done = { checked: 0, removed: 0, failed: [] as string[] };
+  const from = Math.floor(Math.random() * runIds.length);
+  for (let i = 0; i < Math.min(runIds.length, MAX_KEPT_LOOKUPS); i++) {
+    const runId = runIds[(from + i) % runIds.length]!;
+    if (inUse(runId)) continue;
+    done.checked++;
+    try {
+      if ((await r.store.getRun(runId)) || inUse(runId)) continue;
+      await removeRunWorkspace(workspaceDirOf(r.config.dataDir, runId));
+      done.removed++;
+    } catch {
+      done.failed.push(runId);
+    }
   }
-  return removed;
+  return done;
 }

@@ -7,20 +7,22 @@
  */
 import test from "ava";
 import { type Collection, MongoClient } from "mongodb";
-import type { RunningService } from "../../node/service.js";
+import { type RunningService, startService } from "../../node/service.js";
 import { deleteOldest, SWEEP_BATCH } from "../../src/mongo-guard.js";
 import { MongoStore } from "../../src/mongo-store.js";
 import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
 import { Ids } from "../../src/ids.js";
 import { WebhookStore } from "../../src/webhooks.js";
-import { existsSync, readdirSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { Writable } from "node:stream";
+import pino from "pino";
 import path from "node:path";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
 import { bashThen } from "../helpers/agent-configs.js";
-import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
 
 const DUE = 33_000;
 
@@ -271,7 +273,15 @@ test("sweeps - a node that gains a partition removes the workspace directories i
   t.timeout(120_000);
   const servers = await startTestServers();
   const dataDir = path.join(servers.dir, "node-keeper");
-  let service = await startTestService(servers, { RUNS_DATA_DIR: dataDir });
+  const logs: Array<Record<string, unknown>> = [];
+  const sink = new Writable({
+    write(chunk, _encoding, callback) {
+      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
+      callback();
+    },
+  });
+  const config = testConfig(servers, { RUNS_DATA_DIR: dataDir });
+  let service = await startService(config, { log: pino({ level: "info" }, sink) });
   try {
     const ws = await newWorkspace(service);
     const agent = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo kept > note.txt", "wrote") });
@@ -282,7 +292,7 @@ test("sweeps - a node that gains a partition removes the workspace directories i
     };
     const [gone, live] = [await start(), await start()];
     const dirOf = (runId: string) => path.join(dataDir, "workspaces", runId);
-    t.true(existsSync(dirOf(gone)) && existsSync(dirOf(live)));
+    t.true(existsSync(path.join(dirOf(gone), "note.txt")) && existsSync(path.join(dirOf(live), "note.txt")));
     await service.close();
     t.true(existsSync(dirOf(gone)), "a stopping node keeps its directories (the run may come back to it)");
     // Meanwhile another node held the partition and removed the run: its document and turns
@@ -291,10 +301,15 @@ test("sweeps - a node that gains a partition removes the workspace directories i
     await raw.runs.deleteOne({ _id: gone });
     await raw.turns.deleteMany({ run_id: gone });
 
-    service = await startTestService(servers, { RUNS_DATA_DIR: dataDir });
-    for (let i = 0; i < 100 && existsSync(dirOf(gone)); i++) await new Promise((resolve) => setTimeout(resolve, 200));
+    logs.length = 0;
+    service = await startService(config, { log: pino({ level: "info" }, sink) });
+    // Each pass says how many directories it looked at: both, in one pass or more.
+    const looked = () => logs.filter((line) => line.msg === "looked for kept workspace directories of runs removed while another node held their partition");
+    for (let i = 0; i < 100 && looked().reduce((sum, line) => sum + Number(line.checked), 0) < 2; i++) await new Promise((resolve) => setTimeout(resolve, 100));
+    t.is(looked().reduce((sum, line) => sum + Number(line.checked), 0), 2, JSON.stringify(looked()));
+    t.is(looked().reduce((sum, line) => sum + Number(line.removed), 0), 1);
     t.false(existsSync(dirOf(gone)), "the removed run's directory went when its partition was gained");
-    t.true(existsSync(dirOf(live)), "the live run's stays");
+    t.is(readFileSync(path.join(dirOf(live), "note.txt"), "utf8"), "kept\n", "the live run's stays as it was");
     const next = await new Api(service.url!, ws.key).post("/api/v1/runs", { run_id: live, input: "again" });
     t.is(next.body.turn?.status, "completed", JSON.stringify(next.body));
   } finally {
