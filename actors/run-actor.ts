@@ -318,6 +318,14 @@ export class RunActor {
       if (existing.workspace_id !== cmd.workspace_id) return fail("run_not_found");
       return ok({ run_id: existing._id, turn_id: cmd.turn_id, disposition: Disposition.created });
     }
+    // A start re-driven with its key's ids (the record was left pending) after its run was
+    // deleted or expired: the run is not made again. Its ids are answered without the run,
+    // so the request reads it as any later one would (404, or 410 for an expired run), and
+    // the key stays bound to that run (a refusal would free it to start another).
+    if (!cmd.fresh && (await this.r.store.getTombstone(this.runId))) {
+      this.r.log.info({ run_id: this.runId }, "a start re-driven after its run was removed: not made again");
+      return ok({ run_id: cmd.run_id, turn_id: cmd.turn_id, disposition: Disposition.created });
+    }
     const now = this.r.clock.nowMs();
     const retentionS = this.r.config.retention.runS[cmd.plan];
     const run: RunDoc = {

@@ -37,6 +37,7 @@ export interface RunStore {
   listTurns(runId: string, options?: { afterIndex?: number; limit?: number; withTranscript?: boolean }): Promise<TurnDoc[]>;
   deleteTurnsOf(runId: string): Promise<void>;
   insertTombstone(doc: TombstoneDoc): Promise<void>;
+  getTombstone(id: string): Promise<TombstoneDoc | null>;
   /** Tombstones of these partitions whose run's parts are due to be checked at `nowMs` (at most `limit`). */
   tombstonesDueIn(partitions: number[], nowMs: number, limit?: number): Promise<TombstoneDoc[]>;
   /** The next check of the run's parts, or `null`: all of them are removed (no check). */

@@ -101,6 +101,10 @@ export class MemoryRunStore implements RunStore {
   async insertTombstone(doc: TombstoneDoc): Promise<void> {
     if (!this.tombstones.has(doc._id)) this.tombstones.set(doc._id, clone(doc));
   }
+  async getTombstone(id: string): Promise<TombstoneDoc | null> {
+    const tombstone = this.tombstones.get(id);
+    return tombstone ? clone(tombstone) : null;
+  }
   async tombstonesDueIn(partitions: number[], nowMs: number): Promise<TombstoneDoc[]> {
     return [...this.tombstones.values()].filter((t) => t.partition !== undefined && partitions.includes(t.partition) && t.parts_due_at !== undefined && t.parts_due_at <= nowMs).map(clone);
   }

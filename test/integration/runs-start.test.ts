@@ -314,6 +314,35 @@ test.serial("runs - the key's record is completed after the answer: when that wr
   }
 });
 
+test.serial("runs - a retry re-driving a start whose run was deleted meanwhile (its key's record left pending) answers 404 and does not make the run again", async (t) => {
+  const { api, echoAgent, service, servers } = t.context;
+  const store = service.store;
+  const complete = store.completeIdempotency;
+  // The record's completion fails once (serial: nothing else runs meanwhile): the claim stays pending.
+  store.completeIdempotency = async () => {
+    store.completeIdempotency = complete;
+    throw new Error("store away for a moment");
+  };
+  const key = `redrive-deleted-${Date.now()}`;
+  try {
+    const first = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
+    t.is(first.status, 200);
+    t.is((await api.request("DELETE", `/api/v1/runs/${first.body.id}`, { idempotencyKey: `del-${key}` })).status, 200);
+    for (let i = 0; i < 2; i++) {
+      // The first retry re-drives the pending claim's ids; the second finds the key's record done.
+      const retry = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
+      t.is(retry.status, 404, JSON.stringify(retry.body));
+      t.is(retry.body.error.code, "run_not_found");
+    }
+    t.is((await api.get(`/api/v1/runs/${first.body.id}`)).status, 404, "the run stays deleted");
+    const raw = await servers.raw();
+    t.is(await raw.runs.countDocuments({ _id: first.body.id }), 0);
+    t.is(await raw.turns.countDocuments({ run_id: first.body.id }), 0);
+  } finally {
+    store.completeIdempotency = complete;
+  }
+});
+
 test("runs - two concurrent requests with one key create one run", async (t) => {
   const { api, echoAgent } = t.context;
   const key = `race-${Date.now()}`;

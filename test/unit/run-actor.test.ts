@@ -361,6 +361,28 @@ test("run-actor - a deleted run's parts are each removed whatever became of the 
   t.is(w.store.tombstones.get(RUN)?.parts_due_at, w.clock.now + PARTS_CHECK_AFTER_MS, "the partition's owner checks its parts later");
 });
 
+test("run-actor - a start re-driven with its ids after its run was deleted (its key's record left pending) does not make the run again", async (t) => {
+  const w = await world();
+  const owner = w.actor();
+  await owner.command(startCmd());
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(owner);
+  okReply(await owner.command({ op: "delete", workspace_id: WS, run_id: RUN }));
+  await until(() => w.checkpoints.removed.length > 0);
+  const started = w.turns.started.length;
+  // The gateway's re-drive: the same ids, not a fresh claim (the host gives it a new actor: the
+  // deleting one stopped); on this node or on the partition's next owner.
+  for (const actor of [w.actor(), w.actor(2)]) {
+    const reply = okReply(await actor.command(startCmd("turn_1", { fresh: false })));
+    t.like(reply, { run_id: RUN, turn_id: "turn_1", disposition: "created" });
+    t.is(reply.run, undefined, "no run to show: the request reads it (404)");
+  }
+  t.false(w.store.runs.has(RUN), "the run stays deleted");
+  t.is(w.store.turns.size, 0);
+  t.deepEqual(w.events.types(RUN), [], "no run.created again");
+  t.is(w.turns.started.length, started, "no agent ran");
+});
+
 test("run-actor - an expired run answers run_expired and the sweeper removes it with a tombstone", async (t) => {
   const w = await world();
   const actor = w.actor();
