@@ -159,7 +159,8 @@ export class ActorHost {
         }
       }
       const swept = await this.r.files.sweep(now);
-      if (swept.files || swept.uploads) this.r.log.info(swept, "expired files and upload records removed");
+      if (swept.files || swept.uploads) this.r.log.info({ files: swept.files, uploads: swept.uploads }, "expired files and upload records removed");
+      if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some expired files' objects; their records stay for the next sweep");
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });

@@ -137,18 +137,41 @@ export class FileStore {
    * `expires_at` with their objects, and upload records past theirs with any object an
    * unfinished attempt left. At most `batch` of each per call; safe on every node at once.
    */
-  async sweep(nowMs: number, batch = 200): Promise<{ files: number; uploads: number }> {
+  async sweep(nowMs: number, batch = 200): Promise<{ files: number; uploads: number; failed: number }> {
+    // A record goes only once its object is gone: an object whose delete failed (NATS away)
+    // is tried again at the next sweep, never left behind without a record that names it.
+    let removedFiles = 0;
+    let removedUploads = 0;
+    let failed = 0;
     const files = await guard(() => this.files.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray());
     for (const file of files) {
-      await this.objects.delete(file.object_name).catch(() => undefined);
+      if (!(await this.deleteObject(file.object_name))) {
+        failed++;
+        continue;
+      }
       await guard(() => this.files.deleteOne({ _id: file._id }));
+      removedFiles++;
     }
     const uploads = await guard(() => this.uploads.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray());
     for (const upload of uploads) {
-      if (upload.state !== UploadState.done) await this.objects.delete(upload.file_id).catch(() => undefined);
+      if (upload.state !== UploadState.done && !(await this.deleteObject(upload.file_id))) {
+        failed++;
+        continue;
+      }
       await guard(() => this.uploads.deleteOne({ _id: upload._id, expires_at: upload.expires_at }));
+      removedUploads++;
     }
-    return { files: files.length, uploads: uploads.length };
+    return { files: removedFiles, uploads: removedUploads, failed };
+  }
+
+  /** Deletes an object; whether it is gone (deleting one that is absent already is nothing to do). */
+  private async deleteObject(name: string): Promise<boolean> {
+    try {
+      await this.objects.delete(name);
+      return true;
+    } catch {
+      return false;
+    }
   }
 
   private keyOf(kind: "files", workspaceId: string): (keyId: number) => Uint8Array | undefined {

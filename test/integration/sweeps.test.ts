@@ -20,7 +20,9 @@ import pino from "pino";
 import path from "node:path";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
-import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject } from "../../src/nats.js";
+import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject, FILES_BUCKET } from "../../src/nats.js";
+import { FileStore } from "../../src/file-store.js";
+import { BlobKeyring } from "../../src/blob-crypto.js";
 import { bashThen } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
 
@@ -316,4 +318,38 @@ test("sweeps - a node that gains a partition removes the workspace directories i
     await service.close();
     await servers.stop();
   }
+});
+
+test("sweeps - an expired file's record goes only once its object is gone: a delete that fails (NATS away) leaves both for the next sweep", async (t) => {
+  t.timeout(60_000);
+  await withService(async (servers, service) => {
+    const ws = await newWorkspace(service);
+    const form = new FormData();
+    form.append("file", new Blob([Buffer.from("tenant bytes that must go at retention")]), "note.txt");
+    const res = await fetch(`${service.url}/api/v1/files`, { method: "POST", headers: { authorization: `Bearer ${ws.key}`, "idempotency-key": "file-sweep-1" }, body: form });
+    const file = (await res.json()) as { id: string };
+    t.is(res.status, 201, JSON.stringify(file));
+    const raw = await servers.raw();
+    const doc = (await raw.db.collection("files").findOne({ _id: file.id as never }))!;
+    // Swept as of a time past its retention: the service's own sweep (at the real time) leaves it alone.
+    const later = Number(doc.expires_at) + 1_000;
+    const keys = new BlobKeyring(Buffer.alloc(32, 7).toString("base64"));
+    const connect = (name: string) => connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name });
+    const away = await connect("files-sweep-away");
+    const awayFiles = new FileStore(service.store.db, await new Objm(jetstream(away)).open(FILES_BUCKET), systemClock, Ids, keys);
+    await away.close();
+    t.like(await awayFiles.sweep(later), { files: 0, failed: 1 }, "the object's delete failed: nothing removed");
+    t.truthy(await raw.db.collection("files").findOne({ _id: file.id as never }), "the record stays, naming the object");
+    const nc = await connect("files-sweep");
+    try {
+      const bucket = await new Objm(jetstream(nc)).open(FILES_BUCKET);
+      t.is((await bucket.info(doc.object_name))?.deleted, false, "and the object is there");
+      const files = new FileStore(service.store.db, bucket, systemClock, Ids, keys);
+      t.like(await files.sweep(later), { files: 1, failed: 0 });
+      t.is(await raw.db.collection("files").findOne({ _id: file.id as never }), null);
+      t.not((await bucket.info(doc.object_name))?.deleted, false, "the object is deleted (or absent)");
+    } finally {
+      await nc.close();
+    }
+  });
 });
