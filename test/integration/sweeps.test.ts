@@ -5,7 +5,7 @@
  * backlog (retention lowered, a store restored, a long outage) failed at every sweep.
  * Real FerretDB and driver; the usage ledger and the idempotency records.
  */
-import test from "ava";
+import test, { type ExecutionContext } from "ava";
 import { type Collection, MongoClient } from "mongodb";
 import { type RunningService, startService } from "../../node/service.js";
 import { deleteOldest, SWEEP_BATCH } from "../../src/mongo-guard.js";
@@ -45,6 +45,19 @@ async function withStore(work: (servers: TestServers, client: MongoClient) => Pr
     await client.close();
     await servers.stop();
   }
+}
+
+/**
+ * Starts runs on an agent whose turn writes note.txt in the run's workspace (so each run has
+ * a workspace directory and a checkpoint); each start's turn completed, its run id.
+ */
+async function workspaceRuns(t: ExecutionContext, api: Api): Promise<() => Promise<string>> {
+  const agent = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo kept > note.txt", "wrote") });
+  return async () => {
+    const run = (await api.post("/api/v1/runs", { agent, input: "go" })).body;
+    t.is(run.turn?.status, "completed", JSON.stringify(run));
+    return run.id as string;
+  };
 }
 
 /** Test servers and a service on them for `work`; all stopped after it. */
@@ -201,12 +214,7 @@ test("sweeps - what a removal left behind (its node died once the run's document
   t.timeout(120_000);
   await withService(async (servers, service) => {
     const ws = await newWorkspace(service);
-    const agent = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo kept > note.txt", "wrote") });
-    const start = async () => {
-      const run = (await ws.api.post("/api/v1/runs", { agent, input: "go" })).body;
-      t.is(run.turn?.status, "completed", JSON.stringify(run));
-      return run.id as string;
-    };
+    const start = await workspaceRuns(t, ws.api);
     const [left, live, deleted] = [await start(), await start(), await start()];
     const raw = await servers.raw();
     const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "leftovers-test" });
@@ -286,12 +294,7 @@ test("sweeps - a node that gains a partition removes the workspace directories i
   let service = await startService(config, { log: pino({ level: "info" }, sink) });
   try {
     const ws = await newWorkspace(service);
-    const agent = await ws.api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo kept > note.txt", "wrote") });
-    const start = async () => {
-      const run = (await ws.api.post("/api/v1/runs", { agent, input: "go" })).body;
-      t.is(run.turn?.status, "completed", JSON.stringify(run));
-      return run.id as string;
-    };
+    const start = await workspaceRuns(t, ws.api);
     const [gone, live] = [await start(), await start()];
     const dirOf = (runId: string) => path.join(dataDir, "workspaces", runId);
     t.true(existsSync(path.join(dirOf(gone), "note.txt")) && existsSync(path.join(dirOf(live), "note.txt")));
