@@ -142,8 +142,12 @@ export function runRoutes(ctx: GatewayContext) {
           },
           async (identity, firstClaim) => {
             // A spent budget refuses new turns; a retry whose turn was admitted goes on (a
-            // concurrent twin of a refused request finds no turn: it is checked too).
-            if (firstClaim || !(await ctx.store.getTurn(identity.turn_id))) await ctx.usage.admit(workspaceId);
+            // concurrent twin of a refused request finds no turn: it is checked too), and so
+            // does one whose run was removed since (its turn with it): the actor answers it
+            // without the run, and a refusal here would free the key to start another run.
+            if (firstClaim || !((await ctx.store.getTurn(identity.turn_id)) || (await ctx.store.getTombstone(identity.run_id)))) {
+              await ctx.usage.admit(workspaceId);
+            }
             if (!body.background && !body.stream) waitFor = turnNotices(ctx, identity.run_id, identity.turn_id);
             const admitted = await admit(ctx, workspaceId, body, identity, startVersion, auth.workspace.plan, firstClaim);
             admittedHere = firstClaim;

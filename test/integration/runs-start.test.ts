@@ -328,14 +328,17 @@ test.serial("runs - a retry re-driving a start whose run was deleted meanwhile (
     const first = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
     t.is(first.status, 200);
     t.is((await api.request("DELETE", `/api/v1/runs/${first.body.id}`, { idempotencyKey: `del-${key}` })).status, 200);
+    const raw = await servers.raw();
+    const record = () => raw.idempotency.findOne({ operation: "runs.create", "result.run_id": first.body.id });
+    t.is((await record())?.state, "pending", "the key's record was left pending: the retry re-drives it");
     for (let i = 0; i < 2; i++) {
       // The first retry re-drives the pending claim's ids; the second finds the key's record done.
       const retry = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
       t.is(retry.status, 404, JSON.stringify(retry.body));
       t.is(retry.body.error.code, "run_not_found");
+      t.is((await record())?.state, "done", "the key stays bound to the deleted run");
     }
     t.is((await api.get(`/api/v1/runs/${first.body.id}`)).status, 404, "the run stays deleted");
-    const raw = await servers.raw();
     t.is(await raw.runs.countDocuments({ _id: first.body.id }), 0);
     t.is(await raw.turns.countDocuments({ run_id: first.body.id }), 0);
   } finally {

@@ -186,6 +186,36 @@ test("usage ledger - bad queries and budget bodies answer 400 naming the paramet
   t.is((await ws.api.get("/api/v1/usage/budget")).status, 404, "nothing was set");
 });
 
+test.serial("usage ledger - a start re-driven after its run was deleted and the budget spent answers 404 and keeps its key bound: a 429 would free the key to start another run once the budget renews", async (t) => {
+  const { service, servers } = t.context;
+  const ws = await newWorkspace(service);
+  const agent = await countingAgent(ws, 300, 10);
+  t.is((await ws.api.request("PUT", "/api/v1/usage/budget", { body: { monthly_tokens: 100 } })).status, 200);
+  const store = service.store;
+  const complete = store.completeIdempotency;
+  // The record's completion fails once (serial: nothing else runs meanwhile): the claim stays pending.
+  store.completeIdempotency = async () => {
+    store.completeIdempotency = complete;
+    throw new Error("store away for a moment");
+  };
+  const key = "redrive-spent";
+  try {
+    const first = await ws.api.post("/api/v1/runs", { agent, input: "spends it" }, key);
+    t.is(first.body.turn?.status, "completed", JSON.stringify(first.body));
+    t.is((await ws.api.request("DELETE", `/api/v1/runs/${first.body.id}`, { idempotencyKey: `del-${key}` })).status, 200);
+    t.is((await ws.api.get("/api/v1/usage")).body.budget.exhausted, "tokens");
+    const raw = await servers.raw();
+    const record = () => raw.idempotency.findOne({ workspace_id: ws.id, operation: "runs.create" });
+    t.is((await record())?.state, "pending");
+    const retry = await ws.api.post("/api/v1/runs", { agent, input: "spends it" }, key);
+    t.is(retry.status, 404, JSON.stringify(retry.body));
+    t.is((await record())?.state, "done", "the key stays bound to the deleted run");
+    t.is((await ws.api.post("/api/v1/runs", { agent, input: "another" }, "another-key")).status, 429, "a new start is refused");
+  } finally {
+    store.completeIdempotency = complete;
+  }
+});
+
 test("usage ledger - a spent token budget refuses new turns 429 quota_exceeded; a turn in progress finishes; a raised or removed budget admits again", async (t) => {
   const ws = await newWorkspace(t.context.service);
   const agent = await countingAgent(ws, 300, 10);
