@@ -159,7 +159,7 @@ export class ActorHost {
         }
       }
       const swept = await this.r.files.sweep(now);
-      if (swept.files || swept.uploads) this.r.log.info({ files: swept.files, uploads: swept.uploads }, "expired files and upload records removed");
+      if (swept.files || swept.uploads || swept.orphans) this.r.log.info({ files: swept.files, uploads: swept.uploads, orphans: swept.orphans }, "expired files, upload records and orphaned upload objects removed");
       if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some expired files' objects; their records stay for the next sweep");
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;

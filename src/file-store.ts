@@ -19,6 +19,10 @@ import { decideUpload, decisionError, type FileUploadDoc, UploadState } from "./
 
 export const FILES_COLLECTION = "files";
 export const FILE_UPLOADS_COLLECTION = "file_uploads";
+/** Objects of upload attempts that no record names any more, deleted by the sweep once no attempt can still write them. */
+export const FILE_ORPHANS_COLLECTION = "file_orphans";
+/** How long after it is recorded an orphan's object is deleted: past the longest upload (20 min), so the attempt that wrote it has ended. */
+export const ORPHAN_GRACE_MS = 30 * 60_000;
 /** Upload records are kept at least this long (decisions §4: at least 24 hours). */
 export const UPLOAD_RECORD_KEEP_MS = 48 * 3600_000;
 /** Store failures tolerated by a running upload before it stops (spec Limits: about a minute). */
@@ -95,6 +99,7 @@ export class FileDataMissingError extends Error {
 export class FileStore {
   readonly files: Collection<FileDoc>;
   readonly uploads: Collection<FileUploadDoc>;
+  private readonly orphans: Collection<{ _id: string; at: number }>;
 
   constructor(
     db: Db,
@@ -106,6 +111,7 @@ export class FileStore {
   ) {
     this.files = db.collection<FileDoc>(FILES_COLLECTION);
     this.uploads = db.collection<FileUploadDoc>(FILE_UPLOADS_COLLECTION);
+    this.orphans = db.collection(FILE_ORPHANS_COLLECTION);
   }
 
   /** Creates indexes; safe on every start. */
@@ -114,6 +120,7 @@ export class FileStore {
       await this.files.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
       await this.files.createIndex({ expires_at: 1 }, { name: "expires" });
       await this.uploads.createIndex({ expires_at: 1 }, { name: "expires" });
+      await this.orphans.createIndex({ at: 1 }, { name: "at" });
     });
   }
 
@@ -137,7 +144,7 @@ export class FileStore {
    * `expires_at` with their objects, and upload records past theirs with any object an
    * unfinished attempt left. At most `batch` of each per call; safe on every node at once.
    */
-  async sweep(nowMs: number, batch = 200): Promise<{ files: number; uploads: number; failed: number }> {
+  async sweep(nowMs: number, batch = 200): Promise<{ files: number; uploads: number; orphans: number; failed: number }> {
     // A record goes only once its object is gone: an object whose delete failed (NATS away)
     // is tried again at the next sweep, never left behind without a record that names it.
     let removedFiles = 0;
@@ -161,7 +168,32 @@ export class FileStore {
       await guard(() => this.uploads.deleteOne({ _id: upload._id, expires_at: upload.expires_at }));
       removedUploads++;
     }
-    return { files: removedFiles, uploads: removedUploads, failed };
+    let removedOrphans = 0;
+    const orphans = await guard(() => this.orphans.find({ at: { $lte: nowMs - ORPHAN_GRACE_MS } }).limit(batch).toArray());
+    for (const orphan of orphans) {
+      if (!(await this.deleteObject(orphan._id))) {
+        failed++;
+        continue;
+      }
+      await guard(() => this.orphans.deleteOne({ _id: orphan._id }));
+      removedOrphans++;
+    }
+    return { files: removedFiles, uploads: removedUploads, orphans: removedOrphans, failed };
+  }
+
+  /**
+   * Deletes an attempt's object; when that fails (NATS away), records it as an orphan for
+   * the sweep, since no record may name it afterwards (a repeat's attempt takes the key's
+   * record over). Recording it is best effort: with the store away too, it is left.
+   */
+  private async deleteOrOrphan(name: string): Promise<void> {
+    if (!(await this.deleteObject(name))) await this.orphan(name);
+  }
+
+  /** Records an object no record will name, for the sweep to delete once its attempt has ended (insert only: a repeat is one record). */
+  private async orphan(name: string): Promise<void> {
+    // A duplicate is the same record; a store away too leaves the object (best effort).
+    await guard(() => this.orphans.insertOne({ _id: name, at: this.clock.nowMs() })).catch(() => undefined);
   }
 
   /** Deletes an object; whether it is gone (deleting one that is absent already is nothing to do). */
@@ -240,7 +272,12 @@ export class FileStore {
           { $set: { ...fresh, expires_at: now + UPLOAD_RECORD_KEEP_MS } },
         ),
       );
-      if (result.matchedCount === 1) return { kind: "owned", session: { uploadId, workspaceId, fileId, startedAt: now } };
+      if (result.matchedCount === 1) {
+        // A silent attempt taken over may have stored its object and died before recording
+        // it (or may still be writing it): from here no record names it.
+        if (decision.kind === "takeover") await this.orphan(previous.file_id);
+        return { kind: "owned", session: { uploadId, workspaceId, fileId, startedAt: now } };
+      }
     }
     throw new ApiError("upload_in_progress", { param: "Idempotency-Key", retryAfterS: 1 });
   }
@@ -336,7 +373,7 @@ export class FileStore {
       deadline.cancel();
     }
     if (stopped) {
-      await this.objects.delete(session.fileId).catch(() => undefined);
+      await this.deleteOrOrphan(session.fileId);
       throw stopped;
     }
     return { bytes, sha256: hash.digest("hex") };
@@ -371,7 +408,7 @@ export class FileStore {
     );
     if (marked.matchedCount === 1) return doc;
     await guard(() => this.files.deleteOne({ _id: doc._id }));
-    await this.objects.delete(session.fileId).catch(() => undefined);
+    await this.deleteOrOrphan(session.fileId);
     throw new ApiError("conflict", { param: "Idempotency-Key", message: "A later request with this Idempotency-Key took the upload over." });
   }
 
@@ -381,7 +418,7 @@ export class FileStore {
    * Best effort: a record left `uploading` is taken over after the silence window.
    */
   async abandon(session: UploadSession, state: typeof UploadState.failed | typeof UploadState.expired): Promise<void> {
-    await this.objects.delete(session.fileId).catch(() => undefined);
+    await this.deleteOrOrphan(session.fileId);
     await guard(() =>
       this.uploads.updateOne(
         { _id: session.uploadId, file_id: session.fileId, state: UploadState.uploading },

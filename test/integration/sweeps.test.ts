@@ -21,7 +21,7 @@ import path from "node:path";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject, FILES_BUCKET } from "../../src/nats.js";
-import { FileStore } from "../../src/file-store.js";
+import { FileStore, ORPHAN_GRACE_MS, type UploadClaim } from "../../src/file-store.js";
 import { BlobKeyring } from "../../src/blob-crypto.js";
 import { bashThen } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
@@ -351,6 +351,55 @@ test("sweeps - an expired file's record goes only once its object is gone: a del
       t.like(await files.sweep(later), { files: 1, failed: 0 });
       t.is(await raw.db.collection("files").findOne({ _id: file.id as never }), null);
       t.not((await bucket.info(doc.object_name))?.deleted, false, "the object is deleted (or absent)");
+    } finally {
+      await nc.close();
+    }
+  });
+});
+
+test("sweeps - an upload attempt's object that no record names any more (taken over after its node went silent, or whose delete failed) is deleted by the file sweep once no attempt can still write it", async (t) => {
+  t.timeout(60_000);
+  await withService(async (servers, service) => {
+    const ws = await newWorkspace(service);
+    const keys = new BlobKeyring(Buffer.alloc(32, 7).toString("base64"));
+    const connect = (name: string) => connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name });
+    const nc = await connect("orphans");
+    try {
+      const bucket = await new Objm(jetstream(nc)).open(FILES_BUCKET);
+      const files = new FileStore(service.store.db, bucket, systemClock, Ids, keys);
+      const owned = async (claim: Promise<UploadClaim>) => {
+        const c = await claim;
+        if (c.kind !== "owned") throw new Error(`expected an owned attempt, got ${c.kind}`);
+        return c.session;
+      };
+      const stored = async (name: string) => (await bucket.info(name))?.deleted === false;
+      const orphans = service.store.db.collection("file_orphans");
+
+      // An attempt stored its object, and its node died before recording the file.
+      const silent = await owned(files.claim(ws.id, "orphan-1", "fp-1", 60_000));
+      await bucket.putBlob({ name: silent.fileId }, Buffer.from("bytes of a silent attempt"));
+      // The repeat takes the key over (silent past a window of 0 ms): a new file id.
+      const repeat = await owned(files.claim(ws.id, "orphan-1", "fp-1", 0));
+      t.not(repeat.fileId, silent.fileId);
+      t.truthy(await orphans.findOne({ _id: silent.fileId as never }), "the silent attempt's object is recorded");
+
+      // Another attempt is given up while NATS is away: its object's delete fails.
+      const failing = await owned(files.claim(ws.id, "orphan-2", "fp-2", 60_000));
+      await bucket.putBlob({ name: failing.fileId }, Buffer.from("bytes of an abandoned attempt"));
+      const away = await connect("orphans-away");
+      const awayFiles = new FileStore(service.store.db, await new Objm(jetstream(away)).open(FILES_BUCKET), systemClock, Ids, keys);
+      await away.close();
+      await awayFiles.abandon(failing, "failed");
+      t.true(await stored(failing.fileId), "its object is still there");
+      t.truthy(await orphans.findOne({ _id: failing.fileId as never }), "and recorded");
+
+      // Not before the longest upload could have ended: the silent attempt may still be writing.
+      t.like(await files.sweep(Date.now()), { orphans: 0 });
+      t.true((await stored(silent.fileId)) && (await stored(failing.fileId)));
+      t.like(await files.sweep(Date.now() + ORPHAN_GRACE_MS + 1_000), { orphans: 2, failed: 0 });
+      t.false(await stored(silent.fileId), "the silent attempt's object is deleted");
+      t.false(await stored(failing.fileId), "the abandoned attempt's too");
+      t.is(await orphans.countDocuments({}), 0);
     } finally {
       await nc.close();
     }
