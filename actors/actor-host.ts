@@ -158,7 +158,7 @@ export class ActorHost {
           this.r.log.warn({ err }, "usage sweep failed; retrying at the next interval");
         }
       }
-      const swept = await this.r.files.sweep(now);
+      const swept = await this.r.files.sweep(now, { uploadTimeLimitMs: this.r.config.files.timeLimitMs });
       if (swept.files || swept.uploads || swept.orphans) this.r.log.info({ files: swept.files, uploads: swept.uploads, orphans: swept.orphans }, "expired files, upload records and orphaned upload objects removed");
       if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some expired files' objects; their records stay for the next sweep");
       const partitions = this.r.config.partitions;

@@ -21,8 +21,14 @@ export const FILES_COLLECTION = "files";
 export const FILE_UPLOADS_COLLECTION = "file_uploads";
 /** Objects of upload attempts that no record names any more, deleted by the sweep once no attempt can still write them. */
 export const FILE_ORPHANS_COLLECTION = "file_orphans";
-/** How long after it is recorded an orphan's object is deleted: past the longest upload (20 min), so the attempt that wrote it has ended. */
-export const ORPHAN_GRACE_MS = 30 * 60_000;
+/**
+ * How long after it is recorded an orphan's object is deleted: past the longest upload
+ * (RUNS_UPLOAD_TIME_LIMIT_MS, 20 min by default) and 10 minutes more (a paused node's
+ * attempt, clocks apart), so the attempt that wrote it has ended; at least 30 minutes.
+ */
+export function orphanGraceMs(uploadTimeLimitMs: number): number {
+  return Math.max(30 * 60_000, uploadTimeLimitMs + 10 * 60_000);
+}
 /** Upload records are kept at least this long (decisions §4: at least 24 hours). */
 export const UPLOAD_RECORD_KEEP_MS = 48 * 3600_000;
 /** Store failures tolerated by a running upload before it stops (spec Limits: about a minute). */
@@ -144,7 +150,7 @@ export class FileStore {
    * `expires_at` with their objects, and upload records past theirs with any object an
    * unfinished attempt left. At most `batch` of each per call; safe on every node at once.
    */
-  async sweep(nowMs: number, batch = 200): Promise<{ files: number; uploads: number; orphans: number; failed: number }> {
+  async sweep(nowMs: number, { batch = 200, uploadTimeLimitMs = 20 * 60_000 }: { batch?: number; uploadTimeLimitMs?: number } = {}): Promise<{ files: number; uploads: number; orphans: number; failed: number }> {
     // A record goes only once its object is gone: an object whose delete failed (NATS away)
     // is tried again at the next sweep, never left behind without a record that names it.
     let removedFiles = 0;
@@ -169,9 +175,12 @@ export class FileStore {
       removedUploads++;
     }
     let removedOrphans = 0;
-    const orphans = await guard(() => this.orphans.find({ at: { $lte: nowMs - ORPHAN_GRACE_MS } }).limit(batch).toArray());
+    const orphans = await guard(() => this.orphans.find({ at: { $lte: nowMs - orphanGraceMs(uploadTimeLimitMs) } }).limit(batch).toArray());
     for (const orphan of orphans) {
-      if (!(await this.deleteObject(orphan._id))) {
+      // An attempt recorded as left behind that finished after all (two writers of one
+      // record: the store's updates are not atomic) is a file: its object stays with it.
+      const named = await guard(() => this.files.findOne({ _id: orphan._id }, { projection: { _id: 1 } }));
+      if (!named && !(await this.deleteObject(orphan._id))) {
         failed++;
         continue;
       }
@@ -274,8 +283,9 @@ export class FileStore {
       );
       if (result.matchedCount === 1) {
         // A silent attempt taken over may have stored its object and died before recording
-        // it (or may still be writing it): from here no record names it.
-        if (decision.kind === "takeover") await this.orphan(previous.file_id);
+        // it (or may still be writing it), and a failed one's delete may have failed: from
+        // here no record names the previous attempt's object.
+        await this.orphan(previous.file_id);
         return { kind: "owned", session: { uploadId, workspaceId, fileId, startedAt: now } };
       }
     }
@@ -418,6 +428,17 @@ export class FileStore {
    * Best effort: a record left `uploading` is taken over after the silence window.
    */
   async abandon(session: UploadSession, state: typeof UploadState.failed | typeof UploadState.expired): Promise<void> {
+    // Nothing is removed that may be the key's file: `finish`'s mark may have been stored
+    // with its answer lost (the record says done with this file), and with the store away
+    // nothing can be known (the record is taken over or swept later, with its object).
+    try {
+      const record = await this.getUpload(session.uploadId);
+      if (record?.state === UploadState.done && record.file_id === session.fileId) return;
+      // A document `finish` inserted before its mark failed names bytes about to go.
+      await guard(() => this.files.deleteOne({ _id: session.fileId, workspace_id: session.workspaceId }));
+    } catch {
+      return;
+    }
     await this.deleteOrOrphan(session.fileId);
     await guard(() =>
       this.uploads.updateOne(

@@ -21,7 +21,7 @@ import path from "node:path";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject, FILES_BUCKET } from "../../src/nats.js";
-import { FileStore, ORPHAN_GRACE_MS, type UploadClaim } from "../../src/file-store.js";
+import { FileStore, orphanGraceMs, type UploadClaim } from "../../src/file-store.js";
 import { BlobKeyring } from "../../src/blob-crypto.js";
 import { bashThen } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
@@ -357,7 +357,7 @@ test("sweeps - an expired file's record goes only once its object is gone: a del
   });
 });
 
-test("sweeps - an upload attempt's object that no record names any more (taken over after its node went silent, or whose delete failed) is deleted by the file sweep once no attempt can still write it", async (t) => {
+test("sweeps - an upload attempt's object that no record names any more (taken over after its node went silent, or whose delete failed) is deleted by the file sweep once no attempt can still write it; a file's never", async (t) => {
   t.timeout(60_000);
   await withService(async (servers, service) => {
     const ws = await newWorkspace(service);
@@ -393,12 +393,30 @@ test("sweeps - an upload attempt's object that no record names any more (taken o
       t.true(await stored(failing.fileId), "its object is still there");
       t.truthy(await orphans.findOne({ _id: failing.fileId as never }), "and recorded");
 
+      // An attempt whose finish was stored with its answer lost: the route gives it up, and
+      // its file (the key's) keeps its bytes.
+      const finished = await owned(files.claim(ws.id, "orphan-3", "fp-3", 60_000));
+      const bytes = Buffer.from("bytes of a finished attempt");
+      await bucket.putBlob({ name: finished.fileId }, bytes);
+      const file = await files.finish(finished, { filename: "a.txt", media_type: "text/plain" }, { bytes: bytes.length, sha256: "0".repeat(64) });
+      await files.abandon(finished, "failed");
+      t.true(await stored(finished.fileId), "a done attempt's object is not removed");
+      t.truthy(await files.get(ws.id, file._id));
+      // And recorded as left behind by a takeover that raced its finish (two writers of one
+      // record): the sweep finds the file that names it.
+      await orphans.insertOne({ _id: finished.fileId as never, at: Date.now() });
+
       // Not before the longest upload could have ended: the silent attempt may still be writing.
+      const grace = orphanGraceMs(20 * 60_000);
+      t.is(grace, 30 * 60_000);
       t.like(await files.sweep(Date.now()), { orphans: 0 });
+      t.like(await files.sweep(Date.now() + grace + 1_000, { uploadTimeLimitMs: 60 * 60_000 }), { orphans: 0 }, "a longer upload limit waits longer");
       t.true((await stored(silent.fileId)) && (await stored(failing.fileId)));
-      t.like(await files.sweep(Date.now() + ORPHAN_GRACE_MS + 1_000), { orphans: 2, failed: 0 });
+      t.like(await files.sweep(Date.now() + grace + 1_000), { orphans: 3, failed: 0 });
       t.false(await stored(silent.fileId), "the silent attempt's object is deleted");
       t.false(await stored(failing.fileId), "the abandoned attempt's too");
+      t.true(await stored(finished.fileId), "a file's object stays");
+      t.is((await files.read(ws.id, file._id))?.data.toString(), bytes.toString());
       t.is(await orphans.countDocuments({}), 0);
     } finally {
       await nc.close();
