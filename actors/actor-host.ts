@@ -160,7 +160,7 @@ export class ActorHost {
       }
       const swept = await this.r.files.sweep(now, { uploadTimeLimitMs: this.r.config.files.timeLimitMs });
       if (swept.files || swept.uploads || swept.orphans) this.r.log.info({ files: swept.files, uploads: swept.uploads, orphans: swept.orphans }, "expired files, upload records and orphaned upload objects removed");
-      if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some expired files' objects; their records stay for the next sweep");
+      if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some objects of expired files or left-behind uploads; their records stay for the next sweep");
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });

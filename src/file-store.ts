@@ -147,8 +147,10 @@ export class FileStore {
 
   /**
    * Removes what has outlived its retention (the store has no TTL indexes): files past
-   * `expires_at` with their objects, and upload records past theirs with any object an
-   * unfinished attempt left. At most `batch` of each per call; safe on every node at once.
+   * `expires_at` with their objects, upload records past theirs with any object an
+   * unfinished attempt left, and the objects of attempts no record names any more once
+   * those attempts have surely ended (`uploadTimeLimitMs`: the node's upload time limit).
+   * At most `batch` of each per call; safe on every node at once.
    */
   async sweep(nowMs: number, { batch = 200, uploadTimeLimitMs = 20 * 60_000 }: { batch?: number; uploadTimeLimitMs?: number } = {}): Promise<{ files: number; uploads: number; orphans: number; failed: number }> {
     // A record goes only once its object is gone: an object whose delete failed (NATS away)
