@@ -44,7 +44,7 @@ export interface paths {
         post?: never;
         /**
          * Delete an idle run
-         * @description Fences new work and answers once the run is gone; its turns, events, files and workspace are removed asynchronously; later reads are 404. A busy run: 409 run_busy. Scope: run:write.
+         * @description Fences new work and answers once the run is gone; its turns, events, workspace and workspace checkpoint are removed asynchronously (uploaded files belong to the workspace and keep their own retention); later reads are 404. A busy run: 409 run_busy. Scope: run:write.
          */
         delete: operations["deleteRun"];
         options?: never;

@@ -74,7 +74,7 @@ export const RUN_OPERATIONS = {
     path: "/api/v1/runs/{runId}",
     operationId: "deleteRun",
     summary: "Delete an idle run",
-    description: "Fences new work and answers once the run is gone; its turns, events, files and workspace are removed asynchronously; later reads are 404. A busy run: 409 run_busy.",
+    description: "Fences new work and answers once the run is gone; its turns, events, workspace and workspace checkpoint are removed asynchronously (uploaded files belong to the workspace and keep their own retention); later reads are 404. A busy run: 409 run_busy.",
     tag: "runs",
     scope: "run:write",
     idempotencyKey: true,
