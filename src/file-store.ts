@@ -152,44 +152,41 @@ export class FileStore {
    * those attempts have surely ended (`uploadTimeLimitMs`: the node's upload time limit).
    * At most `batch` of each per call; safe on every node at once.
    */
-  async sweep(nowMs: number, { batch = 200, uploadTimeLimitMs = 20 * 60_000 }: { batch?: number; uploadTimeLimitMs?: number } = {}): Promise<{ files: number; uploads: number; orphans: number; failed: number }> {
+  async sweep(nowMs: number, { uploadTimeLimitMs, batch = 200 }: { uploadTimeLimitMs: number; batch?: number }): Promise<{ files: number; uploads: number; orphans: number; failed: number }> {
     // A record goes only once its object is gone: an object whose delete failed (NATS away)
     // is tried again at the next sweep, never left behind without a record that names it.
-    let removedFiles = 0;
-    let removedUploads = 0;
     let failed = 0;
-    const files = await guard(() => this.files.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray());
-    for (const file of files) {
-      if (!(await this.deleteObject(file.object_name))) {
-        failed++;
-        continue;
+    const removeEach = async <D>(docs: D[], objectOf: (doc: D) => Promise<string | null>, removeRecord: (doc: D) => Promise<unknown>) => {
+      let removed = 0;
+      for (const doc of docs) {
+        const object = await objectOf(doc);
+        if (object !== null && !(await this.deleteObject(object))) {
+          failed++;
+          continue;
+        }
+        await guard(() => removeRecord(doc));
+        removed++;
       }
-      await guard(() => this.files.deleteOne({ _id: file._id }));
-      removedFiles++;
-    }
-    const uploads = await guard(() => this.uploads.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray());
-    for (const upload of uploads) {
-      if (upload.state !== UploadState.done && !(await this.deleteObject(upload.file_id))) {
-        failed++;
-        continue;
-      }
-      await guard(() => this.uploads.deleteOne({ _id: upload._id, expires_at: upload.expires_at }));
-      removedUploads++;
-    }
-    let removedOrphans = 0;
-    const orphans = await guard(() => this.orphans.find({ at: { $lte: nowMs - orphanGraceMs(uploadTimeLimitMs) } }).limit(batch).toArray());
-    for (const orphan of orphans) {
+      return removed;
+    };
+    const files = await removeEach(
+      await guard(() => this.files.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray()),
+      async (file) => file.object_name,
+      (file) => this.files.deleteOne({ _id: file._id }),
+    );
+    const uploads = await removeEach(
+      await guard(() => this.uploads.find({ expires_at: { $lte: nowMs } }).limit(batch).toArray()),
+      async (upload) => (upload.state === UploadState.done ? null : upload.file_id),
+      (upload) => this.uploads.deleteOne({ _id: upload._id, expires_at: upload.expires_at }),
+    );
+    const orphans = await removeEach(
+      await guard(() => this.orphans.find({ at: { $lte: nowMs - orphanGraceMs(uploadTimeLimitMs) } }).limit(batch).toArray()),
       // An attempt recorded as left behind that finished after all (two writers of one
       // record: the store's updates are not atomic) is a file: its object stays with it.
-      const named = await guard(() => this.files.findOne({ _id: orphan._id }, { projection: { _id: 1 } }));
-      if (!named && !(await this.deleteObject(orphan._id))) {
-        failed++;
-        continue;
-      }
-      await guard(() => this.orphans.deleteOne({ _id: orphan._id }));
-      removedOrphans++;
-    }
-    return { files: removedFiles, uploads: removedUploads, orphans: removedOrphans, failed };
+      async (orphan) => ((await guard(() => this.files.findOne({ _id: orphan._id }, { projection: { _id: 1 } }))) ? null : orphan._id),
+      (orphan) => this.orphans.deleteOne({ _id: orphan._id }),
+    );
+    return { files, uploads, orphans, failed };
   }
 
   /**

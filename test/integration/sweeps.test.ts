@@ -341,14 +341,14 @@ test("sweeps - an expired file's record goes only once its object is gone: a del
     const away = await connect("files-sweep-away");
     const awayFiles = new FileStore(service.store.db, await new Objm(jetstream(away)).open(FILES_BUCKET), systemClock, Ids, keys);
     await away.close();
-    t.like(await awayFiles.sweep(later), { files: 0, failed: 1 }, "the object's delete failed: nothing removed");
+    t.like(await awayFiles.sweep(later, { uploadTimeLimitMs: 20 * 60_000 }), { files: 0, failed: 1 }, "the object's delete failed: nothing removed");
     t.truthy(await raw.db.collection("files").findOne({ _id: file.id as never }), "the record stays, naming the object");
     const nc = await connect("files-sweep");
     try {
       const bucket = await new Objm(jetstream(nc)).open(FILES_BUCKET);
       t.is((await bucket.info(doc.object_name))?.deleted, false, "and the object is there");
       const files = new FileStore(service.store.db, bucket, systemClock, Ids, keys);
-      t.like(await files.sweep(later), { files: 1, failed: 0 });
+      t.like(await files.sweep(later, { uploadTimeLimitMs: 20 * 60_000 }), { files: 1, failed: 0 });
       t.is(await raw.db.collection("files").findOne({ _id: file.id as never }), null);
       t.not((await bucket.info(doc.object_name))?.deleted, false, "the object is deleted (or absent)");
     } finally {
@@ -409,10 +409,10 @@ test("sweeps - an upload attempt's object that no record names any more (taken o
       // Not before the longest upload could have ended: the silent attempt may still be writing.
       const grace = orphanGraceMs(20 * 60_000);
       t.is(grace, 30 * 60_000);
-      t.like(await files.sweep(Date.now()), { orphans: 0 });
+      t.like(await files.sweep(Date.now(), { uploadTimeLimitMs: 20 * 60_000 }), { orphans: 0 });
       t.like(await files.sweep(Date.now() + grace + 1_000, { uploadTimeLimitMs: 60 * 60_000 }), { orphans: 0 }, "a longer upload limit waits longer");
       t.true((await stored(silent.fileId)) && (await stored(failing.fileId)));
-      t.like(await files.sweep(Date.now() + grace + 1_000), { orphans: 3, failed: 0 });
+      t.like(await files.sweep(Date.now() + grace + 1_000, { uploadTimeLimitMs: 20 * 60_000 }), { orphans: 3, failed: 0 });
       t.false(await stored(silent.fileId), "the silent attempt's object is deleted");
       t.false(await stored(failing.fileId), "the abandoned attempt's too");
       t.true(await stored(finished.fileId), "a file's object stays");
