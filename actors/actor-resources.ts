@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { Clock, Config, DeploymentLookup, EnvValues, EventLog, FileStore, IdSource, RunStore, UsageRecorder, WebhookStore } from "../src/index.js";
+import type { BoundedWork, Clock, Config, DeploymentLookup, EnvValues, EventLog, FileStore, IdSource, RunStore, UsageRecorder, WebhookStore } from "../src/index.js";
 import type { RunningTurn, TurnRunRequest } from "./agent-runner.js";
 import type { WorkspaceCheckpoints } from "./checkpoints.js";
 import type { ActiveTurns } from "./active-turns.js";
@@ -38,6 +38,12 @@ export interface ActorResources {
   sandbox: Sandbox;
   /** Node-wide state: while draining, queued turns are left for the next owner. */
   node: { draining: boolean };
+  /**
+   * The node's removals of deleted runs' parts, which run after the delete's answer: a
+   * few at a time, a bounded queue behind them; one refused (the queue full) is left to
+   * the check the run's tombstone schedules.
+   */
+  partRemovals: Pick<BoundedWork, "run">;
   /**
    * Called at the actor's steps between two writes, and awaited: a test parks the actor
    * there to race commands, takeovers and failures against it. Unset in the service.

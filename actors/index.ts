@@ -9,3 +9,4 @@ export { scrubProviderEnvironment } from "./credentials.js";
 export { Sandbox, SandboxFailure, SandboxUnavailableError } from "./sandbox.js";
 export { EgressProxy, parseTestHosts } from "./egress-proxy.js";
 export { WebhookDeliverer } from "./webhook-deliverer.js";
+export { PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING } from "./run-removal.js";

@@ -642,13 +642,21 @@ export class RunActor {
     this.stopped = true;
     this.r.log.info({ run_id: run._id, reason }, "run removed");
     const appender = this.appender;
-    const parts = (async () => {
+    const removeParts = async () => {
       await appender?.flush().catch(() => undefined);
       if (await removeRunParts(this.r, { id: run._id, workspace_id: run.workspace_id, plan: run.plan })) {
         // Nothing left to check; if this write fails, the check finds nothing to remove.
         await this.r.store.setPartsDue(run._id, null).catch((err: unknown) => this.r.log.debug({ err, run_id: run._id }, "could not mark the removed run's parts gone"));
       }
-    })().catch((err: unknown) => this.r.log.error({ err, run_id: run._id }, "removing the removed run's parts failed; its partition's owner tries again later"));
+    };
+    const failed = (err: unknown) => this.r.log.error({ err, run_id: run._id }, "removing the removed run's parts failed; its partition's owner tries again later");
+    // The sweeper expires runs one at a time and waits for each; deletes, answered before
+    // their parts go, take the node's bounded removals, so a burst of them cannot hold
+    // thousands open at once.
+    if (reason === "expired") return { parts: removeParts().catch(failed) };
+    const parts = this.r.partRemovals.run(removeParts).then((ran) => {
+      if (!ran) this.r.log.warn({ run_id: run._id }, "too many removals waiting on this node: the deleted run's parts are left to its partition's owner's check");
+    }, failed);
     return { parts };
   }
 

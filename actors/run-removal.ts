@@ -13,6 +13,10 @@ import { withRetries } from "./turn-input.js";
 export const PARTS_CHECK_AFTER_MS = 10 * 60_000;
 /** When it checks again after a check that could not remove them all. */
 export const PARTS_RECHECK_MS = 10 * 60_000;
+/** A node removes at most this many deleted runs' parts at once (a long history takes seconds)... */
+export const PART_REMOVALS_AT_ONCE = 4;
+/** ...and keeps at most this many waiting; a delete past them leaves its run's parts to the tombstone's check. */
+export const PART_REMOVALS_WAITING = 1_000;
 /** At most this many of a gained partition's kept workspace directories are looked up at once. */
 const MAX_KEPT_LOOKUPS = 10_000;
 

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
-import { ActiveTurns, ActorHost, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
+import { BlobKeyring, BoundedWork, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
+import { ActiveTurns, ActorHost, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
 
@@ -78,6 +78,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         webhooks,
         sandbox: sandbox!,
         node: { draining: false },
+        partRemovals: new BoundedWork(PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING),
       },
       { leases: nats.leases, nodes: nats.nodes },
     );

@@ -12,6 +12,7 @@ import { SteeringTargetEndedError, type RunningTurn, type TurnRunRequest, type T
 import { type ActorResources } from "../../actors/run-actor.js";
 import type { ActorStep } from "../../actors/actor-resources.js";
 import type { Clock, Timer } from "../../src/clock.js";
+import { BoundedWork } from "../../src/bounded-work.js";
 import { DeploymentCache } from "../../src/deployments.js";
 import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
@@ -416,6 +417,7 @@ export async function actorWorld(): Promise<ActorWorld> {
     },
     sandbox: await sandboxOff,
     node: { draining: false },
+    partRemovals: new BoundedWork(4, 1_000),
     startTurn: turns.start,
     at: steps.at,
   };

@@ -10,6 +10,7 @@ import { RunActor } from "../../actors/run-actor.js";
 import { PARTS_CHECK_AFTER_MS } from "../../actors/run-removal.js";
 import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
+import { BoundedWork } from "../../src/bounded-work.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
 
 const WS = "ws_test";
@@ -37,9 +38,13 @@ async function settled(actor: RunActor): Promise<void> {
   await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] });
 }
 
-/** Lets work the actor does after its answer (a deleted run's parts) go on until `done`, within 1,000 turns of the event loop. */
+/**
+ * Lets work the actor does after its answer (a deleted run's parts, whose workspace
+ * directory is removed on the thread pool) go on until `done`, for at most 5 s.
+ */
 async function until(done: () => boolean): Promise<void> {
-  for (let i = 0; i < 1_000 && !done(); i++) await new Promise((resolve) => setImmediate(resolve));
+  const end = Date.now() + 5_000;
+  for (let i = 0; i < 100_000 && !done() && Date.now() < end; i++) await new Promise((resolve) => setTimeout(resolve, i < 100 ? 0 : 5));
 }
 
 function okReply(reply: CommandReply): Extract<CommandReply, { ok: true }> {
@@ -359,6 +364,40 @@ test("run-actor - a deleted run's parts are each removed whatever became of the 
   t.deepEqual(w.events.types(RUN), [], "its events are purged all the same");
   t.deepEqual(w.checkpoints.removed, [RUN], "and its checkpoint");
   t.is(w.store.tombstones.get(RUN)?.parts_due_at, w.clock.now + PARTS_CHECK_AFTER_MS, "the partition's owner checks its parts later");
+});
+
+test("run-actor - a deleted run's parts wait for the node's bounded removals; past its queue they are left to the tombstone's check, and the delete answers either way", async (t) => {
+  for (const waiting of [1, 0]) {
+    const w = await world();
+    // One removal at a time, `waiting` behind it; the one slot is held by another run's removal.
+    w.resources.partRemovals = new BoundedWork(1, waiting);
+    let release!: () => void;
+    const holding = w.resources.partRemovals.run(() => new Promise<void>((resolve) => (release = resolve)));
+    const actor = w.actor();
+    await actor.command(startCmd());
+    w.turns.last.finish({ outcome: "completed" });
+    await settled(actor);
+    okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }));
+    // Time for a removal that did not wait to have begun (the unbounded one did at once).
+    for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve));
+    t.false(w.store.runs.has(RUN), `queue ${waiting}: the run is gone at the answer`);
+    t.is(w.store.turns.size, 1, `queue ${waiting}: its turn waits (no slot)`);
+    t.deepEqual(w.checkpoints.removed, []);
+    t.is(w.store.tombstones.get(RUN)?.parts_due_at, w.clock.now + PARTS_CHECK_AFTER_MS, `queue ${waiting}: the check stays due meanwhile`);
+    release();
+    await holding;
+    if (waiting) {
+      await until(() => w.checkpoints.removed.length > 0 && !("parts_due_at" in w.store.tombstones.get(RUN)!));
+      t.is(w.store.turns.size, 0, "queued: removed once the slot freed");
+      t.deepEqual(w.checkpoints.removed, [RUN]);
+      t.false("parts_due_at" in w.store.tombstones.get(RUN)!, "every part went: no check is due");
+    } else {
+      for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve));
+      t.is(w.store.turns.size, 1, "refused: nothing removed here");
+      t.deepEqual(w.checkpoints.removed, []);
+      t.is(w.store.tombstones.get(RUN)?.parts_due_at, w.clock.now + PARTS_CHECK_AFTER_MS, "refused: left to the partition owner's check");
+    }
+  }
 });
 
 test("run-actor - a start re-driven with its ids after its run was deleted (its key's record left pending) does not make the run again", async (t) => {
