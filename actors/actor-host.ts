@@ -1,5 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { type CommandReply, type Config, type FileStore, isTransientFailure, partitionOf, type RunCommand, Subjects, type Timer, type UsageLedger } from "../src/index.js";
+import { type ChunkBucket, type CommandReply, type Config, type FileStore, isTransientFailure, purgeUnnamedChunks, partitionOf, type RunCommand, Subjects, type Timer, type UsageLedger } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
 import { CommandReplies } from "./command-replies.js";
 import { PartitionLeases } from "./partition-leases.js";
@@ -7,10 +7,13 @@ import { RunActor, type ActorResources } from "./run-actor.js";
 import { keptWorkspaceIds, sweepKeptWorkspaces } from "./run-workspace.js";
 import { removeGoneWorkspaces, removeLeftParts } from "./run-removal.js";
 import type { KV } from "@nats-io/kv";
+import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 
 const encoder = new TextEncoder();
 /** How long a workspace directory of a run this node no longer holds is kept after its last use. */
 const KEPT_WORKSPACE_MS = 6 * 60 * 60_000;
+/** How often the owner of partition 0 looks for object chunks no object names (purgeUnnamedChunks). */
+export const UNNAMED_CHUNKS_EVERY_MS = 60 * 60_000;
 
 /** Temporary failures inside a command (checkpoints too) answer 503, never 500. */
 function isTemporary(error: unknown): boolean {
@@ -23,6 +26,8 @@ export interface HostResources extends ActorResources {
   nc: NatsConnection;
   files: FileStore;
   usage: ActorResources["usage"] & Pick<UsageLedger, "sweep">;
+  /** The object buckets whose unnamed chunks the owner of partition 0 purges, hourly. */
+  objectChunks: { js: JetStreamClient; jsm: Pick<JetStreamManager, "streams">; buckets: ChunkBucket[] };
 }
 
 /**
@@ -48,6 +53,10 @@ export class ActorHost {
   /** Gained partitions whose kept workspace directories are still to be looked at (checkGoneWorkspaces). */
   private readonly goneChecks = new Set<number>();
   private checkingGone = false;
+  /** When the last pass over unnamed object chunks ended well (none yet: the first sweep that holds partition 0 makes one). */
+  private chunksCheckedAt = Number.NEGATIVE_INFINITY;
+  /** Per bucket, the chunk subjects the last pass found unnamed and old: the next purges those it finds so again. */
+  private readonly chunkSuspects = new Map<string, Set<string>>();
 
   constructor(
     private readonly r: HostResources,
@@ -111,6 +120,26 @@ export class ActorHost {
   }
 
   /**
+   * Purges the chunks a write that died left in the object buckets (src/object-chunks.ts):
+   * those unnamed and old at two passes an hour apart. Again at the next sweep if one failed.
+   */
+  private async purgeUnnamedChunks(now: number): Promise<void> {
+    let failed = false;
+    for (const bucket of this.r.objectChunks.buckets) {
+      try {
+        const { unnamed, purged, suspects } = await purgeUnnamedChunks(this.r.objectChunks, bucket, now, this.chunkSuspects.get(bucket.name) ?? new Set());
+        this.chunkSuspects.set(bucket.name, suspects);
+        // Unnamed chunks within their grace are a write in progress or one that died lately: said, not purged.
+        if (unnamed) this.r.log.info({ bucket: bucket.name, unnamed, purged, suspected: suspects.size }, "looked for object chunks no object names");
+      } catch (err) {
+        failed = true;
+        this.r.log.warn({ err, bucket: bucket.name }, "could not look for object chunks no object names; retrying at the next sweep");
+      }
+    }
+    if (!failed) this.chunksCheckedAt = now;
+  }
+
+  /**
    * Expiry is a sweeper (the store has no TTL indexes): each node expires the runs of
    * the partitions it owns, through their actors, and forgets old records. It also
    * removes the workspace directories it kept for runs it no longer holds, six hours
@@ -161,6 +190,8 @@ export class ActorHost {
       const swept = await this.r.files.sweep(now, { uploadTimeLimitMs: this.r.config.files.timeLimitMs });
       if (swept.files || swept.uploads || swept.orphans) this.r.log.info({ files: swept.files, uploads: swept.uploads, orphans: swept.orphans }, "expired files, upload records and orphaned upload objects removed");
       if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some objects of expired files or left-behind uploads; their records stay for the next sweep");
+      // One node at a time does this (the owner of partition 0): the listing is of the whole bucket.
+      if (held.includes(0) && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) await this.purgeUnnamedChunks(now);
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });

@@ -94,6 +94,13 @@ async function peek(source: AsyncIterable<Uint8Array>): Promise<{ head: Uint8Arr
  * contents are sealed per workspace (src/blob-crypto.ts) and stream through, never held
  * whole in memory.
  */
+/**
+ * A checkpoint save whose last chunk is older than this has ended (a save streams its
+ * archive as it is read from the directory): its chunks no object names are a save that
+ * died (src/object-chunks.ts).
+ */
+export const CHECKPOINT_WRITE_GRACE_MS = 60 * 60_000;
+
 export class WorkspaceCheckpoints {
   constructor(
     private readonly store: ObjectStore,

@@ -3,7 +3,7 @@ export { RunActor, type ActorResources } from "./run-actor.js";
 export { DeploymentBuilder } from "./deployment-builder.js";
 export { PartitionLeases } from "./partition-leases.js";
 export { resolveModel } from "./model-resolution.js";
-export { WorkspaceCheckpoints, CheckpointError } from "./checkpoints.js";
+export { CHECKPOINT_WRITE_GRACE_MS, WorkspaceCheckpoints, CheckpointError } from "./checkpoints.js";
 export { ActiveTurns } from "./active-turns.js";
 export { scrubProviderEnvironment } from "./credentials.js";
 export { Sandbox, SandboxFailure, SandboxUnavailableError } from "./sandbox.js";

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, BoundedWork, type Clock, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
-import { ActiveTurns, ActorHost, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
+import { BlobKeyring, BoundedWork, CHECKPOINTS_BUCKET, type Clock, FILES_BUCKET, orphanGraceMs, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
+import { ActiveTurns, ActorHost, CHECKPOINT_WRITE_GRACE_MS, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
 
@@ -79,6 +79,14 @@ export async function startService(config: Config, options: ServiceOptions = {})
         sandbox: sandbox!,
         node: { draining: false },
         partRemovals: new BoundedWork(PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING),
+        objectChunks: {
+          js: nats.js,
+          jsm: nats.jsm,
+          buckets: [
+            { name: FILES_BUCKET, graceMs: orphanGraceMs(config.files.timeLimitMs) },
+            { name: CHECKPOINTS_BUCKET, graceMs: CHECKPOINT_WRITE_GRACE_MS },
+          ],
+        },
       },
       { leases: nats.leases, nodes: nats.nodes },
     );

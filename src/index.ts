@@ -51,6 +51,7 @@ export * from "./api-key-store.js";
 export * from "./mongo-store.js";
 export * from "./insert-batcher.js";
 export * from "./bounded-work.js";
+export * from "./object-chunks.js";
 export * from "./nats.js";
 export * from "./js-publisher.js";
 export * from "./event-types.js";

@@ -18,11 +18,12 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { Writable } from "node:stream";
 import pino from "pino";
 import path from "node:path";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { Objm } from "@nats-io/obj";
+import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { Objm, type ObjectStore } from "@nats-io/obj";
 import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject, FILES_BUCKET } from "../../src/nats.js";
 import { FileStore, orphanGraceMs, type UploadClaim } from "../../src/file-store.js";
 import { BlobKeyring } from "../../src/blob-crypto.js";
+import { purgeUnnamedChunks } from "../../src/object-chunks.js";
 import { bashThen } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
 
@@ -422,4 +423,149 @@ test("sweeps - an upload attempt's object that no record names any more (taken o
       await nc.close();
     }
   });
+});
+
+/**
+ * A put whose writer stops mid-object (as a node killed during an upload or a checkpoint
+ * save): `parts` chunks given (the put stores all but the last), then the source never ends, so no meta names them. The
+ * connection closed afterwards ends the put.
+ */
+async function stalledPut(objects: ObjectStore, name: string, parts: number): Promise<void> {
+  let sent = 0;
+  const source = new ReadableStream<Uint8Array>({
+    pull(controller) {
+      if (sent++ < parts) controller.enqueue(new Uint8Array(64).fill(sent));
+      else return new Promise<void>(() => undefined);
+    },
+  });
+  void objects.put({ name, options: { max_chunk_size: 64 } }, source).catch(() => undefined);
+}
+
+/** The chunk subjects of `bucket`, by subject: how many chunks each holds. */
+async function chunkSubjects(jsm: JetStreamManager, bucket: string): Promise<Record<string, number>> {
+  return (await jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `$O.${bucket}.C.>` })).state.subjects ?? {};
+}
+
+test("sweeps - object chunks a write that died left (no object names them) are purged once the write has surely ended; objects' chunks, a write in progress and a deleted object stay as they are", async (t) => {
+  t.timeout(60_000);
+  await withStore(async (servers) => {
+    const connect = (name: string) => connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name });
+    const nc = await connect("chunks-test");
+    const writer = await connect("chunks-writer-that-dies");
+    try {
+      const jsm = await jetstreamManager(nc);
+      const bucket = `t_chunks_${Date.now()}`;
+      const objects = await new Objm(jetstream(nc)).create(bucket);
+      const kept = new Uint8Array(200).map((_, i) => i);
+      const keptInfo = await objects.put({ name: "kept", options: { max_chunk_size: 64 } }, new Blob([kept]).stream());
+      await objects.put({ name: "gone" }, new Blob([new Uint8Array(10)]).stream());
+      await objects.delete("gone");
+      // More objects than one pull of the metas brings: every one of them is found named.
+      const many = 1_500;
+      for (let i = 0; i < many; i += 50) {
+        await Promise.all(Array.from({ length: 50 }, (_, k) => objects.put({ name: `n${i + k}` }, new Blob([new Uint8Array([k])]).stream())));
+      }
+      // Two writes that died: each stored chunks, never a meta (the connection went with the node).
+      const dying = await new Objm(jetstream(writer)).open(bucket);
+      await stalledPut(dying, "died-1", 3);
+      await stalledPut(dying, "died-2", 2);
+      const stored = async () => Object.values(await chunkSubjects(jsm, bucket)).reduce((sum, n) => sum + n, 0);
+      for (let i = 0; i < 100 && (await stored()) < 4 + many + 2 + 1; i++) await new Promise((resolve) => setTimeout(resolve, 50));
+      await writer.close();
+      const before = await chunkSubjects(jsm, bucket);
+      const keptSubject = `$O.${bucket}.C.${keptInfo.nuid}`;
+      // The put holds each chunk until the next bytes come: a writer stopped after n parts stored n - 1.
+      const holding = (n: number) => Object.values(before).filter((count) => count === n).length;
+      t.deepEqual([holding(1), holding(2), holding(4)], [many + 1, 1, 1], "the small objects and one dead write, the other dead write, the kept object");
+      t.is(Object.keys(before).length, 1 + many + 2);
+      t.is(before[keptSubject], 4, "the object's four chunks");
+
+      const chunkBucket = { name: bucket, graceMs: 60_000 };
+      const nats = { js: jetstream(nc), jsm };
+      const none = new Set<string>();
+      t.like(await purgeUnnamedChunks(nats, chunkBucket, Date.now(), none), { unnamed: 2, purged: 0 }, "within the grace they may be a write in progress");
+      t.is((await purgeUnnamedChunks(nats, chunkBucket, Date.now(), none)).suspects.size, 0, "not suspected either");
+      // Past it: suspected at one pass, purged at the next that finds them so again.
+      const later = Date.now() + 61_000;
+      const first = await purgeUnnamedChunks(nats, chunkBucket, later, none);
+      t.like(first, { unnamed: 2, purged: 0 });
+      t.is(first.suspects.size, 2);
+      t.deepEqual(await chunkSubjects(jsm, bucket), before, "one listing alone purges nothing");
+      // One subject a pass when the bound is one: the suspect first.
+      const bounded = await purgeUnnamedChunks(nats, chunkBucket, later, first.suspects, 1);
+      t.like(bounded, { unnamed: 2, purged: 1 });
+      const second = await purgeUnnamedChunks(nats, chunkBucket, later, first.suspects);
+      t.like(second, { unnamed: 1, purged: 1 });
+      const left = await chunkSubjects(jsm, bucket);
+      t.is(Object.keys(left).length, 1 + many, "only the objects' chunks are left");
+      t.is(left[keptSubject], 4);
+      t.like(await purgeUnnamedChunks(nats, chunkBucket, later, second.suspects), { unnamed: 0, purged: 0 });
+      t.deepEqual(new Uint8Array((await objects.getBlob("kept"))!), kept, "the object reads back whole");
+      t.true((await objects.info("gone"))?.deleted, "the deleted object stays deleted");
+      t.deepEqual(new Uint8Array((await objects.getBlob(`n${many - 1}`))!), new Uint8Array([49]));
+      t.is(await objects.getBlob("gone"), null);
+    } finally {
+      await writer.close().catch(() => undefined);
+      await nc.close();
+    }
+  });
+});
+
+test("sweeps - the owner of partition 0 looks for unnamed chunks in the files and checkpoints buckets at its first sweep, and a recent write's are left alone; files and checkpoints stay readable", async (t) => {
+  t.timeout(120_000);
+  const servers = await startTestServers();
+  const logs: Array<Record<string, unknown>> = [];
+  const sink = new Writable({
+    write(chunk, _encoding, callback) {
+      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
+      callback();
+    },
+  });
+  const config = testConfig(servers, { RUNS_SWEEP_INTERVAL_MS: "200" });
+  let service = await startService(config, { log: pino({ level: "info" }, sink) });
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "chunks-wiring" });
+  const writer = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "chunks-writer-that-dies" });
+  try {
+    const ws = await newWorkspace(service);
+    const runId = await (await workspaceRuns(t, ws.api))();
+    const form = new FormData();
+    form.append("file", new Blob([Buffer.from("a tenant's file")]), "note.txt");
+    const res = await fetch(`${service.url}/api/v1/files`, { method: "POST", headers: { authorization: `Bearer ${ws.key}`, "idempotency-key": "chunks-file" }, body: form });
+    const file = (await res.json()) as { id: string };
+    t.is(res.status, 201, JSON.stringify(file));
+    await service.close();
+    // Meanwhile a node died in the middle of an upload and of a checkpoint save.
+    const jsm = await jetstreamManager(nc);
+    for (const bucket of [FILES_BUCKET, CHECKPOINTS_BUCKET]) await stalledPut(await new Objm(jetstream(writer)).open(bucket), `died-in-${bucket}`, 2);
+    const planted = async () => Object.keys(await chunkSubjects(jsm, FILES_BUCKET)).length + Object.keys(await chunkSubjects(jsm, CHECKPOINTS_BUCKET)).length;
+    for (let i = 0; i < 100 && (await planted()) < 4; i++) await new Promise((resolve) => setTimeout(resolve, 50));
+    await writer.close();
+    const before = { files: await chunkSubjects(jsm, FILES_BUCKET), checkpoints: await chunkSubjects(jsm, CHECKPOINTS_BUCKET) };
+    t.is(Object.keys(before.files).length, 2, "the file's chunks and the dead upload's");
+    t.is(Object.keys(before.checkpoints).length, 2, "the run's checkpoint and the dead save's");
+
+    logs.length = 0;
+    service = await startService(config, { log: pino({ level: "info" }, sink) });
+    const looked = () => logs.filter((line) => line.msg === "looked for object chunks no object names");
+    for (let i = 0; i < 200 && looked().length < 2; i++) await new Promise((resolve) => setTimeout(resolve, 100));
+    t.deepEqual(
+      looked().map((line) => [line.bucket, line.unnamed, line.purged]).sort(),
+      [[CHECKPOINTS_BUCKET, 1, 0], [FILES_BUCKET, 1, 0]],
+      "one unnamed write in each, recent: kept (it may be in progress)",
+    );
+    t.deepEqual({ files: await chunkSubjects(jsm, FILES_BUCKET), checkpoints: await chunkSubjects(jsm, CHECKPOINTS_BUCKET) }, before);
+    // The next passes are an hour away: the sweeps since did not look again.
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    t.is(looked().length, 2);
+    const files = new FileStore(service.store.db, await new Objm(jetstream(nc)).open(FILES_BUCKET), systemClock, Ids, new BlobKeyring(config.masterKey!));
+    t.is((await files.read(ws.id, file.id))?.data.toString(), "a tenant's file");
+    const api = new Api(service.url!, ws.key);
+    const next = await api.post("/api/v1/runs", { run_id: runId, input: "again" });
+    t.is(next.body.turn?.status, "completed", JSON.stringify(next.body));
+  } finally {
+    await writer.close().catch(() => undefined);
+    await nc.close();
+    await service.close();
+    await servers.stop();
+  }
 });
