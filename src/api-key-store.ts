@@ -1,7 +1,7 @@
 /** API keys (decisions §2) in MongoDB: the key documents, and when each was last used. */
 import type { Collection, Db } from "mongodb";
 import type { ApiKeyDoc } from "./documents.js";
-import { guard } from "./mongo-guard.js";
+import { findEachById, guard } from "./mongo-guard.js";
 
 export class ApiKeyStore {
   private readonly keys: Collection<ApiKeyDoc>;
@@ -45,7 +45,7 @@ export class ApiKeyStore {
 
   /** `last_used_at` by key id, for rendering keys. */
   async lastUses(ids: string[]): Promise<Map<string, number>> {
-    const docs = await guard(() => this.usage.find({ _id: { $in: ids } }).toArray());
+    const docs = await findEachById(this.usage, ids);
     return new Map(docs.map((d) => [d._id, d.last_used_at]));
   }
 

@@ -6,7 +6,7 @@ import type { Clock } from "./clock.js";
 import { BlobKeyring, collect, isSealedBlob, once, openBlob, sealBlob } from "./blob-crypto.js";
 import { ApiError } from "./errors.js";
 import type { IdSource } from "./ids.js";
-import { StoreUnavailableError, guard, isDuplicateKey } from "./mongo-guard.js";
+import { StoreUnavailableError, findEachById, guard, isDuplicateKey } from "./mongo-guard.js";
 import { fromStream, toStream } from "./byte-streams.js";
 import { decideUpload, decisionError, type FileUploadDoc, UploadState } from "./upload-decisions.js";
 
@@ -218,10 +218,10 @@ export class FileStore {
     return (keyId) => (this.keys && keyId === this.keys.keyId ? this.keys.keyFor(kind, workspaceId) : undefined);
   }
 
-  /** Files of the workspace among `fileIds`, in one query (absent, expired or other workspaces' ids are left out). */
+  /** Files of the workspace among `fileIds`, each read by its id (absent, expired or other workspaces' ids are left out). */
   async getMany(workspaceId: string, fileIds: readonly string[]): Promise<FileDoc[]> {
     if (fileIds.length === 0) return [];
-    const docs = await guard(() => this.files.find({ _id: { $in: [...new Set(fileIds)] }, workspace_id: workspaceId }).toArray());
+    const docs = await findEachById(this.files, fileIds, { workspace_id: workspaceId });
     const now = this.clock.nowMs();
     return docs.filter((doc) => doc.expires_at === undefined || doc.expires_at > now);
   }

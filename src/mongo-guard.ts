@@ -76,6 +76,25 @@ export async function insertOnce<T extends Document>(inserts: InsertBatcher<T>, 
   }
 }
 
+/** How many `_id` look-ups {@link findEachById} has in flight at once. */
+const BY_ID_AT_ONCE = 16;
+
+/**
+ * The documents of `ids` (each once, absent ones left out) that also match `also`, each
+ * looked up by its `_id`: FerretDB on SQLite answers `_id: {$in: [...]}` by reading the
+ * whole collection (or, beside another indexed condition, all of that condition's rows),
+ * while an `_id` equality seeks its index. At most 16 look-ups at a time.
+ */
+export async function findEachById<T extends Document & { _id: string }>(collection: Collection<T>, ids: readonly string[], also: Filter<T> = {}): Promise<T[]> {
+  const unique = [...new Set(ids)];
+  const found: T[] = [];
+  for (let i = 0; i < unique.length; i += BY_ID_AT_ONCE) {
+    const docs = await Promise.all(unique.slice(i, i + BY_ID_AT_ONCE).map((id) => guard(() => collection.findOne({ ...also, _id: id } as Filter<T>))));
+    for (const doc of docs) if (doc) found.push(doc as T);
+  }
+  return found;
+}
+
 /** Documents one sweep step removes at most (see {@link deleteOldest}). */
 export const SWEEP_BATCH = 1_000;
 

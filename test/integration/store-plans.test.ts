@@ -5,6 +5,9 @@ import { MongoStore } from "../../src/mongo-store.js";
 import { FencedError } from "../../src/contracts.js";
 import { listRuns, type RunListFilters } from "../../src/run-list.js";
 import type { RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
+import { FileStore } from "../../src/file-store.js";
+import { ApiKeyStore } from "../../src/api-key-store.js";
+import { Ids } from "../../src/ids.js";
 
 /**
  * The hot reads are index-backed on the embedded store: the reads the service issues
@@ -257,5 +260,36 @@ test.serial("store plans - a fenced write is one conditional update (the build's
   if (embedded) {
     const explained = await t.context.client.db(t.context.servers.dbName).command({ explain: { find: "runs", filter: { _id: id, epoch: 1 } } });
     t.true((explained.queryPlanner.Plan as string[]).some((line) => /SEARCH \S+ USING INDEX \S+__id_ /.test(line)), JSON.stringify(explained.queryPlanner));
+  }
+});
+
+test.serial("store plans - the files an input names and the keys' last uses are read by `_id`: each read seeks the `_id` index and reads no other workspace's files or other keys' uses", async (t) => {
+  const { client, servers } = t.context;
+  const db = client.db(servers.dbName);
+  const files = new FileStore(db, null as never, { nowMs: () => T0 } as never, Ids);
+  await files.provision();
+  const file = (i: number, workspaceId: string) => ({ _id: `file_${workspaceId}_${i}`, workspace_id: workspaceId, object_name: `file_${workspaceId}_${i}`, filename: "a.txt", media_type: "text/plain", bytes: 1, sha256: "", created_at: T0 + i, expires_at: i % 5 === 0 ? T0 - 1 : T0 + 1_000 });
+  await files.files.insertMany([...Array(RUNS).keys()].flatMap((i) => [file(i, WS), file(i, OTHER)]) as never);
+  const ids = [`file_${WS}_1`, `file_${WS}_2`, `file_${WS}_1`, `file_${OTHER}_3`, `file_${WS}_5`, "file_absent"];
+  let got!: string[];
+  const filePlans = await plansOf(t, async () => {
+    got = (await files.getMany(WS, ids)).map((f) => f._id).sort();
+  });
+  t.deepEqual(got, [`file_${WS}_1`, `file_${WS}_2`], "the workspace's unexpired ones, each once");
+  t.is(filePlans.length, 5, "one read per distinct id");
+
+  const keys = new ApiKeyStore(db);
+  const usage = db.collection<{ _id: string; last_used_at: number }>("api_key_usage");
+  await usage.insertMany([...Array(RUNS).keys()].map((i) => ({ _id: `key_${i}`, last_used_at: T0 + i })));
+  let uses!: Map<string, number>;
+  const keyPlans = await plansOf(t, async () => {
+    uses = await keys.lastUses(Array.from({ length: 40 }, (_, i) => `key_${i * 2}`).concat(["key_absent"]));
+  });
+  t.is(uses.size, 40);
+  t.is(uses.get("key_38"), T0 + 38);
+  t.is(keyPlans.length, 41);
+  if (embedded) {
+    assertIndexBacked(t, filePlans, "_id_", false);
+    assertIndexBacked(t, keyPlans, "_id_", false);
   }
 });
