@@ -248,7 +248,12 @@ export class WebhookStore {
    * deleted at once (the request answered 500). Once the endpoint is gone, a log that cannot
    * be removed now is left to the log's sweep, not answered as a failure.
    */
-  async delete(workspaceId: string, id: string): Promise<boolean> {
+  /**
+   * Deletes the endpoint and then its delivery log; false when it was not the workspace's.
+   * The log's removal failing (the store away) leaves it to the log's sweep, which removes
+   * finished deliveries once the log's week is over: `logLeft` holds that failure, for the log line.
+   */
+  async delete(workspaceId: string, id: string): Promise<false | { logLeft?: unknown }> {
     const deleted = await guard(() => this.endpoints.deleteOne({ _id: id, workspace_id: workspaceId }));
     this.cache.delete(workspaceId);
     if (deleted.deletedCount === 0) return false;
@@ -268,10 +273,10 @@ export class WebhookStore {
         await guard(() => this.deliveries.deleteMany({ webhook_id: id, created_at: range, _id: { $in: ids } }));
         return { removed: ids.length, full: batch.length === SWEEP_BATCH };
       });
-    } catch {
-      // The log's sweep removes what is left (finished deliveries of a deleted endpoint).
+    } catch (err) {
+      return { logLeft: err };
     }
-    return true;
+    return {};
   }
 
   /** The workspace's endpoints, read at most every 2 s per node. */
