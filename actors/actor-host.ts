@@ -1,5 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { type ChunkBucket, type CommandReply, type Config, type FileStore, isTransientFailure, purgeUnnamedChunks, partitionOf, type RunCommand, Subjects, type Timer, type UsageLedger } from "../src/index.js";
+import { type ChunkBucket, type ChunkSuspect, type CommandReply, type Config, type FileStore, isTransientFailure, purgeUnnamedChunks, partitionOf, type RunCommand, Subjects, type Timer, type UsageLedger } from "../src/index.js";
 import { CheckpointError } from "./checkpoints.js";
 import { CommandReplies } from "./command-replies.js";
 import { PartitionLeases } from "./partition-leases.js";
@@ -53,10 +53,10 @@ export class ActorHost {
   /** Gained partitions whose kept workspace directories are still to be looked at (checkGoneWorkspaces). */
   private readonly goneChecks = new Set<number>();
   private checkingGone = false;
-  /** When the last pass over unnamed object chunks ended well (none yet: the first sweep that holds partition 0 makes one). */
+  /** When the last pass over unnamed object chunks began (none yet: the first sweep that holds partition 0 makes one). */
   private chunksCheckedAt = Number.NEGATIVE_INFINITY;
-  /** Per bucket, the chunk subjects the last pass found unnamed and old: the next purges those it finds so again. */
-  private readonly chunkSuspects = new Map<string, Set<string>>();
+  /** Per bucket, the chunk subjects the last pass found unnamed: a later one purges those it finds unchanged past the grace. */
+  private readonly chunkSuspects = new Map<string, Map<string, ChunkSuspect>>();
 
   constructor(
     private readonly r: HostResources,
@@ -121,22 +121,21 @@ export class ActorHost {
 
   /**
    * Purges the chunks a write that died left in the object buckets (src/object-chunks.ts):
-   * those unnamed and old at two passes an hour apart. Again at the next sweep if one failed.
+   * those a pass found unnamed and that no chunk was written to for the bucket's grace.
+   * Once an hour, whatever became of the last pass (a failed one is logged).
    */
-  private async purgeUnnamedChunks(now: number): Promise<void> {
-    let failed = false;
+  private async purgeLeftChunks(now: number): Promise<void> {
+    this.chunksCheckedAt = now;
     for (const bucket of this.r.objectChunks.buckets) {
       try {
-        const { unnamed, purged, suspects } = await purgeUnnamedChunks(this.r.objectChunks, bucket, now, this.chunkSuspects.get(bucket.name) ?? new Set());
+        const { unnamed, purged, suspects } = await purgeUnnamedChunks(this.r.objectChunks, bucket, now, this.chunkSuspects.get(bucket.name) ?? new Map());
         this.chunkSuspects.set(bucket.name, suspects);
-        // Unnamed chunks within their grace are a write in progress or one that died lately: said, not purged.
+        // Unnamed chunks may be a write in progress: suspected, purged at a later pass if nothing was written to them.
         if (unnamed) this.r.log.info({ bucket: bucket.name, unnamed, purged, suspected: suspects.size }, "looked for object chunks no object names");
       } catch (err) {
-        failed = true;
-        this.r.log.warn({ err, bucket: bucket.name }, "could not look for object chunks no object names; retrying at the next sweep");
+        this.r.log.warn({ err, bucket: bucket.name }, "could not look for object chunks no object names; trying again in an hour");
       }
     }
-    if (!failed) this.chunksCheckedAt = now;
   }
 
   /**
@@ -191,7 +190,7 @@ export class ActorHost {
       if (swept.files || swept.uploads || swept.orphans) this.r.log.info({ files: swept.files, uploads: swept.uploads, orphans: swept.orphans }, "expired files, upload records and orphaned upload objects removed");
       if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some objects of expired files or left-behind uploads; their records stay for the next sweep");
       // One node at a time does this (the owner of partition 0): the listing is of the whole bucket.
-      if (held.includes(0) && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) await this.purgeUnnamedChunks(now);
+      if (held.includes(0) && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) await this.purgeLeftChunks(now);
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });

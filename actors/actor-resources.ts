@@ -43,7 +43,7 @@ export interface ActorResources {
    * few at a time, a bounded queue behind them; one refused (the queue full) is left to
    * the check the run's tombstone schedules.
    */
-  partRemovals: Pick<BoundedWork, "run">;
+  partRemovals: Pick<BoundedWork, "run" | "closed">;
   /**
    * Called at the actor's steps between two writes, and awaited: a test parks the actor
    * there to race commands, takeovers and failures against it. Unset in the service.

@@ -655,7 +655,9 @@ export class RunActor {
     // thousands open at once.
     if (reason === "expired") return { parts: removeParts().catch(failed) };
     const parts = this.r.partRemovals.run(removeParts).then((ran) => {
-      if (!ran) this.r.log.warn({ run_id: run._id }, "too many removals waiting on this node: the deleted run's parts are left to its partition's owner's check");
+      if (ran) return;
+      // Refused: the queue is full, or the node is stopping (then said once, by the node).
+      if (!this.r.partRemovals.closed) this.r.log.warn({ run_id: run._id }, "too many removals waiting on this node: the deleted run's parts are left to its partition's owner's check");
     }, failed);
     return { parts };
   }

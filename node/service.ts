@@ -55,6 +55,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
   const deployments = new DeploymentCache(store);
   let host: ActorHost | undefined;
+  const partRemovals = new BoundedWork(PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING);
   let activeTurns: ActiveTurns | undefined;
   let deliverer: WebhookDeliverer | undefined;
   if (config.roles.actors) {
@@ -78,7 +79,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         webhooks,
         sandbox: sandbox!,
         node: { draining: false },
-        partRemovals: new BoundedWork(PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING),
+        partRemovals,
         objectChunks: {
           js: nats.js,
           jsm: nats.jsm,
@@ -140,6 +141,9 @@ export async function startService(config: Config, options: ServiceOptions = {})
       closing ??= (async () => {
         await app?.close();
         await deliverer?.stop();
+        const waiting = partRemovals.size.waiting;
+        partRemovals.close();
+        if (waiting) log.info({ runs: waiting }, "stopping: deleted runs' parts still waiting for removal are left to their partition owner's check");
         await host?.stop();
         await activeTurns?.stop();
         await nc.drain().catch(() => undefined);

@@ -7,13 +7,32 @@
  */
 export class BoundedWork {
   private running = 0;
-  private readonly waiting: Array<() => void> = [];
+  /** Each waiting task's go-ahead: true to run, false when the work is closed first. */
+  private readonly waiting: Array<(go: boolean) => void> = [];
+  private closedNow = false;
 
   constructor(
     private readonly concurrency: number,
     private readonly maxWaiting: number,
   ) {
-    if (!(concurrency >= 1 && maxWaiting >= 0)) throw new RangeError("BoundedWork needs concurrency >= 1 and maxWaiting >= 0");
+    if (!(Number.isInteger(concurrency) && concurrency >= 1 && Number.isInteger(maxWaiting) && maxWaiting >= 0)) {
+      throw new RangeError("BoundedWork needs a whole concurrency >= 1 and maxWaiting >= 0");
+    }
+  }
+
+  /** Whether {@link close} was called: tasks are refused from then on. */
+  get closed(): boolean {
+    return this.closedNow;
+  }
+
+  /**
+   * Refuses the waiting tasks (their `run` answers false without running them) and every
+   * later one; running tasks go on. The node calls it as it stops, before its connections
+   * close, so that what waits is left to its backstop rather than failing against them.
+   */
+  close(): void {
+    this.closedNow = true;
+    for (const go of this.waiting.splice(0)) go(false);
   }
 
   /** Tasks running now and tasks waiting for a slot. */
@@ -22,13 +41,15 @@ export class BoundedWork {
   }
 
   /**
-   * Runs `task` once a slot is free: true once it has run, false at once (not run) when
-   * the queue is full. A task's rejection is passed on; its slot is freed either way.
+   * Runs `task` once a slot is free: true once it has run, false (not run) when the queue
+   * is full or the work is closed, at once or while it waits. A task's rejection is passed
+   * on; its slot is freed either way.
    */
   async run(task: () => Promise<void>): Promise<boolean> {
+    if (this.closedNow) return false;
     if (this.running >= this.concurrency) {
       if (this.waiting.length >= this.maxWaiting) return false;
-      await new Promise<void>((resolve) => this.waiting.push(resolve));
+      if (!(await new Promise<boolean>((go) => this.waiting.push(go)))) return false;
     } else {
       this.running++;
     }
@@ -38,7 +59,7 @@ export class BoundedWork {
     } finally {
       // The slot passes to the next waiting task as it is (running stays counted), or is freed.
       const next = this.waiting.shift();
-      if (next) next();
+      if (next) next(true);
       else this.running--;
     }
   }

@@ -6,10 +6,12 @@
  * through the meta), and the buckets have no TTL, so they would be kept for good.
  *
  * Purging is a deletion of what may be a tenant's bytes, so it is decided on an exact
- * listing only: the metas are read with a consumer until the server says none is pending
- * (the object store's own `list()` ends at a heartbeat or a closed connection without an
- * error, which here would purge live objects), and a subject is purged only when two
- * passes apart found it unnamed and its last chunk older than the grace.
+ * listing only: every meta is read, with a consumer until the server says none is pending,
+ * and every meta subject the stream listed must have come (the object store's own `list()`
+ * ends at a heartbeat or a closed connection without an error, which here would purge live
+ * objects). And a subject is purged only when a pass at least the grace before found it
+ * unnamed with the same last chunk: no chunk written to it since, by the node's own clock
+ * (no comparison with the server's timestamps).
  */
 import { DeliverPolicy, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
 
@@ -17,14 +19,20 @@ export interface ChunkBucket {
   /** The bucket's name (its stream is `OBJ_<name>`). */
   name: string;
   /**
-   * How long after its last chunk a write has surely ended: past the longest upload or
-   * save the node allows. Chunks written more recently may be a write in progress.
+   * How long a write may go without storing a chunk and still be going on: past the
+   * longest upload or save the node allows.
    */
   graceMs: number;
 }
 
-/** At most this many unnamed chunk subjects are looked at per bucket and pass (each costs a read of its last chunk). */
-export const MAX_UNNAMED_PER_PASS = 1_000;
+/** An unnamed chunk subject as a pass found it: when (the node's clock) and its last chunk's stream sequence. */
+export interface ChunkSuspect {
+  at: number;
+  seq: number;
+}
+
+/** At most this many unnamed chunk subjects are looked at per bucket and pass (each costs a read of its last chunk, up to a chunk's size). */
+export const MAX_UNNAMED_PER_PASS = 200;
 /** The metas are read in pulls of this many. */
 const META_PULL = 1_000;
 /** A listing of the metas that takes longer than this (a bucket written without pause) is given up and tried at the next pass. */
@@ -37,26 +45,28 @@ export class IncompleteListingError extends Error {
   }
 }
 
+type Nats = { js: JetStreamClient; jsm: Pick<JetStreamManager, "streams"> };
+
 /**
- * Purges the chunk subjects of `bucket` that no live object names, whose last chunk was
- * written over `graceMs` before `nowMs`, and that the previous pass found so too
- * (`suspects`, its returned `suspects`). The chunk subjects are listed before the metas, so
- * an object finished between the two is found named. Returns how many subjects were
- * unnamed, how many it purged, and the suspects for the next pass. Safe on several nodes at
- * once (a purge of what is gone purges nothing); throws when a listing fails.
+ * Purges the chunk subjects of `bucket` that no live object names and that `suspects` (the
+ * previous pass's answer) holds with the same last chunk, found at least `graceMs` before
+ * `nowMs`; purged up to that chunk, so a chunk written meanwhile stays. Returns how many
+ * subjects were unnamed, how many it purged, and the suspects for the next pass. The chunk
+ * subjects are listed before the metas, so an object finished between the two is found
+ * named. Safe on several nodes at once (a purge of what is gone purges nothing); throws
+ * when a listing fails.
  */
 export async function purgeUnnamedChunks(
-  nats: { js: JetStreamClient; jsm: Pick<JetStreamManager, "streams"> },
+  nats: Nats,
   bucket: ChunkBucket,
   nowMs: number,
-  suspects: ReadonlySet<string>,
+  suspects: ReadonlyMap<string, ChunkSuspect>,
   max = MAX_UNNAMED_PER_PASS,
-): Promise<{ unnamed: number; purged: number; suspects: Set<string> }> {
+): Promise<{ unnamed: number; purged: number; suspects: Map<string, ChunkSuspect> }> {
   const stream = `OBJ_${bucket.name}`;
   const prefix = `$O.${bucket.name}.C.`;
-  const next = new Set<string>();
-  const info = await nats.jsm.streams.info(stream, { subjects_filter: `${prefix}>` });
-  const chunkSubjects = Object.keys(info.state.subjects ?? {});
+  const next = new Map<string, ChunkSuspect>();
+  const chunkSubjects = await subjectsOf(nats, stream, `${prefix}>`);
   if (chunkSubjects.length === 0) return { unnamed: 0, purged: 0, suspects: next };
   const named = await liveNuids(nats, bucket.name);
   const unnamed = chunkSubjects.filter((subject) => !named.has(subject.slice(prefix.length)));
@@ -67,49 +77,63 @@ export async function purgeUnnamedChunks(
   let purged = 0;
   for (const subject of looked) {
     const last = await nats.jsm.streams.getMessage(stream, { last_by_subj: subject });
-    if (!last || nowMs - last.time.getTime() <= bucket.graceMs) continue;
-    if (!suspects.has(subject)) {
-      next.add(subject);
-      continue;
+    if (!last) continue;
+    const earlier = suspects.get(subject);
+    if (earlier?.seq !== last.seq) {
+      next.set(subject, { at: nowMs, seq: last.seq });
+    } else if (nowMs - earlier.at < bucket.graceMs) {
+      next.set(subject, earlier);
+    } else {
+      await nats.jsm.streams.purge(stream, { filter: subject, seq: last.seq + 1 });
+      purged++;
     }
-    await nats.jsm.streams.purge(stream, { filter: subject });
-    purged++;
   }
   return { unnamed: unnamed.length, purged, suspects: next };
 }
 
+/** The subjects of `stream` that match `filter` (the client pages through a long list). */
+async function subjectsOf(nats: Nats, stream: string, filter: string): Promise<string[]> {
+  return Object.keys((await nats.jsm.streams.info(stream, { subjects_filter: filter })).state.subjects ?? {});
+}
+
 /**
  * The nuids the bucket's live (not deleted) objects name, read from the last meta of each
- * name until the consumer has none pending; throws {@link IncompleteListingError} when the
- * listing cannot be finished.
+ * name until the consumer has none pending; throws {@link IncompleteListingError} unless
+ * every meta subject the stream listed first was read (a meta is never removed, only
+ * replaced: a deleted object keeps one saying so).
  */
-async function liveNuids(nats: { js: JetStreamClient; jsm: Pick<JetStreamManager, "streams"> }, bucket: string): Promise<Set<string>> {
+async function liveNuids(nats: Nats, bucket: string): Promise<Set<string>> {
   const stream = `OBJ_${bucket}`;
   const filter = `$O.${bucket}.M.>`;
   const named = new Set<string>();
-  const metas = Object.keys((await nats.jsm.streams.info(stream, { subjects_filter: filter })).state.subjects ?? {}).length;
-  if (metas === 0) return named;
+  const listed = await subjectsOf(nats, stream, filter);
+  if (listed.length === 0) return named;
+  const read = new Set<string>();
   const consumer = await nats.js.consumers.get(stream, { filter_subjects: [filter], deliver_policy: DeliverPolicy.LastPerSubject });
   const began = Date.now();
+  let finished = false;
   try {
     // Every meta once, plus as many written meanwhile; a pull that brings nothing, or the time bound, ends it unfinished.
-    for (let read = 0; read <= 2 * metas + META_PULL; ) {
+    for (let count = 0; count <= 2 * listed.length + META_PULL && !finished; ) {
       if (Date.now() - began > META_LISTING_MS) break;
       let got = 0;
-      let pending = -1;
       for await (const msg of await consumer.fetch({ max_messages: META_PULL, expires: 5_000 })) {
         got++;
-        pending = msg.info.pending;
+        read.add(msg.subject);
         const meta = msg.json<{ nuid?: string; deleted?: boolean }>();
         if (!meta.deleted && meta.nuid) named.add(meta.nuid);
-        if (pending === 0) break;
+        if (msg.info.pending === 0) {
+          finished = true;
+          break;
+        }
       }
-      read += got;
-      if (pending === 0) return named;
+      count += got;
       if (got === 0) break;
     }
   } finally {
     await consumer.delete().catch(() => undefined);
   }
-  throw new IncompleteListingError(`could not read every object of ${bucket}; nothing purged`);
+  const missed = listed.filter((subject) => !read.has(subject)).length;
+  if (!finished || missed > 0) throw new IncompleteListingError(`could not read every object of ${bucket} (${missed} of ${listed.length} not read); nothing purged`);
+  return named;
 }

@@ -427,8 +427,8 @@ test("sweeps - an upload attempt's object that no record names any more (taken o
 
 /**
  * A put whose writer stops mid-object (as a node killed during an upload or a checkpoint
- * save): `parts` chunks given (the put stores all but the last), then the source never ends, so no meta names them. The
- * connection closed afterwards ends the put.
+ * save): `parts` chunks given (the put stores all but the last), then the source never
+ * ends, so no meta names them; the writer's connection is closed afterwards.
  */
 async function stalledPut(objects: ObjectStore, name: string, parts: number): Promise<void> {
   let sent = 0;
@@ -446,7 +446,7 @@ async function chunkSubjects(jsm: JetStreamManager, bucket: string): Promise<Rec
   return (await jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `$O.${bucket}.C.>` })).state.subjects ?? {};
 }
 
-test("sweeps - object chunks a write that died left (no object names them) are purged once the write has surely ended; objects' chunks, a write in progress and a deleted object stay as they are", async (t) => {
+test("sweeps - object chunks a write that died left (no object names them) are purged once no chunk was written to them for the grace; objects' chunks, a write still going on and a deleted object stay as they are", async (t) => {
   t.timeout(60_000);
   await withStore(async (servers) => {
     const connect = (name: string) => connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name });
@@ -480,26 +480,39 @@ test("sweeps - object chunks a write that died left (no object names them) are p
       t.is(Object.keys(before).length, 1 + many + 2);
       t.is(before[keptSubject], 4, "the object's four chunks");
 
-      const chunkBucket = { name: bucket, graceMs: 60_000 };
+      const grace = 60_000;
+      const chunkBucket = { name: bucket, graceMs: grace };
       const nats = { js: jetstream(nc), jsm };
-      const none = new Set<string>();
-      t.like(await purgeUnnamedChunks(nats, chunkBucket, Date.now(), none), { unnamed: 2, purged: 0 }, "within the grace they may be a write in progress");
-      t.is((await purgeUnnamedChunks(nats, chunkBucket, Date.now(), none)).suspects.size, 0, "not suspected either");
-      // Past it: suspected at one pass, purged at the next that finds them so again.
-      const later = Date.now() + 61_000;
-      const first = await purgeUnnamedChunks(nats, chunkBucket, later, none);
+      const t0 = Date.now();
+      t.is((await purgeUnnamedChunks(nats, chunkBucket, t0, new Map(), 1)).suspects.size, 1, "at most one looked at when the bound is one");
+      // A pass suspects the unnamed subjects; a later one purges those with no chunk written
+      // to them for the grace, by the node's clock (the server's timestamps are not compared).
+      const first = await purgeUnnamedChunks(nats, chunkBucket, t0, new Map());
       t.like(first, { unnamed: 2, purged: 0 });
-      t.is(first.suspects.size, 2);
-      t.deepEqual(await chunkSubjects(jsm, bucket), before, "one listing alone purges nothing");
-      // One subject a pass when the bound is one: the suspect first.
-      const bounded = await purgeUnnamedChunks(nats, chunkBucket, later, first.suspects, 1);
-      t.like(bounded, { unnamed: 2, purged: 1 });
-      const second = await purgeUnnamedChunks(nats, chunkBucket, later, first.suspects);
-      t.like(second, { unnamed: 1, purged: 1 });
+      // The two dead writes: one stored two chunks, the other one (the objects hold one or four).
+      t.deepEqual([...first.suspects.keys()].map((s) => before[s]).sort(), [1, 2]);
+      const slow = [...first.suspects.keys()].find((s) => before[s] === 1)!;
+      const died = [...first.suspects.keys()].find((s) => before[s] === 2)!;
+      const within = await purgeUnnamedChunks(nats, chunkBucket, t0 + grace - 1, first.suspects);
+      t.like(within, { unnamed: 2, purged: 0 }, "within the grace they may be a write in progress");
+      t.deepEqual(within.suspects, first.suspects, "found when first found");
+      t.deepEqual(await chunkSubjects(jsm, bucket), before);
+      // One of them is written to meanwhile: a write going on, not purged, its wait begun again.
+      await jetstream(nc).publish(slow, new Uint8Array(64).fill(9));
+      const past = await purgeUnnamedChunks(nats, chunkBucket, t0 + grace, within.suspects);
+      t.like(past, { unnamed: 2, purged: 1 });
+      t.deepEqual([...past.suspects.keys()], [slow]);
+      t.is(past.suspects.get(slow)!.at, t0 + grace);
+      const between = await chunkSubjects(jsm, bucket);
+      t.false(died in between, "the dead write's chunks are purged");
+      t.is(between[slow], 2, "the written-to one keeps its chunks");
+      const later = await purgeUnnamedChunks(nats, chunkBucket, t0 + 2 * grace, past.suspects);
+      t.like(later, { unnamed: 1, purged: 1 });
+      t.is(later.suspects.size, 0);
+      t.like(await purgeUnnamedChunks(nats, chunkBucket, t0 + 3 * grace, later.suspects), { unnamed: 0, purged: 0 });
       const left = await chunkSubjects(jsm, bucket);
       t.is(Object.keys(left).length, 1 + many, "only the objects' chunks are left");
       t.is(left[keptSubject], 4);
-      t.like(await purgeUnnamedChunks(nats, chunkBucket, later, second.suspects), { unnamed: 0, purged: 0 });
       t.deepEqual(new Uint8Array((await objects.getBlob("kept"))!), kept, "the object reads back whole");
       t.true((await objects.info("gone"))?.deleted, "the deleted object stays deleted");
       t.deepEqual(new Uint8Array((await objects.getBlob(`n${many - 1}`))!), new Uint8Array([49]));
@@ -511,7 +524,7 @@ test("sweeps - object chunks a write that died left (no object names them) are p
   });
 });
 
-test("sweeps - the owner of partition 0 looks for unnamed chunks in the files and checkpoints buckets at its first sweep, and a recent write's are left alone; files and checkpoints stay readable", async (t) => {
+test("sweeps - the owner of partition 0 looks for unnamed chunks in the files and checkpoints buckets at its first sweep and suspects a dead write's, purging nothing at once; the next pass is an hour away; files and checkpoints stay readable", async (t) => {
   t.timeout(120_000);
   const servers = await startTestServers();
   const logs: Array<Record<string, unknown>> = [];
@@ -549,9 +562,9 @@ test("sweeps - the owner of partition 0 looks for unnamed chunks in the files an
     const looked = () => logs.filter((line) => line.msg === "looked for object chunks no object names");
     for (let i = 0; i < 200 && looked().length < 2; i++) await new Promise((resolve) => setTimeout(resolve, 100));
     t.deepEqual(
-      looked().map((line) => [line.bucket, line.unnamed, line.purged]).sort(),
-      [[CHECKPOINTS_BUCKET, 1, 0], [FILES_BUCKET, 1, 0]],
-      "one unnamed write in each, recent: kept (it may be in progress)",
+      looked().map((line) => [line.bucket, line.unnamed, line.purged, line.suspected]).sort(),
+      [[CHECKPOINTS_BUCKET, 1, 0, 1], [FILES_BUCKET, 1, 0, 1]],
+      "one unnamed write in each: suspected, not purged (it may be in progress)",
     );
     t.deepEqual({ files: await chunkSubjects(jsm, FILES_BUCKET), checkpoints: await chunkSubjects(jsm, CHECKPOINTS_BUCKET) }, before);
     // The next passes are an hour away: the sweeps since did not look again.

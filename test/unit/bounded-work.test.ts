@@ -1,6 +1,7 @@
 /**
  * BoundedWork: at most `concurrency` tasks run, the next waiting ones start in order as
- * slots free (also after a rejection), and a task offered to a full queue is refused at once.
+ * slots free (also after a rejection), a task offered to a full queue is refused at once,
+ * and closing refuses what waits.
  */
 import test from "ava";
 import { BoundedWork } from "../../src/bounded-work.js";
@@ -68,8 +69,29 @@ test("bounded-work - a task's rejection is passed on and frees its slot for the 
   t.deepEqual(work.size, { running: 0, waiting: 0 });
 });
 
+test("bounded-work - closing refuses the waiting tasks and every later one; the running one goes on and its slot is not handed over", async (t) => {
+  const work = new BoundedWork(1, 5);
+  const started: string[] = [];
+  const running = parked(started, "running");
+  const waiting = [parked(started, "w1"), parked(started, "w2")];
+  const ran = work.run(running.task);
+  const refused = waiting.map((p) => work.run(p.task));
+  await tick();
+  t.false(work.closed);
+  work.close();
+  t.true(work.closed);
+  for (const r of refused) t.false(await r, "a waiting task is refused as the work closes");
+  t.false(await work.run(parked(started, "later").task), "and one offered later");
+  running.release();
+  t.true(await ran, "the running task ran to its end");
+  await tick();
+  t.deepEqual(started, ["running"]);
+  t.deepEqual(work.size, { running: 0, waiting: 0 });
+});
+
 test("bounded-work - a bound below one slot is refused", (t) => {
   t.throws(() => new BoundedWork(0, 5), { instanceOf: RangeError });
   t.throws(() => new BoundedWork(1, -1), { instanceOf: RangeError });
   t.throws(() => new BoundedWork(Number.NaN, 1), { instanceOf: RangeError });
+  t.throws(() => new BoundedWork(1.5, 1), { instanceOf: RangeError });
 });
