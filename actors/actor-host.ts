@@ -128,10 +128,11 @@ export class ActorHost {
     this.chunksCheckedAt = now;
     for (const bucket of this.r.objectChunks.buckets) {
       try {
-        const { unnamed, purged, suspects } = await purgeUnnamedChunks(this.r.objectChunks, bucket, now, this.chunkSuspects.get(bucket.name) ?? new Map());
+        const clock = () => this.r.clock.nowMs();
+        const { unnamed, purged, forgotten, suspects } = await purgeUnnamedChunks(this.r.objectChunks, bucket, clock, this.chunkSuspects.get(bucket.name) ?? new Map());
         this.chunkSuspects.set(bucket.name, suspects);
         // Unnamed chunks may be a write in progress: suspected, purged at a later pass if nothing was written to them.
-        if (unnamed) this.r.log.info({ bucket: bucket.name, unnamed, purged, suspected: suspects.size }, "looked for object chunks no object names");
+        if (unnamed || forgotten) this.r.log.info({ bucket: bucket.name, unnamed, purged, suspected: suspects.size, forgotten }, "looked for object chunks no object names");
       } catch (err) {
         this.r.log.warn({ err, bucket: bucket.name }, "could not look for object chunks no object names; trying again in an hour");
       }

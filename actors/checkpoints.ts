@@ -95,9 +95,9 @@ async function peek(source: AsyncIterable<Uint8Array>): Promise<{ head: Uint8Arr
  * whole in memory.
  */
 /**
- * A checkpoint save whose last chunk is older than this has ended (a save streams its
- * archive as it is read from the directory): its chunks no object names are a save that
- * died (src/object-chunks.ts).
+ * A checkpoint save that has stored no chunk for this long (as the node purging sees it)
+ * has ended (a save streams its archive as it is read from the directory): its chunks no
+ * object names are a save that died (src/object-chunks.ts).
  */
 export const CHECKPOINT_WRITE_GRACE_MS = 60 * 60_000;
 

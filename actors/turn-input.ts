@@ -8,7 +8,7 @@ import { type Clock, type FileStore, type InputPart, isTransientFailure, MAX_TUR
  * Uploaded files named by `file_id` become inline parts for the agent (the stored
  * input keeps the id), in input order while they fit the turn's file budget (what
  * inline files left of it); a file past the budget becomes a short note. Sizes come
- * from the file records (one query), so a file past the budget is never read.
+ * from the file records (read by id), so a file past the budget is never read.
  */
 export async function resolveFiles(files: Pick<FileStore, "getMany" | "read">, workspaceId: string, input: InputPart[]): Promise<InputPart[]> {
   const ids = input.flatMap((part) => (part.type === "input_file" && part.file_id ? [part.file_id] : []));

@@ -12,6 +12,11 @@
  * objects). And a subject is purged only when a pass at least the grace before found it
  * unnamed with the same last chunk: no chunk written to it since, by the node's own clock
  * (no comparison with the server's timestamps).
+ *
+ * A deleted object keeps a meta saying so, for good, and every pass reads it: the metas of
+ * objects deleted over the grace ago are forgotten (purged). Our objects' names (file and
+ * run ids) are never used again, so nothing needs a deleted one's meta later; a delete
+ * repeated after it finds no object, as after a successful one.
  */
 import { DeliverPolicy, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
 
@@ -33,6 +38,8 @@ export interface ChunkSuspect {
 
 /** At most this many unnamed chunk subjects are looked at per bucket and pass (each costs a read of its last chunk, up to a chunk's size). */
 export const MAX_UNNAMED_PER_PASS = 200;
+/** At most this many deleted objects' metas are forgotten per bucket and pass (a purge request each). */
+export const MAX_FORGOTTEN_PER_PASS = 10_000;
 /** The metas are read in pulls of this many. */
 const META_PULL = 1_000;
 /** A listing of the metas that takes longer than this (a bucket written without pause) is given up and tried at the next pass. */
@@ -50,25 +57,35 @@ type Nats = { js: JetStreamClient; jsm: Pick<JetStreamManager, "streams"> };
 /**
  * Purges the chunk subjects of `bucket` that no live object names and that `suspects` (the
  * previous pass's answer) holds with the same last chunk, found at least `graceMs` before
- * `nowMs`; purged up to that chunk, so a chunk written meanwhile stays. Returns how many
- * subjects were unnamed, how many it purged, and the suspects for the next pass. The chunk
- * subjects are listed before the metas, so an object finished between the two is found
- * named. Safe on several nodes at once (a purge of what is gone purges nothing); throws
- * when a listing fails.
+ * (`now()`, read after a subject's last chunk is read when it is suspected and before when
+ * it is compared); purged up to that chunk, so a chunk written meanwhile stays. Also
+ * forgets the metas of deleted objects (a delete keeps one saying so, for good): at most
+ * {@link MAX_FORGOTTEN_PER_PASS}, each written over the grace before. Returns how many
+ * subjects were unnamed, how many it purged, how many deleted objects' metas it forgot, and
+ * the suspects for the next pass. The chunk subjects are listed before the metas, so an
+ * object finished between the two is found named. Safe on several nodes at once (a purge of
+ * what is gone purges nothing; a meta one forgets while another reads fails that read);
+ * throws when a listing fails, before purging anything.
  */
 export async function purgeUnnamedChunks(
   nats: Nats,
   bucket: ChunkBucket,
-  nowMs: number,
+  now: () => number,
   suspects: ReadonlyMap<string, ChunkSuspect>,
   max = MAX_UNNAMED_PER_PASS,
-): Promise<{ unnamed: number; purged: number; suspects: Map<string, ChunkSuspect> }> {
+): Promise<{ unnamed: number; purged: number; forgotten: number; suspects: Map<string, ChunkSuspect> }> {
   const stream = `OBJ_${bucket.name}`;
   const prefix = `$O.${bucket.name}.C.`;
   const next = new Map<string, ChunkSuspect>();
   const chunkSubjects = await subjectsOf(nats, stream, `${prefix}>`);
-  if (chunkSubjects.length === 0) return { unnamed: 0, purged: 0, suspects: next };
-  const named = await liveNuids(nats, bucket.name);
+  const { named, deleted } = await readMetas(nats, bucket.name);
+  let forgotten = 0;
+  for (const meta of deleted) {
+    if (forgotten >= MAX_FORGOTTEN_PER_PASS) break;
+    if (now() - meta.time <= bucket.graceMs) continue;
+    await nats.jsm.streams.purge(stream, { filter: meta.subject, seq: meta.seq + 1 });
+    forgotten++;
+  }
   const unnamed = chunkSubjects.filter((subject) => !named.has(subject.slice(prefix.length)));
   // The previous pass's suspects first; the rest from a random place, so that none is always left past the bound.
   const from = Math.floor(Math.random() * unnamed.length);
@@ -76,19 +93,20 @@ export async function purgeUnnamedChunks(
   const looked = [...rotated.filter((s) => suspects.has(s)), ...rotated.filter((s) => !suspects.has(s))].slice(0, max);
   let purged = 0;
   for (const subject of looked) {
+    const asked = now();
     const last = await nats.jsm.streams.getMessage(stream, { last_by_subj: subject });
     if (!last) continue;
     const earlier = suspects.get(subject);
     if (earlier?.seq !== last.seq) {
-      next.set(subject, { at: nowMs, seq: last.seq });
-    } else if (nowMs - earlier.at < bucket.graceMs) {
+      next.set(subject, { at: now(), seq: last.seq });
+    } else if (asked - earlier.at < bucket.graceMs) {
       next.set(subject, earlier);
     } else {
       await nats.jsm.streams.purge(stream, { filter: subject, seq: last.seq + 1 });
       purged++;
     }
   }
-  return { unnamed: unnamed.length, purged, suspects: next };
+  return { unnamed: unnamed.length, purged, forgotten, suspects: next };
 }
 
 /** The subjects of `stream` that match `filter` (the client pages through a long list). */
@@ -97,22 +115,27 @@ async function subjectsOf(nats: Nats, stream: string, filter: string): Promise<s
 }
 
 /**
- * The nuids the bucket's live (not deleted) objects name, read from the last meta of each
- * name until the consumer has none pending; throws {@link IncompleteListingError} unless
- * every meta subject the stream listed first was read (a meta is never removed, only
- * replaced: a deleted object keeps one saying so).
+ * Every meta of the bucket, read from the last one of each name until the consumer has none
+ * pending: the nuids live (not deleted) objects name, and the metas of deleted objects.
+ * Throws {@link IncompleteListingError} unless every meta subject the stream listed first was
+ * read, and when the consumer has metas to deliver that the listing did not show.
  */
-async function liveNuids(nats: Nats, bucket: string): Promise<Set<string>> {
+async function readMetas(nats: Nats, bucket: string): Promise<{ named: Set<string>; deleted: Array<{ subject: string; seq: number; time: number }> }> {
   const stream = `OBJ_${bucket}`;
   const filter = `$O.${bucket}.M.>`;
   const named = new Set<string>();
+  const deleted: Array<{ subject: string; seq: number; time: number }> = [];
   const listed = await subjectsOf(nats, stream, filter);
-  if (listed.length === 0) return named;
   const read = new Set<string>();
   const consumer = await nats.js.consumers.get(stream, { filter_subjects: [filter], deliver_policy: DeliverPolicy.LastPerSubject });
   const began = Date.now();
   let finished = false;
   try {
+    // An empty listing is believed only if the consumer has nothing to deliver either.
+    if ((await consumer.info()).num_pending === 0) {
+      if (listed.length > 0) throw new IncompleteListingError(`the metas of ${bucket} were listed (${listed.length}) but none is there to read; nothing purged`);
+      return { named, deleted };
+    }
     // Every meta once, plus as many written meanwhile; a pull that brings nothing, or the time bound, ends it unfinished.
     for (let count = 0; count <= 2 * listed.length + META_PULL && !finished; ) {
       if (Date.now() - began > META_LISTING_MS) break;
@@ -121,7 +144,8 @@ async function liveNuids(nats: Nats, bucket: string): Promise<Set<string>> {
         got++;
         read.add(msg.subject);
         const meta = msg.json<{ nuid?: string; deleted?: boolean }>();
-        if (!meta.deleted && meta.nuid) named.add(meta.nuid);
+        if (meta.deleted) deleted.push({ subject: msg.subject, seq: msg.seq, time: Math.floor(msg.info.timestampNanos / 1e6) });
+        else if (meta.nuid) named.add(meta.nuid);
         if (msg.info.pending === 0) {
           finished = true;
           break;
@@ -135,5 +159,5 @@ async function liveNuids(nats: Nats, bucket: string): Promise<Set<string>> {
   }
   const missed = listed.filter((subject) => !read.has(subject)).length;
   if (!finished || missed > 0) throw new IncompleteListingError(`could not read every object of ${bucket} (${missed} of ${listed.length} not read); nothing purged`);
-  return named;
+  return { named, deleted };
 }

@@ -241,22 +241,20 @@ export class WebhookStore {
   }
 
   /**
-   * Deletes an endpoint and its deliveries' records; false when there was none. The log goes
-   * 1,000 deliveries (and their attempts) at a time, at most {@link DELETE_LOG_STEPS} steps:
-   * the embedded store deletes every match of one delete in one SQL statement with a
-   * variable each (at most 32,766), so a busy endpoint's week of deliveries could not be
-   * deleted at once (the request answered 500). Once the endpoint is gone, a log that cannot
-   * be removed now is left to the log's sweep, not answered as a failure.
-   */
-  /**
-   * Deletes the endpoint and then its delivery log; false when it was not the workspace's.
-   * The log's removal failing (the store away) leaves it to the log's sweep, which removes
-   * finished deliveries once the log's week is over: `logLeft` holds that failure, for the log line.
+   * Deletes an endpoint and then its deliveries' records; false when it was not the
+   * workspace's. The log goes 1,000 deliveries (and their attempts) at a time, at most
+   * {@link DELETE_LOG_STEPS} steps: the embedded store deletes every match of one delete in
+   * one SQL statement with a variable each (at most 32,766), so a busy endpoint's week of
+   * deliveries could not be deleted at once (the request answered 500). Once the endpoint is
+   * gone, a log that cannot be removed now (the store away, or more than the steps take) is
+   * left to the log's sweep, which removes finished deliveries once the log's week is over,
+   * not answered as a failure: `logLeft` says why, for the log line.
    */
   async delete(workspaceId: string, id: string): Promise<false | { logLeft?: unknown }> {
     const deleted = await guard(() => this.endpoints.deleteOne({ _id: id, workspace_id: workspaceId }));
     this.cache.delete(workspaceId);
     if (deleted.deletedCount === 0) return false;
+    let full = false;
     try {
       // Newest first by the webhook_created index; a number range bounded on both sides is
       // what the embedded store serves sorted from an index, so it reads 1,000 rows, not all.
@@ -271,12 +269,14 @@ export class WebhookStore {
         // The batch's time range seeks the same index (`_id: {$in}` alone reads the collection).
         const range = { $gte: batch[batch.length - 1]!.created_at, $lte: Number.MAX_SAFE_INTEGER };
         await guard(() => this.deliveries.deleteMany({ webhook_id: id, created_at: range, _id: { $in: ids } }));
-        return { removed: ids.length, full: batch.length === SWEEP_BATCH };
+        full = batch.length === SWEEP_BATCH;
+        return { removed: ids.length, full };
       });
     } catch (err) {
-      return { logLeft: err };
+      return { logLeft: err ?? new Error("the delivery log's removal failed") };
     }
-    return {};
+    // The last step came back full: the steps ended before the log did.
+    return full ? { logLeft: new Error(`${DELETE_LOG_STEPS * SWEEP_BATCH} deliveries removed, the most one delete takes; the rest stay`) } : {};
   }
 
   /** The workspace's endpoints, read at most every 2 s per node. */

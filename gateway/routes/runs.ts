@@ -111,7 +111,7 @@ export function runRoutes(ctx: GatewayContext) {
       const key = idempotencyKeyOf(request)!;
       const workspaceId = auth.workspace._id;
 
-      // Uploaded files are looked up in one query; their bytes are read by the actor, within its budget.
+      // Uploaded files are looked up (their records, by id); their bytes are read by the actor, within its budget.
       const fileIds = body.input.flatMap((part) => (part.type === "input_file" && part.file_id ? [part.file_id] : []));
       const found = new Set((await ctx.files.getMany(workspaceId, fileIds)).map((f) => f._id));
       const missing = fileIds.find((id) => !found.has(id));

@@ -238,8 +238,8 @@ export function webhookRoutes(ctx: GatewayContext) {
       const deleted = await store.delete(auth.workspace._id, request.params.webhookId);
       if (!deleted) throw webhookNotFound(request.params.webhookId);
       ctx.log.info({ workspace_id: auth.workspace._id, webhook_id: request.params.webhookId }, "webhook deleted");
-      if (deleted.logLeft) {
-        ctx.log.warn({ err: deleted.logLeft, workspace_id: auth.workspace._id, webhook_id: request.params.webhookId }, "could not remove the deleted webhook's delivery log; the log's sweep removes it when its week is over");
+      if ("logLeft" in deleted) {
+        ctx.log.warn({ err: deleted.logLeft, workspace_id: auth.workspace._id, webhook_id: request.params.webhookId }, "could not remove all of the deleted webhook's delivery log; the log's sweep removes the rest when its week is over");
       }
       return { id: request.params.webhookId, object: "webhook.deleted" as const, deleted: true as const };
     });

@@ -18,12 +18,12 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { Writable } from "node:stream";
 import pino from "pino";
 import path from "node:path";
-import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream";
 import { Objm, type ObjectStore } from "@nats-io/obj";
 import { CHECKPOINTS_BUCKET, connectNats, eventStreamName, eventSubject, FILES_BUCKET } from "../../src/nats.js";
 import { FileStore, orphanGraceMs, type UploadClaim } from "../../src/file-store.js";
 import { BlobKeyring } from "../../src/blob-crypto.js";
-import { purgeUnnamedChunks } from "../../src/object-chunks.js";
+import { IncompleteListingError, purgeUnnamedChunks } from "../../src/object-chunks.js";
 import { bashThen } from "../helpers/agent-configs.js";
 import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
 
@@ -482,41 +482,92 @@ test("sweeps - object chunks a write that died left (no object names them) are p
 
       const grace = 60_000;
       const chunkBucket = { name: bucket, graceMs: grace };
-      const nats = { js: jetstream(nc), jsm };
+      const js = jetstream(nc);
+      const nats = { js, jsm };
       const t0 = Date.now();
-      t.is((await purgeUnnamedChunks(nats, chunkBucket, t0, new Map(), 1)).suspects.size, 1, "at most one looked at when the bound is one");
+      const at = (ms: number) => () => ms;
+      t.is((await purgeUnnamedChunks(nats, chunkBucket, at(t0), new Map(), 1)).suspects.size, 1, "at most one looked at when the bound is one");
       // A pass suspects the unnamed subjects; a later one purges those with no chunk written
       // to them for the grace, by the node's clock (the server's timestamps are not compared).
-      const first = await purgeUnnamedChunks(nats, chunkBucket, t0, new Map());
-      t.like(first, { unnamed: 2, purged: 0 });
+      const first = await purgeUnnamedChunks(nats, chunkBucket, at(t0), new Map());
+      t.like(first, { unnamed: 2, purged: 0, forgotten: 0 }, "the deleted object's meta is recent: kept");
       // The two dead writes: one stored two chunks, the other one (the objects hold one or four).
       t.deepEqual([...first.suspects.keys()].map((s) => before[s]).sort(), [1, 2]);
       const slow = [...first.suspects.keys()].find((s) => before[s] === 1)!;
       const died = [...first.suspects.keys()].find((s) => before[s] === 2)!;
-      const within = await purgeUnnamedChunks(nats, chunkBucket, t0 + grace - 1, first.suspects);
-      t.like(within, { unnamed: 2, purged: 0 }, "within the grace they may be a write in progress");
-      t.deepEqual(within.suspects, first.suspects, "found when first found");
+      const within = await purgeUnnamedChunks(nats, chunkBucket, at(t0 + grace - 1), first.suspects);
+      t.like(within, { unnamed: 2, purged: 0, forgotten: 1 }, "within the grace they may be a write in progress; the deleted object's meta, written before the first pass, is past it: forgotten");
+      t.is(await objects.info("gone"), null, "the deleted object's meta is gone: no object by that name");
+      const entries = (suspects: Map<string, unknown>) => [...suspects].sort(([a], [b]) => (a < b ? -1 : 1));
+      t.deepEqual(entries(within.suspects), entries(first.suspects), "found when first found");
       t.deepEqual(await chunkSubjects(jsm, bucket), before);
+
+      // A listing that misses one meta (however: here the first one a pull brings is hidden)
+      // purges nothing: that object's chunks would look unnamed.
+      const hiding = {
+        jsm,
+        js: {
+          consumers: {
+            get: async (...args: Parameters<typeof js.consumers.get>) => {
+              const consumer = await js.consumers.get(...args);
+              let hidden = false;
+              return {
+                info: () => consumer.info(),
+                delete: () => consumer.delete(),
+                fetch: async (options: never) => {
+                  const messages = await consumer.fetch(options);
+                  return (async function* () {
+                    for await (const msg of messages) {
+                      if (!hidden) hidden = true;
+                      else yield msg;
+                    }
+                  })();
+                },
+              };
+            },
+          },
+        },
+      } as never;
+      await t.throwsAsync(purgeUnnamedChunks(hiding, chunkBucket, at(t0 + grace), within.suspects), { instanceOf: IncompleteListingError });
+      t.deepEqual(await chunkSubjects(jsm, bucket), before, "nothing purged");
+
       // One of them is written to meanwhile: a write going on, not purged, its wait begun again.
-      await jetstream(nc).publish(slow, new Uint8Array(64).fill(9));
-      const past = await purgeUnnamedChunks(nats, chunkBucket, t0 + grace, within.suspects);
-      t.like(past, { unnamed: 2, purged: 1 });
+      await js.publish(slow, new Uint8Array(64).fill(9));
+      // And a chunk lands on the other right after the pass read its last: the purge stops before it.
+      const late = {
+        js,
+        jsm: {
+          streams: new Proxy(jsm.streams, {
+            get: (target, name) =>
+              name === "getMessage"
+                ? async (stream: string, query: MsgRequest) => {
+                    const last = await target.getMessage(stream, query);
+                    if (typeof query === "object" && "last_by_subj" in query && query.last_by_subj === died) await js.publish(died, new Uint8Array(64).fill(7));
+                    return last;
+                  }
+                : Reflect.get(target, name),
+          }),
+        },
+      } as never;
+      const past = await purgeUnnamedChunks(late, chunkBucket, at(t0 + grace), within.suspects);
+      t.like(past, { unnamed: 2, purged: 1, forgotten: 0 });
       t.deepEqual([...past.suspects.keys()], [slow]);
       t.is(past.suspects.get(slow)!.at, t0 + grace);
       const between = await chunkSubjects(jsm, bucket);
-      t.false(died in between, "the dead write's chunks are purged");
+      t.is(between[died], 1, "the dead write's chunks are purged up to the last one the pass read; the later one stays");
       t.is(between[slow], 2, "the written-to one keeps its chunks");
-      const later = await purgeUnnamedChunks(nats, chunkBucket, t0 + 2 * grace, past.suspects);
-      t.like(later, { unnamed: 1, purged: 1 });
-      t.is(later.suspects.size, 0);
-      t.like(await purgeUnnamedChunks(nats, chunkBucket, t0 + 3 * grace, later.suspects), { unnamed: 0, purged: 0 });
+      const later = await purgeUnnamedChunks(nats, chunkBucket, at(t0 + 2 * grace), past.suspects);
+      t.like(later, { unnamed: 2, purged: 1, forgotten: 0 });
+      t.deepEqual([...later.suspects.keys()], [died], "the late chunk is suspected anew");
+      t.like(await purgeUnnamedChunks(nats, chunkBucket, at(t0 + 3 * grace), later.suspects), { unnamed: 1, purged: 1 });
+      t.like(await purgeUnnamedChunks(nats, chunkBucket, at(t0 + 4 * grace), new Map()), { unnamed: 0, purged: 0, forgotten: 0 });
       const left = await chunkSubjects(jsm, bucket);
       t.is(Object.keys(left).length, 1 + many, "only the objects' chunks are left");
       t.is(left[keptSubject], 4);
       t.deepEqual(new Uint8Array((await objects.getBlob("kept"))!), kept, "the object reads back whole");
-      t.true((await objects.info("gone"))?.deleted, "the deleted object stays deleted");
+      await objects.delete("gone");
+      t.is(await objects.info("gone"), null, "a delete repeated after its meta is forgotten finds nothing, as after any delete");
       t.deepEqual(new Uint8Array((await objects.getBlob(`n${many - 1}`))!), new Uint8Array([49]));
-      t.is(await objects.getBlob("gone"), null);
     } finally {
       await writer.close().catch(() => undefined);
       await nc.close();
