@@ -467,8 +467,8 @@ export class RunsClient {
     return this.json({ method: "POST", path: "/api/v1/api-keys", body: request, policy: "rate_limit_only" }, options);
   }
 
-  listApiKeys(options: CallOptions = {}): Promise<List<ApiKey>> {
-    return this.json({ method: "GET", path: "/api/v1/api-keys", policy: "safe" }, options);
+  listApiKeys(query: PageQuery = {}, options: CallOptions = {}): Promise<List<ApiKey>> {
+    return this.json({ method: "GET", path: "/api/v1/api-keys", query: { ...query }, policy: "safe" }, options);
   }
 
   getApiKey(keyId: string, options: CallOptions = {}): Promise<ApiKey> {

@@ -309,7 +309,7 @@ export interface paths {
         };
         /**
          * List API keys
-         * @description Scope: api_keys:manage.
+         * @description Newest first, revoked keys included; pages as every list does (limit, after). Scope: api_keys:manage.
          */
         get: operations["listApiKeys"];
         put?: never;
@@ -3862,7 +3862,12 @@ export interface operations {
     };
     listApiKeys: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Page size, 1 to 100. */
+                limit?: number;
+                /** @description Cursor: next_cursor of the previous page (opaque). A cursor of another list: 400 invalid_cursor. */
+                after?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -3879,6 +3884,18 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ApiKeyList"];
+                };
+            };
+            /** @description Invalid request. Codes: invalid_request, invalid_cursor. */
+            400: {
+                headers: {
+                    "X-RateLimit-Limit": components["headers"]["X-RateLimit-Limit"];
+                    "X-RateLimit-Remaining": components["headers"]["X-RateLimit-Remaining"];
+                    "X-RateLimit-Reset": components["headers"]["X-RateLimit-Reset"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
                 };
             };
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */

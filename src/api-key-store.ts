@@ -1,5 +1,5 @@
 /** API keys (decisions §2) in MongoDB: the key documents, and when each was last used. */
-import type { Collection, Db } from "mongodb";
+import type { Collection, Db, Filter } from "mongodb";
 import type { ApiKeyDoc } from "./documents.js";
 import { findEachById, guard } from "./mongo-guard.js";
 
@@ -18,7 +18,8 @@ export class ApiKeyStore {
 
   async provision(): Promise<void> {
     await this.keys.createIndex({ hash: 1 }, { unique: true, name: "hash_unique" });
-    await this.keys.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+    // The list's order, ties by id, so a page reads only itself (an older "ws_created" without _id may exist: unused).
+    await this.keys.createIndex({ workspace_id: 1, created_at: -1, _id: -1 }, { name: "ws_created_id" });
   }
 
   insert(doc: ApiKeyDoc): Promise<unknown> {
@@ -35,8 +36,20 @@ export class ApiKeyStore {
     return key && key.workspace_id === workspaceId ? key : null;
   }
 
-  list(workspaceId: string): Promise<ApiKeyDoc[]> {
-    return guard(() => this.keys.find({ workspace_id: workspaceId }).sort({ created_at: -1, _id: -1 }).toArray());
+  /**
+   * The workspace's keys newest first, `limit` of them after `after` (the last of the page
+   * before). The bounds on created_at and _id match every key; they state the sort keys'
+   * types, which lets the embedded store order rows from its index and read only the page
+   * (as the runs list does, src/run-list.ts).
+   */
+  list(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<ApiKeyDoc[]> {
+    const filter: Filter<ApiKeyDoc> = {
+      workspace_id: workspaceId,
+      created_at: { $gte: 0, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
+      _id: { $gte: "" },
+    };
+    if (after) filter.$or = [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }];
+    return guard(() => this.keys.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 
   recordUse(id: string, atMs: number): Promise<unknown> {

@@ -1,8 +1,8 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { ApiError, type ApiKeyDoc, keyIsUsable, list, newApiKey, renderApiKey } from "../../src/index.js";
+import { ApiError, type ApiKeyDoc, decodeCursor, encodeCursor, keyIsUsable, list, newApiKey, renderApiKey } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
-import { type Handler, type Operation, route, keyId } from "../operation.js";
+import { type Handler, type Operation, page, route, keyId } from "../operation.js";
 import { ApiKeyCreateRequestSchema, ApiKeyListSchema, ApiKeyRotateRequestSchema, ApiKeySchema, MAX_GRACE_PERIOD_S } from "../schemas.js";
 
 export const DEFAULT_GRACE_PERIOD_S = 86_400;
@@ -70,9 +70,12 @@ export const API_KEY_OPERATIONS = {
     path: "/api/v1/api-keys",
     operationId: "listApiKeys",
     summary: "List API keys",
+    description: "Newest first, revoked keys included; pages as every list does (limit, after).",
     tag: "api-keys",
     scope: "api_keys:manage",
+    query: z.object(page(100, 20)),
     success: { 200: { description: "The workspace's keys, one page.", json: ApiKeyListSchema } },
+    errors: { 400: ["invalid_request", "invalid_cursor"] },
   },
   getApiKey: {
     method: "get",
@@ -122,9 +125,15 @@ export function apiKeyRoutes(ctx: GatewayContext) {
 
     route(app, API_KEY_OPERATIONS.listApiKeys, async (request) => {
       const auth = authOf(request);
+      const workspaceId = auth.workspace._id;
+      const limit = request.query.limit;
+      const after = request.query.after === undefined ? undefined : decodeCursor(request.query.after, "api_keys", workspaceId);
+      const found = await ctx.store.keys.list(workspaceId, limit + 1, after ? { createdAt: Number(after.k), id: after.id } : undefined);
+      const keys = await withUsage(ctx, found.slice(0, limit));
+      const last = keys[keys.length - 1];
+      const next = last ? encodeCursor({ s: "api_keys", o: workspaceId, k: String(last.created_at), id: last._id }) : null;
       const now = ctx.clock.nowMs();
-      const keys = await withUsage(ctx, await ctx.store.keys.list(auth.workspace._id));
-      return list(keys.map((k) => renderApiKey(k, now)), false, null);
+      return list(keys.map((k) => renderApiKey(k, now)), found.length > limit, next);
     });
 
     route(app, API_KEY_OPERATIONS.getApiKey, async (request) => renderApiKey(await loadKey(ctx, request, request.params.keyId), ctx.clock.nowMs()));

@@ -2,6 +2,8 @@ import anyTest, { type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { SCOPES } from "../../src/scopes.js";
+import { newApiKey } from "../../src/api-keys.js";
+import { Ids } from "../../src/ids.js";
 
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; other: Api; anon: Api }>;
 
@@ -51,6 +53,63 @@ test("auth - a key without the route's scope is 403 permission_denied naming the
   t.is(read.status, 404, "run:read is enough to read");
 });
 
+/** Every key of the workspace, page after page (other tests add keys meanwhile). */
+async function allKeys(api: Api): Promise<any[]> {
+  const keys: any[] = [];
+  let after: string | null = null;
+  for (let i = 0; i < 100; i++) {
+    const page: { status: number; body: any } = await api.get(`/api/v1/api-keys?limit=100${after ? `&after=${after}` : ""}`);
+    if (page.status !== 200) throw new Error(`list failed ${page.status} ${JSON.stringify(page.body)}`);
+    keys.push(...page.body.data);
+    if (!page.body.has_more) return keys;
+    after = page.body.next_cursor;
+  }
+  throw new Error("more than 100 pages of keys");
+}
+
+test("keys - the list pages newest first (ties by id), each key once, as every list does; bad limits and cursors are 400", async (t) => {
+  const { service } = t.context;
+  const ws = await newWorkspace(service);
+  const other = await newWorkspace(service);
+  // 45 more keys, every third pair created at the same millisecond.
+  const base = Date.now() - 1_000_000;
+  for (let i = 0; i < 45; i++) {
+    const { doc } = newApiKey({ workspaceId: ws.id, label: `k${i}`, scopes: ["run:read"], nowMs: base + Math.floor(i / 2) * 1000, ids: Ids });
+    await service.store.keys.insert(doc);
+  }
+  const pages: any[] = [];
+  let after: string | null = null;
+  for (let i = 0; i < 10; i++) {
+    const res: { status: number; body: any } = await ws.api.get(`/api/v1/api-keys${after ? `?after=${after}` : ""}`);
+    t.is(res.status, 200, JSON.stringify(res.body));
+    pages.push(res.body);
+    if (!res.body.has_more) break;
+    after = res.body.next_cursor;
+  }
+  t.deepEqual(pages.map((p) => p.data.length), [20, 20, 6], "20 a page by default: the 45 and the workspace's own key");
+  const listed = pages.flatMap((p) => p.data);
+  t.is(new Set(listed.map((k) => k.id)).size, 46, "each key once");
+  const order = listed.map((k) => [k.created_at, k.id]);
+  const sorted = [...order].sort((a, b) => (a[0] !== b[0] ? b[0] - a[0] : a[1] < b[1] ? 1 : -1));
+  t.deepEqual(order, sorted, "newest first, ties by id");
+  t.deepEqual((await ws.api.get("/api/v1/api-keys?limit=100")).body.data.length, 46);
+  for (const limit of ["0", "101", "x", "1.5"]) {
+    const res = await ws.api.get(`/api/v1/api-keys?limit=${limit}`);
+    t.is(res.status, 400, limit);
+    t.is(res.body.error.param, "limit", limit);
+  }
+  const garbage = await ws.api.get("/api/v1/api-keys?after=not-a-cursor");
+  t.is(garbage.status, 400);
+  t.is(garbage.body.error.code, "invalid_cursor");
+  // A cursor is the list's and the workspace's: another workspace's, or another list's, is refused.
+  const foreign = await other.api.get(`/api/v1/api-keys?after=${pages[0].next_cursor}`);
+  t.is(foreign.status, 400);
+  t.is(foreign.body.error.code, "invalid_cursor");
+  const agentsCursor = (await ws.api.get(`/api/v1/agents?after=${pages[0].next_cursor}`));
+  t.is(agentsCursor.status, 400);
+  t.is(agentsCursor.body.error.code, "invalid_cursor");
+});
+
 test("keys - create returns the secret once; list and get never do", async (t) => {
   const { api } = t.context;
   const key = await createKey(api, ["run:read", "run:write"], "ci");
@@ -66,9 +125,9 @@ test("keys - create returns the secret once; list and get never do", async (t) =
   const got = await api.get(`/api/v1/api-keys/${key.id}`);
   t.is(got.status, 200);
   t.false("key" in got.body);
-  const listed = await api.get("/api/v1/api-keys");
-  t.true(listed.body.data.some((k: any) => k.id === key.id));
-  t.false(listed.body.data.some((k: any) => "key" in k));
+  const listed = await allKeys(api);
+  t.true(listed.some((k: any) => k.id === key.id));
+  t.false(listed.some((k: any) => "key" in k));
   // The new key works.
   const use = await api.withKey(key.key).get("/api/v1/runs/run_none");
   t.is(use.status, 404);

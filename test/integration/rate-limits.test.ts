@@ -69,7 +69,7 @@ test.serial("rate limits - one limit per workspace across two nodes and two keys
   // Cancelling a run and revoking a key stay available.
   const cancel = await viaA.post("/api/v1/runs/run_none/cancel", {});
   t.is(cancel.status, 404, "not 429");
-  const keys = await a!.store.keys.list(ws.id);
+  const keys = await a!.store.keys.list(ws.id, 100);
   const revoke = await viaA.post(`/api/v1/api-keys/${keys.find((k) => k.scopes.length === 1)!._id}/revoke`);
   t.is(revoke.status, 200);
 

@@ -293,3 +293,21 @@ test.serial("store plans - the files an input names and the keys' last uses are 
     assertIndexBacked(t, keyPlans, "_id_", false);
   }
 });
+
+test.serial("store plans - a page of API keys seeks the workspace's key index in list order, first and later pages, and answers right", async (t) => {
+  const { store, client, servers } = t.context;
+  const keys = client.db(servers.dbName).collection<{ _id: string }>("api_keys");
+  const key = (i: number, workspaceId: string) => ({ _id: `key_${workspaceId}_${String(i).padStart(4, "0")}`, workspace_id: workspaceId, hash: `h_${workspaceId}_${i}`, key_prefix: "rk_live_xxxx", label: null, scopes: ["run:read"], mode: "live", created_at: T0 + Math.floor(i / 2), revoked_at: null, last_used_at: null });
+  await keys.insertMany([...Array(RUNS).keys()].flatMap((i) => [key(i, WS), key(i, OTHER)]));
+  let first!: Awaited<ReturnType<typeof store.keys.list>>;
+  let second!: Awaited<ReturnType<typeof store.keys.list>>;
+  const plans = await plansOf(t, async () => {
+    first = await store.keys.list(WS, 21);
+    const last = first[19]!;
+    second = await store.keys.list(WS, 21, { createdAt: last.created_at, id: last._id });
+  });
+  const want = [...Array(RUNS).keys()].map((i) => key(i, WS)).sort((a, b) => b.created_at - a.created_at || (a._id < b._id ? 1 : -1)).map((k) => k._id);
+  t.deepEqual(first.map((k) => k._id), want.slice(0, 21));
+  t.deepEqual(second.map((k) => k._id), want.slice(20, 41));
+  if (embedded) assertIndexBacked(t, plans, "ws_created_id", true);
+});
