@@ -139,7 +139,8 @@ export class MongoStore implements RunStore {
   async provision(): Promise<void> {
     await guard(async () => {
       await this.keys.provision();
-      await this.agents.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" });
+      // The list's order, ties by id, so a page reads only itself (an older "ws_created" without _id may exist: unused).
+      await this.agents.createIndex({ workspace_id: 1, created_at: -1, _id: -1 }, { name: "ws_created_id" });
       await this.deployments.createIndex({ agent_id: 1, version: -1 }, { name: "agent_version" });
       await this.deployments.createIndex({ status: 1 }, { name: "status" });
       await this.runs.createIndex({ workspace_id: 1, last_activity_at: -1, _id: -1 }, { name: "ws_activity" });
@@ -186,8 +187,17 @@ export class MongoStore implements RunStore {
     return agent && agent.workspace_id === workspaceId ? agent : null;
   }
 
+  /**
+   * The workspace's agents newest first, `limit` after `after`. The bounds on created_at and
+   * _id match every agent; they state the sort keys' types, which lets the embedded store
+   * order rows from its index and read only the page (as the runs list does).
+   */
   listAgents(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<AgentDoc[]> {
-    const filter: Filter<AgentDoc> = { workspace_id: workspaceId };
+    const filter: Filter<AgentDoc> = {
+      workspace_id: workspaceId,
+      created_at: { $gte: 0, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
+      _id: { $gte: "" },
+    };
     if (after) {
       filter.$or = [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }];
     }
@@ -229,7 +239,8 @@ export class MongoStore implements RunStore {
 
   /** An agent's deployments by version, `limit` of them after `afterVersion`. */
   listDeployments(agentId: string, limit: number, afterVersion = 0): Promise<DeploymentDoc[]> {
-    return guard(() => this.deployments.find({ agent_id: agentId, version: { $gt: afterVersion } }).sort({ version: 1 }).limit(limit).toArray());
+    // Bounded on both sides: the embedded store then orders the page from its index.
+    return guard(() => this.deployments.find({ agent_id: agentId, version: { $gt: afterVersion, $lte: Number.MAX_SAFE_INTEGER } }).sort({ version: 1 }).limit(limit).toArray());
   }
 
   listBuildingDeployments(): Promise<DeploymentDoc[]> {

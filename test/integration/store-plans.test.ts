@@ -311,3 +311,29 @@ test.serial("store plans - a page of API keys seeks the workspace's key index in
   t.deepEqual(second.map((k) => k._id), want.slice(20, 41));
   if (embedded) assertIndexBacked(t, plans, "ws_created_id", true);
 });
+
+test.serial("store plans - pages of agents and of an agent's deployments seek their indexes in list order, first and later pages, and answer right", async (t) => {
+  const { store, client, servers } = t.context;
+  const db = client.db(servers.dbName);
+  const agent = (i: number, workspaceId: string) => ({ _id: `agt_${workspaceId}_${String(i).padStart(4, "0")}`, workspace_id: workspaceId, name: `a${i}`, description: null, active_version: null, created_at: T0 + Math.floor(i / 2) });
+  await db.collection<{ _id: string }>("agents").insertMany([...Array(RUNS).keys()].flatMap((i) => [agent(i, WS), agent(i, OTHER)]));
+  const deployment = (agentId: string, version: number) => ({ _id: `${agentId}:${version}`, agent_id: agentId, version, status: "ready", created_at: T0 + version });
+  await db.collection<{ _id: string }>("deployments").insertMany([...Array(RUNS).keys()].flatMap((i) => [deployment("agt_plans", i + 1), deployment("agt_other", i + 1)]));
+  let agents: Array<{ _id: string }> = [];
+  let deployments: Array<{ version: number }> = [];
+  const agentPlans = await plansOf(t, async () => {
+    const first = await store.listAgents(WS, 21);
+    const last = first[19]!;
+    agents = [...first.slice(0, 20), ...(await store.listAgents(WS, 21, { createdAt: last.created_at, id: last._id }))];
+  });
+  const deploymentPlans = await plansOf(t, async () => {
+    deployments = [...(await store.listDeployments("agt_plans", 20)), ...(await store.listDeployments("agt_plans", 20, 20))];
+  });
+  const want = [...Array(RUNS).keys()].map((i) => agent(i, WS)).sort((a, b) => b.created_at - a.created_at || (a._id < b._id ? 1 : -1)).map((a) => a._id);
+  t.deepEqual(agents.map((a) => a._id), want.slice(0, 41));
+  t.deepEqual(deployments.map((d) => d.version), Array.from({ length: 40 }, (_, i) => i + 1));
+  if (embedded) {
+    assertIndexBacked(t, agentPlans, "ws_created_id", true);
+    assertIndexBacked(t, deploymentPlans, "agent_version", true);
+  }
+});
