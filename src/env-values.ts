@@ -117,7 +117,8 @@ export class EnvValues {
    * of the previous page. Asks for `limit` documents (pass page size + 1 to learn has_more).
    */
   async list(workspaceId: string, limit: number, after?: string): Promise<EnvValueEntry[]> {
-    const filter = after === undefined ? { workspace_id: workspaceId } : { workspace_id: workspaceId, name: { $gt: after } };
+    // A string bound on name (also on the first page) lets the embedded store order the page from its index.
+    const filter = { workspace_id: workspaceId, name: after === undefined ? { $gte: "" } : { $gt: after } };
     const docs = await guard(() =>
       this.collection.find(filter, { projection: { sealed: 0 } }).sort({ name: 1 }).limit(limit).toArray(),
     );

@@ -215,7 +215,8 @@ export class MongoStore implements RunStore {
   async insertDeployment(doc: Omit<DeploymentDoc, "_id" | "version">): Promise<DeploymentDoc> {
     for (let attempt = 0; attempt < 20; attempt++) {
       const last = await guard(() =>
-        this.deployments.find({ agent_id: doc.agent_id }).sort({ version: -1 }).limit(1).toArray(),
+        // Bounded on both sides: the embedded store reads the last version from its index.
+        this.deployments.find({ agent_id: doc.agent_id, version: { $gte: 0, $lte: Number.MAX_SAFE_INTEGER } }).sort({ version: -1 }).limit(1).toArray(),
       );
       const version = (last[0]?.version ?? 0) + 1;
       const full: DeploymentDoc = { ...doc, _id: `${doc.agent_id}:${version}`, version };

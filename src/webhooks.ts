@@ -124,6 +124,8 @@ export class WebhookStore {
     await guard(() => this.endpoints.createIndex({ workspace_id: 1, created_at: -1 }, { name: "ws_created" }));
     await guard(() => this.deliveries.createIndex({ status: 1, next_attempt_at: 1 }, { name: "due" }));
     await guard(() => this.deliveries.createIndex({ webhook_id: 1, created_at: -1 }, { name: "webhook_created" }));
+    // The delivery log's page order, ties by id, so a page reads only itself.
+    await guard(() => this.deliveries.createIndex({ webhook_id: 1, created_at: -1, _id: -1 }, { name: "webhook_created_id" }));
     await guard(() => this.deliveries.createIndex({ status: 1, completed_at: 1 }, { name: "done" }));
     await guard(() => this.attempts.createIndex({ delivery_id: 1, n: 1 }, { name: "delivery_n" }));
   }
@@ -350,11 +352,18 @@ export class WebhookStore {
     return guard(() => this.deliveries.findOne({ _id: id, webhook_id: webhookId }));
   }
 
-  /** An endpoint's deliveries, newest first. */
+  /**
+   * An endpoint's deliveries, newest first. The bounds on created_at and _id match every
+   * delivery; they state the sort keys' types, which lets the embedded store order rows
+   * from its index and read only the page (a busy endpoint's week is a long log).
+   */
   listDeliveries(webhookId: string, limit: number, after?: { createdAt: number; id: string }): Promise<DeliveryDoc[]> {
-    const filter = after
-      ? { webhook_id: webhookId, ...before(after.createdAt, after.id) }
-      : { webhook_id: webhookId };
+    const filter = {
+      webhook_id: webhookId,
+      created_at: { $gte: Number.MIN_SAFE_INTEGER, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
+      _id: { $gte: "" },
+      ...(after ? before(after.createdAt, after.id) : {}),
+    };
     return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 

@@ -8,6 +8,8 @@ import type { RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
 import { FileStore } from "../../src/file-store.js";
 import { ApiKeyStore } from "../../src/api-key-store.js";
 import { Ids } from "../../src/ids.js";
+import { EnvValues } from "../../src/env-values.js";
+import { WebhookStore } from "../../src/webhooks.js";
 
 /**
  * The hot reads are index-backed on the embedded store: the reads the service issues
@@ -335,5 +337,46 @@ test.serial("store plans - pages of agents and of an agent's deployments seek th
   if (embedded) {
     assertIndexBacked(t, agentPlans, "ws_created_id", true);
     assertIndexBacked(t, deploymentPlans, "agent_version", true);
+  }
+});
+
+test.serial("store plans - pages of environment values and of a webhook's delivery log, and a new deployment's look-up of the last version, seek their indexes in order", async (t) => {
+  const { store, client, servers } = t.context;
+  const db = client.db(servers.dbName);
+  const master = Buffer.alloc(32, 3).toString("base64");
+  const clock = { nowMs: () => T0 } as never;
+  const values = new EnvValues(db, master, clock);
+  await values.provision();
+  const value = (i: number, workspaceId: string) => ({ _id: `${workspaceId}:V${String(i).padStart(4, "0")}`, workspace_id: workspaceId, name: `V${String(i).padStart(4, "0")}`, sealed: "", created_at: T0, updated_at: T0 });
+  await db.collection<{ _id: string }>("env_values").insertMany([...Array(RUNS).keys()].flatMap((i) => [value(i, WS), value(i, OTHER)]));
+  const webhooks = new WebhookStore(db, master, clock, Ids);
+  await webhooks.provision();
+  const delivery = (i: number, webhookId: string) => ({ _id: `whd_${webhookId}_${String(i).padStart(4, "0")}`, webhook_id: webhookId, created_at: T0 + Math.floor(i / 2), status: "delivered", partition: 0 });
+  await db.collection<{ _id: string }>("webhook_deliveries").insertMany([...Array(RUNS).keys()].flatMap((i) => [delivery(i, "wh_plans"), delivery(i, "wh_other")]));
+
+  let names: string[] = [];
+  const valuePlans = await plansOf(t, async () => {
+    const first = await values.list(WS, 21);
+    names = [...first.slice(0, 20), ...(await values.list(WS, 21, first[19]!.name))].map((v) => v.name);
+  });
+  t.deepEqual(names, [...Array(41).keys()].map((i) => `V${String(i).padStart(4, "0")}`));
+  let deliveries: string[] = [];
+  const deliveryPlans = await plansOf(t, async () => {
+    const first = await webhooks.listDeliveries("wh_plans", 21);
+    const last = first[19]!;
+    deliveries = [...first.slice(0, 20), ...(await webhooks.listDeliveries("wh_plans", 21, { createdAt: last.created_at, id: last._id }))].map((d) => d._id);
+  });
+  const want = [...Array(RUNS).keys()].map((i) => delivery(i, "wh_plans")).sort((a, b) => b.created_at - a.created_at || (a._id < b._id ? 1 : -1)).map((d) => d._id);
+  t.deepEqual(deliveries, want.slice(0, 41));
+  // An agent with 300 versions: the next one is 301, its last found from the index.
+  await db.collection<{ _id: string }>("deployments").insertMany([...Array(RUNS).keys()].flatMap((i) => [{ _id: `agt_deploy:${i + 1}`, agent_id: "agt_deploy", version: i + 1 }, { _id: `agt_deploy_other:${i + 1}`, agent_id: "agt_deploy_other", version: i + 1 }]));
+  const deployPlans = await plansOf(t, async () => {
+    const made = await store.insertDeployment({ agent_id: "agt_deploy", status: "building", config: {}, upgrade_policy: "automatic", created_at: T0 } as never);
+    t.is(made.version, RUNS + 1);
+  });
+  if (embedded) {
+    assertIndexBacked(t, valuePlans, "ws_name", true);
+    assertIndexBacked(t, deliveryPlans, "webhook_created_id", true);
+    assertIndexBacked(t, deployPlans, "agent_version", true);
   }
 });
