@@ -129,10 +129,12 @@ export class ActorHost {
     for (const bucket of this.r.objectChunks.buckets) {
       try {
         const clock = () => this.r.clock.nowMs();
-        const { unnamed, purged, forgotten, suspects } = await purgeUnnamedChunks(this.r.objectChunks, bucket, clock, this.chunkSuspects.get(bucket.name) ?? new Map());
-        this.chunkSuspects.set(bucket.name, suspects);
+        const pass = await purgeUnnamedChunks(this.r.objectChunks, bucket, clock, this.chunkSuspects.get(bucket.name) ?? new Map());
+        this.chunkSuspects.set(bucket.name, pass.suspects);
+        const said = { bucket: bucket.name, unnamed: pass.unnamed, purged: pass.purged, suspected: pass.suspects.size, forgotten: pass.forgotten, deleted_left: pass.deletedLeft };
+        if (pass.incomplete) this.r.log.warn({ ...said, why: pass.incomplete }, "could not read every object entry: no object chunk purged; trying again in an hour");
         // Unnamed chunks may be a write in progress: suspected, purged at a later pass if nothing was written to them.
-        if (unnamed || forgotten) this.r.log.info({ bucket: bucket.name, unnamed, purged, suspected: suspects.size, forgotten }, "looked for object chunks no object names");
+        else if (pass.unnamed || pass.forgotten) this.r.log.info(said, "looked for object chunks no object names");
       } catch (err) {
         this.r.log.warn({ err, bucket: bucket.name }, "could not look for object chunks no object names; trying again in an hour");
       }

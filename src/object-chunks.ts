@@ -14,9 +14,10 @@
  * (no comparison with the server's timestamps).
  *
  * A deleted object keeps a meta saying so, for good, and every pass reads it: the metas of
- * objects deleted over the grace ago are forgotten (purged). Our objects' names (file and
- * run ids) are never used again, so nothing needs a deleted one's meta later; a delete
- * repeated after it finds no object, as after a successful one.
+ * objects deleted over the grace ago (by the server's timestamp: forgetting early breaks
+ * nothing) are forgotten (purged). Our objects' names (file and run ids) are never used
+ * again, so nothing needs a deleted one's meta later; a delete repeated after it finds no
+ * object, as after a successful one.
  */
 import { DeliverPolicy, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
 
@@ -38,34 +39,40 @@ export interface ChunkSuspect {
 
 /** At most this many unnamed chunk subjects are looked at per bucket and pass (each costs a read of its last chunk, up to a chunk's size). */
 export const MAX_UNNAMED_PER_PASS = 200;
-/** At most this many deleted objects' metas are forgotten per bucket and pass (a purge request each). */
-export const MAX_FORGOTTEN_PER_PASS = 10_000;
+/** Deleted objects' metas are forgotten for at most this long per bucket and pass (a purge request each). */
+export const FORGET_MS = 30_000;
 /** The metas are read in pulls of this many. */
 const META_PULL = 1_000;
 /** A listing of the metas that takes longer than this (a bucket written without pause) is given up and tried at the next pass. */
 const META_LISTING_MS = 60_000;
 
-export class IncompleteListingError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = "IncompleteListingError";
-  }
-}
-
 type Nats = { js: JetStreamClient; jsm: Pick<JetStreamManager, "streams"> };
+
+/** What a pass did: unnamed chunk subjects found, purged; deleted objects' metas forgotten and left; the suspects for the next pass. */
+export interface ChunkPass {
+  unnamed: number;
+  purged: number;
+  forgotten: number;
+  /** Deleted objects' metas read and not forgotten (recent, or past the pass's time for it): a backlog shows here. */
+  deletedLeft: number;
+  suspects: Map<string, ChunkSuspect>;
+  /** Why the metas could not all be read: then no chunk was purged (the suspects are kept as they were). */
+  incomplete?: string;
+}
 
 /**
  * Purges the chunk subjects of `bucket` that no live object names and that `suspects` (the
  * previous pass's answer) holds with the same last chunk, found at least `graceMs` before
  * (`now()`, read after a subject's last chunk is read when it is suspected and before when
- * it is compared); purged up to that chunk, so a chunk written meanwhile stays. Also
- * forgets the metas of deleted objects (a delete keeps one saying so, for good): at most
- * {@link MAX_FORGOTTEN_PER_PASS}, each written over the grace before. Returns how many
- * subjects were unnamed, how many it purged, how many deleted objects' metas it forgot, and
- * the suspects for the next pass. The chunk subjects are listed before the metas, so an
- * object finished between the two is found named. Safe on several nodes at once (a purge of
- * what is gone purges nothing; a meta one forgets while another reads fails that read);
- * throws when a listing fails, before purging anything.
+ * it is compared); purged up to that chunk, so a chunk written meanwhile stays. Then
+ * forgets the metas of deleted objects (a delete keeps one saying so, for good) written
+ * over the grace before, for at most {@link FORGET_MS}. The chunk subjects are listed before
+ * the metas, so an object finished between the two is found named. A listing that could
+ * not read every meta purges no chunk (`incomplete` says why) but still forgets the deleted
+ * metas it read: a meta that says deleted is enough for that, and a backlog too large to
+ * list within the bound then shrinks pass by pass. Safe on several nodes at once (a purge of
+ * what is gone purges nothing; a meta one forgets while another reads makes that listing
+ * incomplete).
  */
 export async function purgeUnnamedChunks(
   nats: Nats,
@@ -73,20 +80,13 @@ export async function purgeUnnamedChunks(
   now: () => number,
   suspects: ReadonlyMap<string, ChunkSuspect>,
   max = MAX_UNNAMED_PER_PASS,
-): Promise<{ unnamed: number; purged: number; forgotten: number; suspects: Map<string, ChunkSuspect> }> {
+): Promise<ChunkPass> {
   const stream = `OBJ_${bucket.name}`;
   const prefix = `$O.${bucket.name}.C.`;
-  const next = new Map<string, ChunkSuspect>();
   const chunkSubjects = await subjectsOf(nats, stream, `${prefix}>`);
-  const { named, deleted } = await readMetas(nats, bucket.name);
-  let forgotten = 0;
-  for (const meta of deleted) {
-    if (forgotten >= MAX_FORGOTTEN_PER_PASS) break;
-    if (now() - meta.time <= bucket.graceMs) continue;
-    await nats.jsm.streams.purge(stream, { filter: meta.subject, seq: meta.seq + 1 });
-    forgotten++;
-  }
-  const unnamed = chunkSubjects.filter((subject) => !named.has(subject.slice(prefix.length)));
+  const metas = await readMetas(nats, bucket.name);
+  const unnamed = metas.incomplete ? [] : chunkSubjects.filter((subject) => !metas.named.has(subject.slice(prefix.length)));
+  const next = metas.incomplete ? new Map(suspects) : new Map<string, ChunkSuspect>();
   // The previous pass's suspects first; the rest from a random place, so that none is always left past the bound.
   const from = Math.floor(Math.random() * unnamed.length);
   const rotated = [...unnamed.slice(from), ...unnamed.slice(0, from)];
@@ -106,7 +106,17 @@ export async function purgeUnnamedChunks(
       purged++;
     }
   }
-  return { unnamed: unnamed.length, purged, forgotten, suspects: next };
+  // Forgetting a deleted object's meta early would break nothing (no name is used again), so
+  // its age is judged on the server's timestamp, unlike the chunks above.
+  const began = Date.now();
+  let forgotten = 0;
+  for (const meta of metas.deleted) {
+    if (Date.now() - began > FORGET_MS) break;
+    if (now() - meta.time <= bucket.graceMs) continue;
+    await nats.jsm.streams.purge(stream, { filter: meta.subject, seq: meta.seq + 1 });
+    forgotten++;
+  }
+  return { unnamed: unnamed.length, purged, forgotten, deletedLeft: metas.deleted.length - forgotten, suspects: next, ...(metas.incomplete ? { incomplete: metas.incomplete } : {}) };
 }
 
 /** The subjects of `stream` that match `filter` (the client pages through a long list). */
@@ -117,10 +127,10 @@ async function subjectsOf(nats: Nats, stream: string, filter: string): Promise<s
 /**
  * Every meta of the bucket, read from the last one of each name until the consumer has none
  * pending: the nuids live (not deleted) objects name, and the metas of deleted objects.
- * Throws {@link IncompleteListingError} unless every meta subject the stream listed first was
- * read, and when the consumer has metas to deliver that the listing did not show.
+ * `incomplete` says why unless every meta subject the stream listed first was read (and the
+ * consumer had metas to deliver when the listing showed some).
  */
-async function readMetas(nats: Nats, bucket: string): Promise<{ named: Set<string>; deleted: Array<{ subject: string; seq: number; time: number }> }> {
+async function readMetas(nats: Nats, bucket: string): Promise<{ named: Set<string>; deleted: Array<{ subject: string; seq: number; time: number }>; incomplete?: string }> {
   const stream = `OBJ_${bucket}`;
   const filter = `$O.${bucket}.M.>`;
   const named = new Set<string>();
@@ -133,8 +143,7 @@ async function readMetas(nats: Nats, bucket: string): Promise<{ named: Set<strin
   try {
     // An empty listing is believed only if the consumer has nothing to deliver either.
     if ((await consumer.info()).num_pending === 0) {
-      if (listed.length > 0) throw new IncompleteListingError(`the metas of ${bucket} were listed (${listed.length}) but none is there to read; nothing purged`);
-      return { named, deleted };
+      return listed.length > 0 ? { named, deleted, incomplete: `${listed.length} metas listed but none to read` } : { named, deleted };
     }
     // Every meta once, plus as many written meanwhile; a pull that brings nothing, or the time bound, ends it unfinished.
     for (let count = 0; count <= 2 * listed.length + META_PULL && !finished; ) {
@@ -158,6 +167,6 @@ async function readMetas(nats: Nats, bucket: string): Promise<{ named: Set<strin
     await consumer.delete().catch(() => undefined);
   }
   const missed = listed.filter((subject) => !read.has(subject)).length;
-  if (!finished || missed > 0) throw new IncompleteListingError(`could not read every object of ${bucket} (${missed} of ${listed.length} not read); nothing purged`);
+  if (!finished || missed > 0) return { named, deleted, incomplete: `${missed} of ${listed.length} metas listed not read${finished ? "" : " (the read did not finish)"}` };
   return { named, deleted };
 }

@@ -71,10 +71,10 @@ test("keys - the list pages newest first (ties by id), each key once, as every l
   const { service } = t.context;
   const ws = await newWorkspace(service);
   const other = await newWorkspace(service);
-  // 45 more keys, every third pair created at the same millisecond.
+  // 45 more keys, in threes created at the same millisecond (so that page cuts fall inside ties).
   const base = Date.now() - 1_000_000;
   for (let i = 0; i < 45; i++) {
-    const { doc } = newApiKey({ workspaceId: ws.id, label: `k${i}`, scopes: ["run:read"], nowMs: base + Math.floor(i / 2) * 1000, ids: Ids });
+    const { doc } = newApiKey({ workspaceId: ws.id, label: `k${i}`, scopes: ["run:read"], nowMs: base + Math.floor(i / 3) * 1000, ids: Ids });
     await service.store.keys.insert(doc);
   }
   const pages: any[] = [];
@@ -93,6 +93,20 @@ test("keys - the list pages newest first (ties by id), each key once, as every l
   const sorted = [...order].sort((a, b) => (a[0] !== b[0] ? b[0] - a[0] : a[1] < b[1] ? 1 : -1));
   t.deepEqual(order, sorted, "newest first, ties by id");
   t.deepEqual((await ws.api.get("/api/v1/api-keys?limit=100")).body.data.length, 46);
+  // Pages of 7: cuts inside ties (three keys share a second) lose and repeat nothing.
+  const sevens: any[] = [];
+  let cutsInTies = 0;
+  after = null;
+  for (let i = 0; i < 20; i++) {
+    const res: { status: number; body: any } = await ws.api.get(`/api/v1/api-keys?limit=7${after ? `&after=${after}` : ""}`);
+    const previous = sevens[sevens.length - 1];
+    if (previous && res.body.data[0] && previous.created_at === res.body.data[0].created_at) cutsInTies++;
+    sevens.push(...res.body.data);
+    if (!res.body.has_more) break;
+    after = res.body.next_cursor;
+  }
+  t.deepEqual(sevens.map((k) => k.id), listed.map((k) => k.id), "the same keys in the same order");
+  t.true(cutsInTies >= 2, `cuts inside ties: ${cutsInTies}`);
   for (const limit of ["0", "101", "x", "1.5"]) {
     const res = await ws.api.get(`/api/v1/api-keys?limit=${limit}`);
     t.is(res.status, 400, limit);

@@ -305,12 +305,14 @@ test.serial("store plans - a page of API keys seeks the workspace's key index in
   let second!: Awaited<ReturnType<typeof store.keys.list>>;
   const plans = await plansOf(t, async () => {
     first = await store.keys.list(WS, 21);
-    const last = first[19]!;
+    // The cut falls inside a tie (each pair of keys shares created_at): the next page goes on by id.
+    const last = first[18]!;
     second = await store.keys.list(WS, 21, { createdAt: last.created_at, id: last._id });
   });
+  t.is(first[18]!.created_at, first[19]!.created_at, "a tie at the cut");
   const want = [...Array(RUNS).keys()].map((i) => key(i, WS)).sort((a, b) => b.created_at - a.created_at || (a._id < b._id ? 1 : -1)).map((k) => k._id);
   t.deepEqual(first.map((k) => k._id), want.slice(0, 21));
-  t.deepEqual(second.map((k) => k._id), want.slice(20, 41));
+  t.deepEqual(second.map((k) => k._id), want.slice(19, 40));
   if (embedded) assertIndexBacked(t, plans, "ws_created_id", true);
 });
 
@@ -325,14 +327,16 @@ test.serial("store plans - pages of agents and of an agent's deployments seek th
   let deployments: Array<{ version: number }> = [];
   const agentPlans = await plansOf(t, async () => {
     const first = await store.listAgents(WS, 21);
-    const last = first[19]!;
-    agents = [...first.slice(0, 20), ...(await store.listAgents(WS, 21, { createdAt: last.created_at, id: last._id }))];
+    // The cut falls inside a tie (each pair shares created_at).
+    const last = first[18]!;
+    t.is(last.created_at, first[19]!.created_at, "a tie at the cut");
+    agents = [...first.slice(0, 19), ...(await store.listAgents(WS, 21, { createdAt: last.created_at, id: last._id }))];
   });
   const deploymentPlans = await plansOf(t, async () => {
     deployments = [...(await store.listDeployments("agt_plans", 20)), ...(await store.listDeployments("agt_plans", 20, 20))];
   });
   const want = [...Array(RUNS).keys()].map((i) => agent(i, WS)).sort((a, b) => b.created_at - a.created_at || (a._id < b._id ? 1 : -1)).map((a) => a._id);
-  t.deepEqual(agents.map((a) => a._id), want.slice(0, 41));
+  t.deepEqual(agents.map((a) => a._id), want.slice(0, 40));
   t.deepEqual(deployments.map((d) => d.version), Array.from({ length: 40 }, (_, i) => i + 1));
   if (embedded) {
     assertIndexBacked(t, agentPlans, "ws_created_id", true);
@@ -363,11 +367,13 @@ test.serial("store plans - pages of environment values and of a webhook's delive
   let deliveries: string[] = [];
   const deliveryPlans = await plansOf(t, async () => {
     const first = await webhooks.listDeliveries("wh_plans", 21);
-    const last = first[19]!;
-    deliveries = [...first.slice(0, 20), ...(await webhooks.listDeliveries("wh_plans", 21, { createdAt: last.created_at, id: last._id }))].map((d) => d._id);
+    // The cut falls inside a tie (each pair shares created_at).
+    const last = first[18]!;
+    t.is(last.created_at, first[19]!.created_at, "a tie at the cut");
+    deliveries = [...first.slice(0, 19), ...(await webhooks.listDeliveries("wh_plans", 21, { createdAt: last.created_at, id: last._id }))].map((d) => d._id);
   });
   const want = [...Array(RUNS).keys()].map((i) => delivery(i, "wh_plans")).sort((a, b) => b.created_at - a.created_at || (a._id < b._id ? 1 : -1)).map((d) => d._id);
-  t.deepEqual(deliveries, want.slice(0, 41));
+  t.deepEqual(deliveries, want.slice(0, 40));
   // An agent with 300 versions: the next one is 301, its last found from the index.
   await db.collection<{ _id: string }>("deployments").insertMany([...Array(RUNS).keys()].flatMap((i) => [{ _id: `agt_deploy:${i + 1}`, agent_id: "agt_deploy", version: i + 1 }, { _id: `agt_deploy_other:${i + 1}`, agent_id: "agt_deploy_other", version: i + 1 }]));
   const deployPlans = await plansOf(t, async () => {
