@@ -1,7 +1,8 @@
 import { chmod, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import pino from "pino";
+import { Writable } from "node:stream";
+import pino, { type Logger } from "pino";
 import { loadConfig, type Config } from "../../src/config.js";
 import { freePort, startFerretDb, startNatsServer, type ServerProcess } from "../../node/servers.js";
 import { startService, type RunningService } from "../../node/service.js";
@@ -107,6 +108,18 @@ export function testConfig(servers: TestServers, env: Record<string, string> = {
 export async function startTestService(servers: TestServers, env: Record<string, string> = {}): Promise<RunningService> {
   const config = testConfig(servers, env);
   return startService(config, { log: pino({ level: config.logLevel }) });
+}
+
+/** A logger at `info` whose lines (parsed) collect in `logs`, for tests that read what a service logged. */
+export function collectedLogs(): { logs: Array<Record<string, unknown>>; log: Logger } {
+  const logs: Array<Record<string, unknown>> = [];
+  const sink = new Writable({
+    write(chunk, _encoding, done) {
+      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
+      done();
+    },
+  });
+  return { logs, log: pino({ level: "info" }, sink) };
 }
 
 /** A small HTTP client for the API under test. */

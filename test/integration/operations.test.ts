@@ -1,8 +1,7 @@
 import anyTest, { type TestFn } from "ava";
 import net from "node:net";
-import { Writable } from "node:stream";
 import pino from "pino";
-import { Api, newWorkspace, startTestServers, testConfig, type TestServers } from "../helpers/servers.js";
+import { Api, collectedLogs, newWorkspace, startTestServers, testConfig, type TestServers } from "../helpers/servers.js";
 import { startService, type RunningService } from "../../node/service.js";
 
 /** /metrics, request ids and the log lines of a request and of a run, on a real service. */
@@ -10,15 +9,9 @@ const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; 
 
 test.before(async (t) => {
   const servers = await startTestServers();
-  const logs: Array<Record<string, unknown>> = [];
-  const sink = new Writable({
-    write(chunk, _encoding, done) {
-      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
-      done();
-    },
-  });
+  const { logs, log } = collectedLogs();
   const config = testConfig(servers, { LOG_LEVEL: "info", RUNS_ACTIVE_TURNS_SOLO: "100" });
-  const service = await startService(config, { log: pino({ level: "info" }, sink) });
+  const service = await startService(config, { log });
   t.context = { servers, service, logs };
 });
 

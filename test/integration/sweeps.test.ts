@@ -15,8 +15,6 @@ import { systemClock } from "../../src/clock.js";
 import { Ids } from "../../src/ids.js";
 import { WebhookStore } from "../../src/webhooks.js";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { Writable } from "node:stream";
-import pino from "pino";
 import path from "node:path";
 import { jetstream, jetstreamManager, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream";
 import { Objm, type ObjectStore } from "@nats-io/obj";
@@ -25,7 +23,7 @@ import { FileStore, orphanGraceMs, type UploadClaim } from "../../src/file-store
 import { BlobKeyring } from "../../src/blob-crypto.js";
 import { purgeUnnamedChunks } from "../../src/object-chunks.js";
 import { bashThen } from "../helpers/agent-configs.js";
-import { Api, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
+import { Api, collectedLogs, newWorkspace, startTestServers, startTestService, testConfig, type TestServers } from "../helpers/servers.js";
 
 const DUE = 33_000;
 
@@ -284,15 +282,9 @@ test("sweeps - a node that gains a partition removes the workspace directories i
   t.timeout(120_000);
   const servers = await startTestServers();
   const dataDir = path.join(servers.dir, "node-keeper");
-  const logs: Array<Record<string, unknown>> = [];
-  const sink = new Writable({
-    write(chunk, _encoding, callback) {
-      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
-      callback();
-    },
-  });
+  const { logs, log } = collectedLogs();
   const config = testConfig(servers, { RUNS_DATA_DIR: dataDir });
-  let service = await startService(config, { log: pino({ level: "info" }, sink) });
+  let service = await startService(config, { log });
   try {
     const ws = await newWorkspace(service);
     const start = await workspaceRuns(t, ws.api);
@@ -308,7 +300,7 @@ test("sweeps - a node that gains a partition removes the workspace directories i
     await raw.turns.deleteMany({ run_id: gone });
 
     logs.length = 0;
-    service = await startService(config, { log: pino({ level: "info" }, sink) });
+    service = await startService(config, { log });
     // Each pass says how many directories it looked at: both, in one pass or more.
     const looked = () => logs.filter((line) => line.msg === "looked for kept workspace directories of runs removed while another node held their partition");
     for (let i = 0; i < 100 && looked().reduce((sum, line) => sum + Number(line.checked), 0) < 2; i++) await new Promise((resolve) => setTimeout(resolve, 100));
@@ -588,15 +580,9 @@ test("sweeps - object chunks a write that died left (no object names them) are p
 test("sweeps - the owner of partition 0 looks for unnamed chunks in the files and checkpoints buckets at its first sweep and suspects a dead write's, purging nothing at once; the next pass is an hour away; files and checkpoints stay readable", async (t) => {
   t.timeout(120_000);
   const servers = await startTestServers();
-  const logs: Array<Record<string, unknown>> = [];
-  const sink = new Writable({
-    write(chunk, _encoding, callback) {
-      for (const line of String(chunk).split("\n")) if (line) logs.push(JSON.parse(line));
-      callback();
-    },
-  });
+  const { logs, log } = collectedLogs();
   const config = testConfig(servers, { RUNS_SWEEP_INTERVAL_MS: "200" });
-  let service = await startService(config, { log: pino({ level: "info" }, sink) });
+  let service = await startService(config, { log });
   const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "chunks-wiring" });
   const writer = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "chunks-writer-that-dies" });
   try {
@@ -619,7 +605,7 @@ test("sweeps - the owner of partition 0 looks for unnamed chunks in the files an
     t.is(Object.keys(before.checkpoints).length, 2, "the run's checkpoint and the dead save's");
 
     logs.length = 0;
-    service = await startService(config, { log: pino({ level: "info" }, sink) });
+    service = await startService(config, { log });
     const looked = () => logs.filter((line) => line.msg === "looked for object chunks no object names");
     for (let i = 0; i < 200 && looked().length < 2; i++) await new Promise((resolve) => setTimeout(resolve, 100));
     t.deepEqual(
