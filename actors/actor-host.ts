@@ -125,6 +125,7 @@ export class ActorHost {
    * Once an hour, whatever became of the last pass (a failed one is logged).
    */
   private async purgeLeftChunks(now: number): Promise<void> {
+    // Taken at the start (a pass begun is not begun again), one pass at a time.
     this.chunksCheckedAt = now;
     for (const bucket of this.r.objectChunks.buckets) {
       try {
@@ -192,8 +193,9 @@ export class ActorHost {
       const swept = await this.r.files.sweep(now, { uploadTimeLimitMs: this.r.config.files.timeLimitMs });
       if (swept.files || swept.uploads || swept.orphans) this.r.log.info({ files: swept.files, uploads: swept.uploads, orphans: swept.orphans }, "expired files, upload records and orphaned upload objects removed");
       if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some objects of expired files or left-behind uploads; their records stay for the next sweep");
-      // One node at a time does this (the owner of partition 0): the listing is of the whole bucket.
-      if (held.includes(0) && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) await this.purgeLeftChunks(now);
+      // One node at a time does this (the owner of partition 0): the listing is of the whole
+      // bucket, and may take minutes, so apart from the sweep (which goes on meanwhile).
+      if (held.includes(0) && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) void this.purgeLeftChunks(now);
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });
