@@ -1,7 +1,7 @@
 /** API keys (decisions §2) in MongoDB: the key documents, and when each was last used. */
 import type { Collection, Db, Filter } from "mongodb";
 import type { ApiKeyDoc } from "./documents.js";
-import { findEachById, guard } from "./mongo-guard.js";
+import { findEachById, guard, newestFirst } from "./mongo-guard.js";
 
 export class ApiKeyStore {
   private readonly keys: Collection<ApiKeyDoc>;
@@ -36,19 +36,9 @@ export class ApiKeyStore {
     return key && key.workspace_id === workspaceId ? key : null;
   }
 
-  /**
-   * The workspace's keys newest first, `limit` of them after `after` (the last of the page
-   * before). The bounds on created_at and _id match every key; they state the sort keys'
-   * types, which lets the embedded store order rows from its index and read only the page
-   * (as the runs list does, src/run-list.ts).
-   */
+  /** The workspace's keys newest first, `limit` of them after `after` (the last of the page before), from the ws_created_id index. */
   list(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<ApiKeyDoc[]> {
-    const filter: Filter<ApiKeyDoc> = {
-      workspace_id: workspaceId,
-      created_at: { $gte: 0, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
-      _id: { $gte: "" },
-    };
-    if (after) filter.$or = [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }];
+    const filter: Filter<ApiKeyDoc> = { workspace_id: workspaceId, ...newestFirst(after) };
     return guard(() => this.keys.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 

@@ -95,6 +95,21 @@ export async function findEachById<T extends Document & { _id: string }>(collect
   return found;
 }
 
+/**
+ * The conditions of a page in (created_at, _id) order, newest first, after `after` (the last
+ * of the page before): keyset paging. The bounds on created_at (a number) and _id (a string)
+ * match every document; they state the sort keys' types, which lets the embedded store order
+ * the rows from an index on (…, created_at, _id) and read only the page (as the runs list
+ * does, src/run-list.ts). Spread beside the list's equalities.
+ */
+export function newestFirst(after?: { createdAt: number; id: string }): Document {
+  return {
+    created_at: { $gte: Number.MIN_SAFE_INTEGER, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
+    _id: { $gte: "" },
+    ...(after ? { $or: [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }] } : {}),
+  };
+}
+
 /** Documents one sweep step removes at most (see {@link deleteOldest}). */
 export const SWEEP_BATCH = 1_000;
 

@@ -15,7 +15,7 @@ import { FreshReads } from "./fresh-reads.js";
 import { loadedTurn, storedTurnFields } from "./stored-json.js";
 import { ApiKeyStore } from "./api-key-store.js";
 import { FencedError, type RunStore } from "./contracts.js";
-import { deleteOldest, guard, insertOnce, isDuplicateKey, StoreUnavailableError, SWEEP_BATCH } from "./mongo-guard.js";
+import { deleteOldest, guard, insertOnce, isDuplicateKey, newestFirst, StoreUnavailableError, SWEEP_BATCH } from "./mongo-guard.js";
 
 /**
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
@@ -187,20 +187,9 @@ export class MongoStore implements RunStore {
     return agent && agent.workspace_id === workspaceId ? agent : null;
   }
 
-  /**
-   * The workspace's agents newest first, `limit` after `after`. The bounds on created_at and
-   * _id match every agent; they state the sort keys' types, which lets the embedded store
-   * order rows from its index and read only the page (as the runs list does).
-   */
+  /** The workspace's agents newest first, `limit` after `after`, from the ws_created_id index. */
   listAgents(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<AgentDoc[]> {
-    const filter: Filter<AgentDoc> = {
-      workspace_id: workspaceId,
-      created_at: { $gte: 0, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
-      _id: { $gte: "" },
-    };
-    if (after) {
-      filter.$or = [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }];
-    }
+    const filter: Filter<AgentDoc> = { workspace_id: workspaceId, ...newestFirst(after) };
     return guard(() => this.agents.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 

@@ -13,7 +13,7 @@
 import type { Collection, Db } from "mongodb";
 import type { Clock } from "./clock.js";
 import { deriveLabelledKey, masterKeyBytes, open, seal } from "./event-crypto.js";
-import { guard, inSteps, isDuplicateKey, SWEEP_BATCH, SWEEP_BOUNDS, type SweepBounds } from "./mongo-guard.js";
+import { guard, inSteps, isDuplicateKey, newestFirst, SWEEP_BATCH, SWEEP_BOUNDS, type SweepBounds } from "./mongo-guard.js";
 import { newWebhookSecret, WEBHOOK_TEST_EVENT, type WebhookEventType, wantsEvent } from "./webhook-signing.js";
 import type { IdSource } from "./ids.js";
 
@@ -207,11 +207,9 @@ export class WebhookStore {
     return guard(() => this.endpoints.findOne({ _id: id, workspace_id: workspaceId }));
   }
 
-  /** Newest first; `after` is the last id of the previous page. Asks for `limit` documents. */
+  /** Newest first; `after` is the last of the previous page. Asks for `limit` documents (at most 50 exist). */
   async list(workspaceId: string, limit: number, after?: { createdAt: number; id: string }): Promise<WebhookDoc[]> {
-    const filter = after
-      ? { workspace_id: workspaceId, ...before(after.createdAt, after.id) }
-      : { workspace_id: workspaceId };
+    const filter = { workspace_id: workspaceId, ...newestFirst(after) };
     return guard(() => this.endpoints.find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 
@@ -352,18 +350,9 @@ export class WebhookStore {
     return guard(() => this.deliveries.findOne({ _id: id, webhook_id: webhookId }));
   }
 
-  /**
-   * An endpoint's deliveries, newest first. The bounds on created_at and _id match every
-   * delivery; they state the sort keys' types, which lets the embedded store order rows
-   * from its index and read only the page (a busy endpoint's week is a long log).
-   */
+  /** An endpoint's deliveries, newest first, from the webhook_created_id index (a busy endpoint's week is a long log). */
   listDeliveries(webhookId: string, limit: number, after?: { createdAt: number; id: string }): Promise<DeliveryDoc[]> {
-    const filter = {
-      webhook_id: webhookId,
-      created_at: { $gte: Number.MIN_SAFE_INTEGER, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
-      _id: { $gte: "" },
-      ...(after ? before(after.createdAt, after.id) : {}),
-    };
+    const filter = { webhook_id: webhookId, ...newestFirst(after) };
     return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: -1, _id: -1 }).limit(limit).toArray());
   }
 
