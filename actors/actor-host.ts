@@ -55,6 +55,8 @@ export class ActorHost {
   private checkingGone = false;
   /** When the last pass over unnamed object chunks began (none yet: the first sweep that holds partition 0 makes one). */
   private chunksCheckedAt = Number.NEGATIVE_INFINITY;
+  /** The pass under way, if any: the node's stop waits a little for it before the connections close. */
+  private chunkPass: Promise<void> | undefined;
   /** Per bucket, the chunk subjects the last pass found unnamed: a later one purges those it finds unchanged past the grace. */
   private readonly chunkSuspects = new Map<string, Map<string, ChunkSuspect>>();
 
@@ -124,10 +126,10 @@ export class ActorHost {
    * those a pass found unnamed and that no chunk was written to for the bucket's grace.
    * Once an hour, whatever became of the last pass (a failed one is logged).
    */
-  private async purgeLeftChunks(now: number): Promise<void> {
-    // Taken at the start (a pass begun is not begun again), one pass at a time.
-    this.chunksCheckedAt = now;
+  private async purgeLeftChunks(): Promise<void> {
     for (const bucket of this.r.objectChunks.buckets) {
+      // A stopping node leaves the rest to the next owner of partition 0.
+      if (!this.admitting) return;
       try {
         const clock = () => this.r.clock.nowMs();
         const pass = await purgeUnnamedChunks(this.r.objectChunks, bucket, clock, this.chunkSuspects.get(bucket.name) ?? new Map());
@@ -195,7 +197,12 @@ export class ActorHost {
       if (swept.failed) this.r.log.warn({ objects: swept.failed }, "could not delete some objects of expired files or left-behind uploads; their records stay for the next sweep");
       // One node at a time does this (the owner of partition 0): the listing is of the whole
       // bucket, and may take minutes, so apart from the sweep (which goes on meanwhile).
-      if (held.includes(0) && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) void this.purgeLeftChunks(now);
+      if (held.includes(0) && this.admitting && !this.chunkPass && now - this.chunksCheckedAt >= UNNAMED_CHUNKS_EVERY_MS) {
+        this.chunksCheckedAt = now;
+        this.chunkPass = this.purgeLeftChunks()
+          .catch((err: unknown) => this.r.log.warn({ err }, "the pass over object chunks failed; trying again in an hour"))
+          .finally(() => (this.chunkPass = undefined));
+      }
       const partitions = this.r.config.partitions;
       const holds = (runId: string) => this.actors.has(runId) || this.leases.epochOf(partitionOf(runId, partitions)) !== undefined;
       const kept = await sweepKeptWorkspaces(this.r.config.dataDir, holds, { nowMs: now, olderThanMs: KEPT_WORKSPACE_MS });
@@ -250,6 +257,9 @@ export class ActorHost {
     await Promise.all(remaining.map((actor) => actor.interrupt().catch((err) => this.r.log.error({ err, run_id: actor.runId }, "interrupt failed"))));
     await this.leases.stop();
     await this.leases.releaseAll();
+    // A pass over object chunks ends with its bucket (it checks between them), so as not to
+    // run on against closed connections; a bucket's listing may take a minute: waited 5 s.
+    if (this.chunkPass) await Promise.race([this.chunkPass, this.r.clock.sleep(5_000, { keepAlive: false })]);
     for (const actor of this.actors.values()) actor.stop("node stopped");
     this.actors.clear();
   }

@@ -100,7 +100,9 @@ export async function findEachById<T extends Document & { _id: string }>(collect
  * of the page before): keyset paging. The bounds on created_at (a number) and _id (a string)
  * match every document; they state the sort keys' types, which lets the embedded store order
  * the rows from an index on (…, created_at, _id) and read only the page (as the runs list
- * does, src/run-list.ts). Spread beside the list's equalities.
+ * does, src/run-list.ts); without such an index (the webhook list: at most 50) the store
+ * still sorts in memory. Spread beside the list's equalities: it sets `created_at`, `_id`
+ * and `$or`, so a list with conditions of its own on those cannot use it.
  */
 export function newestFirst(after?: { createdAt: number; id: string }): Document {
   return {
