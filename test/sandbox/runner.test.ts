@@ -8,7 +8,7 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "n
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
-import { Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
+import { DEFAULT_SANDBOX_UID, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { hostProcesses } from "../helpers/sandbox.js";
@@ -146,7 +146,10 @@ test_("sandbox - without cgroups, a node starts while other sandboxes of the hos
 test_("sandbox - without cgroups, rlimits bound a command's processes and CPU time (the launcher's shell may be dash)", async (t) => {
   const base = await tempBase();
   try {
-    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false });
+    // A uid of its own (when the suite runs as root): RLIMIT_NPROC counts every process of the
+    // uid on the host, and the suite's other sandboxes (a fork bomb among them) run as the
+    // default one at the same time, which made even this test's bwrap fail to start (EAGAIN).
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false, uid: DEFAULT_SANDBOX_UID - 1 });
     t.is(sandbox.status().limits, "rlimit");
     const dir = await workspace(sandbox, base);
     const limits = { ...DEFAULT_LIMITS, processes: 40, cpuSeconds: 30 };
