@@ -38,6 +38,18 @@ async function settled(actor: RunActor): Promise<void> {
   await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: [], remove: [] });
 }
 
+/** Starts the run on `actor` and lets its turn complete: the run is idle. */
+async function startIdle(w: ActorWorld, actor: RunActor): Promise<void> {
+  await actor.command(startCmd());
+  w.turns.last.finish({ outcome: "completed" });
+  await settled(actor);
+}
+
+/** Lets `n` turns of the event loop pass (work that did not wait begins meanwhile). */
+async function ticks(n: number): Promise<void> {
+  for (let i = 0; i < n; i++) await new Promise((resolve) => setImmediate(resolve));
+}
+
 /**
  * Lets work the actor does after its answer (a deleted run's parts, whose workspace
  * directory is removed on the thread pool) go on until `done`, for at most 5 s.
@@ -138,9 +150,7 @@ test("run-actor - an idle run starts a continuation whatever on_busy says", asyn
   for (const onBusy of ["queue", "steer", "reject"] as const) {
     const w = await world();
     const actor = w.actor();
-    await actor.command(startCmd());
-    w.turns.last.finish({ outcome: "completed" });
-    await settled(actor);
+    await startIdle(w, actor);
     const reply = okReply(await actor.command(continueCmd("turn_2", onBusy)));
     t.is(reply.disposition, "continued", onBusy);
     t.is(w.store.turns.get("turn_2")!.status, "in_progress", onBusy);
@@ -348,9 +358,7 @@ test("run-actor - other workspaces see no run; tags edit with set semantics and 
 test("run-actor - a deleted run's parts are each removed whatever became of the others: its turns failing to go leaves its events, workspace and checkpoint to be removed, and the delete answers", async (t) => {
   const w = await world();
   const actor = w.actor();
-  await actor.command(startCmd());
-  w.turns.last.finish({ outcome: "completed" });
-  await settled(actor);
+  await startIdle(w, actor);
   let attempts = 0;
   w.store.deleteTurnsOf = async () => {
     attempts++;
@@ -374,12 +382,10 @@ test("run-actor - a deleted run's parts wait for the node's bounded removals; pa
     let release!: () => void;
     const holding = w.resources.partRemovals.run(() => new Promise<void>((resolve) => (release = resolve)));
     const actor = w.actor();
-    await actor.command(startCmd());
-    w.turns.last.finish({ outcome: "completed" });
-    await settled(actor);
+    await startIdle(w, actor);
     okReply(await actor.command({ op: "delete", workspace_id: WS, run_id: RUN }));
     // Time for a removal that did not wait to have begun (the unbounded one did at once).
-    for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve));
+    await ticks(100);
     t.false(w.store.runs.has(RUN), `queue ${waiting}: the run is gone at the answer`);
     t.is(w.store.turns.size, 1, `queue ${waiting}: its turn waits (no slot)`);
     t.deepEqual(w.checkpoints.removed, []);
@@ -392,7 +398,7 @@ test("run-actor - a deleted run's parts wait for the node's bounded removals; pa
       t.deepEqual(w.checkpoints.removed, [RUN]);
       t.false("parts_due_at" in w.store.tombstones.get(RUN)!, "every part went: no check is due");
     } else {
-      for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve));
+      await ticks(100);
       t.is(w.store.turns.size, 1, "refused: nothing removed here");
       t.deepEqual(w.checkpoints.removed, []);
       t.is(w.store.tombstones.get(RUN)?.parts_due_at, w.clock.now + PARTS_CHECK_AFTER_MS, "refused: left to the partition owner's check");
@@ -403,9 +409,7 @@ test("run-actor - a deleted run's parts wait for the node's bounded removals; pa
 test("run-actor - a start re-driven with its ids after its run was deleted (its key's record left pending) does not make the run again", async (t) => {
   const w = await world();
   const owner = w.actor();
-  await owner.command(startCmd());
-  w.turns.last.finish({ outcome: "completed" });
-  await settled(owner);
+  await startIdle(w, owner);
   okReply(await owner.command({ op: "delete", workspace_id: WS, run_id: RUN }));
   await until(() => w.checkpoints.removed.length > 0);
   const started = w.turns.started.length;
@@ -425,9 +429,7 @@ test("run-actor - a start re-driven with its ids after its run was deleted (its 
 test("run-actor - an expired run answers run_expired and the sweeper removes it with a tombstone", async (t) => {
   const w = await world();
   const actor = w.actor();
-  await actor.command(startCmd());
-  w.turns.last.finish({ outcome: "completed" });
-  await settled(actor);
+  await startIdle(w, actor);
   w.clock.now += 86_400_000 + 1;
   t.like(await actor.command(continueCmd("turn_2", "queue")), { ok: false, code: "run_expired" });
   await actor.expire();
