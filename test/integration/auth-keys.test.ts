@@ -87,6 +87,8 @@ test("keys - the list pages newest first (ties by id), each key once, as every l
     after = res.body.next_cursor;
   }
   t.deepEqual(pages.map((p) => p.data.length), [20, 20, 6], "20 a page by default: the 45 and the workspace's own key");
+  t.deepEqual(pages.map((p) => [p.has_more, typeof p.next_cursor]), [[true, "string"], [true, "string"], [false, "object"]]);
+  t.is(pages[2].next_cursor, null, "the list envelope: no cursor past the last page (runs-api.md)");
   const listed = pages.flatMap((p) => p.data);
   t.is(new Set(listed.map((k) => k.id)).size, 46, "each key once");
   const order = listed.map((k) => [k.created_at, k.id]);
