@@ -336,6 +336,8 @@ test.serial("runs - a retry re-driving a start whose run was deleted meanwhile (
       const retry = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
       t.is(retry.status, 404, JSON.stringify(retry.body));
       t.is(retry.body.error.code, "run_not_found");
+      // The record is completed after the answer (an admitted start's answer does not wait for it).
+      for (let k = 0; k < 100 && (await record())?.state !== "done"; k++) await new Promise((resolve) => setTimeout(resolve, 50));
       t.is((await record())?.state, "done", "the key stays bound to the deleted run");
     }
     t.is((await api.get(`/api/v1/runs/${first.body.id}`)).status, 404, "the run stays deleted");

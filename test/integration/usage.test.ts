@@ -209,6 +209,8 @@ test.serial("usage ledger - a start re-driven after its run was deleted and the 
     t.is((await record())?.state, "pending");
     const retry = await ws.api.post("/api/v1/runs", { agent, input: "spends it" }, key);
     t.is(retry.status, 404, JSON.stringify(retry.body));
+    // The record is completed after the answer (an admitted start's answer does not wait for it).
+    for (let i = 0; i < 100 && (await record())?.state !== "done"; i++) await new Promise((resolve) => setTimeout(resolve, 50));
     t.is((await record())?.state, "done", "the key stays bound to the deleted run");
     t.is((await ws.api.post("/api/v1/runs", { agent, input: "another" }, "another-key")).status, 429, "a new start is refused");
   } finally {
