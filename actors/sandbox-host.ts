@@ -194,10 +194,11 @@ export async function treeBytes(dir: string, stopAt: number): Promise<number> {
 }
 
 /**
- * RLIMITs for a sandbox: always CPU seconds and file size; memory and processes too
- * when no cgroup limits them (`nprocFlag` given: the launcher shell's flag).
+ * RLIMITs the launcher sets before bwrap: always CPU seconds and file size, and the
+ * address space when no cgroup limits memory (`withoutCgroups`). Each counts per process.
+ * The process limit is not among them: see {@link withProcessLimit}.
  */
-export function rlimitArgs(limits: SandboxLimits, nprocFlag: string | undefined): [string, number][] {
+export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean): [string, number][] {
   const r: [string, number][] = [
     // Soft first, then a hard limit one second later: SIGXCPU (named in the tool
     // result), then SIGKILL for a process that ignores it.
@@ -206,13 +207,24 @@ export function rlimitArgs(limits: SandboxLimits, nprocFlag: string | undefined)
     // dash counts file sizes in 512-byte blocks.
     ["-f", Math.ceil(limits.diskBytes / 512)],
   ];
-  if (nprocFlag) {
-    r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
-    // RLIMIT_NPROC counts every process of the sandboxes' host uid: in this fallback
-    // it is one budget all of a node's sandboxes share, not one per command.
-    r.push([nprocFlag, limits.processes]);
-  }
+  if (withoutCgroups) r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
   return r;
+}
+
+/**
+ * Wraps argv so RLIMIT_NPROC is set inside the sandbox, where no cgroup limits its
+ * processes. Since Linux 5.14 the kernel counts a uid's processes per user namespace,
+ * and checks each namespace above against the limit its creator had: set inside the
+ * sandbox's own namespace, the limit counts that sandbox's processes alone. Set by the
+ * launcher, before bwrap made the namespace, it counted every process of the sandboxes'
+ * host uid, so one command at its limit kept every other sandbox of the node from
+ * starting (bwrap: "Creating new namespace failed: Resource temporarily unavailable").
+ * The command cannot raise it (the hard limit is set too; raising one needs
+ * CAP_SYS_RESOURCE outside the sandbox). `flag` is the shell's (`ulimit -u`, dash `-p`).
+ */
+export function withProcessLimit(flag: string, processes: number, argv: readonly string[]): string[] {
+  const script = 'ulimit "$1" "$2" || { echo "runs-sandbox: cannot set limit $1" >&2; exit 125; }; shift 2; exec "$@"';
+  return ["/bin/sh", "-c", script, "sh", flag, String(processes), ...argv];
 }
 
 /** bwrap's arguments for one command (README "Sandbox" says what each part is for). */

@@ -29,7 +29,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import type { SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, searchableDataDir, setupFailed, withEgressRelay, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -259,11 +259,11 @@ export class Sandbox {
   }
 
   /**
-   * `processLimit: false` (the start's probe only) sets no RLIMIT_NPROC, nor the
-   * address-space limit that goes with it, where no cgroup limits processes: that limit
-   * counts every process of the sandboxes' uid on the host, so a probe limited to a
-   * handful would fail while other sandboxes run (a node restarting beside another
-   * one's commands), and the node would not start.
+   * `processLimit: false` (the start's probe only) sets no RLIMIT_NPROC where no cgroup
+   * limits processes: on kernels before 5.14 that limit counts every process of the
+   * sandboxes' uid on the host, so a probe limited to a handful would fail while other
+   * sandboxes run (a node restarting beside another one's commands), and the node would
+   * not start.
    */
   private async runOnce(cmd: SandboxCommand, id: string, processLimit = true): Promise<SandboxOutcome> {
     if (cmd.signal?.aborted) return { kind: "aborted", output: Buffer.alloc(0), totalBytes: 0, limits: [] };
@@ -298,9 +298,10 @@ export class Sandbox {
         );
         fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       }
-      const argv = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
+      const relayed = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
+      const argv = this.cgroups || !processLimit ? relayed : withProcessLimit(this.nprocFlag, cmd.limits.processes, relayed);
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, this.cgroups || !processLimit ? undefined : this.nprocFlag), [this.bwrap!, ...args]);
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups), [this.bwrap!, ...args]);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",

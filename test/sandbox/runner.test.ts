@@ -8,7 +8,7 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "n
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
-import { DEFAULT_SANDBOX_UID, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
+import { Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { hostProcesses } from "../helpers/sandbox.js";
@@ -146,20 +146,52 @@ test_("sandbox - without cgroups, a node starts while other sandboxes of the hos
 test_("sandbox - without cgroups, rlimits bound a command's processes and CPU time (the launcher's shell may be dash)", async (t) => {
   const base = await tempBase();
   try {
-    // A uid of its own (when the suite runs as root): RLIMIT_NPROC counts every process of the
-    // uid on the host, and the suite's other sandboxes (a fork bomb among them) run as the
-    // default one at the same time, which made even this test's bwrap fail to start (EAGAIN).
-    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false, uid: DEFAULT_SANDBOX_UID - 1 });
+    // The suite's default sandbox uid, whose other sandboxes (a fork bomb among them) run
+    // at the same time: the limit counts this sandbox's processes alone.
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false });
     t.is(sandbox.status().limits, "rlimit");
     const dir = await workspace(sandbox, base);
     const limits = { ...DEFAULT_LIMITS, processes: 40, cpuSeconds: 30 };
     const shown = await sandbox.run(bash(dir, "ulimit -u; ulimit -St; ulimit -Ht", { limits }));
     t.is(shown.kind, "exited");
     t.deepEqual(shown.output.toString().trim().split("\n"), ["40", "30", "31"]);
-    // RLIMIT_NPROC counts the sandbox uid's processes on the whole host, so fewer than
-    // 40 may start, never 80 (dash says so at once; bash would retry for seconds).
+    // Fewer than 40 start, never 80 (dash says so at once; bash would retry for seconds).
     const forks = await sandbox.run(bash(dir, "sh -c 'for i in $(seq 80); do sleep 30 >/dev/null & done; echo done' 2>&1", { limits, timeoutMs: 10_000 }));
     t.regex(forks.output.toString(), /Cannot fork|Resource temporarily unavailable/);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_("sandbox - without cgroups, a command at its process limit does not keep another sandbox of the same uid from starting or forking (the limit is the sandbox's own)", async (t) => {
+  const base = await tempBase();
+  try {
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "nproc-own", log, cgroupRoot: false });
+    const limits = { ...DEFAULT_LIMITS, processes: 20 };
+    // A name no other test's processes have.
+    const marker = `nproc-${Date.now()}-${Math.floor(Math.random() * 1e6)}`;
+    // A: a tenant's fork bomb, holding as many processes as its limit allows for ~6 s (perl
+    // goes on after a refused fork; dash ends its script, bash retries for seconds).
+    const bomb = `perl -e 'my $n = 0; for (1..60) { my $p = fork; last unless defined $p; if (!$p) { sleep 6; exit 0 } $n++ } print "forked $n\\n"; 1 while wait != -1; print "held\\n"' ${marker}`;
+    const greedy = sandbox.run(bash(await workspace(sandbox, base), bomb, { limits, timeoutMs: 30_000 }));
+    let held: number[] = [];
+    for (let i = 0, last = -1; i < 100; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      held = await hostProcesses(marker);
+      if (held.length >= limits.processes && held.length === last) break;
+      last = held.length;
+    }
+    // Its 20 (perl, which bash became as pid 1, and 19 children) and bwrap's own outside the namespace.
+    t.true(held.length >= limits.processes, `${held.length} of A's processes run`);
+    // B: the same host uid, the same limit, while A holds all of its own.
+    const other = await sandbox.run(bash(await workspace(sandbox, base), "sh -c 'for i in $(seq 8); do sleep 0.2 & done; wait; echo forked' 2>&1", { limits }));
+    t.is(other.kind, "exited");
+    t.is(other.output.toString(), "forked\n");
+    t.is((await hostProcesses(marker)).length, held.length, "A held its processes while B ran");
+    const outcome = await greedy;
+    // Exactly its limit: no process of another sandbox of the uid was counted against it.
+    t.regex(outcome.output.toString(), new RegExp(`forked ${limits.processes - 1}\n`));
+    t.regex(outcome.output.toString(), /held\n$/);
   } finally {
     await rm(base, { recursive: true, force: true });
   }
