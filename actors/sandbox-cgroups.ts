@@ -53,10 +53,10 @@ const KILL_ROUNDS = 50;
  * Finds a writable cgroup hierarchy for sandboxed commands, or undefined.
  * `root` is the cgroup mount point (tests may point it elsewhere).
  */
-export async function detectCgroups(options: { root?: string }): Promise<Cgroups | undefined> {
+export async function detectCgroups(options: { root?: string; processesTotal: number }): Promise<Cgroups | undefined> {
   const root = options.root ?? "/sys/fs/cgroup";
   const self = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
-  const found = (await tryV2(root, self)) ?? (await tryV1(root, self));
+  const found = (await tryV2(root, self, options.processesTotal)) ?? (await tryV1(root, self, options.processesTotal));
   if (found) for (const base of found.bases) await sweepLeftovers(base);
   return found;
 }
@@ -77,7 +77,7 @@ async function sweepLeftovers(base: string): Promise<void> {
   }
 }
 
-async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined> {
+async function tryV2(root: string, self: string, processesTotal: number): Promise<CgroupsV2 | undefined> {
   const line = self.split("\n").find((l) => l.startsWith("0::"));
   if (!line) return undefined;
   let controllers: string;
@@ -100,6 +100,8 @@ async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined>
     const base = path.join(own, BASE);
     await mkdir(base, { recursive: true });
     await writeFile(path.join(base, "cgroup.subtree_control"), enable);
+    // Every command of the node together (each has its own limit below it).
+    await writeFile(path.join(base, "pids.max"), String(processesTotal));
     return new CgroupsV2(base, wanted.includes("cpu"));
   } catch {
     return undefined;
@@ -145,7 +147,7 @@ class CgroupsV2 implements Cgroups {
   }
 }
 
-async function tryV1(root: string, self: string): Promise<CgroupsV1 | undefined> {
+async function tryV1(root: string, self: string, processesTotal: number): Promise<CgroupsV1 | undefined> {
   const paths = new Map<string, string>();
   for (const line of self.split("\n")) {
     const [, controllers, p] = line.split(":");
@@ -166,6 +168,12 @@ async function tryV1(root: string, self: string): Promise<CgroupsV1 | undefined>
     }
   }
   if (!dirs.memory || !dirs.pids) return undefined;
+  try {
+    // Every command of the host's nodes together (they share the base; each command has its own limit below it).
+    await writeFile(path.join(dirs.pids, "pids.max"), String(processesTotal));
+  } catch {
+    return undefined;
+  }
   return new CgroupsV1(dirs.memory, dirs.pids, dirs.cpu);
 }
 

@@ -19,7 +19,8 @@ export const SANDBOX_PROXY = "127.0.0.1:3128";
 
 /**
  * Whether an exit is bwrap's or the launcher's own failure, before the command ran:
- * bwrap exits 1 after a "bwrap: …" line, the launcher 125 after "runs-sandbox: …".
+ * bwrap exits 1 after a "bwrap: …" line, the launcher (or, inside the sandbox, the
+ * process limit's wrapper) 125 after "runs-sandbox: …", the shell's own words silenced.
  * Commands send their stderr to stdout (every tool does), so stderr is theirs alone;
  * a command that forges the line only fails its own turn.
  */
@@ -46,10 +47,6 @@ export function withEgressRelay(argv: readonly string[]): string[] {
 }
 
 /**
- * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
- * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
- */
-/**
  * Which `ulimit` flag of `shell` sets RLIMIT_NPROC: `-u` in bash, busybox and zsh, `-p`
  * in dash (where bash's `-p` is the read-only pipe size); undefined when neither works.
  */
@@ -62,10 +59,14 @@ export function nprocFlagOf(shell: string): string | undefined {
   return undefined;
 }
 
+/**
+ * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
+ * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
+ */
 export function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
   const script =
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +
-    'n=$1; shift; while [ "$n" -gt 0 ]; do ulimit "$1" "$2" || { echo "runs-sandbox: cannot set limit $1" >&2; exit 125; }; shift 2; n=$((n-1)); done; ' +
+    'n=$1; shift; while [ "$n" -gt 0 ]; do { echo $$ > "$1"; } 2>/dev/null || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +
+    'n=$1; shift; while [ "$n" -gt 0 ]; do ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }; shift 2; n=$((n-1)); done; ' +
     'exec "$@"';
   return [
     "-c",
@@ -195,10 +196,11 @@ export async function treeBytes(dir: string, stopAt: number): Promise<number> {
 
 /**
  * RLIMITs the launcher sets before bwrap: always CPU seconds and file size, and the
- * address space when no cgroup limits memory (`withoutCgroups`). Each counts per process.
- * The process limit is not among them: see {@link withProcessLimit}.
+ * address space when no cgroup limits memory (`withoutCgroups`), each per process; and,
+ * without cgroups, the node's `total` of processes, every sandbox's together. A command's
+ * own process limit is set inside its sandbox: see {@link withProcessLimit}.
  */
-export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean): [string, number][] {
+export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total?: { flag: string; processes: number }): [string, number][] {
   const r: [string, number][] = [
     // Soft first, then a hard limit one second later: SIGXCPU (named in the tool
     // result), then SIGKILL for a process that ignores it.
@@ -208,7 +210,17 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean): [str
     ["-f", Math.ceil(limits.diskBytes / 512)],
   ];
   if (withoutCgroups) r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
+  // The node's total: the kernel checks the host uid's processes, every sandbox's
+  // together, against the limit bwrap had when it made the namespace.
+  if (total) r.push([total.flag, total.processes]);
   return r;
+}
+
+/** The hard RLIMIT_NPROC in a /proc/<pid>/limits text ("Max processes"); Infinity when unlimited or unreadable. */
+export function hardProcessLimit(limits: string): number {
+  const hard = /^Max processes\s+\S+\s+(\S+)/m.exec(limits)?.[1];
+  const n = Number(hard);
+  return hard !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : Infinity;
 }
 
 /**
@@ -221,9 +233,11 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean): [str
  * starting (bwrap: "Creating new namespace failed: Resource temporarily unavailable").
  * The command cannot raise it (the hard limit is set too; raising one needs
  * CAP_SYS_RESOURCE outside the sandbox). `flag` is the shell's (`ulimit -u`, dash `-p`).
+ * The wrapper runs with the command's environment: that must stay the fixed one of
+ * {@link bwrapArgs} (no tenant's `LD_PRELOAD` may run code in the shell before its limit).
  */
 export function withProcessLimit(flag: string, processes: number, argv: readonly string[]): string[] {
-  const script = 'ulimit "$1" "$2" || { echo "runs-sandbox: cannot set limit $1" >&2; exit 125; }; shift 2; exec "$@"';
+  const script = 'ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }; shift 2; exec "$@"';
   return ["/bin/sh", "-c", script, "sh", flag, String(processes), ...argv];
 }
 

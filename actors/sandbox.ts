@@ -21,15 +21,15 @@
  */
 import { randomBytes } from "node:crypto";
 import { constants as fsConstants, openSync, closeSync } from "node:fs";
-import { chown, mkdir, rm } from "node:fs/promises";
+import { chown, mkdir, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
-import type { SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { DEFAULT_SANDBOX_PROCESSES, type SandboxStatus } from "../src/index.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, hardProcessLimit, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -106,6 +106,12 @@ export interface SandboxOptions {
   bwrapPath?: string;
   /** Concurrent sandboxes on this node (`RUNS_SANDBOX_MAX`). */
   maxConcurrent: number;
+  /**
+   * Processes and threads all sandboxes run at once (`RUNS_SANDBOX_PROCESSES`): the
+   * `runs-sandboxes` cgroup's `pids.max`, or without cgroups the sandbox uid's RLIMIT_NPROC
+   * on the host, set before bwrap (each command's own limit is set inside its sandbox).
+   */
+  processesTotal?: number;
   /** Host uid/gid for sandboxes when the node runs as root (`RUNS_SANDBOX_UID`). */
   uid?: number;
   /** Where per-command egress sockets are made (inside the service's data folder). */
@@ -131,7 +137,9 @@ export class Sandbox {
     private readonly owner: { uid: number; gid: number } | undefined,
     private readonly socat: string | undefined,
     private readonly hostLayout: HostLayout,
-    /** The launcher shell's `ulimit` flag for RLIMIT_NPROC: bash says -u, dash -p. */
+    /** Processes all sandboxes run at once (rlimits: at most the node's own hard limit, which the launcher cannot raise). */
+    private readonly processesTotal: number,
+    /** /bin/sh's `ulimit` flag for RLIMIT_NPROC (the launcher's and, inside the sandbox, the limit's wrapper's): bash says -u, dash -p. */
     private readonly nprocFlag = "-u",
   ) {}
 
@@ -146,7 +154,7 @@ export class Sandbox {
       log.warn(
         "RUNS_SANDBOX=off: tool commands run UNCONFINED as the service's own user, with its files, network and processes in reach. For local development only.",
       );
-      return new Sandbox(options, undefined, undefined, undefined, findOnPath("socat"), hostLayout());
+      return new Sandbox(options, undefined, undefined, undefined, findOnPath("socat"), hostLayout(), 0);
     }
     const bwrap = options.bwrapPath ? (isExecutable(options.bwrapPath) ? options.bwrapPath : undefined) : findOnPath("bwrap");
     if (!bwrap) {
@@ -157,10 +165,13 @@ export class Sandbox {
     const isRoot = process.getuid?.() === 0;
     const owner = isRoot ? { uid: options.uid ?? DEFAULT_SANDBOX_UID, gid: options.uid ?? DEFAULT_SANDBOX_UID } : undefined;
     const cgroups =
-      options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot });
+      options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
-    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
+    const wanted = options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES;
+    const processesTotal = cgroups ? wanted : Math.min(wanted, hardProcessLimit(await readFile("/proc/self/limits", "utf8").catch(() => "")));
+    if (processesTotal < wanted) log.info({ wanted, processes: processesTotal }, "sandbox: the node's own hard process limit is below RUNS_SANDBOX_PROCESSES; its sandboxes together get that limit");
+    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), processesTotal, cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
     const probeDir = await sandbox.mkProbeWorkspace();
@@ -299,9 +310,10 @@ export class Sandbox {
         fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       }
       const relayed = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
-      const argv = this.cgroups || !processLimit ? relayed : withProcessLimit(this.nprocFlag, cmd.limits.processes, relayed);
+      const argv = this.cgroups || !processLimit ? relayed : withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed);
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups), [this.bwrap!, ...args]);
+      const total = this.cgroups || !processLimit ? undefined : { flag: this.nprocFlag, processes: this.processesTotal };
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total), [this.bwrap!, ...args]);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",
@@ -322,7 +334,7 @@ export class Sandbox {
       cgroup = undefined;
       if (outcome.kind === "error") throw new SandboxStartError(outcome.message);
       if (outcome.kind === "exited" && setupFailed(outcome.exitCode, outcome.stderr)) {
-        // bwrap (or the launcher) failed before the command ran and said why on stderr.
+        // bwrap, the launcher or the limit's wrapper failed before the command ran and said why on stderr.
         throw new SandboxStartError(outcome.stderr.toString("utf8").trim().slice(0, 500));
       }
       const limits: LimitHit[] = [];
@@ -400,7 +412,7 @@ function stripStderr(outcome: Exclude<RawOutcome, { kind: "error" }>): Omit<Sand
   return rest;
 }
 
-/** The launcher shell's RLIMIT_NPROC flag; a node that can neither use cgroups nor set it cannot limit sandboxes. */
+/** /bin/sh's RLIMIT_NPROC flag; a node that can neither use cgroups nor set it cannot limit sandboxes. */
 function nprocFlagOrFail(shell: string): string {
   const flag = nprocFlagOf(shell);
   if (!flag) throw new SandboxUnavailableError(`${shell} cannot set a process limit (ulimit -u / -p): without cgroups, sandboxes cannot be limited here.`);

@@ -161,6 +161,7 @@ async function startSandbox(config: Config, log: Logger): Promise<Sandbox> {
     mode: config.sandbox.mode,
     bwrapPath: config.sandbox.bwrapPath,
     maxConcurrent: config.sandbox.maxConcurrent,
+    processesTotal: config.sandbox.processesTotal,
     uid: config.sandbox.uid,
     runtimeDir: path.join(config.dataDir, "sandbox"),
     nodeId: config.nodeId,

@@ -3,6 +3,8 @@ import os from "node:os";
 import path from "node:path";
 
 const DAY_S = 86_400;
+/** Processes and threads a node's sandboxes run at once, all together, by default (`RUNS_SANDBOX_PROCESSES`). */
+export const DEFAULT_SANDBOX_PROCESSES = 16_384;
 const ROLES = ["gateway", "actors"] as const;
 /** pino's levels. */
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -79,6 +81,7 @@ const EnvSchema = z.object({
   RUNS_SANDBOX: z.enum(["bwrap", "on", "off"]).default("bwrap"),
   RUNS_SANDBOX_BWRAP: z.string().optional(),
   RUNS_SANDBOX_MAX: intFromEnv(1024, 1),
+  RUNS_SANDBOX_PROCESSES: intFromEnv(DEFAULT_SANDBOX_PROCESSES, 64),
   RUNS_SANDBOX_UID: intFromEnv(65534, 1),
   RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
   RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: z.enum(["0", "1", "true", "false"]).default("0"),
@@ -153,6 +156,8 @@ export interface Config {
     bwrapPath?: string;
     /** Concurrent sandboxes per node; past it a turn fails sandbox_capacity_exceeded. */
     maxConcurrent: number;
+    /** Processes and threads all sandboxes run at once (README "Sandbox"). */
+    processesTotal: number;
     /** Host uid sandboxes run as when the node runs as root (never 0). */
     uid: number;
     /** TEST ONLY: host names the egress proxy maps to loopback servers (RUNS_EGRESS_TEST_HOSTS). */
@@ -249,6 +254,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       mode: e.RUNS_SANDBOX === "off" ? "off" : "bwrap",
       bwrapPath: e.RUNS_SANDBOX_BWRAP,
       maxConcurrent: e.RUNS_SANDBOX_MAX,
+      processesTotal: e.RUNS_SANDBOX_PROCESSES,
       uid: e.RUNS_SANDBOX_UID,
       egressTestHosts: e.RUNS_EGRESS_TEST_HOSTS,
     },

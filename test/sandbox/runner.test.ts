@@ -8,8 +8,9 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "n
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
-import { Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
+import { DEFAULT_SANDBOX_UID, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
+import { DEFAULT_SANDBOX_PROCESSES } from "../../src/config.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { hostProcesses } from "../helpers/sandbox.js";
 import http from "node:http";
@@ -121,7 +122,7 @@ test_("sandbox - a bwrap that fails to start is tried three times, then sandbox_
   }
 });
 
-test_("sandbox - without cgroups, a node starts while other sandboxes of the host's sandbox uid run more processes than its probe needs (RLIMIT_NPROC counts them all)", async (t) => {
+test_("sandbox - without cgroups, a node starts while other sandboxes of the host's sandbox uid run more processes than its probe needs (before Linux 5.14 RLIMIT_NPROC counts them all)", async (t) => {
   const base = await tempBase();
   try {
     const running = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt-a"), nodeId: "nproc-a", log, cgroupRoot: false });
@@ -143,12 +144,13 @@ test_("sandbox - without cgroups, a node starts while other sandboxes of the hos
   }
 });
 
-test_("sandbox - without cgroups, rlimits bound a command's processes and CPU time (the launcher's shell may be dash)", async (t) => {
+test_("sandbox - without cgroups, rlimits bound a command's processes and CPU time (/bin/sh may be dash)", async (t) => {
   const base = await tempBase();
   try {
     // The suite's default sandbox uid, whose other sandboxes (a fork bomb among them) run
     // at the same time: the limit counts this sandbox's processes alone.
-    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false });
+    // A total above the node's own hard limit (which the launcher could not raise) is held to it.
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit", log, cgroupRoot: false, processesTotal: 2 ** 30 });
     t.is(sandbox.status().limits, "rlimit");
     const dir = await workspace(sandbox, base);
     const limits = { ...DEFAULT_LIMITS, processes: 40, cpuSeconds: 30 };
@@ -163,6 +165,23 @@ test_("sandbox - without cgroups, rlimits bound a command's processes and CPU ti
   }
 });
 
+/** A fork bomb that holds what it got until `release` appears in its workspace (≤ 30 s), then says how many it had. */
+function holdingBomb(marker: string, tries: number): string {
+  return `perl -e 'my $n = 0; for (1..${tries}) { my $p = fork; last unless defined $p; if (!$p) { for (1..300) { last if -e "release"; select(undef, undef, undef, 0.1) } exit 0 } $n++ } print "forked $n\\n"; 1 while wait != -1; print "held\\n"' ${marker}`;
+}
+
+/** Host processes whose command line has `marker`, once their count stops growing (≤ 10 s). */
+async function settledCount(marker: string, atLeast: number): Promise<number> {
+  let held = 0;
+  for (let i = 0, last = -1; i < 100; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    held = (await hostProcesses(marker)).length;
+    if (held >= atLeast && held === last) break;
+    last = held;
+  }
+  return held;
+}
+
 test_("sandbox - without cgroups, a command at its process limit does not keep another sandbox of the same uid from starting or forking (the limit is the sandbox's own)", async (t) => {
   const base = await tempBase();
   try {
@@ -170,31 +189,60 @@ test_("sandbox - without cgroups, a command at its process limit does not keep a
     const limits = { ...DEFAULT_LIMITS, processes: 20 };
     // A name no other test's processes have.
     const marker = `nproc-${Date.now()}-${Math.floor(Math.random() * 1e6)}`;
-    // A: a tenant's fork bomb, holding as many processes as its limit allows for ~6 s (perl
-    // goes on after a refused fork; dash ends its script, bash retries for seconds).
-    const bomb = `perl -e 'my $n = 0; for (1..60) { my $p = fork; last unless defined $p; if (!$p) { sleep 6; exit 0 } $n++ } print "forked $n\\n"; 1 while wait != -1; print "held\\n"' ${marker}`;
-    const greedy = sandbox.run(bash(await workspace(sandbox, base), bomb, { limits, timeoutMs: 30_000 }));
-    let held: number[] = [];
-    for (let i = 0, last = -1; i < 100; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 100));
-      held = await hostProcesses(marker);
-      if (held.length >= limits.processes && held.length === last) break;
-      last = held.length;
-    }
+    // A: a tenant's fork bomb holding all its limit allows (perl goes on after a refused
+    // fork; dash ends its script, bash retries for seconds).
+    const dirA = await workspace(sandbox, base);
+    const greedy = sandbox.run(bash(dirA, holdingBomb(marker, 60), { limits, timeoutMs: 40_000 }));
     // Its 20 (perl, which bash became as pid 1, and 19 children) and bwrap's own outside the namespace.
-    t.true(held.length >= limits.processes, `${held.length} of A's processes run`);
+    const held = await settledCount(marker, limits.processes + 1);
+    t.is(held, limits.processes + 1, "A holds its limit");
     // B: the same host uid, the same limit, while A holds all of its own.
     const other = await sandbox.run(bash(await workspace(sandbox, base), "sh -c 'for i in $(seq 8); do sleep 0.2 & done; wait; echo forked' 2>&1", { limits }));
     t.is(other.kind, "exited");
     t.is(other.output.toString(), "forked\n");
-    t.is((await hostProcesses(marker)).length, held.length, "A held its processes while B ran");
+    t.is((await hostProcesses(marker)).length, held, "A held its processes while B ran");
+    await writeFile(path.join(dirA, "release"), "");
     const outcome = await greedy;
     // Exactly its limit: no process of another sandbox of the uid was counted against it.
-    t.regex(outcome.output.toString(), new RegExp(`forked ${limits.processes - 1}\n`));
-    t.regex(outcome.output.toString(), /held\n$/);
+    t.is(outcome.output.toString(), `forked ${limits.processes - 1}\nheld\n`);
   } finally {
     await rm(base, { recursive: true, force: true });
   }
+});
+
+test_("sandbox - without cgroups, the node's sandboxes together stay within RUNS_SANDBOX_PROCESSES", async (t) => {
+  const base = await tempBase();
+  try {
+    // A uid of its own (when the suite runs as root): the total counts every process of the uid on the host.
+    const total = 64;
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "nproc-total", log, cgroupRoot: false, uid: DEFAULT_SANDBOX_UID - 2, processesTotal: total });
+    const limits = { ...DEFAULT_LIMITS, processes: 48 };
+    const marker = `nproc-total-${Date.now()}-${Math.floor(Math.random() * 1e6)}`;
+    const dirs = [await workspace(sandbox, base), await workspace(sandbox, base)];
+    const first = sandbox.run(bash(dirs[0]!, holdingBomb(marker, 30), { limits, timeoutMs: 40_000 }));
+    const firstHeld = await settledCount(marker, 31);
+    t.is(firstHeld, 32, "perl, its 30 children and bwrap's own");
+    // The second may fork only what the total leaves, well short of its own 48.
+    const second = sandbox.run(bash(dirs[1]!, holdingBomb(marker, 40), { limits, timeoutMs: 40_000 }));
+    const both = await settledCount(marker, firstHeld + 3);
+    t.true(both <= total, `${both} processes of the uid, the total ${total}`);
+    for (const dir of dirs) await writeFile(path.join(dir, "release"), "");
+    t.is((await first).output.toString(), "forked 30\nheld\n");
+    const forked = Number(/forked (\d+)/.exec((await second).output.toString())?.[1]);
+    t.true(forked > 0 && forked < 40 && firstHeld + forked + 2 <= total, `the second forked ${forked}`);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_("sandbox - with cgroups, the node's sandboxes together stay within RUNS_SANDBOX_PROCESSES (the base cgroup's pids.max)", async (t) => {
+  const status = t.context.sandbox.status();
+  if (!status.limits.startsWith("cgroup")) return t.fail(`this host gives the suite no cgroups (${status.limits})`);
+  const own = (await readFile("/proc/self/cgroup", "utf8")).split("\n");
+  const file = status.limits === "cgroup-v2"
+    ? path.join("/sys/fs/cgroup", own.find((l) => l.startsWith("0::"))!.slice(3).trim(), "..", "runs-sandboxes", "pids.max")
+    : path.join("/sys/fs/cgroup/pids", own.find((l) => /^\d+:([^:]*,)?pids(,[^:]*)?:/.test(l))!.split(":")[2]!, "runs-sandboxes", "pids.max");
+  t.is((await readFile(file, "utf8")).trim(), String(DEFAULT_SANDBOX_PROCESSES));
 });
 
 test_.serial("sandbox - past its maximum a node answers sandbox_capacity_exceeded", async (t) => {

@@ -1,7 +1,10 @@
 import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
+import { spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { setupFailed } from "../../actors/sandbox.js";
+import { hardProcessLimit, launcherArgs, nprocFlagOf, withProcessLimit } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -46,7 +49,7 @@ test("sandbox-cgroups - counter reads a key of a cgroup key-value file", (t) => 
   t.is(counter("low 1\nhigh 0\nmax 3\noom 1\noom_kill 1\n", "oom_kill"), 1);
 });
 
-test("sandbox - only bwrap's and the launcher's own failures count as a failed start", (t) => {
+test("sandbox - only bwrap's, the launcher's and the limit wrapper's own failures count as a failed start", (t) => {
   const err = (text: string) => Buffer.from(text);
   t.true(setupFailed(1, err("bwrap: Can't mount proc on /newroot/proc: Operation not permitted\n")));
   t.true(setupFailed(125, err("runs-sandbox: cannot join cgroup /x\n")));
@@ -56,4 +59,41 @@ test("sandbox - only bwrap's and the launcher's own failures count as a failed s
   t.false(setupFailed(125, err("bwrap: wrong code\n")));
   t.false(setupFailed(1, err("cat: bwrap: No such file\n")));
   t.false(setupFailed(0, err("bwrap: exit 0 is a success\n")));
+});
+
+test("sandbox - the launcher's and the process limit's wrapper's own failures are told from the command's (the shell's words silenced, theirs first)", (t) => {
+  const flag = nprocFlagOf("/bin/sh");
+  if (!flag) return t.fail("/bin/sh sets no process limit here");
+  const run = (args: string[]) => spawnSync("/bin/sh", args, { encoding: "buffer", timeout: 10_000 });
+  // A cgroup file the launcher cannot write.
+  const cgroup = run(launcherArgs(["/nonexistent/cgroup.procs"], [], ["/bin/true"]));
+  t.is(cgroup.status, 125);
+  t.is(cgroup.stderr.toString(), "runs-sandbox: cannot join cgroup /nonexistent/cgroup.procs\n");
+  t.true(setupFailed(cgroup.status!, cgroup.stderr));
+  // A limit the launcher cannot set.
+  const limit = run(launcherArgs([], [[flag, -5]], ["/bin/true"]));
+  t.is(limit.status, 125);
+  t.true(setupFailed(limit.status!, limit.stderr), limit.stderr.toString());
+  // The wrapper inside the sandbox, the same way.
+  const [, ...wrapped] = withProcessLimit(flag, -5, ["/bin/true"]);
+  const inside = run(wrapped);
+  t.is(inside.status, 125);
+  t.is(inside.stderr.toString(), `runs-sandbox: cannot set limit ${flag} -5\n`);
+  t.true(setupFailed(inside.status!, inside.stderr));
+  // Set, the limit holds for the command it becomes (soft and hard), whose exit code passes through.
+  const [, ...ok] = withProcessLimit(flag, 77, ["/bin/sh", "-c", `ulimit -S ${flag}; ulimit -H ${flag}; exit 3`]);
+  const held = run(ok);
+  t.is(held.status, 3);
+  t.is(held.stdout.toString(), "77\n77\n");
+  t.is(held.stderr.toString(), "");
+});
+
+test("sandbox - the node's hard process limit is read from /proc/self/limits", (t) => {
+  const limits = (soft: string, hard: string) =>
+    `Limit                     Soft Limit           Hard Limit           Units     \nMax cpu time              unlimited            unlimited            seconds   \nMax processes             ${soft}  ${hard}  processes \nMax open files            1024                 524288               files     \n`;
+  t.is(hardProcessLimit(limits("96364", "96364")), 96364);
+  t.is(hardProcessLimit(limits("4096", "8192")), 8192);
+  t.is(hardProcessLimit(limits("unlimited", "unlimited")), Infinity);
+  t.is(hardProcessLimit(""), Infinity);
+  t.true(Number.isFinite(hardProcessLimit(readFileSync("/proc/self/limits", "utf8"))) || /Max processes\s+\S+\s+unlimited/.test(readFileSync("/proc/self/limits", "utf8")));
 });
