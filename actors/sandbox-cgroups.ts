@@ -18,6 +18,7 @@
 import { chownSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
+import type { Logger } from "pino";
 import type { SandboxLimits } from "./sandbox-limits.js";
 
 export type CgroupMechanism = "cgroup-v2" | "cgroup-v1";
@@ -53,11 +54,26 @@ const KILL_ROUNDS = 50;
  * Finds a writable cgroup hierarchy for sandboxed commands, or undefined.
  * `root` is the cgroup mount point (tests may point it elsewhere).
  */
-export async function detectCgroups(options: { root?: string; processesTotal: number }): Promise<Cgroups | undefined> {
+export async function detectCgroups(options: {
+  root?: string;
+  processesTotal: number;
+  log?: Logger;
+  /** TEST ONLY (with `root`): this process's cgroups as /proc/self/cgroup would list them. */
+  selfCgroup?: string;
+}): Promise<Cgroups | undefined> {
   const root = options.root ?? "/sys/fs/cgroup";
-  const self = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
-  const found = (await tryV2(root, self, options.processesTotal)) ?? (await tryV1(root, self, options.processesTotal));
-  if (found) for (const base of found.bases) await sweepLeftovers(base);
+  const self = options.selfCgroup ?? (await readFile("/proc/self/cgroup", "utf8").catch(() => ""));
+  const found = (await tryV2(root, self)) ?? (await tryV1(root, self));
+  if (!found) return undefined;
+  for (const base of found.bases) await sweepLeftovers(base);
+  // Every command of the node (v2) or of the host's nodes (v1: they share the base)
+  // together; each command has its own limit below it. Without it the commands' own
+  // limits still hold: the cgroups are used all the same.
+  try {
+    await writeFile(path.join(found.pidsBase, "pids.max"), String(options.processesTotal));
+  } catch (err) {
+    options.log?.warn({ err, base: found.pidsBase }, "sandbox: could not limit the processes of all sandboxes together (RUNS_SANDBOX_PROCESSES); each command's own limit holds");
+  }
   return found;
 }
 
@@ -77,7 +93,7 @@ async function sweepLeftovers(base: string): Promise<void> {
   }
 }
 
-async function tryV2(root: string, self: string, processesTotal: number): Promise<CgroupsV2 | undefined> {
+async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined> {
   const line = self.split("\n").find((l) => l.startsWith("0::"));
   if (!line) return undefined;
   let controllers: string;
@@ -100,8 +116,6 @@ async function tryV2(root: string, self: string, processesTotal: number): Promis
     const base = path.join(own, BASE);
     await mkdir(base, { recursive: true });
     await writeFile(path.join(base, "cgroup.subtree_control"), enable);
-    // Every command of the node together (each has its own limit below it).
-    await writeFile(path.join(base, "pids.max"), String(processesTotal));
     return new CgroupsV2(base, wanted.includes("cpu"));
   } catch {
     return undefined;
@@ -117,6 +131,10 @@ class CgroupsV2 implements Cgroups {
 
   get bases(): string[] {
     return [this.base];
+  }
+
+  get pidsBase(): string {
+    return this.base;
   }
 
   async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {
@@ -147,7 +165,7 @@ class CgroupsV2 implements Cgroups {
   }
 }
 
-async function tryV1(root: string, self: string, processesTotal: number): Promise<CgroupsV1 | undefined> {
+async function tryV1(root: string, self: string): Promise<CgroupsV1 | undefined> {
   const paths = new Map<string, string>();
   for (const line of self.split("\n")) {
     const [, controllers, p] = line.split(":");
@@ -168,12 +186,6 @@ async function tryV1(root: string, self: string, processesTotal: number): Promis
     }
   }
   if (!dirs.memory || !dirs.pids) return undefined;
-  try {
-    // Every command of the host's nodes together (they share the base; each command has its own limit below it).
-    await writeFile(path.join(dirs.pids, "pids.max"), String(processesTotal));
-  } catch {
-    return undefined;
-  }
   return new CgroupsV1(dirs.memory, dirs.pids, dirs.cpu);
 }
 
@@ -187,6 +199,10 @@ class CgroupsV1 implements Cgroups {
 
   get bases(): string[] {
     return [this.memory, this.pids, ...(this.cpu ? [this.cpu] : [])];
+  }
+
+  get pidsBase(): string {
+    return this.pids;
   }
 
   async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {

@@ -216,11 +216,30 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total
   return r;
 }
 
-/** The hard RLIMIT_NPROC in a /proc/<pid>/limits text ("Max processes"); Infinity when unlimited or unreadable. */
-export function hardProcessLimit(limits: string): number {
-  const hard = /^Max processes\s+\S+\s+(\S+)/m.exec(limits)?.[1];
-  const n = Number(hard);
-  return hard !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : Infinity;
+/** RLIMIT_NPROC, soft and hard, in a /proc/<pid>/limits text ("Max processes"); Infinity when unlimited or unreadable. */
+export function processLimitsOf(limits: string): { soft: number; hard: number } {
+  const found = /^Max processes\s+(\S+)\s+(\S+)/m.exec(limits);
+  const value = (text: string | undefined) => {
+    const n = Number(text);
+    return text !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : Infinity;
+  };
+  return { soft: value(found?.[1]), hard: value(found?.[2]) };
+}
+
+/** What a node whose sandboxes run as its own uid keeps of its soft process limit for itself (its threads, its servers'). */
+export const NODE_PROCESS_RESERVE = 512;
+
+/**
+ * The processes all sandboxes may run at once without cgroups: what was asked, held to
+ * what the launcher can set (the node's hard limit) and, when the sandboxes run as the
+ * node's own uid, to its soft limit less a reserve (a quarter, at least
+ * {@link NODE_PROCESS_RESERVE}): the kernel counts the node's processes and threads with
+ * theirs, and the node's own forks are checked against its soft limit.
+ */
+export function rlimitProcessesTotal(wanted: number, node: { soft: number; hard: number }, sharesNodeUid: boolean): number {
+  const total = Math.min(wanted, node.hard);
+  if (!sharesNodeUid || node.soft === Infinity) return total;
+  return Math.max(0, Math.min(total, node.soft - Math.max(NODE_PROCESS_RESERVE, Math.ceil(node.soft / 4))));
 }
 
 /**

@@ -28,8 +28,8 @@ import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
-import { DEFAULT_SANDBOX_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, hardProcessLimit, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitProcessesTotal, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -164,13 +164,14 @@ export class Sandbox {
     }
     const isRoot = process.getuid?.() === 0;
     const owner = isRoot ? { uid: options.uid ?? DEFAULT_SANDBOX_UID, gid: options.uid ?? DEFAULT_SANDBOX_UID } : undefined;
-    const cgroups =
-      options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES });
+    const wanted = options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES;
+    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, log });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
-    const wanted = options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES;
-    const processesTotal = cgroups ? wanted : Math.min(wanted, hardProcessLimit(await readFile("/proc/self/limits", "utf8").catch(() => "")));
-    if (processesTotal < wanted) log.info({ wanted, processes: processesTotal }, "sandbox: the node's own hard process limit is below RUNS_SANDBOX_PROCESSES; its sandboxes together get that limit");
+    const processesTotal = cgroups ? wanted : await rlimitTotalOrFail(wanted, owner === undefined, log);
+    if (processesTotal <= MAX_COMMAND_PROCESSES) {
+      log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one command can use them all`);
+    }
     const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), processesTotal, cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
@@ -309,10 +310,12 @@ export class Sandbox {
         );
         fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       }
+      // Without cgroups, processes are limited by rlimits: the command's inside its sandbox, every sandbox's together by the launcher.
+      const byRlimits = !this.cgroups && processLimit;
       const relayed = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
-      const argv = this.cgroups || !processLimit ? relayed : withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed);
+      const argv = byRlimits ? withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed) : relayed;
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
-      const total = this.cgroups || !processLimit ? undefined : { flag: this.nprocFlag, processes: this.processesTotal };
+      const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
       const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total), [this.bwrap!, ...args]);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
@@ -410,6 +413,26 @@ class SandboxStartError extends Error {}
 function stripStderr(outcome: Exclude<RawOutcome, { kind: "error" }>): Omit<SandboxOutcome, "limits"> {
   const { stderr: _stderr, ...rest } = outcome;
   return rest;
+}
+
+/**
+ * The total of processes without cgroups ({@link rlimitProcessesTotal}), with a warning
+ * where it falls short of what was asked or of one command's largest limit, or where the
+ * kernel counts processes per uid only (before 5.14: every command's limit is then the
+ * host uid's); refused when too small to run a sandbox.
+ */
+async function rlimitTotalOrFail(wanted: number, sharesNodeUid: boolean, log: Logger): Promise<number> {
+  const node = processLimitsOf(await readFile("/proc/self/limits", "utf8").catch(() => ""));
+  const total = rlimitProcessesTotal(wanted, node, sharesNodeUid);
+  if (total < 64) {
+    throw new SandboxUnavailableError(
+      `the service's process limit (soft ${node.soft}, hard ${node.hard}) leaves its sandboxes ${total} processes: raise it (ulimit -u, systemd LimitNPROC=, the container's nproc ulimit), or run the service as root (sandboxes then run as RUNS_SANDBOX_UID).`,
+    );
+  }
+  if (total < wanted) log.warn({ wanted, processes: total, node }, `sandbox: all sandboxes together get ${total} processes, short of RUNS_SANDBOX_PROCESSES (${wanted}): the service's own process limit${sharesNodeUid ? ", less what it keeps for itself," : ""} is lower`);
+  const [major = 0, minor = 0] = os.release().split(".").map((part) => Number.parseInt(part, 10));
+  if (major < 5 || (major === 5 && minor < 14)) log.warn({ kernel: os.release() }, "sandbox: before Linux 5.14 a command's process limit counts every process of the sandbox uid on the host: one tenant's command at its limit can keep others from forking");
+  return total;
 }
 
 /** /bin/sh's RLIMIT_NPROC flag; a node that can neither use cgroups nor set it cannot limit sandboxes. */

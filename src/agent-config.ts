@@ -6,6 +6,9 @@ import { ENV_NAME_PATTERN } from "./env-values.js";
 import { type Unstorable, unstorablePath } from "./json-depth.js";
 import { APPROVAL_TOOLS, DEFAULT_APPROVAL_TIMEOUT_S, MAX_APPROVAL_TIMEOUT_S, PATH_TOOLS } from "./approval.js";
 
+/** The most processes a deployment may give one command (`limits.processes`). */
+export const MAX_COMMAND_PROCESSES = 4_096;
+
 /** Bounds of `config.limits` (the sandbox's defaults are in actors/sandbox-limits.ts and the README). */
 const limit = (min: number, max: number, what: string) => z.int().min(min).max(max).optional().describe(what);
 
@@ -45,7 +48,7 @@ export const AgentConfigSchema = z
       .object({
         command_timeout_s: limit(1, 12 * 3600, "Wall time of one tool command. Default 300."),
         memory_mb: limit(16, 65_536, "Memory of one command's processes together. Default 512."),
-        processes: limit(8, 4_096, "Processes and threads one command may run at once. Default 256."),
+        processes: limit(8, MAX_COMMAND_PROCESSES, "Processes and threads one command may run at once. Default 256."),
         cpu_s: limit(1, 12 * 3600, "CPU seconds per process. Default 600."),
         disk_mb: limit(1, 1_048_576, "Size of the run's workspace, and of any one file written. Default 1024."),
         output_kb: limit(1, 1_024, "Output a tool returns (its last KiB). Default 64."),

@@ -9,8 +9,8 @@ const ROLES = ["gateway", "actors"] as const;
 /** pino's levels. */
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
-const intFromEnv = (fallback: number, min = 0) =>
-  z.coerce.number().int().min(min).optional().transform((v) => v ?? fallback);
+const intFromEnv = (fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
+  z.coerce.number().int().min(min).max(max).optional().transform((v) => v ?? fallback);
 
 const EnvSchema = z.object({
   PORT: intFromEnv(8080, 0),
@@ -81,7 +81,8 @@ const EnvSchema = z.object({
   RUNS_SANDBOX: z.enum(["bwrap", "on", "off"]).default("bwrap"),
   RUNS_SANDBOX_BWRAP: z.string().optional(),
   RUNS_SANDBOX_MAX: intFromEnv(1024, 1),
-  RUNS_SANDBOX_PROCESSES: intFromEnv(DEFAULT_SANDBOX_PROCESSES, 64),
+  // The kernel's largest pid_max (and pids.max).
+  RUNS_SANDBOX_PROCESSES: intFromEnv(DEFAULT_SANDBOX_PROCESSES, 64, 4_194_304),
   RUNS_SANDBOX_UID: intFromEnv(65534, 1),
   RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
   RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: z.enum(["0", "1", "true", "false"]).default("0"),
@@ -156,7 +157,7 @@ export interface Config {
     bwrapPath?: string;
     /** Concurrent sandboxes per node; past it a turn fails sandbox_capacity_exceeded. */
     maxConcurrent: number;
-    /** Processes and threads all sandboxes run at once (README "Sandbox"). */
+    /** Processes and threads all sandboxes run at once (README "Configuration", docs/deploy-sandbox.md). */
     processesTotal: number;
     /** Host uid sandboxes run as when the node runs as root (never 0). */
     uid: number;

@@ -51,3 +51,13 @@ test("config - RUNS_USAGE_RETENTION_DAYS: 400 days by default, 0 for good, at le
     t.regex(err!.message, /RUNS_USAGE_RETENTION_DAYS/, value);
   }
 });
+
+test("config - RUNS_SANDBOX_PROCESSES: 16384 by default, 64 to the kernel's largest pids.max (4194304), anything else refused naming the variable", (t) => {
+  t.is(loadConfig({}).sandbox.processesTotal, 16_384);
+  t.is(loadConfig({ RUNS_SANDBOX_PROCESSES: "64" }).sandbox.processesTotal, 64);
+  t.is(loadConfig({ RUNS_SANDBOX_PROCESSES: "4194304" }).sandbox.processesTotal, 4_194_304);
+  for (const value of ["63", "4194305", "1e21", "x", "1.5"]) {
+    const err = t.throws(() => loadConfig({ RUNS_SANDBOX_PROCESSES: value }), { instanceOf: ConfigurationError });
+    t.regex(err!.message, /RUNS_SANDBOX_PROCESSES/);
+  }
+});

@@ -1,10 +1,8 @@
 import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
-import { spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
 import { setupFailed } from "../../actors/sandbox.js";
-import { hardProcessLimit, launcherArgs, nprocFlagOf, withProcessLimit } from "../../actors/sandbox-host.js";
+import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitProcessesTotal } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -61,39 +59,26 @@ test("sandbox - only bwrap's, the launcher's and the limit wrapper's own failure
   t.false(setupFailed(0, err("bwrap: exit 0 is a success\n")));
 });
 
-test("sandbox - the launcher's and the process limit's wrapper's own failures are told from the command's (the shell's words silenced, theirs first)", (t) => {
-  const flag = nprocFlagOf("/bin/sh");
-  if (!flag) return t.fail("/bin/sh sets no process limit here");
-  const run = (args: string[]) => spawnSync("/bin/sh", args, { encoding: "buffer", timeout: 10_000 });
-  // A cgroup file the launcher cannot write.
-  const cgroup = run(launcherArgs(["/nonexistent/cgroup.procs"], [], ["/bin/true"]));
-  t.is(cgroup.status, 125);
-  t.is(cgroup.stderr.toString(), "runs-sandbox: cannot join cgroup /nonexistent/cgroup.procs\n");
-  t.true(setupFailed(cgroup.status!, cgroup.stderr));
-  // A limit the launcher cannot set.
-  const limit = run(launcherArgs([], [[flag, -5]], ["/bin/true"]));
-  t.is(limit.status, 125);
-  t.true(setupFailed(limit.status!, limit.stderr), limit.stderr.toString());
-  // The wrapper inside the sandbox, the same way.
-  const [, ...wrapped] = withProcessLimit(flag, -5, ["/bin/true"]);
-  const inside = run(wrapped);
-  t.is(inside.status, 125);
-  t.is(inside.stderr.toString(), `runs-sandbox: cannot set limit ${flag} -5\n`);
-  t.true(setupFailed(inside.status!, inside.stderr));
-  // Set, the limit holds for the command it becomes (soft and hard), whose exit code passes through.
-  const [, ...ok] = withProcessLimit(flag, 77, ["/bin/sh", "-c", `ulimit -S ${flag}; ulimit -H ${flag}; exit 3`]);
-  const held = run(ok);
-  t.is(held.status, 3);
-  t.is(held.stdout.toString(), "77\n77\n");
-  t.is(held.stderr.toString(), "");
-});
-
-test("sandbox - the node's hard process limit is read from /proc/self/limits", (t) => {
+test("sandbox - the node's process limits are read from /proc/self/limits", (t) => {
   const limits = (soft: string, hard: string) =>
     `Limit                     Soft Limit           Hard Limit           Units     \nMax cpu time              unlimited            unlimited            seconds   \nMax processes             ${soft}  ${hard}  processes \nMax open files            1024                 524288               files     \n`;
-  t.is(hardProcessLimit(limits("96364", "96364")), 96364);
-  t.is(hardProcessLimit(limits("4096", "8192")), 8192);
-  t.is(hardProcessLimit(limits("unlimited", "unlimited")), Infinity);
-  t.is(hardProcessLimit(""), Infinity);
-  t.true(Number.isFinite(hardProcessLimit(readFileSync("/proc/self/limits", "utf8"))) || /Max processes\s+\S+\s+unlimited/.test(readFileSync("/proc/self/limits", "utf8")));
+  t.deepEqual(processLimitsOf(limits("96364", "96364")), { soft: 96364, hard: 96364 });
+  t.deepEqual(processLimitsOf(limits("4096", "8192")), { soft: 4096, hard: 8192 });
+  t.deepEqual(processLimitsOf(limits("unlimited", "unlimited")), { soft: Infinity, hard: Infinity });
+  t.deepEqual(processLimitsOf(""), { soft: Infinity, hard: Infinity });
+});
+
+test("sandbox - without cgroups, the sandboxes' total is held to what the launcher can set and, sharing the node's uid, leaves the node its reserve", (t) => {
+  const node = (soft: number, hard: number) => ({ soft, hard });
+  // A root node's sandboxes run as another uid: only the hard limit (the launcher cannot raise it) holds it.
+  t.is(rlimitProcessesTotal(16_384, node(96_364, 96_364), false), 16_384);
+  t.is(rlimitProcessesTotal(16_384, node(1_024, 8_192), false), 8_192);
+  t.is(rlimitProcessesTotal(16_384, node(Infinity, Infinity), false), 16_384);
+  // Sharing the node's uid: its soft limit less a quarter, at least NODE_PROCESS_RESERVE.
+  t.is(rlimitProcessesTotal(16_384, node(96_364, 96_364), true), 16_384);
+  t.is(rlimitProcessesTotal(16_384, node(8_192, 96_364), true), 6_144);
+  t.is(rlimitProcessesTotal(16_384, node(1_024, 96_364), true), 1_024 - NODE_PROCESS_RESERVE);
+  t.is(rlimitProcessesTotal(16_384, node(400, 96_364), true), 0);
+  t.is(rlimitProcessesTotal(16_384, node(Infinity, 2_000), true), 2_000);
+  t.is(rlimitProcessesTotal(100, node(Infinity, Infinity), true), 100);
 });

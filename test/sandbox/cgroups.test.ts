@@ -1,0 +1,79 @@
+/**
+ * The sandbox's host-side pieces with the real shell and the cgroup file layout: the
+ * launcher's and the process limit's wrapper's own failures, and the limits written when
+ * a node finds its cgroups (against a cgroup tree laid out in a temporary folder, since
+ * the host's base is shared by every test and node here).
+ */
+import test from "ava";
+import { spawnSync } from "node:child_process";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import pino from "pino";
+import { detectCgroups } from "../../actors/sandbox-cgroups.js";
+import { launcherArgs, nprocFlagOf, setupFailed, withProcessLimit } from "../../actors/sandbox-host.js";
+import { collectedLogs } from "../helpers/servers.js";
+
+test("sandbox - the launcher's and the process limit's wrapper's own failures are told from the command's (the shell's words silenced, theirs first)", (t) => {
+  const flag = nprocFlagOf("/bin/sh");
+  if (!flag) return t.fail("/bin/sh sets no process limit here");
+  const run = (args: string[]) => spawnSync("/bin/sh", args, { encoding: "buffer", timeout: 10_000 });
+  // A cgroup file the launcher cannot write.
+  const cgroup = run(launcherArgs(["/nonexistent/cgroup.procs"], [], ["/bin/true"]));
+  t.is(cgroup.status, 125);
+  t.is(cgroup.stderr.toString(), "runs-sandbox: cannot join cgroup /nonexistent/cgroup.procs\n");
+  t.true(setupFailed(cgroup.status!, cgroup.stderr));
+  // A limit the launcher cannot set.
+  const limit = run(launcherArgs([], [[flag, -5]], ["/bin/true"]));
+  t.is(limit.status, 125);
+  t.true(setupFailed(limit.status!, limit.stderr), limit.stderr.toString());
+  // The wrapper inside the sandbox, the same way.
+  const [, ...wrapped] = withProcessLimit(flag, -5, ["/bin/true"]);
+  const inside = run(wrapped);
+  t.is(inside.status, 125);
+  t.is(inside.stderr.toString(), `runs-sandbox: cannot set limit ${flag} -5\n`);
+  t.true(setupFailed(inside.status!, inside.stderr));
+  // Set, the limit holds for the command it becomes (soft and hard), whose exit code passes through.
+  const [, ...ok] = withProcessLimit(flag, 77, ["/bin/sh", "-c", `ulimit -S ${flag}; ulimit -H ${flag}; exit 3`]);
+  const held = run(ok);
+  t.is(held.status, 3);
+  t.is(held.stdout.toString(), "77\n77\n");
+  t.is(held.stderr.toString(), "");
+});
+
+test("sandbox-cgroups - cgroup v2: the base of the node's command cgroups gets pids.max = RUNS_SANDBOX_PROCESSES", async (t) => {
+  const root = await mkdtemp(path.join(os.tmpdir(), "runs-cgroup-v2-"));
+  try {
+    await mkdir(path.join(root, "system.slice", "runs.service"), { recursive: true });
+    await writeFile(path.join(root, "cgroup.controllers"), "cpuset cpu io memory pids\n");
+    const cgroups = await detectCgroups({ root, processesTotal: 777, selfCgroup: "0::/system.slice/runs.service\n" });
+    t.is(cgroups?.mechanism, "cgroup-v2");
+    t.is(await readFile(path.join(root, "system.slice", "runs.service", "runs-sandboxes", "pids.max"), "utf8"), "777");
+    // The node left its cgroup for a leaf beside its commands' base.
+    t.is(await readFile(path.join(root, "system.slice", "runs.service", "runs-service", "cgroup.procs"), "utf8"), String(process.pid));
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});
+
+test("sandbox-cgroups - cgroup v1: the pids base gets pids.max = RUNS_SANDBOX_PROCESSES; a base that refuses it is said in a warning, and the cgroups are used all the same", async (t) => {
+  const root = await mkdtemp(path.join(os.tmpdir(), "runs-cgroup-v1-"));
+  const { logs, log } = collectedLogs();
+  const own = "/runs.service";
+  const selfCgroup = `5:pids:${own}\n4:memory:${own}\n1:cpu,cpuacct:${own}\n0::${own}\n`;
+  try {
+    for (const c of ["pids", "memory", "cpu"]) await mkdir(path.join(root, c), { recursive: true });
+    const v1 = await detectCgroups({ root, processesTotal: 5_000, log, selfCgroup });
+    t.is(v1?.mechanism, "cgroup-v1");
+    t.is(await readFile(path.join(root, "pids", own, "runs-sandboxes", "pids.max"), "utf8"), "5000");
+    t.deepEqual(logs.filter((entry) => Number(entry.level) >= 40), []);
+    // A pids.max that cannot be written (a folder here; a kernel refusing the value there).
+    await rm(path.join(root, "pids", own, "runs-sandboxes", "pids.max"));
+    await mkdir(path.join(root, "pids", own, "runs-sandboxes", "pids.max"));
+    const refused = await detectCgroups({ root, processesTotal: 5_000, log, selfCgroup });
+    t.is(refused?.mechanism, "cgroup-v1");
+    t.true(logs.some((entry) => entry.level === 40 && /could not limit the processes of all sandboxes together/.test(String(entry.msg))), JSON.stringify(logs));
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});
