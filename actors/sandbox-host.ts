@@ -8,7 +8,7 @@ import { accessSync, constants as fsConstants, existsSync, lstatSync, statSync }
 import { chmod, chown, lchown, lstat, readdir } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
-import type { SandboxLimits } from "./sandbox-limits.js";
+import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 
 /** Where the workspace appears inside the sandbox. */
 export const SANDBOX_WORKSPACE = "/workspace";
@@ -258,6 +258,25 @@ export function rlimitProcessesTotal(wanted: number, node: { soft: number; hard:
 export function withProcessLimit(flag: string, processes: number, argv: readonly string[]): string[] {
   const script = 'ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }; shift 2; exec "$@"';
   return ["/bin/sh", "-c", script, "sh", flag, String(processes), ...argv];
+}
+
+/** What shells, glibc, Python and C++ print when a fork or an allocation is refused. */
+const REFUSED_FORK = /fork: (?:retry: )?Resource temporarily unavailable|Cannot fork|BlockingIOError: \[Errno 11\]/;
+const REFUSED_MEMORY = /cannot allocate \d+ bytes|Cannot allocate memory|\bMemoryError\b|std::bad_alloc|out of memory/i;
+
+/**
+ * The memory and process limits a failed command met without cgroups, from its output:
+ * the kernel then reports neither (a refused fork or allocation is the command's own
+ * error, not a kill), so a command that failed saying so is taken to have met the limit.
+ * A command that succeeded met none, whatever it printed.
+ */
+export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
+  if (!failed) return [];
+  const text = output.toString("utf8");
+  const hits: LimitHit[] = [];
+  if (REFUSED_MEMORY.test(text)) hits.push("memory");
+  if (REFUSED_FORK.test(text)) hits.push("processes");
+  return hits;
 }
 
 /** bwrap's arguments for one command (README "Sandbox" says what each part is for). */

@@ -29,7 +29,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitProcessesTotal, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -343,6 +343,8 @@ export class Sandbox {
       const limits: LimitHit[] = [];
       if (report?.oomKilled) limits.push("memory");
       if (report?.processLimitHit) limits.push("processes");
+      const failed = outcome.kind === "exited" ? outcome.exitCode !== 0 : outcome.kind === "signalled" || outcome.kind === "timed_out";
+      if (!this.cgroups) limits.push(...rlimitHits(outcome.output, failed));
       const code = outcome.kind === "exited" ? outcome.exitCode : undefined;
       const signal = outcome.kind === "signalled" ? outcome.signal : undefined;
       // The command is pid 1 of its namespace, which ignores SIGXCPU: the hard CPU limit's

@@ -162,6 +162,7 @@ async function startSandbox(config: Config, log: Logger): Promise<Sandbox> {
     bwrapPath: config.sandbox.bwrapPath,
     maxConcurrent: config.sandbox.maxConcurrent,
     processesTotal: config.sandbox.processesTotal,
+    ...(config.sandbox.limits === "rlimit" ? { cgroupRoot: false as const } : {}),
     uid: config.sandbox.uid,
     runtimeDir: path.join(config.dataDir, "sandbox"),
     nodeId: config.nodeId,

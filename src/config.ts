@@ -80,6 +80,7 @@ const EnvSchema = z.object({
   RUNS_EVENT_ID_VERSION: z.enum(["2", "3"], { error: (issue) => `${JSON.stringify(issue.input)} is not an event id version; allowed: 2, 3` }).default("3"),
   RUNS_SANDBOX: z.enum(["bwrap", "on", "off"]).default("bwrap"),
   RUNS_SANDBOX_BWRAP: z.string().optional(),
+  RUNS_SANDBOX_LIMITS: z.enum(["auto", "rlimit"]).default("auto"),
   RUNS_SANDBOX_MAX: intFromEnv(1024, 1),
   // The kernel's largest pid_max (and pids.max).
   RUNS_SANDBOX_PROCESSES: intFromEnv(DEFAULT_SANDBOX_PROCESSES, 64, 4_194_304),
@@ -155,6 +156,8 @@ export interface Config {
     /** `off` (RUNS_SANDBOX=off): commands run unconfined, for local development only. */
     mode: "bwrap" | "off";
     bwrapPath?: string;
+    /** `rlimit`: limits by rlimits even where the host gives the service cgroups (`auto`: cgroups where it can). */
+    limits: "auto" | "rlimit";
     /** Concurrent sandboxes per node; past it a turn fails sandbox_capacity_exceeded. */
     maxConcurrent: number;
     /** Processes and threads all sandboxes run at once (README "Configuration", docs/deploy-sandbox.md). */
@@ -254,6 +257,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sandbox: {
       mode: e.RUNS_SANDBOX === "off" ? "off" : "bwrap",
       bwrapPath: e.RUNS_SANDBOX_BWRAP,
+      limits: e.RUNS_SANDBOX_LIMITS,
       maxConcurrent: e.RUNS_SANDBOX_MAX,
       processesTotal: e.RUNS_SANDBOX_PROCESSES,
       uid: e.RUNS_SANDBOX_UID,

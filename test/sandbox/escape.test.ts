@@ -83,7 +83,13 @@ test.before(async (t) => {
     RUNS_EGRESS_TEST_HOSTS: `allowed.test=127.0.0.1:${egressTarget.port}`,
     // Model endpoints on loopback are refused (the default), which one test relies on.
     RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "0",
+    // escape-rlimit.test.ts runs every attempt again with the limits of a host without cgroups (containers).
+    RUNS_SANDBOX_LIMITS: process.env.RUNS_TEST_SANDBOX_LIMITS ?? "auto",
   });
+  if (process.env.RUNS_TEST_SANDBOX_LIMITS === "rlimit") {
+    const ready = (await (await fetch(`${service.url}/readyz`)).json()) as { sandbox?: { limits?: string } };
+    if (ready.sandbox?.limits !== "rlimit") throw new Error(`the node's sandbox limits by ${ready.sandbox?.limits}, not rlimits`);
+  }
   const apiUrls: string[] = [];
   service.app!.server.on("request", (req: http.IncomingMessage) => apiUrls.push(req.url ?? ""));
   const secret = `node-secret-${unique()}`;
@@ -389,8 +395,8 @@ test("sandbox - commands run as a non-root uid, and files a run creates are owne
 // ---- limits and teardown (timing matters: serial) --------------------------------------
 
 /** An agent whose single bash step echoes, timed from the request to its final turn. */
-async function timedEcho(api: Api): Promise<{ ms: number; outcome: Outcome }> {
-  const agent = await api.agentWith(scripted([bash("echo alive")]));
+async function timedEcho(api: Api, command = "echo alive", config?: Parameters<typeof scripted>[1]): Promise<{ ms: number; outcome: Outcome }> {
+  const agent = await api.agentWith(scripted([bash(command)], config));
   const started = Date.now();
   const { runId, turnId } = await startRun(api, agent);
   const outcome = await finish(api, runId, turnId, 30_000);
@@ -421,6 +427,25 @@ test.serial("sandbox - a fork bomb is held at limits.processes: its tool error n
   const result = outcome.results[0]!;
   t.true(result.isError, result.text);
   t.true(result.text.includes(describeLimit("processes", limitsOf(config))), result.text);
+});
+
+test.serial("sandbox - a tenant's fork bomb holding its whole process limit does not keep another workspace's command with the same limit from starting or forking", async (t) => {
+  const { api, other } = t.context;
+  const config = { limits: { processes: 16, command_timeout_s: 8 } };
+  // Bounded even unconfined: a binary tree of depth 7 (at most 255 shells and 128 sleeps of 5 s).
+  const bomb = "b(){ if [ $1 -eq 0 ]; then sleep 5; return; fi; b $(($1-1)) & b $(($1-1)) & wait; }; b 7";
+  const agent = await api.agentWith(scripted([bash(bomb)], config));
+  const { runId, turnId } = await startRun(api, agent);
+  t.true(await toolStarted(api, runId), "the bomb's command never started");
+  await sleep(1_000);
+  // Its sandbox runs as the same host uid as the bomb's (without cgroups, RLIMIT_NPROC counts per uid and namespace).
+  const echo = await timedEcho(other, "for i in 1 2 3 4; do sleep 0.1 & done; wait; echo alive", config);
+  t.is(echo.outcome.turn.status, "completed", shown(echo.outcome));
+  t.false(echo.outcome.results[0]?.isError, shown(echo.outcome));
+  t.is(echo.outcome.results[0]?.text, "alive\n");
+  const outcome = await finish(api, runId, turnId, 30_000);
+  ranAll(t, outcome, 1);
+  t.true(outcome.results[0]!.isError, outcome.results[0]!.text);
 });
 
 test.serial("sandbox - a memory hog is held at limits.memory_mb: its tool error names the limit, and a concurrent run's echo completes within seconds", async (t) => {

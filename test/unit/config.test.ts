@@ -61,3 +61,10 @@ test("config - RUNS_SANDBOX_PROCESSES: 16384 by default, 64 to the kernel's larg
     t.regex(err!.message, /RUNS_SANDBOX_PROCESSES/);
   }
 });
+
+test("config - RUNS_SANDBOX_LIMITS: auto by default, rlimit to use rlimits where cgroups could be had, anything else refused", (t) => {
+  t.is(loadConfig({}).sandbox.limits, "auto");
+  t.is(loadConfig({ RUNS_SANDBOX_LIMITS: "rlimit" }).sandbox.limits, "rlimit");
+  const err = t.throws(() => loadConfig({ RUNS_SANDBOX_LIMITS: "cgroup" }), { instanceOf: ConfigurationError });
+  t.regex(err!.message, /RUNS_SANDBOX_LIMITS/);
+});

@@ -2,7 +2,7 @@ import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { setupFailed } from "../../actors/sandbox.js";
-import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitProcessesTotal } from "../../actors/sandbox-host.js";
+import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitProcessesTotal } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -81,4 +81,23 @@ test("sandbox - without cgroups, the sandboxes' total is held to what the launch
   t.is(rlimitProcessesTotal(16_384, node(400, 96_364), true), 0);
   t.is(rlimitProcessesTotal(16_384, node(Infinity, 2_000), true), 2_000);
   t.is(rlimitProcessesTotal(100, node(Infinity, Infinity), true), 100);
+});
+
+test("sandbox - without cgroups, a failed command's refused forks and allocations name the process and memory limits; a command that succeeded met none", (t) => {
+  const hits = (text: string, failed = true) => rlimitHits(Buffer.from(text), failed);
+  // What bash, dash, Python, glibc and C++ print (seen in sandboxes at their limits).
+  t.deepEqual(hits("environment: fork: retry: Resource temporarily unavailable\n"), ["processes"]);
+  t.deepEqual(hits("bash: fork: Resource temporarily unavailable\n"), ["processes"]);
+  t.deepEqual(hits("sh: 0: Cannot fork\n"), ["processes"]);
+  t.deepEqual(hits("BlockingIOError: [Errno 11] Resource temporarily unavailable\n"), ["processes"]);
+  t.deepEqual(hits("/bin/bash: xrealloc: cannot allocate 94822400 bytes\n"), ["memory"]);
+  t.deepEqual(hits("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\nMemoryError\n"), ["memory"]);
+  t.deepEqual(hits("head: memory exhausted\nsort: Cannot allocate memory\n"), ["memory"]);
+  t.deepEqual(hits("terminate called after throwing an instance of 'std::bad_alloc'\n"), ["memory"]);
+  t.deepEqual(hits("fatal error: runtime: out of memory\nbash: fork: Resource temporarily unavailable\n"), ["memory", "processes"]);
+  // Nothing of the kind, or a command that succeeded whatever it printed.
+  t.deepEqual(hits("grep: x: No such file or directory\n"), []);
+  t.deepEqual(hits("read: Resource temporarily unavailable\n"), []);
+  t.deepEqual(hits("MemoryErrors.txt\n"), []);
+  t.deepEqual(hits("bash: fork: Resource temporarily unavailable\nCannot allocate memory\n", false), []);
 });
