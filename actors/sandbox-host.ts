@@ -260,9 +260,14 @@ export function withProcessLimit(flag: string, processes: number, argv: readonly
   return ["/bin/sh", "-c", script, "sh", flag, String(processes), ...argv];
 }
 
-/** What shells, glibc, Python and C++ print when a fork or an allocation is refused. */
-const REFUSED_FORK = /fork: (?:retry: )?Resource temporarily unavailable|Cannot fork|BlockingIOError: \[Errno 11\]/;
-const REFUSED_MEMORY = /cannot allocate \d+ bytes|Cannot allocate memory|\bMemoryError\b|std::bad_alloc|out of memory/i;
+/**
+ * What shells, coreutils, git, Go, Python, Java and glibc print when a fork or a thread is
+ * refused (Python's EAGAIN only next to a fork: a non-blocking lock says the same).
+ */
+const REFUSED_FORK =
+  /fork(?:\/exec)?\b[^\n]*: (?:retry: )?resource temporarily unavailable|cannot fork|fork[\s\S]{0,400}BlockingIOError: \[Errno 11\]|can't start new thread|unable to create native thread|pthread_create[^\n]*(?:resource temporarily unavailable|EAGAIN)/i;
+/** What they, C++, Node and V8 print when memory is refused. */
+const REFUSED_MEMORY = /cannot allocate \d+ bytes|cannot allocate memory|memory exhausted|\bMemoryError\b|std::bad_alloc|out of memory|Fatal process OOM|failed to reserve virtual memory/i;
 
 /**
  * The memory and process limits a failed command met without cgroups, from its output:

@@ -51,7 +51,8 @@ export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "disk" | "
 export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
   switch (hit) {
     case "memory":
-      return `the sandbox's memory limit (${formatBytes(limits.memoryBytes)}) was reached and the command was killed`;
+      // Killed with cgroups; refused memory with rlimits (sandbox-host.ts, rlimitHits).
+      return `the sandbox's memory limit (${formatBytes(limits.memoryBytes)}) was reached: the command was killed or refused memory`;
     case "processes":
       return `the sandbox's process limit (${limits.processes}) was reached: some processes could not be started`;
     case "cpu":

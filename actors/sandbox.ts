@@ -83,6 +83,12 @@ export interface SandboxCommand {
   networkAllow?: readonly string[];
   /** Called once per connection the egress proxy refused. */
   onNetworkDenied?: (denial: EgressDenial) => void;
+  /**
+   * Without cgroups, name the memory and process limits a failed command's output shows
+   * it met ({@link rlimitHits}): for a tenant's own command (`bash`), whose output is
+   * told to the model; not for the file tools' scripts, whose output may echo a path.
+   */
+  limitsFromOutput?: boolean;
 }
 
 export type SandboxOutcome = (
@@ -344,7 +350,7 @@ export class Sandbox {
       if (report?.oomKilled) limits.push("memory");
       if (report?.processLimitHit) limits.push("processes");
       const failed = outcome.kind === "exited" ? outcome.exitCode !== 0 : outcome.kind === "signalled" || outcome.kind === "timed_out";
-      if (!this.cgroups) limits.push(...rlimitHits(outcome.output, failed));
+      if (!this.cgroups && cmd.limitsFromOutput) limits.push(...rlimitHits(outcome.output, failed));
       const code = outcome.kind === "exited" ? outcome.exitCode : undefined;
       const signal = outcome.kind === "signalled" ? outcome.signal : undefined;
       // The command is pid 1 of its namespace, which ignores SIGXCPU: the hard CPU limit's

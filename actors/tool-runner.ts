@@ -140,7 +140,7 @@ export class ToolRunner {
   }
 
   /** Runs argv in the sandbox; a sandbox failure ends the turn (and is thrown to the agent loop). */
-  async run(argv: string[], options: { signal?: AbortSignal; stdin?: Buffer; outputBytes?: number } = {}): Promise<SandboxOutcome> {
+  async run(argv: string[], options: { signal?: AbortSignal; stdin?: Buffer; outputBytes?: number; limitsFromOutput?: boolean } = {}): Promise<SandboxOutcome> {
     try {
       const outcome = await this.options.sandbox.run({
         workspaceDir: this.workspace.root,
@@ -152,6 +152,7 @@ export class ToolRunner {
         limits: options.outputBytes ? { ...this.limits, outputBytes: options.outputBytes } : this.limits,
         networkAllow: this.options.networkAllow,
         onNetworkDenied: this.options.onNetworkDenied,
+        limitsFromOutput: options.limitsFromOutput,
       });
       if (this.workspace.sandboxRoot !== undefined) await this.checkDisk(outcome);
       return outcome;

@@ -44,3 +44,20 @@ export async function hostProcesses(marker: string): Promise<number[]> {
   }
   return found;
 }
+
+/** A fork bomb that holds what it got until `release` appears in its workspace (≤ 30 s), then says how many it had. */
+export function holdingBomb(marker: string, tries: number): string {
+  return `perl -e 'my $n = 0; for (1..${tries}) { my $p = fork; last unless defined $p; if (!$p) { for (1..300) { last if -e "release"; select(undef, undef, undef, 0.1) } exit 0 } $n++ } print "forked $n\\n"; 1 while wait != -1; print "held\\n"' ${marker}`;
+}
+
+/** Host processes whose command line has `marker`, once their count stops growing (≤ 10 s). */
+export async function settledCount(marker: string, atLeast: number): Promise<number> {
+  let held = 0;
+  for (let i = 0, last = -1; i < 100; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    held = (await hostProcesses(marker)).length;
+    if (held >= atLeast && held === last) break;
+    last = held;
+  }
+  return held;
+}

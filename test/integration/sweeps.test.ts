@@ -267,7 +267,12 @@ test("sweeps - what a removal left behind (its node died once the run's document
       t.deepEqual(await parts(left), { turns: 0, events: false, directory: false, checkpoint: false }, "turns, events, workspace directory and checkpoint removed");
       t.is((await ws.api.get(`/api/v1/runs/${left}`)).status, 404);
 
-      const liveTombstone = (await raw.tombstones.findOne({ _id: live }))!;
+      // The sweep may reach it after the other (in the same pass or a later one): wait for it (≤ 20 s).
+      let liveTombstone = (await raw.tombstones.findOne({ _id: live }))!;
+      for (let i = 0; i < 100 && !(liveTombstone.parts_due_at! > now); i++) {
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        liveTombstone = (await raw.tombstones.findOne({ _id: live }))!;
+      }
       t.true(liveTombstone.parts_due_at! > now, "a run that still exists is checked again later");
       t.deepEqual(await parts(live), all, "and keeps every part");
       t.is((await ws.api.get(`/api/v1/runs/${live}`)).status, 200);

@@ -22,7 +22,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import { hostProcesses } from "../helpers/sandbox.js";
+import { holdingBomb, hostProcesses, settledCount } from "../helpers/sandbox.js";
 import type { RunningService } from "../../node/service.js";
 import { describeLimit, limitsOf } from "../../actors/sandbox-limits.js";
 
@@ -86,10 +86,6 @@ test.before(async (t) => {
     // escape-rlimit.test.ts runs every attempt again with the limits of a host without cgroups (containers).
     RUNS_SANDBOX_LIMITS: process.env.RUNS_TEST_SANDBOX_LIMITS ?? "auto",
   });
-  if (process.env.RUNS_TEST_SANDBOX_LIMITS === "rlimit") {
-    const ready = (await (await fetch(`${service.url}/readyz`)).json()) as { sandbox?: { limits?: string } };
-    if (ready.sandbox?.limits !== "rlimit") throw new Error(`the node's sandbox limits by ${ready.sandbox?.limits}, not rlimits`);
-  }
   const apiUrls: string[] = [];
   service.app!.server.on("request", (req: http.IncomingMessage) => apiUrls.push(req.url ?? ""));
   const secret = `node-secret-${unique()}`;
@@ -107,6 +103,10 @@ test.before(async (t) => {
     egressTarget,
     provider,
   };
+  if (process.env.RUNS_TEST_SANDBOX_LIMITS === "rlimit") {
+    const ready = (await (await fetch(`${service.url}/readyz`)).json()) as { sandbox?: { limits?: string } };
+    if (ready.sandbox?.limits !== "rlimit") throw new Error(`the node's sandbox limits by ${ready.sandbox?.limits}, not rlimits`);
+  }
 });
 
 test.after.always(async (t) => {
@@ -395,8 +395,8 @@ test("sandbox - commands run as a non-root uid, and files a run creates are owne
 // ---- limits and teardown (timing matters: serial) --------------------------------------
 
 /** An agent whose single bash step echoes, timed from the request to its final turn. */
-async function timedEcho(api: Api, command = "echo alive", config?: Parameters<typeof scripted>[1]): Promise<{ ms: number; outcome: Outcome }> {
-  const agent = await api.agentWith(scripted([bash(command)], config));
+async function timedEcho(api: Api): Promise<{ ms: number; outcome: Outcome }> {
+  const agent = await api.agentWith(scripted([bash("echo alive")]));
   const started = Date.now();
   const { runId, turnId } = await startRun(api, agent);
   const outcome = await finish(api, runId, turnId, 30_000);
@@ -430,22 +430,30 @@ test.serial("sandbox - a fork bomb is held at limits.processes: its tool error n
 });
 
 test.serial("sandbox - a tenant's fork bomb holding its whole process limit does not keep another workspace's command with the same limit from starting or forking", async (t) => {
-  const { api, other } = t.context;
-  const config = { limits: { processes: 16, command_timeout_s: 8 } };
-  // Bounded even unconfined: a binary tree of depth 7 (at most 255 shells and 128 sleeps of 5 s).
-  const bomb = "b(){ if [ $1 -eq 0 ]; then sleep 5; return; fi; b $(($1-1)) & b $(($1-1)) & wait; }; b 7";
-  const agent = await api.agentWith(scripted([bash(bomb)], config));
+  const { api, other, dataDir } = t.context;
+  const config = { limits: { processes: 16, command_timeout_s: 40 } };
+  const marker = `bomb-${unique()}`;
+  // Made first, so the other command starts while the bomb surely holds its processes.
+  const victim = await other.agentWith(scripted([bash("for i in 1 2 3 4; do sleep 0.1 & done; wait; echo alive")], config));
+  // Holds every process its limit allows until `release` appears in its workspace (bounded: 30 s).
+  const agent = await api.agentWith(scripted([bash(holdingBomb(marker, 60))], config));
   const { runId, turnId } = await startRun(api, agent);
-  t.true(await toolStarted(api, runId), "the bomb's command never started");
-  await sleep(1_000);
+  // Its 16 on the host (with rlimits bwrap's own process outside the namespace too).
+  const held = await settledCount(marker, 16);
+  t.true(held >= 16, `${held} of the bomb's processes run`);
   // Its sandbox runs as the same host uid as the bomb's (without cgroups, RLIMIT_NPROC counts per uid and namespace).
-  const echo = await timedEcho(other, "for i in 1 2 3 4; do sleep 0.1 & done; wait; echo alive", config);
-  t.is(echo.outcome.turn.status, "completed", shown(echo.outcome));
-  t.false(echo.outcome.results[0]?.isError, shown(echo.outcome));
-  t.is(echo.outcome.results[0]?.text, "alive\n");
+  const { runId: echoRun, turnId: echoTurn } = await startRun(other, victim);
+  const echo = await finish(other, echoRun, echoTurn, 30_000);
+  t.is(echo.turn.status, "completed", shown(echo));
+  t.false(echo.results[0]?.isError, shown(echo));
+  t.is(echo.results[0]?.text, "alive\n");
+  t.true((await hostProcesses(marker)).length >= 16, "the bomb held its processes while the other command ran");
+  await writeFile(path.join(dataDir, "workspaces", runId, "release"), "");
   const outcome = await finish(api, runId, turnId, 30_000);
   ranAll(t, outcome, 1);
-  t.true(outcome.results[0]!.isError, outcome.results[0]!.text);
+  // Its forks past the limit were refused (it tried 60).
+  const forked = Number(/forked (\d+)\nheld/.exec(outcome.results[0]!.text)?.[1]);
+  t.true(forked >= 13 && forked < 16, outcome.results[0]!.text);
 });
 
 test.serial("sandbox - a memory hog is held at limits.memory_mb: its tool error names the limit, and a concurrent run's echo completes within seconds", async (t) => {

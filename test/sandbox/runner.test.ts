@@ -11,7 +11,7 @@ import pino from "pino";
 import { DEFAULT_SANDBOX_UID, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
-import { hostProcesses } from "../helpers/sandbox.js";
+import { holdingBomb, hostProcesses, settledCount } from "../helpers/sandbox.js";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 
@@ -163,23 +163,6 @@ test_("sandbox - without cgroups, rlimits bound a command's processes and CPU ti
     await rm(base, { recursive: true, force: true });
   }
 });
-
-/** A fork bomb that holds what it got until `release` appears in its workspace (≤ 30 s), then says how many it had. */
-function holdingBomb(marker: string, tries: number): string {
-  return `perl -e 'my $n = 0; for (1..${tries}) { my $p = fork; last unless defined $p; if (!$p) { for (1..300) { last if -e "release"; select(undef, undef, undef, 0.1) } exit 0 } $n++ } print "forked $n\\n"; 1 while wait != -1; print "held\\n"' ${marker}`;
-}
-
-/** Host processes whose command line has `marker`, once their count stops growing (≤ 10 s). */
-async function settledCount(marker: string, atLeast: number): Promise<number> {
-  let held = 0;
-  for (let i = 0, last = -1; i < 100; i++) {
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    held = (await hostProcesses(marker)).length;
-    if (held >= atLeast && held === last) break;
-    last = held;
-  }
-  return held;
-}
 
 test_("sandbox - without cgroups, a command at its process limit does not keep another sandbox of the same uid from starting or forking (the limit is the sandbox's own)", async (t) => {
   const base = await tempBase();

@@ -85,19 +85,27 @@ test("sandbox - without cgroups, the sandboxes' total is held to what the launch
 
 test("sandbox - without cgroups, a failed command's refused forks and allocations name the process and memory limits; a command that succeeded met none", (t) => {
   const hits = (text: string, failed = true) => rlimitHits(Buffer.from(text), failed);
-  // What bash, dash, Python, glibc and C++ print (seen in sandboxes at their limits).
+  // What bash, dash, git, Go, Python, Java, glibc, coreutils, C++, Node and V8 print (most seen in sandboxes at their limits).
   t.deepEqual(hits("environment: fork: retry: Resource temporarily unavailable\n"), ["processes"]);
   t.deepEqual(hits("bash: fork: Resource temporarily unavailable\n"), ["processes"]);
   t.deepEqual(hits("sh: 0: Cannot fork\n"), ["processes"]);
-  t.deepEqual(hits("BlockingIOError: [Errno 11] Resource temporarily unavailable\n"), ["processes"]);
+  t.deepEqual(hits("fatal: cannot fork() for rev-list: Resource temporarily unavailable\n"), ["processes"]);
+  t.deepEqual(hits("exec: fork/exec /usr/bin/ls: resource temporarily unavailable\n"), ["processes"]);
+  t.deepEqual(hits('  File "/usr/lib/python3.11/subprocess.py", line 1901, in _execute_child\n    self.pid = _fork_exec(\nBlockingIOError: [Errno 11] Resource temporarily unavailable\n'), ["processes"]);
+  t.deepEqual(hits("RuntimeError: can't start new thread\n"), ["processes"]);
   t.deepEqual(hits("/bin/bash: xrealloc: cannot allocate 94822400 bytes\n"), ["memory"]);
   t.deepEqual(hits("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\nMemoryError\n"), ["memory"]);
-  t.deepEqual(hits("head: memory exhausted\nsort: Cannot allocate memory\n"), ["memory"]);
+  t.deepEqual(hits("sort: memory exhausted\n"), ["memory"]);
+  t.deepEqual(hits("cat: write error: Cannot allocate memory\n"), ["memory"]);
   t.deepEqual(hits("terminate called after throwing an instance of 'std::bad_alloc'\n"), ["memory"]);
+  t.deepEqual(hits("FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n"), ["memory"]);
+  t.deepEqual(hits("# Fatal process OOM in Failed to reserve virtual memory for CodeRange\n"), ["memory"]);
   t.deepEqual(hits("fatal error: runtime: out of memory\nbash: fork: Resource temporarily unavailable\n"), ["memory", "processes"]);
-  // Nothing of the kind, or a command that succeeded whatever it printed.
+  t.deepEqual(hits("java.lang.OutOfMemoryError: unable to create native thread: possibly out of memory or process/resource limits reached\n"), ["memory", "processes"]);
+  // Nothing of the kind: other EAGAINs (a non-blocking read, a lock held), look-alike words; or a command that succeeded.
   t.deepEqual(hits("grep: x: No such file or directory\n"), []);
   t.deepEqual(hits("read: Resource temporarily unavailable\n"), []);
+  t.deepEqual(hits('  File "lock.py", line 3, in <module>\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nBlockingIOError: [Errno 11] Resource temporarily unavailable\n'), []);
   t.deepEqual(hits("MemoryErrors.txt\n"), []);
   t.deepEqual(hits("bash: fork: Resource temporarily unavailable\nCannot allocate memory\n", false), []);
 });
