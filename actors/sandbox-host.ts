@@ -265,9 +265,16 @@ export function withProcessLimit(flag: string, processes: number, argv: readonly
  * refused (Python's EAGAIN only next to a fork: a non-blocking lock says the same).
  */
 const REFUSED_FORK =
-  /fork(?:\/exec)?\b[^\n]*: (?:retry: )?resource temporarily unavailable|cannot fork|fork[\s\S]{0,400}BlockingIOError: \[Errno 11\]|can't start new thread|unable to create native thread|pthread_create[^\n]*(?:resource temporarily unavailable|EAGAIN)/i;
+  /fork(?:\/exec)?\b[^\n]{0,200}: (?:retry: )?resource temporarily unavailable|cannot fork|fork[\s\S]{0,400}BlockingIOError: \[Errno 11\]|can't start new thread|unable to create native thread|pthread_create[^\n]{0,200}(?:resource temporarily unavailable|EAGAIN)/i;
 /** What they, C++, Node and V8 print when memory is refused. */
 const REFUSED_MEMORY = /cannot allocate \d+ bytes|cannot allocate memory|memory exhausted|\bMemoryError\b|std::bad_alloc|out of memory|Fatal process OOM|failed to reserve virtual memory/i;
+
+/**
+ * How much of a command's output's end is read for those words: a refusal is what a failed
+ * command says last, and the output is the tenant's (up to `output_kb`, 1 MiB): each pattern
+ * repeats a bounded number of times, so the reading is linear in what is read, and bounded.
+ */
+export const SCANNED_OUTPUT_BYTES = 16 * 1024;
 
 /**
  * The memory and process limits a failed command met without cgroups, from its output:
@@ -277,7 +284,7 @@ const REFUSED_MEMORY = /cannot allocate \d+ bytes|cannot allocate memory|memory 
  */
 export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
   if (!failed) return [];
-  const text = output.toString("utf8");
+  const text = output.subarray(Math.max(0, output.length - SCANNED_OUTPUT_BYTES)).toString("utf8");
   const hits: LimitHit[] = [];
   if (REFUSED_MEMORY.test(text)) hits.push("memory");
   if (REFUSED_FORK.test(text)) hits.push("processes");

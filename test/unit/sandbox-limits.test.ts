@@ -2,7 +2,7 @@ import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { setupFailed } from "../../actors/sandbox.js";
-import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitProcessesTotal } from "../../actors/sandbox-host.js";
+import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -108,4 +108,19 @@ test("sandbox - without cgroups, a failed command's refused forks and allocation
   t.deepEqual(hits('  File "lock.py", line 3, in <module>\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nBlockingIOError: [Errno 11] Resource temporarily unavailable\n'), []);
   t.deepEqual(hits("MemoryErrors.txt\n"), []);
   t.deepEqual(hits("bash: fork: Resource temporarily unavailable\nCannot allocate memory\n", false), []);
+});
+
+test("sandbox - reading a failed command's output for refusals is bounded: its last 16 KiB, in time linear in them, whatever a hostile command prints", (t) => {
+  const refusal = "bash: fork: Resource temporarily unavailable\n";
+  const filler = (bytes: number) => "x".repeat(bytes);
+  t.deepEqual(rlimitHits(Buffer.from(filler(1 << 20) + refusal), true), ["processes"]);
+  t.deepEqual(rlimitHits(Buffer.from(refusal + filler(SCANNED_OUTPUT_BYTES)), true), []);
+  // Output made to make the patterns backtrack (a 1 MiB line of "fork " took minutes before
+  // the bounds: 7 s for 256 KiB, growing with the square of the length): each reading here
+  // takes milliseconds; the bound below is a hundred times that, a guard, not a measurement.
+  const hostile = ["fork ", "pthread_create ", "fork", "fork/exec ", `fork${filler(390)}`, "Cannot allocate ", "out of mem "];
+  const started = performance.now();
+  for (const unit of hostile) rlimitHits(Buffer.from(unit.repeat(Math.ceil((1 << 20) / unit.length))), true);
+  const ms = performance.now() - started;
+  t.true(ms < 2_000, `${ms.toFixed(0)} ms for ${hostile.length} hostile outputs of 1 MiB`);
 });
