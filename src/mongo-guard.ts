@@ -108,8 +108,13 @@ export function newestFirst(after?: { createdAt: number; id: string }): Document
   return {
     created_at: { $gte: Number.MIN_SAFE_INTEGER, $lte: after ? after.createdAt : Number.MAX_SAFE_INTEGER },
     _id: { $gte: "" },
-    ...(after ? { $or: [{ created_at: { $lt: after.createdAt } }, { created_at: after.createdAt, _id: { $lt: after.id } }] } : {}),
+    ...(after ? olderThan(after.createdAt, after.id) : {}),
   };
+}
+
+/** Documents before (createdAt, id) in (created_at, _id) order: an `$or` to spread into a filter. */
+export function olderThan(createdAt: number, id: string): { $or: Document[] } {
+  return { $or: [{ created_at: { $lt: createdAt } }, { created_at: createdAt, _id: { $lt: id } }] };
 }
 
 /** Documents one sweep step removes at most (see {@link deleteOldest}). */

@@ -13,7 +13,7 @@
 import type { Collection, Db } from "mongodb";
 import type { Clock } from "./clock.js";
 import { deriveLabelledKey, masterKeyBytes, open, seal } from "./event-crypto.js";
-import { guard, inSteps, isDuplicateKey, newestFirst, SWEEP_BATCH, SWEEP_BOUNDS, type SweepBounds } from "./mongo-guard.js";
+import { guard, inSteps, isDuplicateKey, newestFirst, olderThan, SWEEP_BATCH, SWEEP_BOUNDS, type SweepBounds } from "./mongo-guard.js";
 import { newWebhookSecret, WEBHOOK_TEST_EVENT, type WebhookEventType, wantsEvent } from "./webhook-signing.js";
 import type { IdSource } from "./ids.js";
 
@@ -97,10 +97,6 @@ const ENDPOINTS_TTL_MS = 2_000;
 export type DueDelivery = Omit<DeliveryDoc, "body">;
 
 /** Documents ordered before (createdAt, id) by creation time, then id: keyset paging and order per run. */
-function before(createdAt: number, id: string) {
-  return { $or: [{ created_at: { $lt: createdAt } }, { created_at: createdAt, _id: { $lt: id } }] };
-}
-
 export class WebhookStore {
   private readonly endpoints: Collection<WebhookDoc>;
   private readonly deliveries: Collection<DeliveryDoc>;
@@ -379,7 +375,7 @@ export class WebhookStore {
     if (doc.run_id === null) return null;
     const earlier = await guard(() =>
       this.deliveries.findOne(
-        { webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", ...before(doc.created_at, doc._id) },
+        { webhook_id: doc.webhook_id, run_id: doc.run_id, status: "pending", ...olderThan(doc.created_at, doc._id) },
         { projection: { next_attempt_at: 1 } },
       ),
     );
