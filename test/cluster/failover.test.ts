@@ -114,6 +114,9 @@ test.serial("cluster - kill -9 of the owner mid-turn: the active turn ends incom
   // The bash tool is running on the victim when it dies.
   await until("sleep started", async () => ((await allEvents(cluster, run.id)).some((e) => e.type === "tool_execution_start") ? true : undefined), 15_000).catch(() => sleep(1_000));
   t.is(await cluster.ownerOf(run.id), victim);
+  // The event is published before the sandbox has started the command (bwrap, then the shell): under load that
+  // takes a while, so the test waits for the process itself rather than reading the table once.
+  await until("the sandboxed sleep runs on the host", async () => (sleepers("29").length > 0 ? true : undefined), 15_000).catch(() => undefined);
   t.true(sleepers("29").length > 0, "the sandboxed sleep runs on the host before the kill");
   const killedAt = Date.now();
   await cluster.killNode(victim);
