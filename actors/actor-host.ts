@@ -381,8 +381,9 @@ export class ActorHost {
     if (epoch === undefined || !this.admitting || partitionOf(cmd.run_id, this.r.config.partitions) !== partition) {
       return { ok: false, not_owner: true };
     }
-    // In doubt, a command would wait on held writes past the router's timeout: 503, retried.
-    if (this.leases.checkDoubt(partition)) return { ok: false, code: "runtime_unavailable" };
+    // In doubt, a command would wait on held writes past the router's timeout: it is not
+    // run, and the router asks again until the lease is confirmed (or answers 503).
+    if (this.leases.checkDoubt(partition)) return { ok: false, in_doubt: true };
     // A resend (its first reply was lost) is answered as the first, not run again.
     return this.replies.answer(cmd.command_id, async () => {
       const actor = this.actorFor(cmd.run_id, partition, epoch);

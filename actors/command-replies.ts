@@ -13,7 +13,7 @@ const MAX_REMEMBERED_BYTES = 4_096;
  * time rather than run again: a resend that arrives while the first is still running
  * waits for the same answer; one that arrives later gets the remembered one.
  *
- * Only final answers are remembered: "not the owner" and a temporary failure
+ * Only final answers are remembered: "not the owner", "in doubt" and a temporary failure
  * (`runtime_unavailable`) ask for the command to run again, so a resend does.
  * A node's memory dies with it; a command resent to the next owner relies on the
  * ids the command carries (turn, decision), as before.
@@ -79,6 +79,6 @@ export class CommandReplies {
 
 function final(reply: CommandReply): boolean {
   if (reply.ok) return true;
-  if ("not_owner" in reply) return false;
+  if ("not_owner" in reply || "in_doubt" in reply) return false;
   return reply.code !== "runtime_unavailable";
 }

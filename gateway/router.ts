@@ -10,8 +10,9 @@ const decoder = new TextDecoder();
 export const COMMAND_ATTEMPT_TIMEOUT_MS = 2_000;
 
 /**
- * Sends a command to the owner of the run's partition through NATS. No responder or
- * a "not owner" answer is retried with backoff for `retryMs`, then answered 503.
+ * Sends a command to the owner of the run's partition through NATS. No responder, a
+ * "not owner" answer or an "in doubt" one (the owner's lease unconfirmed for a moment;
+ * the command did not run) is retried with backoff for `retryMs`, then answered 503.
  * A reply that does not come within `attemptTimeoutMs` (lost with a NATS server, or
  * the owner slow) is asked for again by resending the command under the same
  * `command_id`: the owner answers a resend as the first (joining it while it runs),
@@ -37,6 +38,7 @@ export class CommandRouter {
     const deadline = startedMs + this.retryMs;
     let delayMs = 25;
     let resends = 0;
+    let inDoubt = false;
     for (let attempt = 0; attempt < 200; attempt++) {
       if (!this.connection.connected) {
         // NATS is down: wait for the reconnect within the retry budget, never for a request timeout.
@@ -73,11 +75,15 @@ export class CommandRouter {
       if (reply && "code" in reply) {
         throw new ApiError(reply.code, { message: reply.message, param: reply.param ?? null });
       }
+      inDoubt = reply !== undefined && "in_doubt" in reply;
       if (this.clock.nowMs() + delayMs > deadline) break;
       await this.clock.sleep(delayMs);
       delayMs = Math.min(500, delayMs * 2);
     }
-    this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id }, "no owner answered for the run's partition");
+    this.log.warn(
+      { subject, op: cmd.op, run_id: cmd.run_id },
+      inDoubt ? "the owner's lease of the run's partition stayed in doubt" : "no owner answered for the run's partition",
+    );
     throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
   }
 }

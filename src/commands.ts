@@ -76,4 +76,9 @@ export type CommandReply =
     }
   | { ok: false; code: ErrorCode; message?: string; param?: string | null }
   /** This node does not own the run's partition (any more): route again. */
-  | { ok: false; not_owner: true };
+  | { ok: false; not_owner: true }
+  /**
+   * This node holds the partition but its lease is in doubt (renewals unconfirmed for a
+   * TTL): the command did not run; asked again shortly it usually does (the next renewal).
+   */
+  | { ok: false; in_doubt: true };

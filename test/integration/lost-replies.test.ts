@@ -114,3 +114,58 @@ test.serial("lost replies - with no reply at all the router answers 503 after it
   t.true(tookMs >= 2_900 && tookMs < 4_500, `answered in ${tookMs} ms`);
   t.true(received >= 3 && received <= 4, `sent ${received} times`);
 });
+
+test.serial("lost replies - an owner whose lease is in doubt answers 'in doubt'; the router asks again with the same command id until it is answered", async (t) => {
+  const { nc } = t.context;
+  const partitions = 1_000;
+  const runId = "run_lostreplydoubt";
+  const partition = partitionOf(runId, partitions);
+  t.true(partition >= PARTITIONS, `partition ${partition}`);
+  const seen: string[] = [];
+  // As actors/actor-host.ts answers while the partition's lease is in doubt, three times; then the lease is confirmed.
+  const sub = nc.subscribe(Subjects.command(partition), {
+    callback: (_err, msg) => {
+      const cmd = JSON.parse(new TextDecoder().decode(msg.data)) as RunCommand;
+      seen.push(cmd.command_id ?? "");
+      const reply = seen.length <= 3 ? { ok: false, in_doubt: true } : { ok: true, run_id: runId, tags: ["d"] };
+      msg.respond(encoder.encode(JSON.stringify(reply)));
+    },
+  });
+  t.teardown(() => sub.unsubscribe());
+  await nc.flush();
+  const router = new CommandRouter(nc, partitions, 5_000, log, systemClock, 15_000, { connected: true }, 1_000);
+  const started = Date.now();
+  const reply = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["d"], remove: [] });
+  const tookMs = Date.now() - started;
+  t.like(reply, { ok: true, tags: ["d"] });
+  t.is(seen.length, 4);
+  t.is(new Set(seen).size, 1, "every try carries the same command id");
+  // Backoff 25, 50, 100 ms: well inside the retry budget.
+  t.true(tookMs < 2_000, `answered in ${tookMs} ms`);
+});
+
+test.serial("lost replies - an owner that stays in doubt is answered 503 after the router's retry budget, not at once and not later", async (t) => {
+  const { nc } = t.context;
+  const partitions = 1_000;
+  const runId = "run_lostreplydoubtful";
+  const partition = partitionOf(runId, partitions);
+  t.true(partition >= PARTITIONS, `partition ${partition}`);
+  let received = 0;
+  const sub = nc.subscribe(Subjects.command(partition), {
+    callback: (_err, msg) => {
+      received++;
+      msg.respond(encoder.encode(JSON.stringify({ ok: false, in_doubt: true })));
+    },
+  });
+  t.teardown(() => sub.unsubscribe());
+  await nc.flush();
+  const router = new CommandRouter(nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
+  const started = Date.now();
+  const err = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["a"], remove: [] }).catch((e: unknown) => e);
+  const tookMs = Date.now() - started;
+  t.true(err instanceof ApiError);
+  t.like(err, { code: "runtime_unavailable" });
+  t.true(tookMs >= 1_000 && tookMs < 2_500, `answered in ${tookMs} ms`);
+  // 25, 50, 100, 200, 400, 500 ms … within 1.5 s: a handful of tries, not a busy loop.
+  t.true(received >= 4 && received <= 10, `asked ${received} times`);
+});

@@ -45,9 +45,9 @@ test("a resend after the answer gets the remembered answer until the memory ends
   t.is(state.runs, 2, "a resend past the memory runs again");
 });
 
-test("not-owner, temporary failures and thrown errors are not remembered: a resend runs again", async (t) => {
+test("not-owner, in-doubt, temporary failures and thrown errors are not remembered: a resend runs again", async (t) => {
   const replies = new CommandReplies(() => 0);
-  for (const answer of [{ ok: false, not_owner: true } as CommandReply, { ok: false, code: "runtime_unavailable" } as CommandReply, new Error("store down")]) {
+  for (const answer of [{ ok: false, not_owner: true } as CommandReply, { ok: false, in_doubt: true } as CommandReply, { ok: false, code: "runtime_unavailable" } as CommandReply, new Error("store down")]) {
     const { state, run } = work(answer);
     const first = replies.answer("c", run);
     state.finish();
