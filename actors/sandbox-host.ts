@@ -195,10 +195,21 @@ export async function treeBytes(dir: string, stopAt: number): Promise<number> {
 }
 
 /**
- * RLIMITs the launcher sets before bwrap: always CPU seconds and file size, and the
- * address space when no cgroup limits memory (`withoutCgroups`), each per process; and,
- * without cgroups, the node's `total` of processes, every sandbox's together. A command's
- * own process limit is set inside its sandbox: see {@link withProcessLimit}.
+ * Address space a process may hold beyond its memory limit without cgroups: runtimes
+ * reserve far more than they write (the JVM its heap and a 1 GiB class space, V8 its
+ * cages), and RLIMIT_DATA bounds what they write. Measured: the JVM 17 starts within
+ * 4 GiB, not 2; Node.js 20 within 768 MiB, not 512.
+ */
+export const ADDRESS_SPACE_RESERVE_BYTES = 4 * 1024 ** 3;
+
+/**
+ * RLIMITs the launcher sets before bwrap: always CPU seconds and file size; when no
+ * cgroup limits memory (`withoutCgroups`), the memory a process writes (RLIMIT_DATA:
+ * its heap and private writable mappings) at `memoryBytes` and its address space at
+ * that plus {@link ADDRESS_SPACE_RESERVE_BYTES} (which bounds what DATA does not count:
+ * shared mappings), each per process; and, without cgroups, the node's `total` of
+ * processes, every sandbox's together. A command's own process limit is set inside its
+ * sandbox: see {@link withProcessLimit}.
  */
 export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total?: { flag: string; processes: number }): [string, number][] {
   const r: [string, number][] = [
@@ -209,7 +220,11 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total
     // dash counts file sizes in 512-byte blocks.
     ["-f", Math.ceil(limits.diskBytes / 512)],
   ];
-  if (withoutCgroups) r.push(["-v", Math.ceil(limits.memoryBytes / 1024) + 64 * 1024]);
+  if (withoutCgroups) {
+    // In KiB, as ulimit counts them.
+    const memoryKiB = Math.ceil(limits.memoryBytes / 1024);
+    r.push(["-d", memoryKiB], ["-v", memoryKiB + ADDRESS_SPACE_RESERVE_BYTES / 1024]);
+  }
   // The node's total: the kernel checks the host uid's processes, every sandbox's
   // together, against the limit bwrap had when it made the namespace.
   if (total) r.push([total.flag, total.processes]);

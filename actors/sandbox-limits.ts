@@ -5,7 +5,7 @@
 import type { AgentConfig } from "../src/index.js";
 
 export interface SandboxLimits {
-  /** Memory of all the command's processes together (cgroup), or address space per process (rlimit). */
+  /** Memory of all the command's processes together (cgroup), or what each process writes (rlimit: RLIMIT_DATA, see rlimitArgs). */
   memoryBytes: number;
   /** Processes and threads the command may run at once. */
   processes: number;

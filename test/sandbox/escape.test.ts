@@ -475,6 +475,17 @@ test.serial("sandbox - a memory hog is held at limits.memory_mb: its tool error 
   t.true(result.text.includes(describeLimit("memory", limitsOf(config))), result.text);
 });
 
+test.serial("sandbox - a command runs Node.js and Python under the default limits (with rlimits too: memory_mb bounds what a process writes, not the address space it reserves)", async (t) => {
+  const { api } = t.context;
+  const agent = await api.agentWith(scripted([bash("node -e 'console.log(\"node\", 6 * 7)'; python3 -c 'print(\"python\", 6 * 7)'")]));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 60_000);
+  ranAll(t, outcome, 1);
+  const result = outcome.results[0]!;
+  t.false(result.isError, result.text);
+  t.is(result.text, "node 42\npython 42\n");
+});
+
 test.serial("sandbox - setsid and double-forked children are gone from the host's process table once the turn is final", async (t) => {
   const { api } = t.context;
   // A unique duration names the processes; bounded (under 100 s) even unconfined.

@@ -10,6 +10,7 @@ import path from "node:path";
 import pino from "pino";
 import { DEFAULT_SANDBOX_UID, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
+import { ADDRESS_SPACE_RESERVE_BYTES } from "../../actors/sandbox-host.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { holdingBomb, hostProcesses, settledCount } from "../helpers/sandbox.js";
 import http from "node:http";
@@ -159,6 +160,47 @@ test_("sandbox - without cgroups, rlimits bound a command's processes and CPU ti
     // Fewer than 40 start, never 80 (dash says so at once; bash would retry for seconds).
     const forks = await sandbox.run(bash(dir, "sh -c 'for i in $(seq 80); do sleep 30 >/dev/null & done; echo done' 2>&1", { limits, timeoutMs: 10_000 }));
     t.regex(forks.output.toString(), /Cannot fork|Resource temporarily unavailable/);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_("sandbox - without cgroups, memory_mb bounds what a process writes (RLIMIT_DATA), not what it reserves: Node.js, Python and the JVM start at the default 512 MiB; a larger private allocation and a shared mapping past the address-space reserve are refused", async (t) => {
+  const base = await tempBase();
+  try {
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "rlimit-memory", log, cgroupRoot: false });
+    t.is(sandbox.status().limits, "rlimit");
+    const dir = await workspace(sandbox, base);
+    t.is(DEFAULT_LIMITS.memoryBytes, 512 * 1024 * 1024);
+    const shown = await sandbox.run(bash(dir, "ulimit -d; ulimit -v"));
+    t.deepEqual(shown.output.toString().trim().split("\n"), [String(512 * 1024), String(512 * 1024 + ADDRESS_SPACE_RESERVE_BYTES / 1024)]);
+    // Each runtime the host has (the sandbox sees the host's /usr); node and python3 are on every machine of ours.
+    const runtimes = await sandbox.run(
+      bash(
+        dir,
+        "node -e 'console.log(\"node\", process.version)'; python3 -c 'print(\"python\")'; " +
+          'j=$(ls /usr/lib/jvm/*/bin/java 2>/dev/null | head -n 1); if [ -n "$j" ]; then "$j" -version 2>&1 | head -n 1; else echo "no jvm"; fi',
+        { timeoutMs: 60_000 },
+      ),
+    );
+    const said = runtimes.output.toString();
+    t.is(runtimes.kind, "exited", said);
+    t.regex(said, /^node v\d+/m, said);
+    t.regex(said, /^python$/m, said);
+    t.regex(said, /^(no jvm|.* version ".*)$/m, said);
+    t.log(said.trim().split("\n").join(" | "));
+    // What a process writes is held at the limit…
+    const hog = await sandbox.run(bash(dir, "python3 -c 'b = bytearray(600 * 1024 * 1024); print(\"allocated\")'", { limitsFromOutput: true }));
+    t.regex(hog.output.toString(), /MemoryError/, hog.output.toString());
+    t.true(hog.limits.includes("memory"), JSON.stringify(hog.limits));
+    // …and a shared mapping (which RLIMIT_DATA does not count) within the address-space bound only. Mapped, never touched.
+    const mapping = (mib: number) =>
+      `python3 -c 'import mmap; m = mmap.mmap(-1, ${mib} * 1024 * 1024, flags=mmap.MAP_SHARED); print("mapped ${mib}")'`;
+    const within = await sandbox.run(bash(dir, mapping(1024)));
+    t.regex(within.output.toString(), /mapped 1024/, within.output.toString());
+    const past = await sandbox.run(bash(dir, mapping(512 + ADDRESS_SPACE_RESERVE_BYTES / 1024 / 1024 + 64)));
+    t.notRegex(past.output.toString(), /mapped/, past.output.toString());
+    t.regex(past.output.toString(), /Cannot allocate memory|MemoryError/, past.output.toString());
   } finally {
     await rm(base, { recursive: true, force: true });
   }
