@@ -336,7 +336,15 @@ export function bwrapArgs(layout: HostLayout, cmd: { env?: Record<string, string
     ...layout.system,
     "--proc",
     "/proc",
+    // bwrap's /dev is a tmpfs of half the host's memory: read-only here, with a /dev/shm
+    // of the same size as /tmp (POSIX semaphores and shared memory live there).
     "--dev",
+    "/dev",
+    "--size",
+    String(cmd.tmpBytes),
+    "--tmpfs",
+    "/dev/shm",
+    "--remount-ro",
     "/dev",
     "--size",
     String(cmd.tmpBytes),

@@ -1148,7 +1148,7 @@ export interface components {
                 disk_mb?: number;
                 /** @description Output a tool returns (its last KiB). Default 64. */
                 output_kb?: number;
-                /** @description Size of the sandbox's private /tmp. Default 256. */
+                /** @description Size of the sandbox's private /tmp, and of its /dev/shm. Default 256. */
                 tmp_mb?: number;
             };
             /** @description Default: no network at all inside the sandbox. */

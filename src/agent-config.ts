@@ -52,7 +52,7 @@ export const AgentConfigSchema = z
         cpu_s: limit(1, 12 * 3600, "CPU seconds per process. Default 600."),
         disk_mb: limit(1, 1_048_576, "Size of the run's workspace, and of any one file written. Default 1024."),
         output_kb: limit(1, 1_024, "Output a tool returns (its last KiB). Default 64."),
-        tmp_mb: limit(1, 65_536, "Size of the sandbox's private /tmp. Default 256."),
+        tmp_mb: limit(1, 65_536, "Size of the sandbox's private /tmp, and of its /dev/shm. Default 256."),
       })
       .strict()
       .optional(),

@@ -486,6 +486,30 @@ test.serial("sandbox - a command runs Node.js and Python under the default limit
   t.is(result.text, "node 42\npython 42\n");
 });
 
+test.serial("sandbox - memory outside every limit through the sandbox's own mounts: /dev is read-only, /dev/shm and /tmp each hold at most tmp_mb", async (t) => {
+  const { api } = t.context;
+  // bwrap's /dev is a tmpfs of half the host's memory: writable, it held what no limit counted (without cgroups, nothing at all).
+  // POSIX semaphores (Python's multiprocessing locks) still work: they live in /dev/shm.
+  const command =
+    "python3 -c 'import multiprocessing; multiprocessing.Lock(); print(\"semaphore-ok\")' 2>&1 | tail -n 1; " +
+    "touch /dev/fill; mkdir /dev/dir; echo kept > /dev/null && echo null-ok; " +
+    "for d in /dev/shm /tmp; do head -c 33554432 /dev/zero > $d/fill; echo \"$d $(stat -c %s $d/fill)\"; done";
+  const agent = await api.agentWith(scripted([bash(command)], { limits: { tmp_mb: 8 } }));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 60_000);
+  ranAll(t, outcome, 1);
+  const text = outcome.results[0]!.text;
+  t.regex(text, /cannot touch '\/dev\/fill': Read-only file system/, text);
+  t.regex(text, /cannot create directory .\/dev\/dir.: Read-only file system/, text);
+  t.regex(text, /^null-ok$/m, text);
+  t.regex(text, /^semaphore-ok$/m, text);
+  for (const dir of ["/dev/shm", "/tmp"]) {
+    const size = Number(new RegExp(`^${dir} (\\d+)$`, "m").exec(text)?.[1]);
+    t.true(size > 0 && size <= 8 * 1024 * 1024, `${dir}: ${size} bytes of 32 MiB written (${text})`);
+  }
+  t.regex(text, /No space left on device/, text);
+});
+
 test.serial("sandbox - setsid and double-forked children are gone from the host's process table once the turn is final", async (t) => {
   const { api } = t.context;
   // A unique duration names the processes; bounded (under 100 s) even unconfined.
