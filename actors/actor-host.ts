@@ -382,7 +382,7 @@ export class ActorHost {
       return { ok: false, not_owner: true };
     }
     // In doubt, a command would wait on held writes past the router's timeout: it is not
-    // run, and the router asks again until the lease is confirmed (or answers 503).
+    // run here, and the router asks again until an owner answers (or answers 503).
     if (this.leases.checkDoubt(partition)) return { ok: false, in_doubt: true };
     // A resend (its first reply was lost) is answered as the first, not run again.
     return this.replies.answer(cmd.command_id, async () => {

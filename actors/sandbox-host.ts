@@ -204,10 +204,11 @@ export const ADDRESS_SPACE_RESERVE_BYTES = 4 * 1024 ** 3;
 
 /**
  * RLIMITs the launcher sets before bwrap: always CPU seconds and file size; when no
- * cgroup limits memory (`withoutCgroups`), the memory a process writes (RLIMIT_DATA:
- * its heap and private writable mappings) at `memoryBytes` and its address space at
- * that plus {@link ADDRESS_SPACE_RESERVE_BYTES} (which bounds what DATA does not count:
- * shared mappings), each per process; and, without cgroups, the node's `total` of
+ * cgroup limits memory (`withoutCgroups`), what a process allocates (RLIMIT_DATA: its
+ * heap and private writable mappings) at `memoryBytes` and its address space at that
+ * plus {@link ADDRESS_SPACE_RESERVE_BYTES} (which alone bounds what DATA does not count:
+ * shared and stack-like mappings), each per process — a guard against runaway
+ * allocations, not a bound on a hostile command; and, without cgroups, the node's `total` of
  * processes, every sandbox's together. A command's own process limit is set inside its
  * sandbox: see {@link withProcessLimit}.
  */

@@ -79,6 +79,7 @@ export type CommandReply =
   | { ok: false; not_owner: true }
   /**
    * This node holds the partition but its lease is in doubt (renewals unconfirmed for a
-   * TTL): the command did not run; asked again shortly it usually does (the next renewal).
+   * TTL): the command did not run on it; asked again shortly it usually does (the next
+   * renewal confirms the lease, or finds it taken and another node answers).
    */
   | { ok: false; in_doubt: true };

@@ -51,7 +51,9 @@ async function typeErrors(files: string[]): Promise<string[]> {
     { eval: true, workerData: { files, typescript: createRequire(import.meta.url).resolve("typescript") } },
   );
   try {
-    const [messages] = (await once(worker, "message")) as [string[]];
+    // A worker that ends without an answer (exit, not error) must not leave the test waiting.
+    const exited = once(worker, "exit").then(([code]) => Promise.reject(new Error(`the type-check worker exited (${code}) without an answer`)));
+    const [messages] = (await Promise.race([once(worker, "message"), exited])) as [string[]];
     return messages;
   } finally {
     await worker.terminate();
