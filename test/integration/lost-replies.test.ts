@@ -1,4 +1,4 @@
-import anyTest, { type TestFn } from "ava";
+import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import pino from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connectNats } from "../../src/nats.js";
@@ -7,7 +7,8 @@ import { CommandRouter } from "../../gateway/router.js";
 import type { RunningService } from "../../node/service.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
-const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; api: Api; workspaceId: string; agent: string; nc: NatsConnection }>;
+type Ctx = { servers: TestServers; service: RunningService; api: Api; workspaceId: string; agent: string; nc: NatsConnection };
+const test = anyTest as TestFn<Ctx>;
 const log = pino({ level: "silent" });
 /** As the service's config in the tests (test/helpers/servers.ts). */
 const PARTITIONS = 8;
@@ -68,11 +69,10 @@ test.serial("lost replies - a start resent while the first is still running join
   t.is(events.filter((e: any) => e.type === "turn.started").length, 1);
 });
 
-test.serial("lost replies - the router resends a command whose reply does not come within the attempt timeout, with the same command id, and returns the answer in a few seconds", async (t) => {
+/** A partition the service does not serve (it has 8 of 1,000): the test answers `runId`'s commands with `answer` (undefined: no reply). */
+async function answering(t: ExecutionContext<Ctx>, runId: string, answer: (commandId: string, nth: number) => object | undefined): Promise<{ partitions: number; seen: string[] }> {
   const { nc } = t.context;
-  // A partition the service does not serve (it has 8): this test answers it, dropping the first try.
   const partitions = 1_000;
-  const runId = "run_lostreplyrouter";
   const partition = partitionOf(runId, partitions);
   t.true(partition >= PARTITIONS, `partition ${partition}`);
   const seen: string[] = [];
@@ -80,14 +80,24 @@ test.serial("lost replies - the router resends a command whose reply does not co
     callback: (_err, msg) => {
       const cmd = JSON.parse(new TextDecoder().decode(msg.data)) as RunCommand;
       seen.push(cmd.command_id ?? "");
-      if (seen.length > 1) msg.respond(encoder.encode(JSON.stringify({ ok: true, run_id: runId, tags: ["a"] })));
+      const reply = answer(cmd.command_id ?? "", seen.length);
+      if (reply) msg.respond(encoder.encode(JSON.stringify(reply)));
     },
   });
   t.teardown(() => sub.unsubscribe());
   await nc.flush();
-  const router = new CommandRouter(nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
+  return { partitions, seen };
+}
+
+const tags = (runId: string, tag: string): RunCommand => ({ op: "tags", workspace_id: "ws_x", run_id: runId, add: [tag], remove: [] });
+
+test.serial("lost replies - the router resends a command whose reply does not come within the attempt timeout, with the same command id, and returns the answer in a few seconds", async (t) => {
+  const runId = "run_lostreplyrouter";
+  // The first try is dropped.
+  const { partitions, seen } = await answering(t, runId, (_id, nth) => (nth > 1 ? { ok: true, run_id: runId, tags: ["a"] } : undefined));
+  const router = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
   const started = Date.now();
-  const reply = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["a"], remove: [] });
+  const reply = await router.send(tags(runId, "a"));
   const tookMs = Date.now() - started;
   t.like(reply, { ok: true, tags: ["a"] });
   t.is(seen.length, 2);
@@ -97,45 +107,24 @@ test.serial("lost replies - the router resends a command whose reply does not co
 });
 
 test.serial("lost replies - with no reply at all the router answers 503 after its bound, not later", async (t) => {
-  const { nc } = t.context;
-  const partitions = 1_000;
   const runId = "run_lostreplysilent";
-  const partition = partitionOf(runId, partitions);
-  t.true(partition >= PARTITIONS, `partition ${partition}`);
-  let received = 0;
-  const sub = nc.subscribe(Subjects.command(partition), { callback: () => void received++ });
-  t.teardown(() => sub.unsubscribe());
-  await nc.flush();
-  const router = new CommandRouter(nc, partitions, 1_500, log, systemClock, 3_000, { connected: true }, 1_000);
+  const { partitions, seen } = await answering(t, runId, () => undefined);
+  const router = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 3_000, { connected: true }, 1_000);
   const started = Date.now();
-  const err = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["a"], remove: [] }).catch((e: unknown) => e);
+  const err = await router.send(tags(runId, "a")).catch((e: unknown) => e);
   const tookMs = Date.now() - started;
   t.like(err, { code: "runtime_unavailable" });
   t.true(tookMs >= 2_900 && tookMs < 4_500, `answered in ${tookMs} ms`);
-  t.true(received >= 3 && received <= 4, `sent ${received} times`);
+  t.true(seen.length >= 3 && seen.length <= 4, `sent ${seen.length} times`);
 });
 
 test.serial("lost replies - an owner whose lease is in doubt answers 'in doubt'; the router asks again with the same command id until it is answered", async (t) => {
-  const { nc } = t.context;
-  const partitions = 1_000;
   const runId = "run_lostreplydoubt";
-  const partition = partitionOf(runId, partitions);
-  t.true(partition >= PARTITIONS, `partition ${partition}`);
-  const seen: string[] = [];
   // As actors/actor-host.ts answers while the partition's lease is in doubt, three times; then the lease is confirmed.
-  const sub = nc.subscribe(Subjects.command(partition), {
-    callback: (_err, msg) => {
-      const cmd = JSON.parse(new TextDecoder().decode(msg.data)) as RunCommand;
-      seen.push(cmd.command_id ?? "");
-      const reply = seen.length <= 3 ? { ok: false, in_doubt: true } : { ok: true, run_id: runId, tags: ["d"] };
-      msg.respond(encoder.encode(JSON.stringify(reply)));
-    },
-  });
-  t.teardown(() => sub.unsubscribe());
-  await nc.flush();
-  const router = new CommandRouter(nc, partitions, 5_000, log, systemClock, 15_000, { connected: true }, 1_000);
+  const { partitions, seen } = await answering(t, runId, (_id, nth) => (nth <= 3 ? { ok: false, in_doubt: true } : { ok: true, run_id: runId, tags: ["d"] }));
+  const router = new CommandRouter(t.context.nc, partitions, 5_000, log, systemClock, 15_000, { connected: true }, 1_000);
   const started = Date.now();
-  const reply = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["d"], remove: [] });
+  const reply = await router.send(tags(runId, "d"));
   const tookMs = Date.now() - started;
   t.like(reply, { ok: true, tags: ["d"] });
   t.is(seen.length, 4);
@@ -145,27 +134,15 @@ test.serial("lost replies - an owner whose lease is in doubt answers 'in doubt';
 });
 
 test.serial("lost replies - an owner that stays in doubt is answered 503 after the router's retry budget, not at once and not later", async (t) => {
-  const { nc } = t.context;
-  const partitions = 1_000;
   const runId = "run_lostreplydoubtful";
-  const partition = partitionOf(runId, partitions);
-  t.true(partition >= PARTITIONS, `partition ${partition}`);
-  let received = 0;
-  const sub = nc.subscribe(Subjects.command(partition), {
-    callback: (_err, msg) => {
-      received++;
-      msg.respond(encoder.encode(JSON.stringify({ ok: false, in_doubt: true })));
-    },
-  });
-  t.teardown(() => sub.unsubscribe());
-  await nc.flush();
-  const router = new CommandRouter(nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
+  const { partitions, seen } = await answering(t, runId, () => ({ ok: false, in_doubt: true }));
+  const router = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
   const started = Date.now();
-  const err = await router.send({ op: "tags", workspace_id: "ws_x", run_id: runId, add: ["a"], remove: [] }).catch((e: unknown) => e);
+  const err = await router.send(tags(runId, "a")).catch((e: unknown) => e);
   const tookMs = Date.now() - started;
   t.true(err instanceof ApiError);
   t.like(err, { code: "runtime_unavailable" });
   t.true(tookMs >= 1_000 && tookMs < 2_500, `answered in ${tookMs} ms`);
   // 25, 50, 100, 200, 400, 500 ms … within 1.5 s: a handful of tries, not a busy loop.
-  t.true(received >= 4 && received <= 10, `asked ${received} times`);
+  t.true(seen.length >= 4 && seen.length <= 10, `asked ${seen.length} times`);
 });
