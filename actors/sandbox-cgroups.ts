@@ -40,6 +40,8 @@ export interface CommandCgroup {
 
 export interface Cgroups {
   readonly mechanism: CgroupMechanism;
+  /** Whether commands get a CPU cgroup (bandwidth, and a weight beside the service's). */
+  readonly weighsCpu: boolean;
   /** Creates the cgroup of one command with `limits`; `owner` may write its pid into it. */
   create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup>;
 }
@@ -129,6 +131,10 @@ class CgroupsV2 implements Cgroups {
     private readonly cpu: boolean,
   ) {}
 
+  get weighsCpu(): boolean {
+    return this.cpu;
+  }
+
   get bases(): string[] {
     return [this.base];
   }
@@ -203,6 +209,10 @@ class CgroupsV1 implements Cgroups {
 
   get pidsBase(): string {
     return this.pids;
+  }
+
+  get weighsCpu(): boolean {
+    return this.cpu !== undefined;
   }
 
   async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {

@@ -220,6 +220,9 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total
     ["-Ht", limits.cpuSeconds + 1],
     // dash counts file sizes in 512-byte blocks.
     ["-f", Math.ceil(limits.diskBytes / 512)],
+    // No real-time scheduling, whatever the service's own limit: a SCHED_FIFO busy loop
+    // would hold a core from everything on the host, the service first.
+    ["-r", 0],
   ];
   if (withoutCgroups) {
     // In KiB, as ulimit counts them.
@@ -234,7 +237,12 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total
 
 /** RLIMIT_NPROC, soft and hard, in a /proc/<pid>/limits text ("Max processes"); Infinity when unlimited or unreadable. */
 export function processLimitsOf(limits: string): { soft: number; hard: number } {
-  const found = /^Max processes\s+(\S+)\s+(\S+)/m.exec(limits);
+  return rlimitOf(limits, "Max processes");
+}
+
+/** One limit, soft and hard, in a /proc/<pid>/limits text by its name there; Infinity when unlimited or unreadable. */
+export function rlimitOf(limits: string, name: "Max processes" | "Max nice priority"): { soft: number; hard: number } {
+  const found = new RegExp(`^${name}\\s+(\\S+)\\s+(\\S+)`, "m").exec(limits);
   const value = (text: string | undefined) => {
     const n = Number(text);
     return text !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : Infinity;

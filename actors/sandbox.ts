@@ -29,7 +29,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -133,8 +133,19 @@ export interface SandboxOptions {
  * Runs commands in sandboxes. One per node: {@link Sandbox.start} checks the host
  * once (bwrap works, which limits apply) and says so in the log.
  */
+/**
+ * Where no cgroup weighs their CPU (rlimits, as in containers), sandboxed commands run at
+ * this nice value, below the service, its stores and the rest of the host: a tenant's
+ * busy loops otherwise take the node's cores from the service in proportion to their
+ * number. They cannot lower it (that needs CAP_SYS_NICE, or an RLIMIT_NICE the node
+ * warns about). With a CPU cgroup, all commands together weigh as much as the service.
+ */
+export const SANDBOX_NICENESS = 19;
+
 export class Sandbox {
   private running = 0;
+  /** `nice`, which the launcher's exec goes through without a CPU cgroup (undefined: with one, or not on this host: warned at start). */
+  private readonly nice: string | undefined;
 
   private constructor(
     private readonly options: SandboxOptions,
@@ -147,7 +158,9 @@ export class Sandbox {
     private readonly processesTotal: number,
     /** /bin/sh's `ulimit` flag for RLIMIT_NPROC (the launcher's and, inside the sandbox, the limit's wrapper's): bash says -u, dash -p. */
     private readonly nprocFlag = "-u",
-  ) {}
+  ) {
+    this.nice = cgroups?.weighsCpu ? undefined : findOnPath("nice");
+  }
 
   /**
    * Prepares the node's sandboxes. With mode `bwrap`, throws
@@ -208,6 +221,12 @@ export class Sandbox {
     } finally {
       await rm(probeDir, { recursive: true, force: true });
     }
+    if (!cgroups?.weighsCpu && !sandbox.nice) log.warn(`sandbox: nice is not installed (coreutils): without a CPU cgroup, sandboxed commands run at the service's own priority`);
+    // RLIMIT_NICE n lets a process lower its nice value to 20 - n.
+    const niceLimit = rlimitOf(await readFile("/proc/self/limits", "utf8").catch(() => ""), "Max nice priority");
+    if (niceLimit.hard > 20 - SANDBOX_NICENESS) {
+      log.warn({ rlimit_nice: niceLimit }, `sandbox: the service's RLIMIT_NICE lets sandboxed commands raise their priority from nice ${SANDBOX_NICENESS} to ${20 - Math.min(niceLimit.hard, 40)}: lower it (systemd LimitNICE=, the container's nice ulimit)`);
+    }
     const status = sandbox.status();
     log.info(
       { sandbox: status },
@@ -220,6 +239,7 @@ export class Sandbox {
     return {
       mode: this.options.mode,
       limits: this.options.mode === "off" ? "none" : (this.cgroups?.mechanism ?? "rlimit"),
+      cpu: this.options.mode === "off" ? "none" : this.cgroups?.weighsCpu ? "cgroup" : this.nice ? "nice" : "none",
       uid: this.options.mode === "off" ? null : (this.owner?.uid ?? process.getuid?.() ?? null),
       egress: this.socat !== undefined && this.options.egress !== undefined,
       running: this.running,
@@ -322,7 +342,8 @@ export class Sandbox {
       const argv = byRlimits ? withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed) : relayed;
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total), [this.bwrap!, ...args]);
+      const exec = this.nice ? [this.nice, "-n", String(SANDBOX_NICENESS), this.bwrap!, ...args] : [this.bwrap!, ...args];
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total), exec);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",

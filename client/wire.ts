@@ -1367,6 +1367,11 @@ export interface components {
                  * @enum {string}
                  */
                 limits: "cgroup-v2" | "cgroup-v1" | "rlimit" | "none";
+                /**
+                 * @description How the sandboxes' CPU is kept from the service's: their CPU cgroups (one core each, all together weighing as the service), nice 19 (no CPU cgroup), or not at all (neither; or off).
+                 * @enum {string}
+                 */
+                cpu: "cgroup" | "nice" | "none";
                 /** @description Host uid the sandboxes run as. */
                 uid: number | null;
                 /** @description Whether deployments with network.allow can run (socat present). */

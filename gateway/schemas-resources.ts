@@ -169,6 +169,9 @@ export const ReadinessSchema = named(
       .object({
         mode: z.enum(["bwrap", "off"]).describe("off: RUNS_SANDBOX=off, tool commands run unconfined (local development only)."),
         limits: z.enum(["cgroup-v2", "cgroup-v1", "rlimit", "none"]).describe("How the sandboxes' resource limits are enforced."),
+        cpu: z
+          .enum(["cgroup", "nice", "none"])
+          .describe("How the sandboxes' CPU is kept from the service's: their CPU cgroups (one core each, all together weighing as the service), nice 19 (no CPU cgroup), or not at all (neither; or off)."),
         uid: z.int().nullable().describe("Host uid the sandboxes run as."),
         egress: z.boolean().describe("Whether deployments with network.allow can run (socat present)."),
         running: z.int().min(0),

@@ -70,6 +70,8 @@ export interface SandboxStatus {
   mode: "bwrap" | "off";
   /** How limits are enforced: a cgroup hierarchy, rlimits per process, or not at all (off). */
   limits: "cgroup-v2" | "cgroup-v1" | "rlimit" | "none";
+  /** How their CPU is kept from the service's: CPU cgroups, nice 19 without them, or not at all. */
+  cpu: "cgroup" | "nice" | "none";
   /** Host uid the sandboxes run as. */
   uid: number | null;
   /** Whether deployments with a network allow list can run (socat present). */

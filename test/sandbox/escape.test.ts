@@ -104,8 +104,9 @@ test.before(async (t) => {
     provider,
   };
   if (process.env.RUNS_TEST_SANDBOX_LIMITS === "rlimit") {
-    const ready = (await (await fetch(`${service.url}/readyz`)).json()) as { sandbox?: { limits?: string } };
+    const ready = (await (await fetch(`${service.url}/readyz`)).json()) as { sandbox?: { limits?: string; cpu?: string } };
     if (ready.sandbox?.limits !== "rlimit") throw new Error(`the node's sandbox limits by ${ready.sandbox?.limits}, not rlimits`);
+    if (ready.sandbox?.cpu !== "nice") throw new Error(`the node's sandboxes' CPU is kept by ${ready.sandbox?.cpu}, not nice`);
   }
 });
 

@@ -8,12 +8,13 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "n
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
-import { DEFAULT_SANDBOX_UID, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
+import { DEFAULT_SANDBOX_UID, SANDBOX_NICENESS, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
 import { ADDRESS_SPACE_RESERVE_BYTES } from "../../actors/sandbox-host.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { holdingBomb, hostProcesses, settledCount } from "../helpers/sandbox.js";
 import http from "node:http";
+import { spawnSync } from "node:child_process";
 import type { AddressInfo } from "node:net";
 
 const log = pino({ level: process.env.RUNS_TEST_LOG_LEVEL ?? "silent" });
@@ -202,6 +203,30 @@ test_("sandbox - without cgroups, memory_mb bounds what a process writes (RLIMIT
     t.notRegex(past.output.toString(), /mapped/, past.output.toString());
     t.regex(past.output.toString(), /Cannot allocate memory|MemoryError/, past.output.toString());
   } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_.serial("sandbox - without a CPU cgroup commands run at nice 19; with or without, they can neither raise their priority nor use real-time scheduling, even where the node's own RLIMIT_RTPRIO would let them", async (t) => {
+  const base = await tempBase();
+  // The node's own real-time limit raised (root may): a command would inherit it through the launcher.
+  const raised = process.getuid?.() === 0 && spawnSync("prlimit", ["--pid", String(process.pid), "--rtprio=50:50"]).status === 0;
+  try {
+    for (const cgroupRoot of [undefined, false] as const) {
+      const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, `rt-${cgroupRoot}`), nodeId: "nice", log, ...(cgroupRoot === false ? { cgroupRoot } : {}) });
+      const dir = await workspace(sandbox, base);
+      const outcome = await sandbox.run(
+        bash(dir, "echo nice=$(ps -o ni= -p $$ | tr -d ' '); ulimit -r; renice -n -1 -p $$ >/dev/null 2>&1 && echo reniced; chrt -f 1 true 2>/dev/null && echo realtime; echo end"),
+      );
+      const lines = outcome.output.toString().trim().split("\n");
+      // Without a CPU cgroup (rlimits, here always) they run at nice 19; with one the cgroup weighs them.
+      const { limits, cpu } = sandbox.status();
+      t.true(limits === "rlimit" ? cpu === "nice" : cpu === "cgroup" || cpu === "nice", `${limits}, cpu ${cpu}`);
+      t.deepEqual(lines, [`nice=${cpu === "nice" ? SANDBOX_NICENESS : 0}`, "0", "end"], `${limits}, cpu ${cpu}: ${outcome.output.toString()}`);
+    }
+    if (!raised) t.log("not root (or no prlimit): the node's RLIMIT_RTPRIO was not raised for this test");
+  } finally {
+    if (raised) spawnSync("prlimit", ["--pid", String(process.pid), "--rtprio=0:0"]);
     await rm(base, { recursive: true, force: true });
   }
 });

@@ -2,7 +2,7 @@ import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { setupFailed } from "../../actors/sandbox.js";
-import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
+import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -66,6 +66,10 @@ test("sandbox - the node's process limits are read from /proc/self/limits", (t) 
   t.deepEqual(processLimitsOf(limits("4096", "8192")), { soft: 4096, hard: 8192 });
   t.deepEqual(processLimitsOf(limits("unlimited", "unlimited")), { soft: Infinity, hard: Infinity });
   t.deepEqual(processLimitsOf(""), { soft: Infinity, hard: Infinity });
+  // The nice limit by its own name (the line the start-up warning reads), not the processes line.
+  const withNice = `${limits("4096", "8192")}Max nice priority         0                    40                   \nMax realtime priority     0                    0                    \n`;
+  t.deepEqual(rlimitOf(withNice, "Max nice priority"), { soft: 0, hard: 40 });
+  t.deepEqual(rlimitOf(withNice, "Max processes"), { soft: 4096, hard: 8192 });
 });
 
 test("sandbox - without cgroups, the sandboxes' total is held to what the launcher can set and, sharing the node's uid, leaves the node its reserve", (t) => {
