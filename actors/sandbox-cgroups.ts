@@ -104,9 +104,11 @@ async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined>
   } catch {
     return undefined; // not a v2 mount at root (hybrid hosts mount it elsewhere, without controllers)
   }
+  const own = path.join(root, line.slice(3).trim());
+  // What the node's own cgroup was given (a delegation may leave cpu out), not all the host has.
+  controllers = await readFile(path.join(own, "cgroup.controllers"), "utf8").catch(() => controllers);
   const wanted = ["memory", "pids", "cpu"].filter((c) => controllers.split(/\s+/).includes(c));
   if (!wanted.includes("memory") || !wanted.includes("pids")) return undefined;
-  const own = path.join(root, line.slice(3).trim());
   try {
     // "No internal processes": the node leaves its cgroup for a leaf before the
     // cgroup can hand controllers to children.

@@ -117,8 +117,11 @@ export function hostLayout(): HostLayout {
   return { system };
 }
 
-export function findOnPath(name: string): string | undefined {
-  for (const dir of (process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin").split(path.delimiter)) {
+/** The PATH the launcher runs with (and what it execs is found on). */
+export const LAUNCHER_PATH = "/usr/local/bin:/usr/bin:/bin";
+
+export function findOnPath(name: string, searchPath = process.env.PATH ?? LAUNCHER_PATH): string | undefined {
+  for (const dir of searchPath.split(path.delimiter)) {
     if (!dir) continue;
     const candidate = path.join(dir, name);
     if (isExecutable(candidate)) return candidate;
@@ -212,7 +215,7 @@ export const ADDRESS_SPACE_RESERVE_BYTES = 4 * 1024 ** 3;
  * processes, every sandbox's together. A command's own process limit is set inside its
  * sandbox: see {@link withProcessLimit}.
  */
-export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total?: { flag: string; processes: number }): [string, number][] {
+export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total?: { flag: string; processes: number }, zeroRealtime = false): [string, number][] {
   const r: [string, number][] = [
     // Soft first, then a hard limit one second later: SIGXCPU (named in the tool
     // result), then SIGKILL for a process that ignores it.
@@ -220,10 +223,10 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total
     ["-Ht", limits.cpuSeconds + 1],
     // dash counts file sizes in 512-byte blocks.
     ["-f", Math.ceil(limits.diskBytes / 512)],
-    // No real-time scheduling, whatever the service's own limit: a SCHED_FIFO busy loop
-    // would hold a core from everything on the host, the service first.
-    ["-r", 0],
   ];
+  // No real-time scheduling where the service's own limit would allow it: a SCHED_FIFO
+  // busy loop would hold a core from everything on the host, the service first.
+  if (zeroRealtime) r.push(["-r", 0]);
   if (withoutCgroups) {
     // In KiB, as ulimit counts them.
     const memoryKiB = Math.ceil(limits.memoryBytes / 1024);
@@ -241,7 +244,7 @@ export function processLimitsOf(limits: string): { soft: number; hard: number } 
 }
 
 /** One limit, soft and hard, in a /proc/<pid>/limits text by its name there; Infinity when unlimited or unreadable. */
-export function rlimitOf(limits: string, name: "Max processes" | "Max nice priority"): { soft: number; hard: number } {
+export function rlimitOf(limits: string, name: "Max processes" | "Max nice priority" | "Max realtime priority"): { soft: number; hard: number } {
   const found = new RegExp(`^${name}\\s+(\\S+)\\s+(\\S+)`, "m").exec(limits);
   const value = (text: string | undefined) => {
     const n = Number(text);

@@ -19,6 +19,7 @@
  * `RUNS_SANDBOX=off` runs commands as plain child processes in the workspace
  * directory (local development only: no confinement at all).
  */
+import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { constants as fsConstants, openSync, closeSync } from "node:fs";
 import { chown, mkdir, readFile, rm } from "node:fs/promises";
@@ -29,7 +30,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -130,18 +131,21 @@ export interface SandboxOptions {
 }
 
 /**
- * Runs commands in sandboxes. One per node: {@link Sandbox.start} checks the host
- * once (bwrap works, which limits apply) and says so in the log.
- */
-/**
- * Where no cgroup weighs their CPU (rlimits, as in containers), sandboxed commands run at
- * this nice value, below the service, its stores and the rest of the host: a tenant's
- * busy loops otherwise take the node's cores from the service in proportion to their
- * number. They cannot lower it (that needs CAP_SYS_NICE, or an RLIMIT_NICE the node
- * warns about). With a CPU cgroup, all commands together weigh as much as the service.
+ * Where no cgroup weighs their CPU (rlimits, as in containers; cgroups without the cpu
+ * controller), sandboxed commands run at this nice value, below the service, its stores
+ * and the rest of the host: a tenant's busy loops otherwise take the node's cores from
+ * the service in proportion to their number. At nice 19 a busy thread weighs 15 against
+ * a nice-0 thread's 1,024: it takes ~68 of them per core to halve the service's share.
+ * Commands cannot lower it (that needs CAP_SYS_NICE, or an RLIMIT_NICE the node warns
+ * about); autogroups undo it (warned about where plain). With a CPU cgroup, all commands
+ * together weigh as much as the service.
  */
 export const SANDBOX_NICENESS = 19;
 
+/**
+ * Runs commands in sandboxes. One per node: {@link Sandbox.start} checks the host
+ * once (bwrap works, which limits apply) and says so in the log.
+ */
 export class Sandbox {
   private running = 0;
   /** `nice`, which the launcher's exec goes through without a CPU cgroup (undefined: with one, or not on this host: warned at start). */
@@ -156,10 +160,12 @@ export class Sandbox {
     private readonly hostLayout: HostLayout,
     /** Processes all sandboxes run at once (rlimits: at most the node's own hard limit, which the launcher cannot raise). */
     private readonly processesTotal: number,
+    /** Whether the launcher sets RLIMIT_RTPRIO to 0 (the node's own is not 0 already). */
+    private readonly zeroRealtime: boolean,
     /** /bin/sh's `ulimit` flag for RLIMIT_NPROC (the launcher's and, inside the sandbox, the limit's wrapper's): bash says -u, dash -p. */
     private readonly nprocFlag = "-u",
   ) {
-    this.nice = cgroups?.weighsCpu ? undefined : findOnPath("nice");
+    this.nice = cgroups?.weighsCpu ? undefined : findOnPath("nice", LAUNCHER_PATH);
   }
 
   /**
@@ -173,7 +179,7 @@ export class Sandbox {
       log.warn(
         "RUNS_SANDBOX=off: tool commands run UNCONFINED as the service's own user, with its files, network and processes in reach. For local development only.",
       );
-      return new Sandbox(options, undefined, undefined, undefined, findOnPath("socat"), hostLayout(), 0);
+      return new Sandbox(options, undefined, undefined, undefined, findOnPath("socat"), hostLayout(), 0, false);
     }
     const bwrap = options.bwrapPath ? (isExecutable(options.bwrapPath) ? options.bwrapPath : undefined) : findOnPath("bwrap");
     if (!bwrap) {
@@ -187,11 +193,12 @@ export class Sandbox {
     const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, log });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
-    const processesTotal = cgroups ? wanted : await rlimitTotalOrFail(wanted, owner === undefined, log);
+    const nodeLimits = await readFile("/proc/self/limits", "utf8").catch(() => "");
+    const processesTotal = cgroups ? wanted : rlimitTotalOrFail(wanted, nodeLimits, owner === undefined, log);
     if (processesTotal <= MAX_COMMAND_PROCESSES) {
       log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one command can use them all`);
     }
-    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), processesTotal, cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
+    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), processesTotal, realtimeToZero(nodeLimits, log), cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
     const probeDir = await sandbox.mkProbeWorkspace();
@@ -221,12 +228,7 @@ export class Sandbox {
     } finally {
       await rm(probeDir, { recursive: true, force: true });
     }
-    if (!cgroups?.weighsCpu && !sandbox.nice) log.warn(`sandbox: nice is not installed (coreutils): without a CPU cgroup, sandboxed commands run at the service's own priority`);
-    // RLIMIT_NICE n lets a process lower its nice value to 20 - n.
-    const niceLimit = rlimitOf(await readFile("/proc/self/limits", "utf8").catch(() => ""), "Max nice priority");
-    if (niceLimit.hard > 20 - SANDBOX_NICENESS) {
-      log.warn({ rlimit_nice: niceLimit }, `sandbox: the service's RLIMIT_NICE lets sandboxed commands raise their priority from nice ${SANDBOX_NICENESS} to ${20 - Math.min(niceLimit.hard, 40)}: lower it (systemd LimitNICE=, the container's nice ulimit)`);
-    }
+    if (!cgroups?.weighsCpu) await warnWhereNiceFallsShort(sandbox.nice, nodeLimits, log);
     const status = sandbox.status();
     log.info(
       { sandbox: status },
@@ -342,14 +344,15 @@ export class Sandbox {
       const argv = byRlimits ? withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed) : relayed;
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
-      const exec = this.nice ? [this.nice, "-n", String(SANDBOX_NICENESS), this.bwrap!, ...args] : [this.bwrap!, ...args];
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total), exec);
+      // `nice -n` adds to the launcher's own value, the service's: commands end at 19 whatever it runs at.
+      const exec = this.nice ? [this.nice, "-n", String(Math.max(0, SANDBOX_NICENESS - os.getPriority())), this.bwrap!, ...args] : [this.bwrap!, ...args];
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), exec);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",
         args: launcher,
         cwd: "/",
-        env: { PATH: "/usr/local/bin:/usr/bin:/bin", LANG: "C.UTF-8" },
+        env: { PATH: LAUNCHER_PATH, LANG: "C.UTF-8" },
         uid: this.owner?.uid,
         gid: this.owner?.gid,
         extraFds: fds,
@@ -450,8 +453,8 @@ function stripStderr(outcome: Exclude<RawOutcome, { kind: "error" }>): Omit<Sand
  * kernel counts processes per uid only (before 5.14: every command's limit is then the
  * host uid's); refused when too small to run a sandbox.
  */
-async function rlimitTotalOrFail(wanted: number, sharesNodeUid: boolean, log: Logger): Promise<number> {
-  const node = processLimitsOf(await readFile("/proc/self/limits", "utf8").catch(() => ""));
+function rlimitTotalOrFail(wanted: number, nodeLimits: string, sharesNodeUid: boolean, log: Logger): number {
+  const node = processLimitsOf(nodeLimits);
   const total = rlimitProcessesTotal(wanted, node, sharesNodeUid);
   if (total < 64) {
     throw new SandboxUnavailableError(
@@ -462,6 +465,51 @@ async function rlimitTotalOrFail(wanted: number, sharesNodeUid: boolean, log: Lo
   const [major = 0, minor = 0] = os.release().split(".").map((part) => Number.parseInt(part, 10));
   if (major < 5 || (major === 5 && minor < 14)) log.warn({ kernel: os.release() }, "sandbox: before Linux 5.14 a command's process limit counts every process of the sandbox uid on the host: one tenant's command at its limit can keep others from forking");
   return total;
+}
+
+/**
+ * Whether the launcher must set RLIMIT_RTPRIO to 0: commands inherit the node's, and a
+ * SCHED_FIFO busy loop would hold a core from everything on the host. Not when it is 0
+ * already; where /bin/sh cannot set it (a shell without `ulimit -r`, a kernel that
+ * refuses), said in a warning rather than failing every command.
+ */
+function realtimeToZero(nodeLimits: string, log: Logger): boolean {
+  if (rlimitOf(nodeLimits, "Max realtime priority").hard === 0) return false;
+  const probe = spawnSync("/bin/sh", ["-c", "ulimit -r 0"], { stdio: "ignore", timeout: 5_000 });
+  if (probe.status === 0) return true;
+  log.warn("sandbox: /bin/sh cannot set RLIMIT_RTPRIO (ulimit -r): sandboxed commands keep the service's and may use real-time scheduling within it");
+  return false;
+}
+
+/**
+ * Warns where commands without a CPU cgroup do not run below the service after all:
+ * `nice` missing; an RLIMIT_NICE that lets them raise their priority back (n allows nice
+ * 20 - n); autogroups, which weigh each session (bwrap makes one per command, and a
+ * command may make more) as one group beside the service's whatever its nice value —
+ * they apply to tasks in the root CPU cgroup, which is plain when the node is in it.
+ */
+async function warnWhereNiceFallsShort(nice: string | undefined, nodeLimits: string, log: Logger): Promise<void> {
+  if (!nice) {
+    log.warn("sandbox: nice is not installed (coreutils): without a CPU cgroup, sandboxed commands run at the service's own priority");
+    return;
+  }
+  const niceLimit = rlimitOf(nodeLimits, "Max nice priority");
+  if (/^Max nice priority/m.test(nodeLimits) && niceLimit.hard > 20 - SANDBOX_NICENESS) {
+    log.warn({ rlimit_nice: niceLimit }, `sandbox: the service's RLIMIT_NICE lets sandboxed commands raise their priority from nice ${SANDBOX_NICENESS} to ${20 - Math.min(niceLimit.hard, 40)}: lower it (systemd LimitNICE=, the container's nice ulimit)`);
+  }
+  const autogroups = (await readFile("/proc/sys/kernel/sched_autogroup_enabled", "utf8").catch(() => "0")).trim() === "1";
+  if (autogroups && inRootCpuCgroup(await readFile("/proc/self/cgroup", "utf8").catch(() => ""))) {
+    log.warn("sandbox: the scheduler's autogroups weigh each sandboxed command's session as much as the service, whatever its nice value: set kernel.sched_autogroup_enabled=0, or give the node cgroups");
+  }
+}
+
+/** Whether /proc/self/cgroup puts this process in the root CPU cgroup (v1 `cpu` line, else the v2 line). */
+export function inRootCpuCgroup(selfCgroup: string): boolean {
+  const lines = selfCgroup.split("\n").filter(Boolean).map((line) => line.split(":"));
+  const v1 = lines.find(([, controllers]) => controllers?.split(",").includes("cpu"));
+  const v2 = lines.find(([id, controllers]) => id === "0" && controllers === "");
+  const cpuPath = (v1 ?? v2)?.slice(2).join(":");
+  return cpuPath === "/";
 }
 
 /** /bin/sh's RLIMIT_NPROC flag; a node that can neither use cgroups nor set it cannot limit sandboxes. */

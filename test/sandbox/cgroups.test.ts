@@ -48,9 +48,27 @@ test("sandbox-cgroups - cgroup v2: the base of the node's command cgroups gets p
     await writeFile(path.join(root, "cgroup.controllers"), "cpuset cpu io memory pids\n");
     const cgroups = await detectCgroups({ root, processesTotal: 777, selfCgroup: "0::/system.slice/runs.service\n" });
     t.is(cgroups?.mechanism, "cgroup-v2");
+    t.true(cgroups?.weighsCpu, "the cpu controller weighs the commands: they are not niced");
     t.is(await readFile(path.join(root, "system.slice", "runs.service", "runs-sandboxes", "pids.max"), "utf8"), "777");
     // The node left its cgroup for a leaf beside its commands' base.
     t.is(await readFile(path.join(root, "system.slice", "runs.service", "runs-service", "cgroup.procs"), "utf8"), String(process.pid));
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});
+
+test("sandbox-cgroups - cgroup v2 delegated without cpu: the cgroups are used for memory and processes, and the commands are niced instead", async (t) => {
+  const root = await mkdtemp(path.join(os.tmpdir(), "runs-cgroup-v2-"));
+  try {
+    const own = path.join(root, "system.slice", "runs.service");
+    await mkdir(own, { recursive: true });
+    await writeFile(path.join(root, "cgroup.controllers"), "cpuset cpu io memory pids\n");
+    // systemd Delegate=memory pids: the node's own cgroup was given no cpu.
+    await writeFile(path.join(own, "cgroup.controllers"), "memory pids\n");
+    const cgroups = await detectCgroups({ root, processesTotal: 777, selfCgroup: "0::/system.slice/runs.service\n" });
+    t.is(cgroups?.mechanism, "cgroup-v2");
+    t.false(cgroups?.weighsCpu);
+    t.is(await readFile(path.join(own, "cgroup.subtree_control"), "utf8"), "+memory +pids", "cpu is not asked of a cgroup that was not given it");
   } finally {
     await rm(root, { recursive: true, force: true });
   }
@@ -65,6 +83,7 @@ test("sandbox-cgroups - cgroup v1: the pids base gets pids.max = RUNS_SANDBOX_PR
     for (const c of ["pids", "memory", "cpu"]) await mkdir(path.join(root, c), { recursive: true });
     const v1 = await detectCgroups({ root, processesTotal: 5_000, log, selfCgroup });
     t.is(v1?.mechanism, "cgroup-v1");
+    t.true(v1?.weighsCpu, "a writable cpu hierarchy weighs the commands");
     t.is(await readFile(path.join(root, "pids", own, "runs-sandboxes", "pids.max"), "utf8"), "5000");
     t.deepEqual(logs.filter((entry) => Number(entry.level) >= 40), []);
     // A pids.max that cannot be written (a folder here; a kernel refusing the value there).

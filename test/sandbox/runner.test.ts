@@ -209,24 +209,33 @@ test_("sandbox - without cgroups, memory_mb bounds what a process writes (RLIMIT
 
 test_.serial("sandbox - without a CPU cgroup commands run at nice 19; with or without, they can neither raise their priority nor use real-time scheduling, even where the node's own RLIMIT_RTPRIO would let them", async (t) => {
   const base = await tempBase();
-  // The node's own real-time limit raised (root may): a command would inherit it through the launcher.
-  const raised = process.getuid?.() === 0 && spawnSync("prlimit", ["--pid", String(process.pid), "--rtprio=50:50"]).status === 0;
+  const limitsOfTest = await readFile("/proc/self/limits", "utf8");
+  const realtime = /^Max realtime priority\s+(\S+)\s+(\S+)/m.exec(limitsOfTest)!;
+  // The node's own real-time limit raised (root with CAP_SYS_RESOURCE may): a command would inherit it through the launcher.
+  const raised = spawnSync("prlimit", ["--pid", String(process.pid), "--rtprio=50:50"]).status === 0;
+  // Where this process's RLIMIT_NICE is above 1 (which the node only warns about), a command could renice itself up.
+  const niceHard = /^Max nice priority\s+\S+\s+(\S+)/m.exec(limitsOfTest)?.[1];
+  const reniceRefused = niceHard === "0" || niceHard === "1";
   try {
     for (const cgroupRoot of [undefined, false] as const) {
       const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, `rt-${cgroupRoot}`), nodeId: "nice", log, ...(cgroupRoot === false ? { cgroupRoot } : {}) });
       const dir = await workspace(sandbox, base);
-      const outcome = await sandbox.run(
-        bash(dir, "echo nice=$(ps -o ni= -p $$ | tr -d ' '); ulimit -r; renice -n -1 -p $$ >/dev/null 2>&1 && echo reniced; chrt -f 1 true 2>/dev/null && echo realtime; echo end"),
-      );
+      const outcome = await sandbox.run(bash(dir, "echo nice=$(nice); ulimit -r; renice -n -1 -p $$ >/dev/null 2>&1 && echo reniced; chrt -f 1 true 2>/dev/null && echo realtime; echo end"));
       const lines = outcome.output.toString().trim().split("\n");
-      // Without a CPU cgroup (rlimits, here always) they run at nice 19; with one the cgroup weighs them.
+      // Without a CPU cgroup (rlimits, here always) they run at nice 19, whatever this process runs at; with one the cgroup weighs them.
       const { limits, cpu } = sandbox.status();
       t.true(limits === "rlimit" ? cpu === "nice" : cpu === "cgroup" || cpu === "nice", `${limits}, cpu ${cpu}`);
-      t.deepEqual(lines, [`nice=${cpu === "nice" ? SANDBOX_NICENESS : 0}`, "0", "end"], `${limits}, cpu ${cpu}: ${outcome.output.toString()}`);
+      const expected = cpu === "nice" ? SANDBOX_NICENESS : os.getPriority();
+      t.is(lines[0], `nice=${expected}`, `${limits}, cpu ${cpu}: ${outcome.output.toString()}`);
+      t.is(lines[1], "0", "RLIMIT_RTPRIO");
+      t.is(lines.includes("realtime"), false, "SCHED_FIFO refused");
+      if (reniceRefused) t.is(lines.includes("reniced"), false, "renice -1 refused");
+      t.is(lines.at(-1), "end");
     }
-    if (!raised) t.log("not root (or no prlimit): the node's RLIMIT_RTPRIO was not raised for this test");
+    if (!raised) t.log("this process could not raise its RLIMIT_RTPRIO (no CAP_SYS_RESOURCE, or no prlimit): the inherited limit was 0 already");
+    if (!reniceRefused) t.log(`this process's RLIMIT_NICE (${niceHard}) lets commands renice: not asserted`);
   } finally {
-    if (raised) spawnSync("prlimit", ["--pid", String(process.pid), "--rtprio=0:0"]);
+    if (raised) spawnSync("prlimit", ["--pid", String(process.pid), `--rtprio=${realtime[1]}:${realtime[2]}`]);
     await rm(base, { recursive: true, force: true });
   }
 });

@@ -1,7 +1,7 @@
 import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
-import { setupFailed } from "../../actors/sandbox.js";
+import { inRootCpuCgroup, setupFailed } from "../../actors/sandbox.js";
 import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
@@ -127,4 +127,14 @@ test("sandbox - reading a failed command's output for refusals is bounded: its l
   for (const unit of hostile) rlimitHits(Buffer.from(unit.repeat(Math.ceil((1 << 20) / unit.length))), true);
   const ms = performance.now() - started;
   t.true(ms < 2_000, `${ms.toFixed(0)} ms for ${hostile.length} hostile outputs of 1 MiB`);
+});
+
+test("sandbox - the root CPU cgroup (where autogroups apply) is told from /proc/self/cgroup: the v1 cpu line, else the v2 line", (t) => {
+  t.true(inRootCpuCgroup("12:pids:/\n4:memory:/process_api/x\n1:cpu:/\n0::/\n"));
+  t.true(inRootCpuCgroup("3:cpu,cpuacct:/\n0::/system.slice/x.service\n"));
+  t.false(inRootCpuCgroup("3:cpu,cpuacct:/docker/abc\n0::/\n"));
+  t.false(inRootCpuCgroup("2:cpuset:/\n1:cpuacct:/\n0::/docker/abc\n"), "cpuset and cpuacct are not cpu");
+  t.true(inRootCpuCgroup("0::/\n"));
+  t.false(inRootCpuCgroup("0::/system.slice/runs.service\n"));
+  t.false(inRootCpuCgroup(""));
 });
