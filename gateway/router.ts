@@ -1,6 +1,6 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
+import { ApiError, COMMAND_ANSWER_WITHIN_MS, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();
@@ -25,7 +25,7 @@ export class CommandRouter {
     private readonly retryMs: number,
     private readonly log: Logger,
     private readonly clock: Clock,
-    private readonly answerWithinMs = 15_000,
+    private readonly answerWithinMs = COMMAND_ANSWER_WITHIN_MS,
     private readonly connection: ConnectionState = { connected: true },
     private readonly attemptTimeoutMs = COMMAND_ATTEMPT_TIMEOUT_MS,
   ) {}

@@ -9,6 +9,13 @@ const ROLES = ["gateway", "actors"] as const;
 /** pino's levels. */
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
+/**
+ * How long the gateway's router waits for a command's answer in all (resends included)
+ * before it answers 503; its retries of an absent or doubting owner (RUNS_ROUTE_RETRY_MS)
+ * fit within it.
+ */
+export const COMMAND_ANSWER_WITHIN_MS = 15_000;
+
 const intFromEnv = (fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
   z.coerce.number().int().min(min).max(max).optional().transform((v) => v ?? fallback);
 
@@ -39,7 +46,7 @@ const EnvSchema = z.object({
   RUNS_WAIT_TIMEOUT_MS: intFromEnv(120_000, 0),
   RUNS_TURN_LIMIT_MS: intFromEnv(12 * 3600_000, 1),
   RUNS_LEASE_TTL_MS: intFromEnv(10_000, 1000),
-  RUNS_ROUTE_RETRY_MS: intFromEnv(5_000, 0),
+  RUNS_ROUTE_RETRY_MS: intFromEnv(5_000, 0, COMMAND_ANSWER_WITHIN_MS),
   RUNS_RETENTION_SOLO_S: intFromEnv(7 * DAY_S, 1),
   RUNS_RETENTION_BUSINESS_S: intFromEnv(30 * DAY_S, 1),
   RUNS_EVENT_RETENTION_SOLO_S: intFromEnv(7 * DAY_S, 1),

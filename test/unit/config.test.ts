@@ -1,5 +1,5 @@
 import test from "ava";
-import { ConfigurationError, loadConfig } from "../../src/config.js";
+import { COMMAND_ANSWER_WITHIN_MS, ConfigurationError, loadConfig } from "../../src/config.js";
 
 function refusal(env: Record<string, string>): string {
   try {
@@ -59,6 +59,16 @@ test("config - RUNS_SANDBOX_PROCESSES: 16384 by default, 64 to the kernel's larg
   for (const value of ["63", "4194305", "1e21", "x", "1.5"]) {
     const err = t.throws(() => loadConfig({ RUNS_SANDBOX_PROCESSES: value }), { instanceOf: ConfigurationError });
     t.regex(err!.message, /RUNS_SANDBOX_PROCESSES/);
+  }
+});
+
+test("config - RUNS_ROUTE_RETRY_MS: 5000 by default, at most the router's whole answer bound (15000: past it the retries would be cut short), anything else refused naming the variable", (t) => {
+  t.is(loadConfig({}).routeRetryMs, 5_000);
+  t.is(loadConfig({ RUNS_ROUTE_RETRY_MS: "0" }).routeRetryMs, 0);
+  t.is(loadConfig({ RUNS_ROUTE_RETRY_MS: String(COMMAND_ANSWER_WITHIN_MS) }).routeRetryMs, 15_000);
+  for (const value of ["15001", "60000", "-1", "x"]) {
+    const err = t.throws(() => loadConfig({ RUNS_ROUTE_RETRY_MS: value }), { instanceOf: ConfigurationError });
+    t.regex(err!.message, /RUNS_ROUTE_RETRY_MS/);
   }
 });
 
