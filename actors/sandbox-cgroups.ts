@@ -5,8 +5,8 @@
  *
  * Which mechanism is in force is decided once at start-up ({@link detectCgroups}):
  * - cgroup v2 where the node's cgroup is writable (delegated): the node moves itself
- *   into a `runs-service` leaf, enables memory/pids/cpu for its subtree and creates
- *   the command cgroups beside it;
+ *   into a `runs-service` leaf, enables memory/pids (and cpu, where its cgroup was
+ *   given it) for its subtree and creates the command cgroups beside it;
  * - cgroup v1 where the memory and pids hierarchies are writable (a root service on
  *   a v1 or hybrid host);
  * - otherwise none: the sandbox falls back to rlimits (see sandbox.ts).
@@ -105,8 +105,13 @@ async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined>
     return undefined; // not a v2 mount at root (hybrid hosts mount it elsewhere, without controllers)
   }
   const own = path.join(root, line.slice(3).trim());
-  // What the node's own cgroup was given (a delegation may leave cpu out), not all the host has.
-  controllers = await readFile(path.join(own, "cgroup.controllers"), "utf8").catch(() => controllers);
+  // What the node's own cgroup was given (a delegation may leave cpu out), not all the host has;
+  // a node whose cgroup is not found there is not told where it is: no cgroups.
+  try {
+    controllers = await readFile(path.join(own, "cgroup.controllers"), "utf8");
+  } catch {
+    return undefined;
+  }
   const wanted = ["memory", "pids", "cpu"].filter((c) => controllers.split(/\s+/).includes(c));
   if (!wanted.includes("memory") || !wanted.includes("pids")) return undefined;
   try {

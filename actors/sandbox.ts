@@ -21,7 +21,7 @@
  */
 import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { constants as fsConstants, openSync, closeSync } from "node:fs";
+import { constants as fsConstants, openSync, closeSync, existsSync } from "node:fs";
 import { chown, mkdir, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -498,18 +498,32 @@ async function warnWhereNiceFallsShort(nice: string | undefined, nodeLimits: str
     log.warn({ rlimit_nice: niceLimit }, `sandbox: the service's RLIMIT_NICE lets sandboxed commands raise their priority from nice ${SANDBOX_NICENESS} to ${20 - Math.min(niceLimit.hard, 40)}: lower it (systemd LimitNICE=, the container's nice ulimit)`);
   }
   const autogroups = (await readFile("/proc/sys/kernel/sched_autogroup_enabled", "utf8").catch(() => "0")).trim() === "1";
-  if (autogroups && inRootCpuCgroup(await readFile("/proc/self/cgroup", "utf8").catch(() => ""))) {
+  const selfCgroup = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
+  if (autogroups && inRootCpuCgroup(selfCgroup, (dir) => existsSync(path.join("/sys/fs/cgroup", dir, "cpu.weight")))) {
     log.warn("sandbox: the scheduler's autogroups weigh each sandboxed command's session as much as the service, whatever its nice value: set kernel.sched_autogroup_enabled=0, or give the node cgroups");
   }
 }
 
-/** Whether /proc/self/cgroup puts this process in the root CPU cgroup (v1 `cpu` line, else the v2 line). */
-export function inRootCpuCgroup(selfCgroup: string): boolean {
+/**
+ * Whether this process is in the root CPU task group (where autogroups apply), from
+ * /proc/self/cgroup: with a v1 `cpu` hierarchy, when its path there is `/`; on v2, when
+ * no cgroup from its own up to the mount (`/` is the mount: a container's cgroup
+ * namespace shows its own cgroup so) has a `cpu.weight` (`hasCpuWeight`, by path below
+ * the mount): a cgroup without the cpu controller is scheduled as its nearest ancestor
+ * with it, and the root has none.
+ */
+export function inRootCpuCgroup(selfCgroup: string, hasCpuWeight: (dir: string) => boolean): boolean {
   const lines = selfCgroup.split("\n").filter(Boolean).map((line) => line.split(":"));
   const v1 = lines.find(([, controllers]) => controllers?.split(",").includes("cpu"));
+  if (v1) return v1.slice(2).join(":") === "/";
   const v2 = lines.find(([id, controllers]) => id === "0" && controllers === "");
-  const cpuPath = (v1 ?? v2)?.slice(2).join(":");
-  return cpuPath === "/";
+  if (!v2) return false;
+  for (let dir = path.posix.normalize(v2.slice(2).join(":") || "/"), depth = 0; depth < 64; depth++) {
+    if (hasCpuWeight(dir)) return false;
+    if (dir === "/") return true;
+    dir = path.posix.dirname(dir);
+  }
+  return false;
 }
 
 /** /bin/sh's RLIMIT_NPROC flag; a node that can neither use cgroups nor set it cannot limit sandboxes. */

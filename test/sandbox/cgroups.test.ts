@@ -6,6 +6,7 @@
  */
 import test from "ava";
 import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -46,6 +47,7 @@ test("sandbox-cgroups - cgroup v2: the base of the node's command cgroups gets p
   try {
     await mkdir(path.join(root, "system.slice", "runs.service"), { recursive: true });
     await writeFile(path.join(root, "cgroup.controllers"), "cpuset cpu io memory pids\n");
+    await writeFile(path.join(root, "system.slice", "runs.service", "cgroup.controllers"), "cpu memory pids\n");
     const cgroups = await detectCgroups({ root, processesTotal: 777, selfCgroup: "0::/system.slice/runs.service\n" });
     t.is(cgroups?.mechanism, "cgroup-v2");
     t.true(cgroups?.weighsCpu, "the cpu controller weighs the commands: they are not niced");
@@ -69,6 +71,9 @@ test("sandbox-cgroups - cgroup v2 delegated without cpu: the cgroups are used fo
     t.is(cgroups?.mechanism, "cgroup-v2");
     t.false(cgroups?.weighsCpu);
     t.is(await readFile(path.join(own, "cgroup.subtree_control"), "utf8"), "+memory +pids", "cpu is not asked of a cgroup that was not given it");
+    // A node whose cgroup is not where /proc/self/cgroup says (no cgroup.controllers there) does not make one.
+    t.is(await detectCgroups({ root, processesTotal: 777, selfCgroup: "0::/elsewhere/runs.service\n" }), undefined);
+    t.false(existsSync(path.join(root, "elsewhere")));
   } finally {
     await rm(root, { recursive: true, force: true });
   }

@@ -232,7 +232,7 @@ test_.serial("sandbox - without a CPU cgroup commands run at nice 19; with or wi
       if (reniceRefused) t.is(lines.includes("reniced"), false, "renice -1 refused");
       t.is(lines.at(-1), "end");
     }
-    if (!raised) t.log("this process could not raise its RLIMIT_RTPRIO (no CAP_SYS_RESOURCE, or no prlimit): the inherited limit was 0 already");
+    if (!raised) t.log(`this process could not raise its RLIMIT_RTPRIO (no CAP_SYS_RESOURCE, or no prlimit): the inherited limit was its own (${realtime[1]}/${realtime[2]})`);
     if (!reniceRefused) t.log(`this process's RLIMIT_NICE (${niceHard}) lets commands renice: not asserted`);
   } finally {
     if (raised) spawnSync("prlimit", ["--pid", String(process.pid), `--rtprio=${realtime[1]}:${realtime[2]}`]);

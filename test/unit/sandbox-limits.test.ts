@@ -129,12 +129,18 @@ test("sandbox - reading a failed command's output for refusals is bounded: its l
   t.true(ms < 2_000, `${ms.toFixed(0)} ms for ${hostile.length} hostile outputs of 1 MiB`);
 });
 
-test("sandbox - the root CPU cgroup (where autogroups apply) is told from /proc/self/cgroup: the v1 cpu line, else the v2 line", (t) => {
-  t.true(inRootCpuCgroup("12:pids:/\n4:memory:/process_api/x\n1:cpu:/\n0::/\n"));
-  t.true(inRootCpuCgroup("3:cpu,cpuacct:/\n0::/system.slice/x.service\n"));
-  t.false(inRootCpuCgroup("3:cpu,cpuacct:/docker/abc\n0::/\n"));
-  t.false(inRootCpuCgroup("2:cpuset:/\n1:cpuacct:/\n0::/docker/abc\n"), "cpuset and cpuacct are not cpu");
-  t.true(inRootCpuCgroup("0::/\n"));
-  t.false(inRootCpuCgroup("0::/system.slice/runs.service\n"));
-  t.false(inRootCpuCgroup(""));
+test("sandbox - the root CPU task group (where autogroups apply) is told from /proc/self/cgroup: the v1 cpu path, or on v2 no cpu.weight from the node's cgroup up to the mount", (t) => {
+  const none = () => false;
+  const weighed = (...dirs: string[]) => (dir: string) => dirs.includes(dir);
+  // v1 (and hybrid): the cpu hierarchy's path.
+  t.true(inRootCpuCgroup("12:pids:/\n4:memory:/process_api/x\n1:cpu:/\n0::/\n", none));
+  t.true(inRootCpuCgroup("3:cpu,cpuacct:/\n0::/system.slice/x.service\n", weighed("/system.slice")), "the v1 cpu line decides");
+  t.false(inRootCpuCgroup("3:cpu,cpuacct:/docker/abc\n0::/\n", none));
+  // v2: the real root has no cpu.weight; a container's namespaced root does.
+  t.true(inRootCpuCgroup("0::/\n", none));
+  t.false(inRootCpuCgroup("0::/\n", weighed("/")), "a container's own cgroup, shown as / in its namespace");
+  t.false(inRootCpuCgroup("0::/system.slice/runs.service/runs-service\n", weighed("/system.slice")), "an ancestor with the cpu controller");
+  t.true(inRootCpuCgroup("0::/system.slice/runs.service/runs-service\n", none), "no cgroup on the path has cpu: scheduled in the root group");
+  t.false(inRootCpuCgroup("2:cpuset:/\n1:cpuacct:/\n0::/docker/abc\n", weighed("/docker/abc")), "cpuset and cpuacct are not cpu");
+  t.false(inRootCpuCgroup("", none));
 });
