@@ -181,8 +181,10 @@ class CgroupsV2 implements Cgroups {
 async function tryV1(root: string, self: string): Promise<CgroupsV1 | undefined> {
   const paths = new Map<string, string>();
   for (const line of self.split("\n")) {
-    const [, controllers, p] = line.split(":");
-    if (controllers === undefined || p === undefined) continue;
+    // "id:controllers:path"; the path may itself hold ':'.
+    const [, controllers, ...rest] = line.split(":");
+    if (controllers === undefined || rest.length === 0) continue;
+    const p = rest.join(":");
     for (const c of controllers.split(",")) paths.set(c, p);
   }
   const dirs: Partial<Record<"memory" | "pids" | "cpu", string>> = {};

@@ -89,6 +89,10 @@ test("sandbox-cgroups - cgroup v1: the pids base gets pids.max = RUNS_SANDBOX_PR
     const v1 = await detectCgroups({ root, processesTotal: 5_000, log, selfCgroup });
     t.is(v1?.mechanism, "cgroup-v1");
     t.true(v1?.weighsCpu, "a writable cpu hierarchy weighs the commands");
+    // A path holding ':' is the node's whole path, not cut at it.
+    const colon = "/runs:blue.service";
+    await detectCgroups({ root, processesTotal: 4_000, log, selfCgroup: `5:pids:${colon}\n4:memory:${colon}\n0::${colon}\n` });
+    t.is(await readFile(path.join(root, "pids", colon, "runs-sandboxes", "pids.max"), "utf8"), "4000");
     t.is(await readFile(path.join(root, "pids", own, "runs-sandboxes", "pids.max"), "utf8"), "5000");
     t.deepEqual(logs.filter((entry) => Number(entry.level) >= 40), []);
     // A pids.max that cannot be written (a folder here; a kernel refusing the value there).
