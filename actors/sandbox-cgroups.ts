@@ -60,11 +60,11 @@ export async function detectCgroups(options: {
   root?: string;
   processesTotal: number;
   log?: Logger;
-  /** TEST ONLY (with `root`): this process's cgroups as /proc/self/cgroup would list them. */
+  /** This process's cgroups as /proc/self/cgroup lists them (read here when not given). */
   selfCgroup?: string;
 }): Promise<Cgroups | undefined> {
   const root = options.root ?? "/sys/fs/cgroup";
-  const self = options.selfCgroup ?? (await readFile("/proc/self/cgroup", "utf8").catch(() => ""));
+  const self = cgroupPathsOf(options.selfCgroup ?? (await readFile("/proc/self/cgroup", "utf8").catch(() => "")));
   const found = (await tryV2(root, self)) ?? (await tryV1(root, self));
   if (!found) return undefined;
   for (const base of found.bases) await sweepLeftovers(base);
@@ -95,16 +95,32 @@ async function sweepLeftovers(base: string): Promise<void> {
   }
 }
 
-async function tryV2(root: string, self: string): Promise<CgroupsV2 | undefined> {
-  const line = self.split("\n").find((l) => l.startsWith("0::"));
-  if (!line) return undefined;
+/**
+ * A /proc/self/cgroup text ("id:controllers:path" lines) as the path of each controller,
+ * the v2 hierarchy's under "" (its line names none). A path may itself hold ':'.
+ */
+export function cgroupPathsOf(selfCgroup: string): Map<string, string> {
+  const paths = new Map<string, string>();
+  for (const line of selfCgroup.split("\n")) {
+    const [id, controllers, ...rest] = line.split(":");
+    if (controllers === undefined || rest.length === 0) continue;
+    const p = rest.join(":");
+    if (id === "0" && controllers === "") paths.set("", p);
+    else for (const c of controllers.split(",")) paths.set(c, p);
+  }
+  return paths;
+}
+
+async function tryV2(root: string, self: Map<string, string>): Promise<CgroupsV2 | undefined> {
+  const unified = self.get("");
+  if (unified === undefined) return undefined;
   let controllers: string;
   try {
     controllers = await readFile(path.join(root, "cgroup.controllers"), "utf8");
   } catch {
     return undefined; // not a v2 mount at root (hybrid hosts mount it elsewhere, without controllers)
   }
-  const own = path.join(root, line.slice(3).trim());
+  const own = path.join(root, unified.trim());
   // What the node's own cgroup was given (a delegation may leave cpu out), not all the host has;
   // a node whose cgroup is not found there is not told where it is: no cgroups.
   try {
@@ -178,15 +194,7 @@ class CgroupsV2 implements Cgroups {
   }
 }
 
-async function tryV1(root: string, self: string): Promise<CgroupsV1 | undefined> {
-  const paths = new Map<string, string>();
-  for (const line of self.split("\n")) {
-    // "id:controllers:path"; the path may itself hold ':'.
-    const [, controllers, ...rest] = line.split(":");
-    if (controllers === undefined || rest.length === 0) continue;
-    const p = rest.join(":");
-    for (const c of controllers.split(",")) paths.set(c, p);
-  }
+async function tryV1(root: string, paths: Map<string, string>): Promise<CgroupsV1 | undefined> {
   const dirs: Partial<Record<"memory" | "pids" | "cpu", string>> = {};
   for (const c of ["memory", "pids", "cpu"] as const) {
     const own = paths.get(c);

@@ -59,6 +59,9 @@ export function nprocFlagOf(shell: string): string | undefined {
   return undefined;
 }
 
+/** Sets the limit `ulimit $1 $2`, or fails as the launcher and the limit's wrapper do (exit 125, their own words). */
+const SET_LIMIT = 'ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }';
+
 /**
  * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
  * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
@@ -66,7 +69,7 @@ export function nprocFlagOf(shell: string): string | undefined {
 export function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
   const script =
     'n=$1; shift; while [ "$n" -gt 0 ]; do { echo $$ > "$1"; } 2>/dev/null || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +
-    'n=$1; shift; while [ "$n" -gt 0 ]; do ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }; shift 2; n=$((n-1)); done; ' +
+    `n=$1; shift; while [ "$n" -gt 0 ]; do ${SET_LIMIT}; shift 2; n=$((n-1)); done; ` +
     'exec "$@"';
   return [
     "-c",
@@ -238,11 +241,6 @@ export function rlimitArgs(limits: SandboxLimits, withoutCgroups: boolean, total
   return r;
 }
 
-/** RLIMIT_NPROC, soft and hard, in a /proc/<pid>/limits text ("Max processes"); Infinity when unlimited or unreadable. */
-export function processLimitsOf(limits: string): { soft: number; hard: number } {
-  return rlimitOf(limits, "Max processes");
-}
-
 /** One limit, soft and hard, in a /proc/<pid>/limits text by its name there; Infinity when unlimited or unreadable. */
 export function rlimitOf(limits: string, name: "Max processes" | "Max nice priority" | "Max realtime priority"): { soft: number; hard: number } {
   const found = new RegExp(`^${name}\\s+(\\S+)\\s+(\\S+)`, "m").exec(limits);
@@ -283,7 +281,7 @@ export function rlimitProcessesTotal(wanted: number, node: { soft: number; hard:
  * {@link bwrapArgs} (no tenant's `LD_PRELOAD` may run code in the shell before its limit).
  */
 export function withProcessLimit(flag: string, processes: number, argv: readonly string[]): string[] {
-  const script = 'ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }; shift 2; exec "$@"';
+  const script = `${SET_LIMIT}; shift 2; exec "$@"`;
   return ["/bin/sh", "-c", script, "sh", flag, String(processes), ...argv];
 }
 

@@ -27,10 +27,10 @@ import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
-import { detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
+import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, processLimitsOf, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
@@ -148,8 +148,12 @@ export const SANDBOX_NICENESS = 19;
  */
 export class Sandbox {
   private running = 0;
-  /** `nice`, which the launcher's exec goes through without a CPU cgroup (undefined: with one, or not on this host: warned at start). */
-  private readonly nice: string | undefined;
+  /**
+   * What the launcher execs bwrap through: without a CPU cgroup, `nice` by what brings
+   * commands from the service's own value to {@link SANDBOX_NICENESS} (`nice -n` adds to
+   * it); nothing with one, or where `nice` is not installed (warned at start).
+   */
+  private readonly niced: readonly string[];
 
   private constructor(
     private readonly options: SandboxOptions,
@@ -165,7 +169,8 @@ export class Sandbox {
     /** /bin/sh's `ulimit` flag for RLIMIT_NPROC (the launcher's and, inside the sandbox, the limit's wrapper's): bash says -u, dash -p. */
     private readonly nprocFlag = "-u",
   ) {
-    this.nice = cgroups?.weighsCpu ? undefined : findOnPath("nice", LAUNCHER_PATH);
+    const nice = cgroups?.weighsCpu ? undefined : findOnPath("nice", LAUNCHER_PATH);
+    this.niced = nice ? [nice, "-n", String(Math.max(0, SANDBOX_NICENESS - os.getPriority()))] : [];
   }
 
   /**
@@ -190,7 +195,8 @@ export class Sandbox {
     const isRoot = process.getuid?.() === 0;
     const owner = isRoot ? { uid: options.uid ?? DEFAULT_SANDBOX_UID, gid: options.uid ?? DEFAULT_SANDBOX_UID } : undefined;
     const wanted = options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES;
-    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, log });
+    const selfCgroup = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
+    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, log, selfCgroup });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
     const nodeLimits = await readFile("/proc/self/limits", "utf8").catch(() => "");
@@ -228,7 +234,7 @@ export class Sandbox {
     } finally {
       await rm(probeDir, { recursive: true, force: true });
     }
-    if (!cgroups?.weighsCpu) await warnWhereNiceFallsShort(sandbox.nice, nodeLimits, log);
+    if (!cgroups?.weighsCpu) await warnWhereNiceFallsShort(sandbox.niced.length > 0, nodeLimits, selfCgroup, log);
     const status = sandbox.status();
     log.info(
       { sandbox: status },
@@ -241,7 +247,7 @@ export class Sandbox {
     return {
       mode: this.options.mode,
       limits: this.options.mode === "off" ? "none" : (this.cgroups?.mechanism ?? "rlimit"),
-      cpu: this.options.mode === "off" ? "none" : this.cgroups?.weighsCpu ? "cgroup" : this.nice ? "nice" : "none",
+      cpu: this.options.mode === "off" ? "none" : this.cgroups?.weighsCpu ? "cgroup" : this.niced.length > 0 ? "nice" : "none",
       uid: this.options.mode === "off" ? null : (this.owner?.uid ?? process.getuid?.() ?? null),
       egress: this.socat !== undefined && this.options.egress !== undefined,
       running: this.running,
@@ -344,9 +350,7 @@ export class Sandbox {
       const argv = byRlimits ? withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed) : relayed;
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
-      // `nice -n` adds to the launcher's own value, the service's: commands end at 19 whatever it runs at.
-      const exec = this.nice ? [this.nice, "-n", String(Math.max(0, SANDBOX_NICENESS - os.getPriority())), this.bwrap!, ...args] : [this.bwrap!, ...args];
-      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), exec);
+      const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), [...this.niced, this.bwrap!, ...args]);
       const startedMs = Date.now();
       const outcome = await spawnAndWait({
         file: "/bin/sh",
@@ -454,7 +458,7 @@ function stripStderr(outcome: Exclude<RawOutcome, { kind: "error" }>): Omit<Sand
  * host uid's); refused when too small to run a sandbox.
  */
 function rlimitTotalOrFail(wanted: number, nodeLimits: string, sharesNodeUid: boolean, log: Logger): number {
-  const node = processLimitsOf(nodeLimits);
+  const node = rlimitOf(nodeLimits, "Max processes");
   const total = rlimitProcessesTotal(wanted, node, sharesNodeUid);
   if (total < 64) {
     throw new SandboxUnavailableError(
@@ -488,8 +492,8 @@ function realtimeToZero(nodeLimits: string, log: Logger): boolean {
  * command may make more) as one group beside the service's whatever its nice value —
  * they apply to tasks in the root CPU cgroup, which is plain when the node is in it.
  */
-async function warnWhereNiceFallsShort(nice: string | undefined, nodeLimits: string, log: Logger): Promise<void> {
-  if (!nice) {
+async function warnWhereNiceFallsShort(niced: boolean, nodeLimits: string, selfCgroup: string, log: Logger): Promise<void> {
+  if (!niced) {
     log.warn("sandbox: nice is not installed (coreutils): without a CPU cgroup, sandboxed commands run at the service's own priority");
     return;
   }
@@ -498,7 +502,6 @@ async function warnWhereNiceFallsShort(nice: string | undefined, nodeLimits: str
     log.warn({ rlimit_nice: niceLimit }, `sandbox: the service's RLIMIT_NICE lets sandboxed commands raise their priority from nice ${SANDBOX_NICENESS} to ${20 - Math.min(niceLimit.hard, 40)}: lower it (systemd LimitNICE=, the container's nice ulimit)`);
   }
   const autogroups = (await readFile("/proc/sys/kernel/sched_autogroup_enabled", "utf8").catch(() => "0")).trim() === "1";
-  const selfCgroup = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
   if (autogroups && inRootCpuCgroup(selfCgroup, (dir) => existsSync(path.join("/sys/fs/cgroup", dir, "cpu.weight")))) {
     log.warn("sandbox: the scheduler's autogroups weigh each sandboxed command's session as much as the service, whatever its nice value: set kernel.sched_autogroup_enabled=0, or give the node cgroups");
   }
@@ -513,12 +516,12 @@ async function warnWhereNiceFallsShort(nice: string | undefined, nodeLimits: str
  * with it, and the root has none.
  */
 export function inRootCpuCgroup(selfCgroup: string, hasCpuWeight: (dir: string) => boolean): boolean {
-  const lines = selfCgroup.split("\n").filter(Boolean).map((line) => line.split(":"));
-  const v1 = lines.find(([, controllers]) => controllers?.split(",").includes("cpu"));
-  if (v1) return v1.slice(2).join(":") === "/";
-  const v2 = lines.find(([id, controllers]) => id === "0" && controllers === "");
-  if (!v2) return false;
-  for (let dir = path.posix.normalize(v2.slice(2).join(":") || "/"), depth = 0; depth < 64; depth++) {
+  const paths = cgroupPathsOf(selfCgroup);
+  const v1 = paths.get("cpu");
+  if (v1 !== undefined) return v1 === "/";
+  const v2 = paths.get("");
+  if (v2 === undefined) return false;
+  for (let dir = path.posix.normalize(v2 || "/"), depth = 0; depth < 64; depth++) {
     if (hasCpuWeight(dir)) return false;
     if (dir === "/") return true;
     dir = path.posix.dirname(dir);

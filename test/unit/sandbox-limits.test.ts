@@ -2,7 +2,7 @@ import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { inRootCpuCgroup, setupFailed } from "../../actors/sandbox.js";
-import { NODE_PROCESS_RESERVE, processLimitsOf, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
+import { NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -62,10 +62,10 @@ test("sandbox - only bwrap's, the launcher's and the limit wrapper's own failure
 test("sandbox - the node's process limits are read from /proc/self/limits", (t) => {
   const limits = (soft: string, hard: string) =>
     `Limit                     Soft Limit           Hard Limit           Units     \nMax cpu time              unlimited            unlimited            seconds   \nMax processes             ${soft}  ${hard}  processes \nMax open files            1024                 524288               files     \n`;
-  t.deepEqual(processLimitsOf(limits("96364", "96364")), { soft: 96364, hard: 96364 });
-  t.deepEqual(processLimitsOf(limits("4096", "8192")), { soft: 4096, hard: 8192 });
-  t.deepEqual(processLimitsOf(limits("unlimited", "unlimited")), { soft: Infinity, hard: Infinity });
-  t.deepEqual(processLimitsOf(""), { soft: Infinity, hard: Infinity });
+  t.deepEqual(rlimitOf(limits("96364", "96364"), "Max processes"), { soft: 96364, hard: 96364 });
+  t.deepEqual(rlimitOf(limits("4096", "8192"), "Max processes"), { soft: 4096, hard: 8192 });
+  t.deepEqual(rlimitOf(limits("unlimited", "unlimited"), "Max processes"), { soft: Infinity, hard: Infinity });
+  t.deepEqual(rlimitOf("", "Max processes"), { soft: Infinity, hard: Infinity });
   // The nice limit by its own name (the line the start-up warning reads), not the processes line.
   const withNice = `${limits("4096", "8192")}Max nice priority         0                    40                   \nMax realtime priority     0                    0                    \n`;
   t.deepEqual(rlimitOf(withNice, "Max nice priority"), { soft: 0, hard: 40 });
