@@ -137,8 +137,9 @@ const WATCHDOG = [
   "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT",
   '( while read -r _ <&3; do :; done; kill -TERM "$pid" 2>/dev/null; sleep 5; kill -KILL "$pid" 2>/dev/null ) &',
   "watcher=$!",
-  "code=0",
-  'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; code=$?; done',
+  // wait returns the server's status, also when it has already exited (and was reaped,
+  // which a `kill -0` first would take for "never ran": status 0); again after a signal.
+  'while :; do wait "$pid"; code=$?; kill -0 "$pid" 2>/dev/null || break; done',
   'kill "$watcher" 2>/dev/null',
   'exit "$code"',
 ].join("\n");
