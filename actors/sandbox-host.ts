@@ -317,7 +317,13 @@ export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
 }
 
 /** bwrap's arguments for one command (README "Sandbox" says what each part is for). */
-export function bwrapArgs(layout: HostLayout, cmd: { env?: Record<string, string>; tmpBytes: number }, argv: readonly string[], network: boolean): string[] {
+export function bwrapArgs(
+  layout: HostLayout,
+  cmd: { env?: Record<string, string>; tmpBytes: number },
+  argv: readonly string[],
+  fds: { network?: number; seccomp?: number },
+): string[] {
+  const network = fds.network !== undefined;
   const env: Record<string, string> = {
     PATH: "/usr/local/bin:/usr/bin:/bin",
     HOME: "/tmp",
@@ -364,7 +370,9 @@ export function bwrapArgs(layout: HostLayout, cmd: { env?: Record<string, string
     "3",
     SANDBOX_WORKSPACE,
   ];
-  if (network) args.push("--ro-bind-fd", "4", "/run/runs");
+  if (network) args.push("--ro-bind-fd", String(fds.network), "/run/runs");
+  // The filter (actors/sandbox-seccomp.ts), loaded by bwrap right before it execs the command.
+  if (fds.seccomp !== undefined) args.push("--seccomp", String(fds.seccomp));
   args.push("--chdir", SANDBOX_WORKSPACE, "--remount-ro", "/", "--clearenv");
   for (const [name, value] of Object.entries(env)) args.push("--setenv", name, value);
   args.push("--", ...argv);

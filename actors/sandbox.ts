@@ -22,7 +22,7 @@
 import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { constants as fsConstants, openSync, closeSync, existsSync } from "node:fs";
-import { chown, mkdir, readFile, rm } from "node:fs/promises";
+import { chown, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
@@ -32,6 +32,7 @@ import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
 import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
+import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
 export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
 export { OutputTail } from "./sandbox-process.js";
@@ -168,6 +169,8 @@ export class Sandbox {
     private readonly zeroRealtime: boolean,
     /** /bin/sh's `ulimit` flag for RLIMIT_NPROC (the launcher's and, inside the sandbox, the limit's wrapper's): bash says -u, dash -p. */
     private readonly nprocFlag = "-u",
+    /** The seccomp filter bwrap loads for every command (none on an architecture without one). */
+    private readonly seccompFile?: string,
   ) {
     const nice = cgroups?.weighsCpu ? undefined : findOnPath("nice", LAUNCHER_PATH);
     this.niced = nice ? [nice, "-n", String(Math.max(0, SANDBOX_NICENESS - os.getPriority()))] : [];
@@ -204,7 +207,19 @@ export class Sandbox {
     if (processesTotal <= MAX_COMMAND_PROCESSES) {
       log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one command can use them all`);
     }
-    const sandbox = new Sandbox(options, bwrap, cgroups, owner, findOnPath("socat"), hostLayout(), processesTotal, realtimeToZero(nodeLimits, log), cgroups ? undefined : nprocFlagOrFail("/bin/sh"));
+    const seccompFile = await writeSeccompFilter(options.runtimeDir, cgroups !== undefined, log);
+    const sandbox = new Sandbox(
+      options,
+      bwrap,
+      cgroups,
+      owner,
+      findOnPath("socat"),
+      hostLayout(),
+      processesTotal,
+      realtimeToZero(nodeLimits, log),
+      cgroups ? undefined : nprocFlagOrFail("/bin/sh"),
+      seccompFile,
+    );
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
     const probeDir = await sandbox.mkProbeWorkspace();
@@ -248,6 +263,7 @@ export class Sandbox {
       mode: this.options.mode,
       limits: this.options.mode === "off" ? "none" : (this.cgroups?.mechanism ?? "rlimit"),
       cpu: this.options.mode === "off" ? "none" : this.cgroups?.weighsCpu ? "cgroup" : this.niced.length > 0 ? "nice" : "none",
+      seccomp: this.options.mode !== "off" && this.seccompFile !== undefined,
       uid: this.options.mode === "off" ? null : (this.owner?.uid ?? process.getuid?.() ?? null),
       egress: this.socat !== undefined && this.options.egress !== undefined,
       running: this.running,
@@ -344,11 +360,18 @@ export class Sandbox {
         );
         fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       }
+      // The child's descriptors from 3 on are `fds` in order.
+      const networkFd = wantsNetwork ? 3 + fds.length - 1 : undefined;
+      let seccompFd: number | undefined;
+      if (this.seccompFile) {
+        fds.push(openSync(this.seccompFile, fsConstants.O_RDONLY));
+        seccompFd = 3 + fds.length - 1;
+      }
       // Without cgroups, processes are limited by rlimits: the command's inside its sandbox, every sandbox's together by the launcher.
       const byRlimits = !this.cgroups && processLimit;
       const relayed = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
       const argv = byRlimits ? withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed) : relayed;
-      const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, wantsNetwork);
+      const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, { network: networkFd, seccomp: seccompFd });
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
       const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), [...this.niced, this.bwrap!, ...args]);
       const startedMs = Date.now();
@@ -469,6 +492,24 @@ function rlimitTotalOrFail(wanted: number, nodeLimits: string, sharesNodeUid: bo
   const [major = 0, minor = 0] = os.release().split(".").map((part) => Number.parseInt(part, 10));
   if (major < 5 || (major === 5 && minor < 14)) log.warn({ kernel: os.release() }, "sandbox: before Linux 5.14 a command's process limit counts every process of the sandbox uid on the host: one tenant's command at its limit can keep others from forking");
   return total;
+}
+
+/**
+ * Writes the seccomp filter commands run under (actors/sandbox-seccomp.ts) into the
+ * runtime folder, whole or not at all (another node may share the folder: each writes its
+ * own kind under its own name). None where no filter is built for the architecture (warned).
+ */
+async function writeSeccompFilter(runtimeDir: string, memoryCgroup: boolean, log: Logger): Promise<string | undefined> {
+  const arch = seccompArchOf();
+  if (!arch) {
+    log.warn({ arch: process.arch }, "sandbox: no seccomp filter is built for this architecture: commands may use key rings, BPF, userfaultfd, perf events and io_uring (and, without a memory cgroup, System V IPC and memfd)");
+    return undefined;
+  }
+  const file = path.join(runtimeDir, `seccomp-${arch}-${memoryCgroup ? "cgroup" : "rlimit"}.bpf`);
+  const partial = `${file}.${randomBytes(6).toString("hex")}`;
+  await writeFile(partial, seccompProgram(arch, refusedSyscalls(memoryCgroup)), { mode: 0o600 });
+  await rename(partial, file);
+  return file;
 }
 
 /**

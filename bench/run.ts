@@ -530,7 +530,7 @@ async function sandboxLatency(): Promise<void> {
     };
     const internals = boxed as unknown as { bwrap?: string; hostLayout?: HostLayout };
     if (internals.bwrap && internals.hostLayout) {
-      const args = bwrapArgs(internals.hostLayout, { tmpBytes: command.limits.tmpBytes }, ["/usr/bin/true"], false);
+      const args = bwrapArgs(internals.hostLayout, { tmpBytes: command.limits.tmpBytes }, ["/usr/bin/true"], {});
       fds.push(openSync(ws, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       parts.bwrap = () => timedSpawn(internals.bwrap!, args, { ...owner, fds: [fds[0]!] });
     } else notes.push("sandbox parts: bwrap alone not timed (the Sandbox holds no bwrap path or host layout any more)");

@@ -1372,6 +1372,8 @@ export interface components {
                  * @enum {string}
                  */
                 cpu: "cgroup" | "nice" | "none";
+                /** @description Whether a seccomp filter refuses commands the system calls no tool needs (key rings, BPF, userfaultfd, perf events, io_uring; without a memory cgroup also System V IPC and memfd). false: off, or an architecture other than x86-64 and arm64. */
+                seccomp: boolean;
                 /** @description Host uid the sandboxes run as. */
                 uid: number | null;
                 /** @description Whether deployments with network.allow can run (socat present). */

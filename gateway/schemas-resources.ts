@@ -172,6 +172,9 @@ export const ReadinessSchema = named(
         cpu: z
           .enum(["cgroup", "nice", "none"])
           .describe("How the sandboxes' CPU is kept from the service's: their CPU cgroups (one core each, all together weighing as the service), nice 19 (no CPU cgroup), or not at all (neither; or off)."),
+        seccomp: z
+          .boolean()
+          .describe("Whether a seccomp filter refuses commands the system calls no tool needs (key rings, BPF, userfaultfd, perf events, io_uring; without a memory cgroup also System V IPC and memfd). false: off, or an architecture other than x86-64 and arm64."),
         uid: z.int().nullable().describe("Host uid the sandboxes run as."),
         egress: z.boolean().describe("Whether deployments with network.allow can run (socat present)."),
         running: z.int().min(0),

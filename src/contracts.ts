@@ -72,6 +72,8 @@ export interface SandboxStatus {
   limits: "cgroup-v2" | "cgroup-v1" | "rlimit" | "none";
   /** How their CPU is kept from the service's: CPU cgroups, nice 19 without them, or not at all. */
   cpu: "cgroup" | "nice" | "none";
+  /** Whether a seccomp filter refuses commands the system calls of actors/sandbox-seccomp.ts (none off, or on an architecture without one). */
+  seccomp: boolean;
   /** Host uid the sandboxes run as. */
   uid: number | null;
   /** Whether deployments with a network allow list can run (socat present). */

@@ -55,11 +55,12 @@ test_.after.always(async (t) => {
   await rm(t.context.base, { recursive: true, force: true });
 });
 
-test_("sandbox - start-up reports bwrap, the limits mechanism and an unprivileged uid", (t) => {
+test_("sandbox - start-up reports bwrap, the limits mechanism, an unprivileged uid and the seccomp filter (on x86-64 and arm64)", (t) => {
   const status = t.context.sandbox.status();
   t.is(status.mode, "bwrap");
   t.not(status.uid, 0);
   t.true(["cgroup-v2", "cgroup-v1", "rlimit"].includes(status.limits));
+  t.is(status.seccomp, process.arch === "x64" || process.arch === "arm64");
 });
 
 test_("sandbox - a node without bwrap refuses to start and says how to install it", async (t) => {

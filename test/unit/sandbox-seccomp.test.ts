@@ -1,0 +1,97 @@
+import test from "ava";
+import {
+  ALWAYS_REFUSED,
+  ENOSYS,
+  REFUSED_WITHOUT_MEMORY_CGROUP,
+  refusedSyscalls,
+  seccompArchOf,
+  seccompProgram,
+  SYSCALL_NUMBERS,
+  type SeccompArch,
+} from "../../actors/sandbox-seccomp.js";
+
+const AUDIT_ARCH = { x64: 0xc000003e, arm64: 0xc00000b7, i386: 0x40000003, arm: 0x40000028 };
+const ALLOW = 0x7fff0000;
+const REFUSE = 0x00050000 | ENOSYS;
+
+/**
+ * Runs a classic BPF program as the kernel's seccomp does, for the instructions a
+ * filter may hold (loads from seccomp_data, conditional jumps with a constant, returns):
+ * anything else fails the test, as would a jump out of the program or a fall off its end.
+ */
+function run(program: Buffer, data: { nr: number; arch: number }): number {
+  const count = program.length / 8;
+  let a = 0;
+  for (let pc = 0, steps = 0; steps <= count; steps++) {
+    if (pc >= count) throw new Error(`fell off the program at ${pc}`);
+    const code = program.readUInt16LE(pc * 8);
+    const jt = program.readUInt8(pc * 8 + 2);
+    const jf = program.readUInt8(pc * 8 + 3);
+    const k = program.readUInt32LE(pc * 8 + 4);
+    switch (code) {
+      case 0x20: // BPF_LD | BPF_W | BPF_ABS
+        if (k === 0) a = data.nr >>> 0;
+        else if (k === 4) a = data.arch >>> 0;
+        else throw new Error(`load from offset ${k}`);
+        pc++;
+        break;
+      case 0x15: // BPF_JMP | BPF_JEQ | BPF_K
+        pc += 1 + (a === k ? jt : jf);
+        break;
+      case 0x35: // BPF_JMP | BPF_JGE | BPF_K
+        pc += 1 + (a >= k ? jt : jf);
+        break;
+      case 0x06: // BPF_RET | BPF_K
+        return k;
+      default:
+        throw new Error(`instruction ${code.toString(16)} at ${pc}`);
+    }
+  }
+  throw new Error("the program loops");
+}
+
+const ARCHES: SeccompArch[] = ["x64", "arm64"];
+
+for (const arch of ARCHES) {
+  for (const memoryCgroup of [true, false]) {
+    test(`sandbox-seccomp - ${arch}, ${memoryCgroup ? "with" : "without"} a memory cgroup: exactly the listed calls of the node's ABI are refused, every other ABI whole`, (t) => {
+      const refused = refusedSyscalls(memoryCgroup);
+      const program = seccompProgram(arch, refused);
+      const numbers = new Set<number>(refused.map((name) => SYSCALL_NUMBERS[name][arch]));
+      // Every number a system call has today, and well past it.
+      for (let nr = 0; nr < 2048; nr++) {
+        const got = run(program, { nr, arch: AUDIT_ARCH[arch] });
+        if (got !== (numbers.has(nr) ? REFUSE : ALLOW)) t.fail(`nr ${nr}: ${got.toString(16)}`);
+      }
+      // x32 (x86-64 numbers with bit 30) is another ABI in the same AUDIT_ARCH.
+      for (const nr of [0, 1, 29, 59, 0x1ff, 0x3fffffff]) {
+        const got = run(program, { nr: 0x40000000 + nr, arch: AUDIT_ARCH[arch] });
+        t.is(got, arch === "x64" ? REFUSE : ALLOW, `x32 nr ${nr}`);
+      }
+      for (const other of [AUDIT_ARCH.i386, AUDIT_ARCH.arm, AUDIT_ARCH[arch === "x64" ? "arm64" : "x64"], 0]) {
+        for (const nr of [0, 1, 3, 117, 29, 194]) t.is(run(program, { nr, arch: other }), REFUSE, `arch ${other.toString(16)} nr ${nr}`);
+      }
+      t.is(program.length % 8, 0);
+    });
+  }
+}
+
+test("sandbox-seccomp - the lists: memory outside the rlimits only without a memory cgroup, attack surface always; a duplicate number is one instruction", (t) => {
+  t.deepEqual(refusedSyscalls(true), [...ALWAYS_REFUSED]);
+  t.deepEqual(refusedSyscalls(false), [...ALWAYS_REFUSED, ...REFUSED_WITHOUT_MEMORY_CGROUP]);
+  for (const name of ["shmget", "msgget", "semget", "memfd_create"] as const) {
+    t.true(refusedSyscalls(false).includes(name));
+    t.false(refusedSyscalls(true).includes(name));
+  }
+  // io_uring's calls have the same numbers on both: listed twice, compiled once.
+  const once = seccompProgram("arm64", ["io_uring_setup"]);
+  t.is(seccompProgram("arm64", ["io_uring_setup", "io_uring_setup"]).length, once.length);
+  t.is(run(once, { nr: 425, arch: AUDIT_ARCH.arm64 }), REFUSE);
+  t.is(run(once, { nr: 426, arch: AUDIT_ARCH.arm64 }), ALLOW);
+});
+
+test("sandbox-seccomp - a filter is built for x86-64 and arm64 only", (t) => {
+  t.is(seccompArchOf("x64"), "x64");
+  t.is(seccompArchOf("arm64"), "arm64");
+  for (const other of ["ia32", "arm", "riscv64", "ppc64", "s390x", "loong64"]) t.is(seccompArchOf(other), undefined);
+});
