@@ -3,7 +3,9 @@
  * with `--seccomp` (it sets no_new_privs and installs it right before it execs the command).
  *
  * Two lists. In every mode, calls that open kernel attack surface no tool needs: key
- * rings, BPF programs, userfaultfd, perf events, io_uring and kexec. Without a memory
+ * rings, BPF programs, userfaultfd, perf events, io_uring, kexec, secret memory and, on
+ * x86-64, `uselib` and `modify_ldt` (Docker's default profile refuses these too; most of
+ * what else it refuses needs capabilities a sandboxed command does not have). Without a memory
  * cgroup also the ways to hold memory no rlimit counts: System V shared memory, message
  * queues and semaphore sets (they live in the command's IPC namespace until the command
  * ends; measured: 1.5 GiB of segments at a 512 MiB limit), and memfd files (each as large
@@ -26,7 +28,7 @@ const AUDIT_ARCH: Record<SeccompArch, number> = { x64: 0xc000003e, arm64: 0xc000
 /** x32 system calls are x86-64 numbers with this bit set (same AUDIT_ARCH). */
 const X32_SYSCALL_BIT = 0x40000000;
 
-/** System call numbers (asm/unistd_64.h for x86-64, asm-generic/unistd.h for arm64). */
+/** System call numbers (asm/unistd_64.h for x86-64, asm-generic/unistd.h for arm64); none where the architecture has no such call. */
 export const SYSCALL_NUMBERS = {
   add_key: { x64: 248, arm64: 217 },
   request_key: { x64: 249, arm64: 218 },
@@ -42,8 +44,11 @@ export const SYSCALL_NUMBERS = {
   shmget: { x64: 29, arm64: 194 },
   msgget: { x64: 68, arm64: 186 },
   semget: { x64: 64, arm64: 190 },
+  memfd_secret: { x64: 447, arm64: 447 },
+  uselib: { x64: 134 },
+  modify_ldt: { x64: 154 },
   memfd_create: { x64: 319, arm64: 279 },
-} as const satisfies Record<string, Record<SeccompArch, number>>;
+} as const satisfies Record<string, Partial<Record<SeccompArch, number>>>;
 
 export type SyscallName = keyof typeof SYSCALL_NUMBERS;
 
@@ -60,6 +65,9 @@ export const ALWAYS_REFUSED: readonly SyscallName[] = [
   "io_uring_register",
   "kexec_load",
   "kexec_file_load",
+  "memfd_secret",
+  "uselib",
+  "modify_ldt",
 ];
 
 /** Refused where no memory cgroup counts what they hold. */
@@ -87,6 +95,12 @@ export const ENOSYS = 38;
 const DATA_NR = 0;
 const DATA_ARCH = 4;
 
+/** The number of `name` on `arch`, if it has that call. */
+export function numberOf(name: SyscallName, arch: SeccompArch): number | undefined {
+  const numbers: Partial<Record<SeccompArch, number>> = SYSCALL_NUMBERS[name];
+  return numbers[arch];
+}
+
 interface Insn {
   code: number;
   jt: number;
@@ -99,7 +113,7 @@ interface Insn {
  * jt, u8 jf, u32 k), in the machine's byte order (little-endian on both architectures).
  */
 export function seccompProgram(arch: SeccompArch, refused: readonly SyscallName[]): Buffer {
-  const numbers = [...new Set(refused.map((name) => SYSCALL_NUMBERS[name][arch]))].sort((a, b) => a - b);
+  const numbers = [...new Set(refused.flatMap((name) => numberOf(name, arch) ?? []))].sort((a, b) => a - b);
   const insns: Insn[] = [];
   const deny: number[] = []; // indexes whose jt jumps to the refusal
   insns.push({ code: BPF_LD_W_ABS, jt: 0, jf: 0, k: DATA_ARCH });

@@ -20,9 +20,9 @@
  * directory (local development only: no confinement at all).
  */
 import { spawnSync } from "node:child_process";
-import { randomBytes } from "node:crypto";
-import { constants as fsConstants, openSync, closeSync, existsSync } from "node:fs";
-import { chown, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { createHash, randomBytes } from "node:crypto";
+import { constants as fsConstants, openSync, closeSync, existsSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { chown, mkdir, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
@@ -169,8 +169,8 @@ export class Sandbox {
     private readonly zeroRealtime: boolean,
     /** /bin/sh's `ulimit` flag for RLIMIT_NPROC (the launcher's and, inside the sandbox, the limit's wrapper's): bash says -u, dash -p. */
     private readonly nprocFlag = "-u",
-    /** The seccomp filter bwrap loads for every command (none on an architecture without one). */
-    private readonly seccompFile?: string,
+    /** The seccomp filter bwrap loads for every command, and its file (none on an architecture without one). */
+    private readonly seccomp?: { file: string; program: Buffer },
   ) {
     const nice = cgroups?.weighsCpu ? undefined : findOnPath("nice", LAUNCHER_PATH);
     this.niced = nice ? [nice, "-n", String(Math.max(0, SANDBOX_NICENESS - os.getPriority()))] : [];
@@ -207,7 +207,7 @@ export class Sandbox {
     if (processesTotal <= MAX_COMMAND_PROCESSES) {
       log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one command can use them all`);
     }
-    const seccompFile = await writeSeccompFilter(options.runtimeDir, cgroups !== undefined, log);
+    const seccomp = await writeSeccompFilter(options.runtimeDir, cgroups !== undefined, log);
     const sandbox = new Sandbox(
       options,
       bwrap,
@@ -218,7 +218,7 @@ export class Sandbox {
       processesTotal,
       realtimeToZero(nodeLimits, log),
       cgroups ? undefined : nprocFlagOrFail("/bin/sh"),
-      seccompFile,
+      seccomp,
     );
     // One real sandbox proves namespaces work here (a container without user
     // namespaces fails now, with bwrap's own words, not at a tenant's first command).
@@ -240,7 +240,9 @@ export class Sandbox {
       if (err instanceof SandboxStartError || err instanceof SandboxFailure) {
         const traversal = /Permission denied/.test(err.message) && owner
           ? ` The sandbox's user (uid ${owner.uid}) must be able to reach ${options.runtimeDir}: every folder above it needs the search bit for others (chmod o+x), or set RUNS_DATA_DIR elsewhere.`
-          : " It needs unprivileged user namespaces (see docs/deploy-sandbox.md).";
+          : /seccomp/i.test(err.message)
+            ? " The kernel refused the sandbox's seccomp filter: it needs seccomp filters (CONFIG_SECCOMP_FILTER), which mainstream kernels have."
+            : " It needs unprivileged user namespaces (see docs/deploy-sandbox.md).";
         throw new SandboxUnavailableError(
           `bubblewrap (${bwrap}) cannot create a sandbox on this host: ${err.message}.${traversal} RUNS_SANDBOX=off runs without (local development only).`,
         );
@@ -263,7 +265,7 @@ export class Sandbox {
       mode: this.options.mode,
       limits: this.options.mode === "off" ? "none" : (this.cgroups?.mechanism ?? "rlimit"),
       cpu: this.options.mode === "off" ? "none" : this.cgroups?.weighsCpu ? "cgroup" : this.niced.length > 0 ? "nice" : "none",
-      seccomp: this.options.mode !== "off" && this.seccompFile !== undefined,
+      seccomp: this.options.mode !== "off" && this.seccomp !== undefined,
       uid: this.options.mode === "off" ? null : (this.owner?.uid ?? process.getuid?.() ?? null),
       egress: this.socat !== undefined && this.options.egress !== undefined,
       running: this.running,
@@ -348,7 +350,10 @@ export class Sandbox {
     }
     let egress: { close(): Promise<void> } | undefined;
     let egressDir: string | undefined;
+    // The child's descriptors from 3 on are `fds` in order: the nth pushed is 2 + n.
     const fds: number[] = [];
+    const childFd = (pushed: number) => 2 + pushed;
+    let networkFd: number | undefined;
     try {
       fds.push(openSync(cmd.workspaceDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       if (wantsNetwork) {
@@ -358,15 +363,9 @@ export class Sandbox {
         egress = await this.options.egress!.open(path.join(egressDir, "egress.sock"), { allow: cmd.networkAllow! }, (denial: EgressDenial) =>
           cmd.onNetworkDenied?.(denial),
         );
-        fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
+        networkFd = childFd(fds.push(openSync(egressDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY)));
       }
-      // The child's descriptors from 3 on are `fds` in order.
-      const networkFd = wantsNetwork ? 3 + fds.length - 1 : undefined;
-      let seccompFd: number | undefined;
-      if (this.seccompFile) {
-        fds.push(openSync(this.seccompFile, fsConstants.O_RDONLY));
-        seccompFd = 3 + fds.length - 1;
-      }
+      const seccompFd = this.seccomp ? childFd(fds.push(openSeccompFilter(this.seccomp))) : undefined;
       // Without cgroups, processes are limited by rlimits: the command's inside its sandbox, every sandbox's together by the launcher.
       const byRlimits = !this.cgroups && processLimit;
       const relayed = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
@@ -496,20 +495,41 @@ function rlimitTotalOrFail(wanted: number, nodeLimits: string, sharesNodeUid: bo
 
 /**
  * Writes the seccomp filter commands run under (actors/sandbox-seccomp.ts) into the
- * runtime folder, whole or not at all (another node may share the folder: each writes its
- * own kind under its own name). None where no filter is built for the architecture (warned).
+ * runtime folder, named by its content: nodes sharing the folder, of other versions or
+ * modes, each find their own. None where no filter is built for the architecture (warned).
  */
-async function writeSeccompFilter(runtimeDir: string, memoryCgroup: boolean, log: Logger): Promise<string | undefined> {
+async function writeSeccompFilter(runtimeDir: string, memoryCgroup: boolean, log: Logger): Promise<{ file: string; program: Buffer } | undefined> {
   const arch = seccompArchOf();
   if (!arch) {
     log.warn({ arch: process.arch }, "sandbox: no seccomp filter is built for this architecture: commands may use key rings, BPF, userfaultfd, perf events and io_uring (and, without a memory cgroup, System V IPC and memfd)");
     return undefined;
   }
-  const file = path.join(runtimeDir, `seccomp-${arch}-${memoryCgroup ? "cgroup" : "rlimit"}.bpf`);
+  const program = seccompProgram(arch, refusedSyscalls(memoryCgroup));
+  const file = path.join(runtimeDir, `seccomp-${createHash("sha256").update(program).digest("hex").slice(0, 16)}.bpf`);
+  writeWhole(file, program);
+  return { file, program };
+}
+
+/** Writes `data` to `file` whole or not at all (a reader never sees part of it). */
+function writeWhole(file: string, data: Buffer): void {
   const partial = `${file}.${randomBytes(6).toString("hex")}`;
-  await writeFile(partial, seccompProgram(arch, refusedSyscalls(memoryCgroup)), { mode: 0o600 });
-  await rename(partial, file);
-  return file;
+  try {
+    writeFileSync(partial, data, { mode: 0o600 });
+    renameSync(partial, file);
+  } finally {
+    rmSync(partial, { force: true });
+  }
+}
+
+/** A fresh descriptor of the filter for one command (bwrap reads it to its end); written again if someone removed it. */
+function openSeccompFilter(seccomp: { file: string; program: Buffer }): number {
+  try {
+    return openSync(seccomp.file, fsConstants.O_RDONLY);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+    writeWhole(seccomp.file, seccomp.program);
+    return openSync(seccomp.file, fsConstants.O_RDONLY);
+  }
 }
 
 /**

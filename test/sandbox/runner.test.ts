@@ -124,6 +124,34 @@ test_("sandbox - a bwrap that fails to start is tried three times, then sandbox_
   }
 });
 
+test_("sandbox - a kernel that refuses the seccomp filter stops the node at start and says so; a filter removed from the runtime folder is written again", async (t) => {
+  const base = await tempBase();
+  // bwrap's own words where the kernel has no seccomp filters (CONFIG_SECCOMP_FILTER unset).
+  const fake = path.join(base, "bwrap");
+  await writeFile(fake, `#!/bin/sh\ncase "$*" in *--seccomp*) echo "bwrap: prctl(PR_SET_SECCOMP): Invalid argument" >&2; exit 1;; esac\nexec bwrap "$@"\n`, { mode: 0o755 });
+  try {
+    if (process.arch === "x64" || process.arch === "arm64") {
+      const error = await t.throwsAsync(Sandbox.start({ mode: "bwrap", bwrapPath: fake, maxConcurrent: 1, runtimeDir: path.join(base, "refused"), nodeId: "x", log }));
+      t.true(error instanceof SandboxUnavailableError);
+      t.regex(error!.message, /PR_SET_SECCOMP/);
+      t.regex(error!.message, /CONFIG_SECCOMP_FILTER/);
+      t.notRegex(error!.message, /user namespaces/);
+    }
+    const runtimeDir = path.join(base, "rt");
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 1, runtimeDir, nodeId: "x", log });
+    const filters = (await readdir(runtimeDir)).filter((name) => name.startsWith("seccomp-"));
+    t.is(filters.length, sandbox.status().seccomp ? 1 : 0, filters.join());
+    for (const name of filters) await rm(path.join(runtimeDir, name));
+    const dir = await workspace(sandbox, base);
+    const outcome = await sandbox.run(bash(dir, "grep Seccomp: /proc/self/status"));
+    t.is(outcome.kind, "exited");
+    t.is(outcome.output.toString("utf8").trim(), `Seccomp:\t${sandbox.status().seccomp ? 2 : 0}`);
+    t.deepEqual((await readdir(runtimeDir)).filter((name) => name.startsWith("seccomp-")), filters);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
 test_("sandbox - without cgroups, a node starts while other sandboxes of the host's sandbox uid run more processes than its probe needs (before Linux 5.14 RLIMIT_NPROC counts them all)", async (t) => {
   const base = await tempBase();
   try {
