@@ -29,7 +29,7 @@ const AUDIT_ARCH: Record<SeccompArch, number> = { x64: 0xc000003e, arm64: 0xc000
 const X32_SYSCALL_BIT = 0x40000000;
 
 /** System call numbers (asm/unistd_64.h for x86-64, asm-generic/unistd.h for arm64); none where the architecture has no such call. */
-export const SYSCALL_NUMBERS = {
+const SYSCALL_NUMBERS = {
   add_key: { x64: 248, arm64: 217 },
   request_key: { x64: 249, arm64: 218 },
   keyctl: { x64: 250, arm64: 219 },
@@ -96,7 +96,7 @@ const DATA_NR = 0;
 const DATA_ARCH = 4;
 
 /** The number of `name` on `arch`, if it has that call. */
-export function numberOf(name: SyscallName, arch: SeccompArch): number | undefined {
+function numberOf(name: SyscallName, arch: SeccompArch): number | undefined {
   const numbers: Partial<Record<SeccompArch, number>> = SYSCALL_NUMBERS[name];
   return numbers[arch];
 }

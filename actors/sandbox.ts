@@ -207,7 +207,7 @@ export class Sandbox {
     if (processesTotal <= MAX_COMMAND_PROCESSES) {
       log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one command can use them all`);
     }
-    const seccomp = await writeSeccompFilter(options.runtimeDir, cgroups !== undefined, log);
+    const seccomp = writeSeccompFilter(options.runtimeDir, cgroups !== undefined, log);
     const sandbox = new Sandbox(
       options,
       bwrap,
@@ -498,7 +498,7 @@ function rlimitTotalOrFail(wanted: number, nodeLimits: string, sharesNodeUid: bo
  * runtime folder, named by its content: nodes sharing the folder, of other versions or
  * modes, each find their own. None where no filter is built for the architecture (warned).
  */
-async function writeSeccompFilter(runtimeDir: string, memoryCgroup: boolean, log: Logger): Promise<{ file: string; program: Buffer } | undefined> {
+function writeSeccompFilter(runtimeDir: string, memoryCgroup: boolean, log: Logger): { file: string; program: Buffer } | undefined {
   const arch = seccompArchOf();
   if (!arch) {
     log.warn({ arch: process.arch }, "sandbox: no seccomp filter is built for this architecture: commands may use key rings, BPF, userfaultfd, perf events and io_uring (and, without a memory cgroup, System V IPC and memfd)");
