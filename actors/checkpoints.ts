@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdir, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
+import { removeTree } from "./sandbox-host.js";
 import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
@@ -45,9 +46,15 @@ function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess
   return { child, done };
 }
 
-/** `tar`'s output, failing at its end if tar failed (so a bad archive never replaces a good one). */
+/**
+ * `tar`'s output, failing at its end if tar failed (so a bad archive never replaces a good one).
+ * Holes stay holes (`--sparse`, GNU tar; extraction keeps them without being told): a command
+ * can make files of its whole file size limit that take no disk (`truncate`), and archived in
+ * full, as many as it liked, they cost the node minutes of CPU to save and their full size in
+ * disk to restore.
+ */
 async function* archiveOf(dir: string): AsyncGenerator<Uint8Array> {
-  const { child, done } = runTar(["-czf", "-", "-C", dir, "."], "ignore");
+  const { child, done } = runTar(["--sparse", "-czf", "-", "-C", dir, "."], "ignore");
   try {
     for await (const chunk of child.stdout as AsyncIterable<Buffer>) yield chunk;
     await done;
@@ -179,7 +186,7 @@ export class WorkspaceCheckpoints {
       // The object store stopped answering partway (a NATS server restarting): worth
       // reading again, into an empty directory.
       if (isTransientFailure(err)) {
-        await rm(dir, { recursive: true, force: true });
+        await removeTree(dir);
         throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
       }
       // Read, but not a workspace this service can open: no retry brings it back.

@@ -1,6 +1,7 @@
 import test from "ava";
 import { existsSync } from "node:fs";
-import { cp, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { cp, mkdir, open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { spawnSync } from "node:child_process";
 import path from "node:path";
 import { bashThen } from "../helpers/agent-configs.js";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -129,6 +130,40 @@ test("checkpoints - a save expecting an older revision is refused and stores not
     await checkpoints.remove("run_checkpointnever0000001");
     await nc.close();
     await t.throwsAsync(checkpoints.remove(runId), { instanceOf: CheckpointError });
+  } finally {
+    await nc.close();
+    await servers.stop();
+  }
+});
+
+test("checkpoints - files with holes are saved and restored with their holes: a command's truncate-made files cost neither the archive nor the restoring node's disk their length", async (t) => {
+  const servers = await startTestServers();
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "checkpoint-sparse-test" });
+  try {
+    const bucket = await new Objm(jetstream(nc)).create("checkpoint_sparse_test");
+    const checkpoints = new WorkspaceCheckpoints(bucket);
+    const runId = "run_checkpointsparse000001";
+    const dir = path.join(servers.dir, "sparse", runId);
+    await mkdir(dir, { recursive: true });
+    // Sixteen files of 32 MiB each with a few bytes of data in the middle: 512 MiB long, nearly nothing on disk.
+    const made = spawnSync("bash", ["-c", 'for i in $(seq 16); do truncate -s 32M "hole$i"; printf "data $i" | dd of="hole$i" bs=1 seek=16777216 conv=notrunc status=none; done', "bash"], { cwd: dir, encoding: "utf8", timeout: 30_000 });
+    t.is(made.status, 0, made.stderr);
+    const revision = (await checkpoints.save(runId, dir, false, "ws_x", 0))!;
+    const stored = (await bucket.info(runId))!;
+    t.true(stored.size < 1024 * 1024, `archive of ${stored.size} bytes`);
+    const restored = path.join(servers.dir, "restored", runId);
+    t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
+    for (let i = 1; i <= 16; i++) {
+      const file = path.join(restored, `hole${i}`);
+      const st = await stat(file);
+      t.is(st.size, 32 * 1024 * 1024);
+      t.true(st.blocks * 512 <= 64 * 1024, `hole${i} takes ${st.blocks * 512} bytes on disk`);
+      const handle = await open(file);
+      const buf = Buffer.alloc(16);
+      await handle.read(buf, 0, 16, 16 * 1024 * 1024);
+      await handle.close();
+      t.is(buf.toString("utf8").replace(/\0+$/, ""), `data ${i}`);
+    }
   } finally {
     await nc.close();
     await servers.stop();
