@@ -11,6 +11,7 @@ import type { Logger } from "pino";
 import { type Clock, isTransientFailure, type RunDoc, type TurnErrorCode } from "../src/index.js";
 import { CheckpointCorruptError, CheckpointError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
 import { withRetries } from "./turn-input.js";
+import { removeTree } from "./sandbox-host.js";
 import type { Sandbox } from "./sandbox.js";
 
 export function workspaceDirOf(dataDir: string, runId: string): string {
@@ -19,7 +20,7 @@ export function workspaceDirOf(dataDir: string, runId: string): string {
 
 /** Removes a run's workspace directory on this node and the checkpoint marker beside it. */
 export async function removeRunWorkspace(workspaceDir: string): Promise<void> {
-  await rm(workspaceDir, { recursive: true, force: true });
+  await removeTree(workspaceDir);
   await rm(checkpointMarkerOf(workspaceDir), { force: true });
 }
 
@@ -70,7 +71,7 @@ export async function prepareRunWorkspace(
       revision = kept.revision;
       if (!kept.current) {
         r.log.info({ run_id: run._id }, "the workspace kept on this node is older than the run's checkpoint: restoring the checkpoint");
-        await rm(workspaceDir, { recursive: true, force: true });
+        await removeTree(workspaceDir);
         present = false;
       }
     } catch (err) {
@@ -90,7 +91,7 @@ export async function prepareRunWorkspace(
     }
     if (failure) {
       // Nothing half-restored is left to pass for the workspace on the next try.
-      await rm(workspaceDir, { recursive: true, force: true });
+      await removeTree(workspaceDir);
       return { failure };
     }
   }
@@ -144,7 +145,7 @@ export async function sweepKeptWorkspaces(
   const trash = path.join(root, TRASH);
   const done = { removed: 0, failed: 0 };
   // What a crash (or a failed removal) left there; tried again at every sweep.
-  await rm(trash, { recursive: true, force: true }).catch(() => undefined);
+  await removeTree(trash).catch(() => undefined);
   const runIds = await keptWorkspaceIds(dataDir);
   const from = Math.floor(Math.random() * runIds.length);
   let looked = 0;
@@ -166,12 +167,12 @@ export async function sweepKeptWorkspaces(
         renameSync(dir, away);
       }
       rmSync(marker, { force: true });
-      await rm(away, { recursive: true, force: true });
+      await removeTree(away);
       done.removed++;
     } catch {
       done.failed++;
     }
   }
-  await rm(trash, { recursive: true, force: true }).catch(() => undefined);
+  await removeTree(trash).catch(() => undefined);
   return done;
 }

@@ -3,12 +3,15 @@
  * read-only system it sees, the egress relay's environment, and the host-side file
  * work (ownership of a workspace, its size, whether the sandbox's uid can reach it).
  */
-import { spawnSync } from "node:child_process";
+import { execFile, spawnSync } from "node:child_process";
 import { accessSync, constants as fsConstants, existsSync, lstatSync, statSync } from "node:fs";
-import { chmod, chown, lchown, lstat, readdir } from "node:fs/promises";
+import { chmod, chown, lchown, lstat, readdir, rm } from "node:fs/promises";
 import path from "node:path";
+import { promisify } from "node:util";
 import type { Logger } from "pino";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
+
+const execFileAsync = promisify(execFile);
 
 /** Where the workspace appears inside the sandbox. */
 export const SANDBOX_WORKSPACE = "/workspace";
@@ -174,30 +177,61 @@ export async function chownTree(dir: string, uid: number, gid: number): Promise<
 }
 
 
-/** The size of a directory tree in bytes (lstat, links not followed); stops counting past `stopAt`. */
+/**
+ * The disk a directory tree takes, in bytes (blocks of files and folders alike, the tree's
+ * own folder included; lstat, links not followed); stops counting past `stopAt`. A tree a command made deeper than a path can
+ * name (PATH_MAX), or with an entry this process cannot read, is measured by du(1), which
+ * walks by descriptors; one that cannot be measured at all counts as past `stopAt` (its
+ * writes refuse), never as empty.
+ */
 export async function treeBytes(dir: string, stopAt: number): Promise<number> {
-  let total = 0;
   const stack = [dir];
-  while (stack.length > 0 && total <= stopAt) {
-    const current = stack.pop()!;
-    let entries;
-    try {
-      entries = await readdir(current, { withFileTypes: true });
-    } catch {
-      continue;
-    }
-    for (const entry of entries) {
-      const p = path.join(current, entry.name);
-      try {
+  try {
+    let total = (await lstat(dir)).blocks * 512;
+    while (stack.length > 0 && total <= stopAt) {
+      const current = stack.pop()!;
+      const entries = await readdir(current, { withFileTypes: true });
+      for (const entry of entries) {
+        const p = path.join(current, entry.name);
         const st = await lstat(p);
-        total += st.isDirectory() ? 0 : st.blocks * 512;
+        total += st.blocks * 512;
         if (st.isDirectory()) stack.push(p);
-      } catch {
-        // gone meanwhile
       }
     }
+    return total;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return 0;
+    return duBytes(dir).catch(() => Infinity);
   }
-  return total;
+}
+
+/** How long du(1) may take to measure a tree (a workspace of millions of files). */
+const DU_TIMEOUT_MS = 120_000;
+
+/** du(1)'s disk usage of a tree in bytes, as treeBytes counts it. */
+async function duBytes(dir: string): Promise<number> {
+  const { stdout } = await execFileAsync("du", ["-s", "-x", "-B1", "--", dir], { timeout: DU_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 });
+  const bytes = Number(/^(\d+)\s/.exec(stdout)?.[1]);
+  if (!Number.isSafeInteger(bytes)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
+  return bytes;
+}
+
+/** How long rm(1) may take to remove a tree Node's rm could not. */
+const RM_TIMEOUT_MS = 600_000;
+
+/**
+ * Removes a tree a sandboxed command may have made as deep as it liked (gone already: done).
+ * Node's recursive rm walks by whole paths and fails past PATH_MAX (ENAMETOOLONG), so a
+ * tree it could not remove is removed by rm(1), which walks by descriptors.
+ */
+export async function removeTree(dir: string): Promise<void> {
+  try {
+    await rm(dir, { recursive: true, force: true });
+  } catch (err) {
+    await execFileAsync("rm", ["-rf", "--one-file-system", "--", dir], { timeout: RM_TIMEOUT_MS, killSignal: "SIGKILL" }).catch((rmErr: unknown) => {
+      throw new Error(`could not remove ${dir}: ${(err as Error).message}; rm(1): ${(rmErr as Error).message}`, { cause: err });
+    });
+  }
 }
 
 /**

@@ -558,6 +558,26 @@ test.serial("sandbox - system calls no tool needs are refused with ENOSYS; witho
   if (!withoutMemoryCgroup) t.regex(text, /^exit 137$/m, text);
 });
 
+test.serial("sandbox - files hidden below a path longer than PATH_MAX still count against disk_mb (writes refuse), and the run's deletion removes them from the host", async (t) => {
+  const { api, dataDir } = t.context;
+  // 12 MiB in two files (each under the 8 MiB file size limit) at the bottom of 25 folders of 200-character names.
+  const hide = 'for i in $(seq 25); do mkdir "$(printf %0200d $i)" && cd "$_" || exit 1; done; head -c 6291456 /dev/zero > a; head -c 6291456 /dev/zero > b; echo hidden';
+  const agent = await api.agentWith(scripted([bash(hide), tool("write", { path: "more.txt", content: "more" })], { limits: { disk_mb: 8 } }));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 60_000);
+  ranAll(t, outcome, 2);
+  const [made, write] = outcome.results;
+  t.regex(made!.text, /^hidden$/m, made!.text);
+  t.regex(made!.text, /the workspace is over its disk limit \(8 MiB\)/, made!.text);
+  t.true(write!.isError, write!.text);
+  t.regex(write!.text, /Not written: the workspace is over its disk limit/, write!.text);
+  const workspace = path.join(dataDir, "workspaces", runId);
+  t.true(existsSync(workspace));
+  t.is((await api.request("DELETE", `/api/v1/runs/${runId}`, { idempotencyKey: `del-${runId}` })).status, 200);
+  const gone = await until(() => existsSync(workspace), (present) => !present, 20_000);
+  t.false(gone, `${workspace} is still on the host`);
+});
+
 test.serial("sandbox - setsid and double-forked children are gone from the host's process table once the turn is final", async (t) => {
   const { api } = t.context;
   // A unique duration names the processes; bounded (under 100 s) even unconfined.
