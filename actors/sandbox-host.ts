@@ -156,8 +156,21 @@ export async function searchableDataDir(dir: string, log: Logger): Promise<void>
   log.info({ dir, was: (info.mode & 0o777).toString(8) }, "data folder made searchable (0711) for the sandbox's uid");
 }
 
-/** chowns every entry of `dir` not yet owned by uid (lstat: links are not followed). Bounded by the tree. */
+/**
+ * chowns every entry of `dir` not yet owned by uid (lstat: links are not followed). Bounded
+ * by the tree. One deeper than a path can name (PATH_MAX) is chowned by chown(1), which
+ * walks by descriptors (links not followed either).
+ */
 export async function chownTree(dir: string, uid: number, gid: number): Promise<void> {
+  try {
+    await chownWalk(dir, uid, gid);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "ENAMETOOLONG") throw err;
+    await treeCommand("chown", ["-R", "-P", "-h", `${uid}:${gid}`, "--", dir]);
+  }
+}
+
+async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
   const info = await lstat(dir);
   if (info.uid !== uid || info.gid !== gid) await chown(dir, uid, gid);
   if (!info.isDirectory()) return;
@@ -179,57 +192,80 @@ export async function chownTree(dir: string, uid: number, gid: number): Promise<
 
 /**
  * The disk a directory tree takes, in bytes (blocks of files and folders alike, the tree's
- * own folder included; lstat, links not followed); stops counting past `stopAt`. A tree a command made deeper than a path can
- * name (PATH_MAX), or with an entry this process cannot read, is measured by du(1), which
- * walks by descriptors; one that cannot be measured at all counts as past `stopAt` (its
- * writes refuse), never as empty.
+ * own folder included, a file of several links once; lstat, links not followed); stops
+ * counting past `stopAt`. A tree a command made deeper than a path can name (PATH_MAX), or
+ * with an entry this process cannot read, is measured by du(1), which walks by
+ * descriptors, after {@link reopenTree} if it must; one that cannot be measured at all
+ * counts as past `stopAt` (its writes refuse), never as empty. Folders take no blocks on
+ * some filesystems (tmpfs, btrfs): there only files count.
  */
 export async function treeBytes(dir: string, stopAt: number): Promise<number> {
   const stack = [dir];
+  const linked = new Set<string>();
   try {
     let total = (await lstat(dir)).blocks * 512;
-    while (stack.length > 0 && total <= stopAt) {
+    while (stack.length > 0) {
       const current = stack.pop()!;
-      const entries = await readdir(current, { withFileTypes: true });
-      for (const entry of entries) {
+      for (const entry of await readdir(current, { withFileTypes: true })) {
         const p = path.join(current, entry.name);
         const st = await lstat(p);
-        total += st.blocks * 512;
         if (st.isDirectory()) stack.push(p);
+        else if (st.nlink > 1) {
+          const inode = `${st.dev}:${st.ino}`;
+          if (linked.has(inode)) continue;
+          linked.add(inode);
+        }
+        total += st.blocks * 512;
+        if (total > stopAt) return total;
       }
     }
     return total;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return 0;
-    return duBytes(dir).catch(() => Infinity);
+    return duBytes(dir).catch(async () => {
+      await reopenTree(dir);
+      return duBytes(dir).catch(() => Infinity);
+    });
   }
 }
 
-/** How long du(1) may take to measure a tree (a workspace of millions of files). */
-const DU_TIMEOUT_MS = 120_000;
+/** How long du(1), chmod(1) or rm(1) may take over a tree (a workspace of millions of files). */
+const TREE_COMMAND_TIMEOUT_MS = 600_000;
+const treeCommand = (file: string, args: string[]) => execFileAsync(file, args, { timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 });
 
 /** du(1)'s disk usage of a tree in bytes, as treeBytes counts it. */
 async function duBytes(dir: string): Promise<number> {
-  const { stdout } = await execFileAsync("du", ["-s", "-x", "-B1", "--", dir], { timeout: DU_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 });
+  const { stdout } = await treeCommand("du", ["-s", "-x", "-B1", "--", dir]);
   const bytes = Number(/^(\d+)\s/.exec(stdout)?.[1]);
   if (!Number.isSafeInteger(bytes)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
   return bytes;
 }
 
-/** How long rm(1) may take to remove a tree Node's rm could not. */
-const RM_TIMEOUT_MS = 600_000;
+/**
+ * Gives the owner back its access to every file and folder of a tree (`chmod -R u+rwX`;
+ * links met on the way are not followed): a service that does not run as root shares the
+ * sandboxes' uid, and a folder a command made unreadable (`chmod 000`) would keep it from
+ * measuring, saving and removing the workspace for good. Best effort.
+ */
+async function reopenTree(dir: string): Promise<void> {
+  await treeCommand("chmod", ["-R", "u+rwX", "--", dir]).catch(() => undefined);
+}
 
 /**
- * Removes a tree a sandboxed command may have made as deep as it liked (gone already: done).
- * Node's recursive rm walks by whole paths and fails past PATH_MAX (ENAMETOOLONG), so a
- * tree it could not remove is removed by rm(1), which walks by descriptors.
+ * Removes a tree a sandboxed command may have made as it liked (gone already: done). Node's
+ * recursive rm walks by whole paths and fails past PATH_MAX (ENAMETOOLONG): rm(1) walks by
+ * descriptors; a tree neither can remove for want of access is reopened ({@link reopenTree}) first.
  */
 export async function removeTree(dir: string): Promise<void> {
+  const rmTree = () => treeCommand("rm", ["-rf", "--one-file-system", "--", dir]);
   try {
     await rm(dir, { recursive: true, force: true });
   } catch (err) {
-    await execFileAsync("rm", ["-rf", "--one-file-system", "--", dir], { timeout: RM_TIMEOUT_MS, killSignal: "SIGKILL" }).catch((rmErr: unknown) => {
-      throw new Error(`could not remove ${dir}: ${(err as Error).message}; rm(1): ${(rmErr as Error).message}`, { cause: err });
+    await rmTree().catch(async () => {
+      await reopenTree(dir);
+      await rmTree().catch((rmErr: unknown) => {
+        throw new Error(`could not remove ${dir.slice(0, 300)}: ${(err as Error).message.slice(0, 300)}; rm(1): ${(rmErr as Error).message.slice(0, 500)}`, { cause: err });
+      });
     });
   }
 }

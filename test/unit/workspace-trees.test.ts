@@ -1,10 +1,11 @@
 import test from "ava";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { removeTree, treeBytes } from "../../actors/sandbox-host.js";
+import { pathToFileURL } from "node:url";
+import { chownTree, removeTree, treeBytes } from "../../actors/sandbox-host.js";
 
 /** Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character names: ~5,000 bytes) holding `bytes` at its bottom. */
 function deepTree(base: string, bytes: number): void {
@@ -32,24 +33,65 @@ test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and r
   }
 });
 
-test("workspace trees - folders count with their blocks (a folder of many long names is not free), files by blocks not length; a missing tree is 0; counting stops past stopAt", async (t) => {
+test("workspace trees - sizes as du(1) gives them: folders with their blocks (a folder of many long names is not free where folders take blocks), files by blocks not length, a file of several links once; a missing tree is 0; counting stops past stopAt", async (t) => {
   const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  const du = (dir: string) => Number(spawnSync("du", ["-s", "-B1", dir], { encoding: "utf8" }).stdout.split(/\s/)[0]);
   try {
     const names = path.join(base, "names");
     await mkdir(names);
     for (let i = 0; i < 2_000; i++) await writeFile(path.join(names, `${String(i).padStart(240, "x")}`), "");
-    const folderOnly = await treeBytes(names, Infinity);
-    const du = Number(spawnSync("du", ["-s", "-B1", names], { encoding: "utf8" }).stdout.split(/\s/)[0]);
-    t.true(folderOnly >= 64 * 1024, `2,000 empty files of 240-character names: ${folderOnly} bytes`);
-    t.true(folderOnly <= du, `${folderOnly} within du's ${du}`);
-    const sparse = path.join(base, "sparse");
-    await mkdir(sparse);
-    spawnSync("truncate", ["-s", "512M", path.join(sparse, "hole")]);
-    t.true((await treeBytes(sparse, Infinity)) < 1024 * 1024);
+    const folder = await treeBytes(names, Infinity);
+    t.is(folder, du(names));
+    t.log(`a folder of 2,000 names of 240 characters: ${folder} bytes (folders take no blocks on some filesystems, tmpfs and btrfs)`);
+    const files = path.join(base, "files");
+    await mkdir(files);
+    await writeFile(path.join(files, "data"), Buffer.alloc(1024 * 1024, 1));
+    for (let i = 0; i < 5; i++) spawnSync("ln", [path.join(files, "data"), path.join(files, `link${i}`)]);
+    spawnSync("truncate", ["-s", "512M", path.join(files, "hole")]);
+    const counted = await treeBytes(files, Infinity);
+    t.is(counted, du(files));
+    t.true(counted >= 1024 * 1024 && counted < 2 * 1024 * 1024, `${counted}`);
     t.is(await treeBytes(path.join(base, "missing"), 100), 0);
     const stopped = await treeBytes(base, 1);
-    t.true(stopped > 1 && stopped <= folderOnly + (await treeBytes(sparse, Infinity)) + 64 * 1024, `${stopped}`);
+    t.true(stopped > 1 && stopped < du(base), `${stopped}`);
   } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test("workspace trees - a tree deeper than PATH_MAX is chowned whole (chown), where Node's walk stops at the path's length", async (t) => {
+  if (process.getuid?.() !== 0) return t.pass("only root chowns a workspace");
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const dir = path.join(base, "workspace");
+    await mkdir(dir);
+    deepTree(dir, 1024);
+    await chownTree(dir, 65534, 65534);
+    const owners = spawnSync("bash", ["-c", 'cd "$1" && for i in $(seq 25); do cd "$(printf %0200d $i)" || exit 1; done && stat -c %u hidden . && cd "$1" && stat -c %u .', "bash", dir], { encoding: "utf8" });
+    t.is(owners.stdout, "65534\n65534\n65534\n", owners.stderr);
+  } finally {
+    spawnSync("rm", ["-rf", base]);
+  }
+});
+
+test("workspace trees - a folder its owner made unreadable (chmod 000) is measured and removed all the same, as a service that shares the sandboxes' uid (here root without its capabilities) must", async (t) => {
+  if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const dir = path.join(base, "workspace");
+    await mkdir(path.join(dir, "closed", "inner"), { recursive: true });
+    await writeFile(path.join(dir, "closed", "inner", "data"), Buffer.alloc(2 * 1024 * 1024, 1));
+    await chmod(path.join(dir, "closed"), 0o000);
+    const module = pathToFileURL(path.resolve("actors/sandbox-host.ts")).href;
+    const script = `const { treeBytes, removeTree } = await import(${JSON.stringify(module)}); const dir = ${JSON.stringify(dir)}; const bytes = await treeBytes(dir, 1 << 30); await removeTree(dir); console.log(JSON.stringify({ bytes }));`;
+    // Root without capabilities reads and removes only what its modes allow, as any other uid.
+    const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+    t.is(child.status, 0, child.stderr);
+    const { bytes } = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+    t.true(bytes >= 2 * 1024 * 1024 && bytes < 3 * 1024 * 1024, `${bytes}`);
+    t.false(existsSync(dir));
+  } finally {
+    spawnSync("chmod", ["-R", "u+rwX", base]);
     await rm(base, { recursive: true, force: true });
   }
 });
