@@ -5,10 +5,11 @@ import { spawnSync } from "node:child_process";
 import path from "node:path";
 import { bashThen } from "../helpers/agent-configs.js";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { Objm } from "@nats-io/obj";
+import { Objm, type ObjectStore } from "@nats-io/obj";
+import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckpointConflictError, CheckpointError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { connectNats } from "../../src/nats.js";
-import { Api, newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
+import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 /**
  * A node that held a run before keeps its workspace directory after losing the run. When
@@ -83,12 +84,21 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
  * overwrite what the new owner saved, nor bring back a deleted run's workspace. Real
  * object store (the service's bucket settings do not matter here), real tar.
  */
-test("checkpoints - a save expecting an older revision is refused and stores nothing; the current one stays readable", async (t) => {
+/** Real servers and an object store bucket of its own for `body`'s checkpoints; all closed after it. */
+async function withCheckpoints(name: string, body: (c: { servers: TestServers; nc: NatsConnection; bucket: ObjectStore; checkpoints: WorkspaceCheckpoints }) => Promise<void>): Promise<void> {
   const servers = await startTestServers();
-  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "checkpoint-cas-test" });
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: `checkpoint-${name}-test` });
   try {
-    const bucket = await new Objm(jetstream(nc)).create("checkpoint_cas_test");
-    const checkpoints = new WorkspaceCheckpoints(bucket);
+    const bucket = await new Objm(jetstream(nc)).create(`checkpoint_${name}_test`);
+    await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket) });
+  } finally {
+    await nc.close();
+    await servers.stop();
+  }
+}
+
+test("checkpoints - a save expecting an older revision is refused and stores nothing; the current one stays readable", (t) =>
+  withCheckpoints("cas", async ({ servers, nc, checkpoints }) => {
     const runId = "run_checkpointcas00000001";
     const dirOf = async (name: string, text: string) => {
       const dir = path.join(servers.dir, name, runId);
@@ -130,18 +140,10 @@ test("checkpoints - a save expecting an older revision is refused and stores not
     await checkpoints.remove("run_checkpointnever0000001");
     await nc.close();
     await t.throwsAsync(checkpoints.remove(runId), { instanceOf: CheckpointError });
-  } finally {
-    await nc.close();
-    await servers.stop();
-  }
-});
+  }));
 
-test("checkpoints - files with holes are saved and restored with their holes: a command's truncate-made files cost neither the archive nor the restoring node's disk their length", async (t) => {
-  const servers = await startTestServers();
-  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "checkpoint-sparse-test" });
-  try {
-    const bucket = await new Objm(jetstream(nc)).create("checkpoint_sparse_test");
-    const checkpoints = new WorkspaceCheckpoints(bucket);
+test("checkpoints - files with holes are saved and restored with their holes: a command's truncate-made files cost neither the archive nor the restoring node's disk their length", (t) =>
+  withCheckpoints("sparse", async ({ servers, bucket, checkpoints }) => {
     const runId = "run_checkpointsparse000001";
     const dir = path.join(servers.dir, "sparse", runId);
     await mkdir(dir, { recursive: true });
@@ -164,8 +166,4 @@ test("checkpoints - files with holes are saved and restored with their holes: a 
       await handle.close();
       t.is(buf.toString("utf8").replace(/\0+$/, ""), `data ${i}`);
     }
-  } finally {
-    await nc.close();
-    await servers.stop();
-  }
-});
+  }));
