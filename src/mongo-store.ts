@@ -18,6 +18,14 @@ import { FencedError, type RunStore } from "./contracts.js";
 import { deleteOldest, guard, insertOnce, isDuplicateKey, newestFirst, StoreUnavailableError, SWEEP_BATCH } from "./mongo-guard.js";
 
 /**
+ * Options every MongoClient of the store needs. The driver hands js-bson `fieldsAsRaw: {}`
+ * by default, and js-bson looks each array field's name up in it, prototype included: an
+ * array under a key such as `constructor` or `toString` (a model's tool call may use any
+ * key) was read back as raw BSON buffers. An object without a prototype names no field.
+ */
+export const STORE_CLIENT_OPTIONS = { fieldsAsRaw: Object.freeze(Object.create(null)) as Record<string, boolean> };
+
+/**
  * MongoDB adapter for every durable document. Works on MongoDB and on FerretDB:
  * no transactions, no TTL indexes, and only inserts rely on unique indexes.
  */
@@ -99,16 +107,19 @@ export class MongoStore implements RunStore {
       serverSelectionTimeoutMS: 3_000,
       connectTimeoutMS: 3_000,
       maxPoolSize: 50,
+      ...STORE_CLIENT_OPTIONS,
     });
     return MongoStore.over(client, dbName);
   }
 
   /**
-   * The store over a client made elsewhere (tests watch its commands); connects it.
-   * `assume` overrides what the server's build info says it can do (tests of the
-   * paths for stock FerretDB).
+   * The store over a client made elsewhere (tests watch its commands), which must have
+   * {@link STORE_CLIENT_OPTIONS}; connects it. `assume` overrides what the server's build
+   * info says it can do (tests of the paths for stock FerretDB).
    */
   static async over(client: MongoClient, dbName: string, assume: { tagFiltersInStore?: boolean; batchUpdates?: boolean } = {}): Promise<MongoStore> {
+    const raw = client.bsonOptions.fieldsAsRaw;
+    if (!raw || Object.getPrototypeOf(raw) !== null) throw new Error("the store's MongoClient must be made with STORE_CLIENT_OPTIONS (fieldsAsRaw without a prototype)");
     await client.connect();
     const info = await client.db("admin").command({ buildInfo: 1 });
     const ferretDb = typeof info.ferretdbVersion === "string";

@@ -4,7 +4,7 @@
  * such values are kept as JSON in the turn's document (src/stored-json.ts) and come back
  * as the model sent them.
  */
-import anyTest, { type TestFn } from "ava";
+import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import { createServer, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { writeChatStream } from "../helpers/chat-stream.js";
@@ -13,7 +13,8 @@ import type { RunningService } from "../../node/service.js";
 
 type Answer = (res: ServerResponse) => void;
 /** `live.service` is replaced by the first test (a restart): tests get a copy of the context, not the holder. */
-const test = anyTest as TestFn<{ servers: TestServers; live: { service: RunningService }; provider: Server; baseUrl: string; answers: Answer[]; bodies: any[] }>;
+type Ctx = { servers: TestServers; live: { service: RunningService }; provider: Server; baseUrl: string; answers: Answer[]; bodies: any[] };
+const test = anyTest as TestFn<Ctx>;
 
 /** `levels` objects, one inside the other. */
 const nested = (levels: number): unknown => {
@@ -117,10 +118,10 @@ test.serial("model keys - a tool call whose arguments hold $-prefixed, dotted an
   t.deepEqual(turns.body.data.map((x: any) => x.status), ["completed", "completed"]);
 });
 
-test.serial("model keys - a gated call's arguments with keys the store cannot hold are shown on its pending action as the model sent them; after a restart, denying it resumes the turn from the stored transcript", async (t) => {
+/** A gated call with `args`: its pending action shows them as sent, before and after a restart; denied, the turn resumes from the stored transcript. */
+async function gatedCallAcrossRestart(t: ExecutionContext<Ctx>, args: Record<string, unknown>): Promise<void> {
   const { servers, baseUrl, answers, bodies, live } = t.context;
   const ws = await newWorkspace(live.service);
-  const args = { command: "echo hi", "a.b": 1, $where: { "x.y": [1] }, grid: [[0]] };
   const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: ["bash"], approval: { rules: [{ tool: "bash" }] } });
   answers.push(toolCall("bash", args), text("denied"));
   const res = await ws.api.post("/api/v1/runs", { agent, input: "go", background: true });
@@ -140,7 +141,15 @@ test.serial("model keys - a gated call's arguments with keys the store cannot ho
   t.is(done.turn.status, "completed", JSON.stringify(done.turn.error));
   t.deepEqual(done.turn.output, [{ type: "output_text", text: "denied" }]);
   t.deepEqual(historyArguments(bodies.at(-1)), [args], "the resumed call's history holds the arguments as sent");
-});
+}
+
+test.serial("model keys - a gated call's arguments with keys the store cannot hold are shown on its pending action as the model sent them; after a restart, denying it resumes the turn from the stored transcript", (t) =>
+  gatedCallAcrossRestart(t, { command: "echo hi", "a.b": 1, $where: { "x.y": [1] }, grid: [[0]] }));
+
+// The store keeps these as they are; the driver read arrays under such keys back as raw BSON
+// buffers (it looked their names up in an object with a prototype: src/mongo-store.ts).
+test.serial("model keys - a gated call's arrays under keys named as Object.prototype's members (constructor, toString, valueOf, hasOwnProperty, __proto__) come back as sent after a restart", (t) =>
+  gatedCallAcrossRestart(t, JSON.parse('{"command":"echo hi","constructor":[{"_runs_json":[]}],"toString":[{"a":1}],"valueOf":[{"b":[2]}],"hasOwnProperty":["x"],"__proto__":[{"c":3}]}')));
 
 test.serial("model keys - abuse: a tool call nested 100,000 levels deep (past what JSON.stringify can write) ends its turn final without taking the node down; the run's next turn completes", async (t) => {
   const { baseUrl, answers, live } = t.context;

@@ -1,7 +1,7 @@
 import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import { MongoClient, type Document } from "mongodb";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
-import { MongoStore } from "../../src/mongo-store.js";
+import { MongoStore, STORE_CLIENT_OPTIONS } from "../../src/mongo-store.js";
 import { FencedError } from "../../src/contracts.js";
 import { listRuns, type RunListFilters } from "../../src/run-list.js";
 import type { RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
@@ -72,7 +72,7 @@ function turn(runId: string, index: number): TurnDoc {
 
 test.before(async (t) => {
   const servers = await startTestServers();
-  const client = new MongoClient(servers.mongoUri, { monitorCommands: true, maxPoolSize: 8 });
+  const client = new MongoClient(servers.mongoUri, { monitorCommands: true, maxPoolSize: 8, ...STORE_CLIENT_OPTIONS });
   const finds: Document[] = [];
   const sent: string[] = [];
   client.on("commandStarted", (e) => {
@@ -167,7 +167,7 @@ test.serial("store plans - a tag filter is the store's: one find with the tags i
 });
 
 test.serial("store plans - on stock FerretDB, a tag filter past its first reads: a rare tag answers from the tag index, common tags read on, a page it cannot fill is refused; answers as the documents say", async (t) => {
-  const client = new MongoClient(t.context.servers.mongoUri, { maxPoolSize: 4 });
+  const client = new MongoClient(t.context.servers.mongoUri, { maxPoolSize: 4, ...STORE_CLIENT_OPTIONS });
   const store = await MongoStore.over(client, t.context.servers.dbName, { tagFiltersInStore: false });
   t.teardown(() => store.close());
   // 300 runs carry "common": over a scan limit of 200 it is common, under 1000 rare.

@@ -9,7 +9,7 @@ import test, { type ExecutionContext } from "ava";
 import { type Collection, MongoClient } from "mongodb";
 import { type RunningService, startService } from "../../node/service.js";
 import { deleteOldest, SWEEP_BATCH } from "../../src/mongo-guard.js";
-import { MongoStore } from "../../src/mongo-store.js";
+import { MongoStore, STORE_CLIENT_OPTIONS } from "../../src/mongo-store.js";
 import { UsageLedger } from "../../src/usage-ledger.js";
 import { systemClock } from "../../src/clock.js";
 import { Ids } from "../../src/ids.js";
@@ -37,7 +37,7 @@ async function insertRange(collection: Collection<any>, from: number, to: number
 /** Test servers and a client of their store for `work`; all stopped after it. */
 async function withStore(work: (servers: TestServers, client: MongoClient) => Promise<void>): Promise<void> {
   const servers = await startTestServers();
-  const client = new MongoClient(servers.mongoUri, { maxPoolSize: 4 });
+  const client = new MongoClient(servers.mongoUri, { maxPoolSize: 4, ...STORE_CLIENT_OPTIONS });
   try {
     await work(servers, client);
   } finally {

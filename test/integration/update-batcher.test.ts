@@ -2,7 +2,7 @@ import anyTest, { type TestFn } from "ava";
 import { MongoClient, type Collection } from "mongodb";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
 import { UpdateBatcher } from "../../src/update-batcher.js";
-import { FencedError, MongoStore, type RunDoc } from "../../src/index.js";
+import { FencedError, MongoStore, STORE_CLIENT_OPTIONS, type RunDoc } from "../../src/index.js";
 
 interface Doc {
   _id: string;
@@ -137,7 +137,7 @@ test("update-batcher - an update the driver refuses to send fails only its own c
 });
 
 test("store - fenced writes of runs and turns share commands on this store and still tell a stale epoch", async (t) => {
-  const client = new MongoClient(t.context.servers.mongoUri, { monitorCommands: true });
+  const client = new MongoClient(t.context.servers.mongoUri, { monitorCommands: true, ...STORE_CLIENT_OPTIONS });
   const runsSent: number[] = [];
   client.on("commandStarted", (e) => {
     if (e.commandName === "update" && e.command.update === "runs") runsSent.push((e.command.updates as unknown[]).length);
@@ -158,7 +158,7 @@ test("store - fenced writes of runs and turns share commands on this store and s
 });
 
 test("store - told the store does not commit bulks together (stock FerretDB), its updates go one by one", async (t) => {
-  const client = new MongoClient(t.context.servers.mongoUri, { monitorCommands: true });
+  const client = new MongoClient(t.context.servers.mongoUri, { monitorCommands: true, ...STORE_CLIENT_OPTIONS });
   const sent: number[] = [];
   client.on("commandStarted", (e) => {
     if (e.commandName === "update" && e.command.update === "runs") sent.push((e.command.updates as unknown[]).length);
