@@ -358,8 +358,10 @@ export class Sandbox {
       fds.push(openSync(cmd.workspaceDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       if (wantsNetwork) {
         egressDir = path.join(this.options.runtimeDir, id);
-        await mkdir(egressDir, { mode: 0o700 });
-        if (this.owner) await chown(egressDir, this.owner.uid, this.owner.gid);
+        // The service's own, searchable by the sandbox's uid (a root service's sandboxes run as
+        // another): a command reaches the socket by name, and no process of the sandbox's uid
+        // can swap it for a link the proxy's chmod by path, as root, would follow.
+        await mkdir(egressDir, { mode: this.owner ? 0o711 : 0o700 });
         egress = await this.options.egress!.open(path.join(egressDir, "egress.sock"), { allow: cmd.networkAllow! }, (denial: EgressDenial) =>
           cmd.onNetworkDenied?.(denial),
         );

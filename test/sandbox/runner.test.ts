@@ -414,6 +414,11 @@ test_.serial("sandbox - with an allow list, commands reach an allowed host throu
       bash(dir, `curl -sS --max-time 10 http://allowed.test:${port}/through`, { networkAllow: ["allowed.test"], onNetworkDenied: (d) => denials.push(d) }),
     );
     t.is(allowed.output.toString(), "served /through");
+    // The socket's folder is the service's (host root shows as the overflow uid inside, the sandbox's own uid as 1000): no sandbox-uid process can replace the socket.
+    if (process.getuid?.() === 0) {
+      const folder = await sandbox.run(bash(dir, "stat -c '%u %a' /run/runs", { networkAllow: ["allowed.test"] }));
+      t.is(folder.output.toString().trim(), "65534 711");
+    }
     const refused = await sandbox.run(
       bash(dir, `curl -sS --max-time 10 http://other.test/x; echo " exit=$?"`, { networkAllow: ["allowed.test"], onNetworkDenied: (d) => denials.push(d) }),
     );
