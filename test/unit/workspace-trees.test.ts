@@ -1,16 +1,44 @@
-import test from "ava";
+import test, { type ExecutionContext } from "ava";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { chownTree, removeTree, treeBytes } from "../../actors/sandbox-host.js";
 
-/** Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character names: ~5,000 bytes) holding `bytes` at its bottom. */
-function deepTree(base: string, bytes: number): void {
-  const made = spawnSync("bash", ["-c", `cd "$1" && for i in $(seq 25); do mkdir "$(printf %0200d $i)" && cd "$_" || exit 1; done && head -c ${bytes} /dev/urandom > hidden`, "bash", base], { encoding: "utf8", timeout: 30_000 });
+/**
+ * Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character
+ * names: ~5,000 bytes) holding `bytes` at its bottom, beside links to `outside`'s file and
+ * folder (what a hostile command plants for the service's walks to follow).
+ */
+function deepTree(base: string, bytes: number, outside: Outside): void {
+  const made = spawnSync("bash", ["-c", `cd "$1" && for i in $(seq 25); do mkdir "$(printf %0200d $i)" && cd "$_" || exit 1; done && head -c ${bytes} /dev/urandom > hidden && ln -s "$2" file-link && ln -s "$3" folder-link`, "bash", base, outside.file, outside.folder], { encoding: "utf8", timeout: 30_000 });
   if (made.status !== 0) throw new Error(`could not make the deep tree: ${made.stderr}`);
+}
+
+interface Outside {
+  file: string;
+  folder: string;
+}
+
+/** A 16 MiB file (mode 0640) and a folder holding one, outside the tree, for links to point at. */
+async function outsideOf(base: string): Promise<Outside> {
+  const folder = path.join(base, "outside");
+  await mkdir(folder);
+  const file = path.join(folder, "host-file");
+  await writeFile(file, Buffer.alloc(16 * 1024 * 1024, 7), { mode: 0o640 });
+  await chmod(file, 0o640);
+  return { file, folder };
+}
+
+/** The outside file and folder are as they were: not counted, chmodded, chowned nor removed through the links. */
+async function untouched(t: ExecutionContext, outside: Outside): Promise<void> {
+  const st = await stat(outside.file);
+  t.is(st.mode & 0o777, 0o640);
+  t.is(st.uid, process.getuid?.() ?? st.uid);
+  t.is(st.size, 16 * 1024 * 1024);
+  t.true(existsSync(outside.folder));
 }
 
 test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and removed (rm), where Node's own walk and rm stop at the path's length", async (t) => {
@@ -18,7 +46,8 @@ test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and r
   try {
     const dir = path.join(base, "workspace");
     await mkdir(dir);
-    deepTree(dir, 4 * 1024 * 1024);
+    const outside = await outsideOf(base);
+    deepTree(dir, 4 * 1024 * 1024, outside);
     const bytes = await treeBytes(dir, 64 * 1024 * 1024);
     t.true(bytes >= 4 * 1024 * 1024 && bytes < 8 * 1024 * 1024, `${bytes} bytes`);
     // Node's rm cannot remove it (the reason removeTree falls back to rm(1)).
@@ -28,6 +57,7 @@ test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and r
     if (existsSync(dir)) await removeTree(dir);
     t.false(existsSync(dir));
     await removeTree(dir); // gone already: nothing to do
+    await untouched(t, outside);
   } finally {
     spawnSync("rm", ["-rf", base]);
   }
@@ -65,10 +95,12 @@ test("workspace trees - a tree deeper than PATH_MAX is chowned whole (chown), wh
   try {
     const dir = path.join(base, "workspace");
     await mkdir(dir);
-    deepTree(dir, 1024);
+    const outside = await outsideOf(base);
+    deepTree(dir, 1024, outside);
     await chownTree(dir, 65534, 65534);
     const owners = spawnSync("bash", ["-c", 'cd "$1" && for i in $(seq 25); do cd "$(printf %0200d $i)" || exit 1; done && stat -c %u hidden . && cd "$1" && stat -c %u .', "bash", dir], { encoding: "utf8" });
     t.is(owners.stdout, "65534\n65534\n65534\n", owners.stderr);
+    await untouched(t, outside);
   } finally {
     spawnSync("rm", ["-rf", base]);
   }
@@ -81,6 +113,9 @@ test("workspace trees - a folder its owner made unreadable (chmod 000) is measur
     const dir = path.join(base, "workspace");
     await mkdir(path.join(dir, "closed", "inner"), { recursive: true });
     await writeFile(path.join(dir, "closed", "inner", "data"), Buffer.alloc(2 * 1024 * 1024, 1));
+    const outside = await outsideOf(base);
+    await symlink(outside.file, path.join(dir, "closed", "inner", "file-link"));
+    await symlink(outside.folder, path.join(dir, "closed", "folder-link"));
     await chmod(path.join(dir, "closed"), 0o000);
     const module = pathToFileURL(path.resolve("actors/sandbox-host.ts")).href;
     const script = `const { treeBytes, removeTree } = await import(${JSON.stringify(module)}); const dir = ${JSON.stringify(dir)}; const bytes = await treeBytes(dir, 1 << 30); await removeTree(dir); console.log(JSON.stringify({ bytes }));`;
@@ -90,6 +125,7 @@ test("workspace trees - a folder its owner made unreadable (chmod 000) is measur
     const { bytes } = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
     t.true(bytes >= 2 * 1024 * 1024 && bytes < 3 * 1024 * 1024, `${bytes}`);
     t.false(existsSync(dir));
+    await untouched(t, outside);
   } finally {
     spawnSync("chmod", ["-R", "u+rwX", base]);
     await rm(base, { recursive: true, force: true });
