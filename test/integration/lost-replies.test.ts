@@ -142,9 +142,11 @@ test.serial("lost replies - an owner that stays in doubt is answered 503 after t
   const tookMs = Date.now() - started;
   t.true(err instanceof ApiError);
   t.like(err, { code: "runtime_unavailable" });
-  // runs-api.md: a 503 carries Retry-After (1 to 3 s for runtime_unavailable).
+  // runs-api.md: a 503 runtime_unavailable carries Retry-After of 1 to 3 s, is retryable, and its message never names the store or the platform's parts.
   const retryAfterS = (err as ApiError).retryAfterS;
   t.true(retryAfterS !== undefined && retryAfterS >= 1 && retryAfterS <= 3, `Retry-After ${retryAfterS}`);
+  t.true((err as ApiError).retryable);
+  t.notRegex((err as ApiError).message, /mongo|ferret|database|nats|jetstream|lease|partition|owner|doubt/i);
   t.true(tookMs >= 1_000 && tookMs < 2_500, `answered in ${tookMs} ms`);
   // 25, 50, 100, 200, 400, 500 ms … within 1.5 s: a handful of tries, not a busy loop.
   t.true(seen.length >= 4 && seen.length <= 10, `asked ${seen.length} times`);
