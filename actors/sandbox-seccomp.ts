@@ -12,6 +12,14 @@
  * as the file size limit, as many as the command may open). With a memory cgroup those are
  * charged to the command and stay allowed.
  *
+ * Also every call numbered past the last one Linux had when this list was written
+ * (`file_setattr`, 469, in 6.17; none came in 6.18): a kernel newer than that may bring
+ * new surface, and a program meets such a call refused as it would on an older kernel.
+ * And `personality` only for the values Docker's default profile allows (Linux, its
+ * 32-bit `uname`, the query): the other flags turn off address-space randomisation, map
+ * page zero or make reads imply execution; refused with EPERM, as an argument the
+ * caller may not set.
+ *
  * A refused call fails with ENOSYS, as on a kernel built without it, so programs take
  * the fallback they have for such kernels (libuv without io_uring, a runtime without
  * memfd). Calls of another ABI than the node's (32-bit x86 through `int 0x80`, x32, 32-bit
@@ -25,8 +33,21 @@ export type SeccompArch = "x64" | "arm64";
 /** AUDIT_ARCH_* of each (linux/audit.h): the machine, 64-bit, little-endian. */
 const AUDIT_ARCH: Record<SeccompArch, number> = { x64: 0xc000003e, arm64: 0xc00000b7 };
 
-/** x32 system calls are x86-64 numbers with this bit set (same AUDIT_ARCH). */
-const X32_SYSCALL_BIT = 0x40000000;
+/**
+ * Calls numbered from here on are refused: one past Linux 6.17's last (`file_setattr`,
+ * 469 on both architectures, which share the numbers of every call since 5.1).
+ */
+export const FIRST_UNKNOWN_SYSCALL = 470;
+
+/** `personality`'s number: x86-64, arm64. */
+const PERSONALITY = { x64: 135, arm64: 92 } as const satisfies Record<SeccompArch, number>;
+
+/**
+ * The `personality` values a command may set (Docker's default profile): PER_LINUX,
+ * PER_LINUX32, UNAME26 alone and with PER_LINUX32, and 0xffffffff, which only asks. The
+ * argument is an `unsigned int`: the kernel reads the low 32 bits only.
+ */
+export const PERSONALITIES_ALLOWED: readonly number[] = [0x0, 0x8, 0x20000, 0x20008, 0xffffffff];
 
 /** System call numbers (asm/unistd_64.h for x86-64, asm-generic/unistd.h for arm64); none where the architecture has no such call. */
 const SYSCALL_NUMBERS = {
@@ -91,9 +112,11 @@ const BPF_RET_K = 0x06;
 const SECCOMP_RET_ALLOW = 0x7fff0000;
 const SECCOMP_RET_ERRNO = 0x00050000;
 export const ENOSYS = 38;
-/** offsetof(struct seccomp_data, nr) and (…, arch). */
+export const EPERM = 1;
+/** offsetof(struct seccomp_data, nr), (…, arch) and the low word of args[0] (little-endian). */
 const DATA_NR = 0;
 const DATA_ARCH = 4;
+const DATA_ARG0_LOW = 16;
 
 /** The number of `name` on `arch`, if it has that call. */
 function numberOf(name: SyscallName, arch: SeccompArch): number | undefined {
@@ -121,22 +144,26 @@ export function seccompProgram(arch: SeccompArch, refused: readonly SyscallName[
   insns.push({ code: BPF_JMP_JEQ_K, jt: 1, jf: 0, k: AUDIT_ARCH[arch] });
   insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | ENOSYS });
   insns.push({ code: BPF_LD_W_ABS, jt: 0, jf: 0, k: DATA_NR });
-  if (arch === "x64") {
-    deny.push(insns.length);
-    insns.push({ code: BPF_JMP_JGE_K, jt: 0, jf: 0, k: X32_SYSCALL_BIT });
-  }
+  // x32's calls are x86-64 numbers with bit 30 set (same AUDIT_ARCH): past the last known call too.
+  deny.push(insns.length);
+  insns.push({ code: BPF_JMP_JGE_K, jt: 0, jf: 0, k: FIRST_UNKNOWN_SYSCALL });
   for (const nr of numbers) {
     deny.push(insns.length);
     insns.push({ code: BPF_JMP_JEQ_K, jt: 0, jf: 0, k: nr });
   }
+  const personality = insns.length;
+  insns.push({ code: BPF_JMP_JEQ_K, jt: 0, jf: 0, k: PERSONALITY[arch] });
   insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW });
   const refusal = insns.length;
   insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | ENOSYS });
-  for (const at of deny) {
-    const jump = refusal - at - 1;
-    if (jump > 255) throw new Error(`seccomp program too long: a jump of ${jump}`);
-    insns[at]!.jt = jump;
-  }
+  for (const at of deny) insns[at]!.jt = jumpTo(refusal, at);
+  // personality: allowed values jump to the allow after the list, others fall to EPERM.
+  insns[personality]!.jt = jumpTo(insns.length, personality);
+  insns.push({ code: BPF_LD_W_ABS, jt: 0, jf: 0, k: DATA_ARG0_LOW });
+  const allow = insns.length + PERSONALITIES_ALLOWED.length + 1; // past the comparisons and the EPERM
+  for (const value of PERSONALITIES_ALLOWED) insns.push({ code: BPF_JMP_JEQ_K, jt: jumpTo(allow, insns.length), jf: 0, k: value });
+  insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | EPERM });
+  insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW });
   const out = Buffer.alloc(insns.length * 8);
   insns.forEach((insn, i) => {
     out.writeUInt16LE(insn.code, i * 8);
@@ -145,4 +172,11 @@ export function seccompProgram(arch: SeccompArch, refused: readonly SyscallName[
     out.writeUInt32LE(insn.k >>> 0, i * 8 + 4);
   });
   return out;
+}
+
+/** A forward jump's offset from the instruction at `from` to the one at `to` (classic BPF jumps forward, at most 255). */
+function jumpTo(to: number, from: number): number {
+  const jump = to - from - 1;
+  if (jump < 0 || jump > 255) throw new Error(`seccomp program: no jump of ${jump}`);
+  return jump;
 }

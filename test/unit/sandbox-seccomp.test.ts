@@ -2,6 +2,7 @@ import test from "ava";
 import {
   ALWAYS_REFUSED,
   ENOSYS,
+  EPERM,
   REFUSED_WITHOUT_MEMORY_CGROUP,
   refusedSyscalls,
   seccompArchOf,
@@ -12,13 +13,20 @@ import {
 const AUDIT_ARCH = { x64: 0xc000003e, arm64: 0xc00000b7, i386: 0x40000003, arm: 0x40000028 };
 const ALLOW = 0x7fff0000;
 const REFUSE = 0x00050000 | ENOSYS;
+const NOT_PERMITTED = 0x00050000 | EPERM;
+/** One past Linux 6.17's last system call (file_setattr, 469), written out apart from the filter's constant. */
+const FIRST_UNKNOWN = 470;
+/** personality's number on each, and the values Docker's default profile lets it set. */
+const PERSONALITY = { x64: 135, arm64: 92 };
+const PERSONALITIES = [0x0, 0x8, 0x20000, 0x20008, 0xffffffff];
 
 /**
  * Runs a classic BPF program as the kernel's seccomp does, for the instructions a
  * filter may hold (loads from seccomp_data, conditional jumps with a constant, returns):
  * anything else fails the test, as would a jump out of the program or a fall off its end.
  */
-function run(program: Buffer, data: { nr: number; arch: number }): number {
+function run(program: Buffer, data: { nr: number; arch: number; arg0?: bigint }): number {
+  const arg0 = data.arg0 ?? 0n;
   const count = program.length / 8;
   let a = 0;
   for (let pc = 0, steps = 0; steps <= count; steps++) {
@@ -31,6 +39,8 @@ function run(program: Buffer, data: { nr: number; arch: number }): number {
       case 0x20: // BPF_LD | BPF_W | BPF_ABS
         if (k === 0) a = data.nr >>> 0;
         else if (k === 4) a = data.arch >>> 0;
+        else if (k === 16) a = Number(arg0 & 0xffffffffn); // args[0]'s low word, little-endian
+        else if (k === 20) a = Number((arg0 >> 32n) & 0xffffffffn);
         else throw new Error(`load from offset ${k}`);
         pc++;
         break;
@@ -72,18 +82,33 @@ const MEMORY_CALLS = ["shmget", "msgget", "semget", "memfd_create"];
 
 for (const arch of ARCHES) {
   for (const memoryCgroup of [true, false]) {
-    test(`sandbox-seccomp - ${arch}, ${memoryCgroup ? "with" : "without"} a memory cgroup: exactly the listed calls of the node's ABI are refused, every other ABI whole`, (t) => {
+    test(`sandbox-seccomp - ${arch}, ${memoryCgroup ? "with" : "without"} a memory cgroup: exactly the listed calls of the node's ABI and every call past the last known one are refused, every other ABI whole; personality sets only the values Docker allows`, (t) => {
       const program = seccompProgram(arch, refusedSyscalls(memoryCgroup));
       const numbers = new Set(Object.entries(KERNEL_NUMBERS[arch]).filter(([name]) => !memoryCgroup || !MEMORY_CALLS.includes(name)).map(([, nr]) => nr));
-      // Every number a system call has today, and well past it.
+      // Every number a system call has today, and well past it: those past the last known are refused.
+      let allowed = 0;
       for (let nr = 0; nr < 2048; nr++) {
+        if (nr === PERSONALITY[arch]) continue;
         const got = run(program, { nr, arch: AUDIT_ARCH[arch] });
-        if (got !== (numbers.has(nr) ? REFUSE : ALLOW)) t.fail(`nr ${nr}: ${got.toString(16)}`);
+        const want = numbers.has(nr) || nr >= FIRST_UNKNOWN ? REFUSE : ALLOW;
+        if (got !== want) t.fail(`nr ${nr}: ${got.toString(16)}`);
+        if (got === ALLOW) allowed++;
       }
-      // x32 (x86-64 numbers with bit 30) is another ABI in the same AUDIT_ARCH.
+      t.is(allowed, FIRST_UNKNOWN - 1 - numbers.size);
+      for (const nr of [0x7fffffff, 0x80000000, 0xfffffffe, 0xffffffff]) t.is(run(program, { nr, arch: AUDIT_ARCH[arch] }), REFUSE, `nr ${nr}`);
+      // x32 (x86-64 numbers with bit 30) is another ABI in the same AUDIT_ARCH; refused on arm64 as past the last known.
       for (const nr of [0, 1, 29, 59, 0x1ff, 0x3fffffff]) {
         const got = run(program, { nr: 0x40000000 + nr, arch: AUDIT_ARCH[arch] });
-        t.is(got, arch === "x64" ? REFUSE : ALLOW, `x32 nr ${nr}`);
+        t.is(got, REFUSE, `x32 nr ${nr}`);
+      }
+      // personality: the allowed values (only its low 32 bits count: the kernel takes an unsigned int); every flag else is EPERM.
+      for (const value of PERSONALITIES) {
+        t.is(run(program, { nr: PERSONALITY[arch], arch: AUDIT_ARCH[arch], arg0: BigInt(value) }), ALLOW, `personality ${value.toString(16)}`);
+        t.is(run(program, { nr: PERSONALITY[arch], arch: AUDIT_ARCH[arch], arg0: (0xdeadn << 32n) | BigInt(value) }), ALLOW, `personality high bits ${value.toString(16)}`);
+      }
+      const flags = [0x0040000 /* ADDR_NO_RANDOMIZE */, 0x0100000 /* MMAP_PAGE_ZERO */, 0x0400000 /* READ_IMPLIES_EXEC */, 0x0800000, 0x1000000, 0x2000000, 0x4000000, 0x8000000];
+      for (const value of [...flags, ...flags.map((flag) => flag | 0x8), 0x1, 0x7, 0x9, 0xfffffffe, 0x10000]) {
+        t.is(run(program, { nr: PERSONALITY[arch], arch: AUDIT_ARCH[arch], arg0: BigInt(value) }), NOT_PERMITTED, `personality ${value.toString(16)}`);
       }
       for (const other of [AUDIT_ARCH.i386, AUDIT_ARCH.arm, AUDIT_ARCH[arch === "x64" ? "arm64" : "x64"], 0]) {
         for (const nr of [0, 1, 3, 117, 29, 194]) t.is(run(program, { nr, arch: other }), REFUSE, `arch ${other.toString(16)} nr ${nr}`);
@@ -105,6 +130,9 @@ test("sandbox-seccomp - the lists: memory outside the rlimits only without a mem
   t.is(seccompProgram("arm64", ["io_uring_setup", "io_uring_setup"]).length, once.length);
   t.is(run(once, { nr: 425, arch: AUDIT_ARCH.arm64 }), REFUSE);
   t.is(run(once, { nr: 426, arch: AUDIT_ARCH.arm64 }), ALLOW);
+  // Past the last known call even with nothing listed.
+  t.is(run(seccompProgram("x64", []), { nr: 470, arch: AUDIT_ARCH.x64 }), REFUSE);
+  t.is(run(seccompProgram("x64", []), { nr: 469, arch: AUDIT_ARCH.x64 }), ALLOW);
   // uselib is x86-64's only: on arm64 its x86-64 number (134, rt_sigreturn there) stays allowed.
   t.is(seccompProgram("arm64", ["uselib", "modify_ldt"]).length, seccompProgram("arm64", []).length);
   t.is(run(seccompProgram("arm64", ["uselib"]), { nr: 134, arch: AUDIT_ARCH.arm64 }), ALLOW);
