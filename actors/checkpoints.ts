@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import type { ObjectStore } from "@nats-io/obj";
-import { removeTree } from "./sandbox-host.js";
+import { removeTree, reopenTree } from "./sandbox-host.js";
 import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
@@ -129,12 +129,25 @@ export class WorkspaceCheckpoints {
       entries = [];
     }
     if (entries.length === 0 && !savedBefore) return undefined;
-    try {
+    const put = () => {
       const archive = archiveOf(dir);
       const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;
       // The object's metadata is written last, only if its subject is still at `expected`
       // (JetStream's expected last subject sequence); a refused put's chunks are purged.
-      const info = await this.store.put({ name: runId }, toStream(stored), { previousRevision: expected });
+      return this.store.put({ name: runId }, toStream(stored), { previousRevision: expected });
+    };
+    try {
+      let info: Awaited<ReturnType<typeof put>>;
+      try {
+        info = await put();
+      } catch (err) {
+        if (!(err instanceof CheckpointError)) throw err;
+        // tar failed: most likely a file or folder a command made unreadable (`chmod 000`),
+        // which a service sharing the sandboxes' uid cannot read until it gives the tree
+        // back to its owner (as the disk check does for folders); then once more.
+        await reopenTree(dir);
+        info = await put();
+      }
       await writeMarker(dir, info.nuid);
       return info.revision;
     } catch (err) {

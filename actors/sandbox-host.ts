@@ -247,7 +247,7 @@ async function duBytes(dir: string): Promise<number> {
  * sandboxes' uid, and a folder a command made unreadable (`chmod 000`) would keep it from
  * measuring, saving and removing the workspace for good. Best effort.
  */
-async function reopenTree(dir: string): Promise<void> {
+export async function reopenTree(dir: string): Promise<void> {
   await treeCommand("chmod", ["-R", "u+rwX", "--", dir]).catch(() => undefined);
 }
 

@@ -1,8 +1,9 @@
 import test from "ava";
 import { existsSync } from "node:fs";
-import { cp, mkdir, open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { chmod, cp, mkdir, open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { spawnSync } from "node:child_process";
 import path from "node:path";
+import { pathToFileURL } from "node:url";
 import { bashThen } from "../helpers/agent-configs.js";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm, type ObjectStore } from "@nats-io/obj";
@@ -166,4 +167,40 @@ test("checkpoints - files with holes are saved and restored with their holes: a 
       await handle.close();
       t.is(buf.toString("utf8").replace(/\0+$/, ""), `data ${i}`);
     }
+  }));
+
+test("checkpoints - a file and a folder a command made unreadable (chmod 000) are saved all the same by a service that shares the sandboxes' uid (here root without its capabilities), and restored with their data", (t) =>
+  withCheckpoints("closed", async ({ servers, checkpoints }) => {
+    if (spawnSync("setpriv", ["--version"]).status !== 0) {
+      t.pass("no setpriv here");
+      return;
+    }
+    const runId = "run_checkpointclosed000001";
+    const dir = path.join(servers.dir, "closed", runId);
+    await mkdir(path.join(dir, "folder", "inner"), { recursive: true });
+    await writeFile(path.join(dir, "file.txt"), "closed file\n");
+    await writeFile(path.join(dir, "folder", "inner", "deep.txt"), "closed folder\n");
+    await chmod(path.join(dir, "file.txt"), 0o000);
+    await chmod(path.join(dir, "folder"), 0o000);
+    const modules = Object.fromEntries(["actors/checkpoints.ts", "src/nats.ts"].map((file) => [file, pathToFileURL(path.resolve(file)).href]));
+    const script = [
+      `const { WorkspaceCheckpoints } = await import(${JSON.stringify(modules["actors/checkpoints.ts"])});`,
+      `const { connectNats } = await import(${JSON.stringify(modules["src/nats.ts"])});`,
+      `const { jetstream } = await import("@nats-io/jetstream");`,
+      `const { Objm } = await import("@nats-io/obj");`,
+      `const nc = await connectNats({ url: ${JSON.stringify(servers.natsUrl)}, user: "runs", password: ${JSON.stringify(servers.servicePassword)}, name: "checkpoint-closed-child" });`,
+      `const bucket = await new Objm(jetstream(nc)).open("checkpoint_closed_test");`,
+      `const revision = await new WorkspaceCheckpoints(bucket).save(${JSON.stringify(runId)}, ${JSON.stringify(dir)}, false, "ws_x", 0);`,
+      `await nc.close();`,
+      `console.log(JSON.stringify({ revision }));`,
+    ].join("\n");
+    // Root without capabilities reads only what modes allow, as any other uid: tar alone fails on both.
+    const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+    t.is(child.status, 0, child.stderr);
+    const { revision } = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+    t.true(revision > 0, child.stdout);
+    const restored = path.join(servers.dir, "restored", runId);
+    t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
+    t.is(await readFile(path.join(restored, "file.txt"), "utf8"), "closed file\n");
+    t.is(await readFile(path.join(restored, "folder", "inner", "deep.txt"), "utf8"), "closed folder\n");
   }));
