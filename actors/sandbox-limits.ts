@@ -45,7 +45,7 @@ export function limitsOf(config: Pick<AgentConfig, "limits">): SandboxLimits {
 }
 
 /** A limit a command ran into. */
-export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "disk" | "output";
+export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "output";
 
 /** One sentence for the agent, naming the limit and its value. */
 export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
@@ -59,6 +59,9 @@ export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
       return `the sandbox's CPU time limit (${limits.cpuSeconds} s per process) was reached and the command was killed`;
     case "file_size":
       return `a file reached the sandbox's file size limit (${formatBytes(limits.diskBytes)})`;
+    case "tmp":
+      // The kernel's answer to a write through a mapping whose tmpfs is full: no error to return, so a signal.
+      return `a process was killed by SIGBUS, as a write through a memory mapping is when its filesystem is full: /tmp and /dev/shm hold ${formatBytes(limits.tmpBytes)} each`;
     case "disk":
       return `the workspace is over its disk limit (${formatBytes(limits.diskBytes)}): delete files before writing more`;
     case "output":

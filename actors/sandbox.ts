@@ -414,6 +414,9 @@ export class Sandbox {
       if (code === 128 + 24 || signal === "SIGXCPU" || cpuKill) limits.push("cpu");
       // A process of the command killed by SIGXFSZ while the command went on: bash says so.
       if (code === 128 + 25 || signal === "SIGXFSZ" || outcome.output.includes("File size limit exceeded")) limits.push("file_size");
+      // SIGBUS: most often a write through a mapping (POSIX shared memory in /dev/shm, a
+      // mapped file in /tmp) past what the tmpfs has left; bash says so for its children.
+      if (code === 128 + 7 || signal === "SIGBUS" || outcome.output.includes("Bus error")) limits.push("tmp");
       return { ...stripStderr(outcome), limits } as SandboxOutcome;
     } finally {
       for (const fd of fds) closeSync(fd);

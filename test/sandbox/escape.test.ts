@@ -511,6 +511,29 @@ test.serial("sandbox - memory outside every limit through the sandbox's own moun
   t.regex(text, /No space left on device/, text);
 });
 
+test.serial("sandbox - a process killed by SIGBUS for writing through a mapping into a full /dev/shm is told so, naming tmp_mb", async (t) => {
+  const { api } = t.context;
+  // POSIX shared memory as programs make it: a file in /dev/shm grown past the tmpfs, mapped, written.
+  const script = [
+    "import mmap, os",
+    "fd = os.open('/dev/shm/segment', os.O_CREAT | os.O_RDWR)",
+    "os.ftruncate(fd, 16 << 20)",
+    "m = mmap.mmap(fd, 16 << 20)",
+    "print('mapped', flush=True)",
+    "m[:] = b'x' * (16 << 20)",
+    "print('written')",
+  ].join("\n");
+  const agent = await api.agentWith(scripted([bash(`python3 - <<'EOF'\n${script}\nEOF`)], { limits: { tmp_mb: 8 } }));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 60_000);
+  ranAll(t, outcome, 1);
+  const result = outcome.results[0]!;
+  t.true(result.isError, result.text);
+  t.regex(result.text, /^mapped$/m, result.text);
+  t.notRegex(result.text, /^written$/m, result.text);
+  t.true(result.text.includes(describeLimit("tmp", limitsOf({ limits: { tmp_mb: 8 } }))), result.text);
+});
+
 test.serial("sandbox - system calls no tool needs, and any numbered past the last known one, are refused with ENOSYS; personality cannot turn off address randomisation (EPERM); without a memory cgroup also System V IPC and memfd, so shared memory cannot outgrow memory_mb", async (t) => {
   const { api, service } = t.context;
   // The kernel's numbers, written out here apart from the filter's table: glibc wraps none of these.

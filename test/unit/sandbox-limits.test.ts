@@ -19,12 +19,13 @@ test("sandbox-limits - defaults apply to every limit a deployment leaves out", (
 });
 
 test("sandbox-limits - every limit hit names the limit and its value", (t) => {
-  const limits = limitsOf({ limits: { memory_mb: 64, processes: 16, cpu_s: 3, disk_mb: 2, output_kb: 8 } });
+  const limits = limitsOf({ limits: { memory_mb: 64, processes: 16, cpu_s: 3, disk_mb: 2, output_kb: 8, tmp_mb: 4 } });
   const expected: Record<LimitHit, RegExp> = {
     memory: /memory limit \(64 MiB\)/,
     processes: /process limit \(16\)/,
     cpu: /CPU time limit \(3 s per process\)/,
     file_size: /file size limit \(2 MiB\)/,
+    tmp: /SIGBUS.*\/tmp and \/dev\/shm hold 4 MiB each/,
     disk: /disk limit \(2 MiB\)/,
     output: /last 8 KiB/,
   };
