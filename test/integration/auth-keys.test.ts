@@ -167,7 +167,7 @@ const badScopes: Array<[string, unknown]> = [
   ["write without read", ["run:write"]],
   ["reveal without read", ["env_vars:reveal"]],
   ["empty", []],
-  ["twelve items", [...SCOPES, "run:read"]],
+  ["more items than there are scopes", [...SCOPES, "run:read"]],
   ["not an array", "run:read"],
 ];
 for (const [name, scopes] of badScopes) {
