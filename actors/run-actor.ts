@@ -1,4 +1,4 @@
-import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { PARTS_CHECK_AFTER_MS, removeRunParts } from "./run-removal.js";
@@ -489,12 +489,12 @@ export class RunActor {
       latest_turn_id: turn._id,
       last_activity_at: now,
       expires_at: now + run.retention_s * 1000,
-      agent_version: version,
-      versions: run.versions.includes(version) ? run.versions : [...run.versions, version],
       event_seq: this.appender!.nextSequence - 1,
     };
+    // The run is on a version once a turn starts on it (a queued turn's may never: the
+    // summary and the version filter show the version the workspace is on).
     if (queue) set.queued_turn_id = turn._id;
-    else Object.assign(set, { state: RunState.busy, active_turn_id: turn._id });
+    else Object.assign(set, { state: RunState.busy, active_turn_id: turn._id }, onVersion(run, version));
     await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
     if (!queue) await this.turns.execute(run, turn);

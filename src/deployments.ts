@@ -43,6 +43,15 @@ export async function nextVersionFor(store: Pick<RunStore, "activeVersionOf">, d
 }
 
 /**
+ * The run's fields once a turn starts on `version`: the version its workspace is on, and
+ * that version among those it ran on (the list filter). Not at a turn's queueing: a queued
+ * turn may be cancelled before it starts.
+ */
+export function onVersion(run: Pick<RunDoc, "versions">, version: number): Pick<RunDoc, "agent_version" | "versions"> {
+  return { agent_version: version, versions: run.versions.includes(version) ? run.versions : [...run.versions, version] };
+}
+
+/**
  * What activating a version does: a ready one becomes active now; a building one is
  * marked to become active when its build finishes; a failed one is refused.
  */

@@ -406,6 +406,38 @@ test("versions - automatic moves the run to the active version; new_run_only sta
   t.false((await api.get(`/api/v1/runs?agent_id=${agent}&version=2`)).body.data.some((r: any) => r.id === run.id));
 });
 
+test("versions - a queued turn on a newer version moves the run's summary and version filter only when it starts; cancelled before that, the run stays on its version", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "queued-upgrade" })).body.id;
+  await api.deploy(agent, sleepConfig(12, [{ text: "slept" }]));
+  await api.waitDeployment(agent, 1);
+  const run = await busyRun(api, agent);
+  // v2 automatic: a turn admitted now runs on 2.
+  await api.deploy(agent, { model: "faux/scripted" }, { upgrade_policy: "automatic" });
+  await api.waitDeployment(agent, 2);
+  const summary = async () => (await api.get(`/api/v1/runs?agent_id=${agent}`)).body.data.find((r: any) => r.id === run.id);
+  const listedUnder = async (version: number) => (await api.get(`/api/v1/runs?agent_id=${agent}&version=${version}`)).body.data.some((r: any) => r.id === run.id);
+  const queued = (await api.post("/api/v1/runs", { run_id: run.id, input: "on two", background: true, on_busy: "queue" })).body;
+  t.is(queued.disposition, "queued");
+  t.is(queued.turn.agent_version, 2);
+  t.is(queued.agent_version, 2, "the selected (queued) turn's version");
+  t.is((await summary()).agent_version, 1, "the workspace is still on 1");
+  t.false(await listedUnder(2));
+  // Cancelled before it started: the run never ran on 2.
+  t.is((await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: queued.turn.id })).status, 200);
+  t.is((await summary()).agent_version, 1);
+  t.false(await listedUnder(2));
+  // Queued again, it starts when the first turn ends: then the run is on 2.
+  const again = (await api.post("/api/v1/runs", { run_id: run.id, input: "on two again", background: true, on_busy: "queue" })).body;
+  t.is(again.disposition, "queued");
+  t.is((await summary()).agent_version, 1);
+  t.is((await api.waitTurn(run.id, run.turn.id, 30_000)).turn.status, "completed");
+  t.is((await api.waitTurn(run.id, again.turn.id, 30_000)).turn.status, "completed");
+  t.is((await summary()).agent_version, 2);
+  t.true(await listedUnder(1));
+  t.true(await listedUnder(2));
+});
+
 test("versions - an exact-version start runs there; the idempotent retry returns the same turn after another activation; another version is 409", async (t) => {
   const { api } = t.context;
   const agent = (await api.post("/api/v1/agents", { name: "pinned" })).body.id;
