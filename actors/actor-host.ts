@@ -239,7 +239,8 @@ export class ActorHost {
   /**
    * Graceful shutdown: stop admitting (gateways route elsewhere), let active turns
    * finish for up to `drainMs`, interrupt what remains (incomplete,
-   * worker_execution_interrupted), then give every partition back at once.
+   * worker_execution_interrupted, or worker_action_interrupted for a turn stopped in a
+   * tool call), then give every partition back at once.
    */
   async stop(): Promise<void> {
     this.admitting = false;

@@ -72,6 +72,12 @@ export interface TurnRunRequest {
    * is ignored, the loop goes on from the call that asked (see {@link TurnResume}).
    */
   resume?: TurnResume;
+  /**
+   * Awaited before a tool call runs, after its `tool_execution_start` was reported: the
+   * caller stores that event, so a new owner of a turn cut short knows an action may
+   * have run (worker_action_interrupted). Must not reject.
+   */
+  beforeAction?: () => Promise<void>;
 }
 
 /**
@@ -122,6 +128,8 @@ export interface TurnRunResult {
   usage?: TurnUsage;
   /** Set when the outcome is paused. */
   pause?: TurnPause;
+  /** Aborted while a tool call ran: the call may have done what it does (worker_action_interrupted). */
+  actionInterrupted?: boolean;
 }
 
 export interface RunningTurn {
@@ -152,7 +160,10 @@ export class SteeringTargetEndedError extends Error {
  */
 export function startTurn(req: TurnRunRequest): RunningTurn {
   const turn = new TurnExecution(req);
-  const result = turn.run().catch((error: unknown) => turn.crashed(error));
+  const result = turn
+    .run()
+    .catch((error: unknown) => turn.crashed(error))
+    .then((result) => (turn.actionInterrupted ? { ...result, actionInterrupted: true } : result));
   return { steer: (text) => turn.steer(text), abort: () => turn.abort(), result };
 }
 
@@ -186,6 +197,10 @@ class TurnExecution {
   private historyLength = 0;
   /** Resuming: the asking message's batch has ended (its stored results answer nothing more). */
   private askingBatchDone = false;
+  /** Tool calls let run and not yet ended, by id. */
+  private readonly acting = new Set<string>();
+  /** The turn was aborted while a tool call ran. */
+  actionInterrupted = false;
   /** Tool paths as the tools themselves read them (for config.approval's path globs). */
   private readonly workspace: Workspace;
   /** A tenant's model endpoint: the address guard held at each connection of its calls. */
@@ -212,6 +227,7 @@ class TurnExecution {
   abort(): void {
     if (this.aborted) return;
     this.aborted = true;
+    if (this.acting.size > 0) this.actionInterrupted = true;
     this.agent?.abort();
   }
 
@@ -382,6 +398,7 @@ class TurnExecution {
   }
 
   private observe(event: AgentEvent): void {
+    if (event.type === "tool_execution_end") this.acting.delete(event.toolCallId);
     // Once the turn waits, what the loop does to wind down is neither the turn's nor reported.
     if (this.pause) return;
     if (event.type === "message_end") this.ended.add(event.message);
@@ -416,11 +433,11 @@ class TurnExecution {
     // reuse an id (providers number calls per message), and must be gated on its own.
     if (resume && assistantMessage === this.asking()) {
       if (this.replayed.has(toolCall.id)) return undefined;
-      if (toolCall.id === resume.toolCallId) return resume.decision === "approve" ? undefined : { block: true, reason: resume.denial };
+      if (toolCall.id === resume.toolCallId) return resume.decision === "approve" ? this.acts(toolCall.id) : { block: true, reason: resume.denial };
     }
     // The arguments as the tool will run with them (validated, coerced), not as the model wrote them.
     const called = (args && typeof args === "object" ? args : toolCall.arguments) as Record<string, unknown>;
-    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, called, (p) => this.workspace.relative(p))) return undefined;
+    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, called, (p) => this.workspace.relative(p))) return this.acts(toolCall.id);
     const ids = assistantMessage.content.flatMap((block) => (block.type === "toolCall" ? [block.id] : []));
     if (!toolCall.id || ids.filter((id) => id === toolCall.id).length > 1) {
       // A decision names its call by id: without a unique one it could reach another call.
@@ -431,6 +448,16 @@ class TurnExecution {
     if (assistantIndex < 0) throw new Error("the assistant message that asked is not in the transcript");
     this.pause = { toolCallId: toolCall.id, tool: toolCall.name, arguments: called, assistantIndex, transcript };
     return { block: true, reason: "The turn waits for a decision." };
+  }
+
+  /**
+   * The call runs: its start is stored first ({@link TurnRunRequest.beforeAction}), and
+   * until its end an abort is an action interrupted. Nothing is returned: the call goes on.
+   */
+  private async acts(toolCallId: string): Promise<undefined> {
+    await this.req.beforeAction?.();
+    this.acting.add(toolCallId);
+    return undefined;
   }
 
   /** The model's stream: the asking message replayed first when resuming; nothing once the turn waits. */

@@ -20,6 +20,10 @@ const fail = (code: Extract<CommandReply, { code: string }>["code"], message?: s
   param: param ?? null,
 });
 
+/** How much of an interrupted turn's event log a new owner reads for a call left running (pages of 1,000; time). */
+const ACTION_SCAN_PAGES = 500;
+const ACTION_SCAN_MS = 15_000;
+
 /**
  * The single owner of one run on this node. Commands and internal events go through
  * one mailbox, so every change to the run and its turns is serialized here, and
@@ -285,7 +289,8 @@ export class RunActor {
       return;
     }
     if (turn && status) {
-      const error = status === TurnStatus.incomplete ? turnError("worker_execution_interrupted", { reference: this.r.ids.reference() }) : null;
+      const code = (await this.actionWasRunning(run, turn)) ? "worker_action_interrupted" : "worker_execution_interrupted";
+      const error = status === TurnStatus.incomplete ? turnError(code, { reference: this.r.ids.reference() }) : null;
       const final: Partial<TurnDoc> = { status, error, completed_at: now, duration_ms: turn.started_at ? now - turn.started_at : 0 };
       // A turn that waited stored what it added then (and the input it held); a call it was
       // deciding never answered; its model calls before the wait were made.
@@ -386,6 +391,40 @@ export class RunActor {
     this.turns.session = [];
     await this.turns.execute(run, turn);
     return ok({ run_id: run._id, turn_id: turn._id, disposition: Disposition.created, run: renderRun(run, turn, Disposition.created) });
+  }
+
+  /**
+   * Whether the turn's stored events show a tool call that started and never ended: its
+   * owner was lost during an action that may have completed (a call's start is stored
+   * before it runs; a denied call never ran). When the events cannot be read to their
+   * end, yes: a client must not retry blind what may have acted.
+   */
+  private async actionWasRunning(run: RunDoc, turn: TurnDoc): Promise<boolean> {
+    if (turn.status !== TurnStatus.in_progress) return false;
+    const denied = new Set((turn.actions ?? []).filter((action) => action.decision === "deny").map((action) => action.tool_call_id));
+    const open = new Set<string>();
+    const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: run.event_seq };
+    const deadline = this.r.clock.nowMs() + ACTION_SCAN_MS;
+    let afterId: string | undefined;
+    try {
+      for (let page = 0; page < ACTION_SCAN_PAGES; page++) {
+        const { events, hasMore } = await this.r.events.read(ref, { turnId: turn._id, afterId, limit: 1000, nowMs: this.r.clock.nowMs() });
+        for (const event of events) {
+          const id = (event.data as { toolCallId?: unknown } | null)?.toolCallId;
+          if (typeof id !== "string") continue;
+          if (event.type === "tool_execution_start") open.add(id);
+          else if (event.type === "tool_execution_end") open.delete(id);
+        }
+        if (!hasMore) return [...open].some((id) => !denied.has(id));
+        // Held behind a missing event, or too long a turn to read now.
+        if (events.length === 0 || this.r.clock.nowMs() > deadline) break;
+        afterId = events.at(-1)!.id;
+      }
+      this.r.log.warn({ run_id: run._id, turn_id: turn._id }, "the interrupted turn's events could not be read to their end: taken as interrupted during an action");
+    } catch (err) {
+      this.r.log.warn({ err, run_id: run._id, turn_id: turn._id }, "the interrupted turn's events could not be read: taken as interrupted during an action");
+    }
+    return true;
   }
 
   /** The events an earlier attempt of this start stored (a start stores at most two before its documents). */

@@ -198,6 +198,10 @@ export class TurnExecution {
       onEvent: (event) => {
         if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
       },
+      // A call's start is stored before it runs: a new owner then knows it may have run.
+      // If the event log cannot store it, the call runs all the same (the turn's own
+      // writes report the failure); a new owner then takes it for one that did not start.
+      beforeAction: () => this.host.appender().flush().catch((err: unknown) => this.r.log.warn({ err, run_id: run._id, turn_id: turn._id }, "event stream write failed before a tool call")),
     });
     // The limit is wall-clock time since the turn started: a wait for a decision counts.
     const limitTimer = this.r.clock.after(
@@ -230,7 +234,7 @@ export class TurnExecution {
       const transcript = endedWithoutCall(result.transcript, result.pause?.steers ?? [], "The call did not run: the turn was cancelled.", this.r.clock.nowMs());
       result = { ...result, outcome: "aborted", transcript };
     }
-    const decision = settleDecision(execution.abortReason, result.outcome === "paused" ? "aborted" : result.outcome);
+    const decision = settleDecision(execution.abortReason, result.outcome === "paused" ? "aborted" : result.outcome, result.actionInterrupted === true);
     const status = decision.status;
     const output = decision.output === "agent" ? result.output : [];
     const error: TurnError | null =

@@ -81,7 +81,7 @@ export type AbortReason = "cancel" | "duration_limit" | "shutdown";
 export interface SettleDecision {
   status: TurnStatus;
   /** `agent`: the error the agent loop reported (failed only); `none`; or a platform code. */
-  error: "agent" | "none" | "turn_duration_limit" | "worker_execution_interrupted";
+  error: "agent" | "none" | "turn_duration_limit" | "worker_execution_interrupted" | "worker_action_interrupted";
   /** `agent`: the output (partial for a failure); `none`: empty. */
   output: "agent" | "none";
 }
@@ -94,7 +94,7 @@ export interface SettleDecision {
  * loop takes the status of the abort's reason, and an abort nobody asked for (the
  * loop stopped by itself) counts as cancelled.
  */
-export function settleDecision(reason: AbortReason | undefined, outcome: TurnOutcome): SettleDecision {
+export function settleDecision(reason: AbortReason | undefined, outcome: TurnOutcome, actionInterrupted = false): SettleDecision {
   if (reason === "cancel") return { status: TurnStatus.cancelled, error: "none", output: "none" };
   switch (outcome) {
     case "completed":
@@ -106,7 +106,8 @@ export function settleDecision(reason: AbortReason | undefined, outcome: TurnOut
         case "duration_limit":
           return { status: TurnStatus.incomplete, error: "turn_duration_limit", output: "agent" };
         case "shutdown":
-          return { status: TurnStatus.incomplete, error: "worker_execution_interrupted", output: "agent" };
+          // Stopped during a tool call: it may have done what it does, so not retryable.
+          return { status: TurnStatus.incomplete, error: actionInterrupted ? "worker_action_interrupted" : "worker_execution_interrupted", output: "agent" };
         case undefined:
           return { status: TurnStatus.cancelled, error: "none", output: "none" };
         default:

@@ -91,7 +91,7 @@ async function cancelQuietly(cluster: Cluster, runId: string): Promise<void> {
   await postWithRetry(cluster, 0, `/api/v1/runs/${runId}/cancel`, {}, `cancel-${runId}`, { maxAttempts: 3, timeoutMs: 10_000 });
 }
 
-test.serial("cluster - kill -9 of the owner mid-turn: the active turn ends incomplete worker_execution_interrupted, the queued turn completes on another node, nothing runs twice", async (t) => {
+test.serial("cluster - kill -9 of the owner mid-turn: the active turn, killed in its bash call, ends incomplete worker_action_interrupted (not retryable: the call may have acted), the queued turn completes on another node, nothing runs twice", async (t) => {
   t.timeout(120_000);
   const { cluster } = t.context;
   const victim = 2;
@@ -127,8 +127,8 @@ test.serial("cluster - kill -9 of the owner mid-turn: the active turn ends incom
   const first = await waitFinal(cluster, run.id, run.turn.id, 30_000);
   const recoveredMs = Date.now() - killedAt;
   t.is(first.turn.status, "incomplete");
-  t.is(first.turn.error?.code, "worker_execution_interrupted");
-  t.true(first.turn.error?.retryable);
+  t.is(first.turn.error?.code, "worker_action_interrupted");
+  t.false(first.turn.error?.retryable);
   const second = await waitFinal(cluster, run.id, queued.body.turn.id, 30_000);
   t.is(second.turn.status, "completed", JSON.stringify(second.turn.error));
   t.deepEqual(second.turn.output, [{ type: "output_text", text: "after the crash" }]);
@@ -287,7 +287,8 @@ test.serial("cluster - a node paused past its lease: its partitions move, its la
   const movedMs = Date.now() - pausedAt;
   const first = await waitFinal(cluster, run.id, run.turn.id, 30_000);
   t.is(first.turn.status, "incomplete");
-  t.is(first.turn.error?.code, "worker_execution_interrupted");
+  // Paused in its bash call (its end never reported by the paused node): the call may have acted.
+  t.is(first.turn.error?.code, "worker_action_interrupted");
   const second = await waitFinal(cluster, run.id, queued.body.turn.id, 30_000);
   t.is(second.turn.status, "completed");
   const afterTakeover = await t.context.raw.runs.findOne({ _id: run.id });
@@ -366,8 +367,8 @@ test.serial("cluster - rolling restart of every node under a light load of backg
   const statuses = await checkAdmitted(t, cluster, answers);
   t.true(answers.length >= 20, `${answers.length} starts`);
   t.is(admitted.length, answers.length, `answers not admitted: ${JSON.stringify(answers.filter((a) => a.status !== 202).map((a) => [a.status, a.body?.error?.code]))}`);
-  const bad = [...statuses].filter(([outcome]) => outcome !== "completed" && outcome !== "incomplete/worker_execution_interrupted");
-  t.deepEqual(bad, [], "admitted turns end completed, or incomplete when a drain interrupted them");
+  const bad = [...statuses].filter(([outcome]) => outcome !== "completed" && outcome !== "incomplete/worker_execution_interrupted" && outcome !== "incomplete/worker_action_interrupted");
+  t.deepEqual(bad, [], "admitted turns end completed, or incomplete when a drain interrupted them (in a tool call or not)");
   const unavailable = answers.reduce((n, a) => n + a.unavailable, 0);
   t.log(`${answers.length} starts during restarts of ${restarts.join(", ")} ms; ${unavailable} 5xx/refused answers retried; final: ${JSON.stringify([...statuses])}`);
 });

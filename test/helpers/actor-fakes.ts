@@ -191,9 +191,13 @@ export class MemoryEventLog implements EventLog {
   async lastSequence(run: { id: string }): Promise<number> {
     return this.events(run.id).at(-1)?.sequence ?? 0;
   }
-  /** The run's events from the first (the actor reads them only to resume a start). */
-  async read(run: { id: string }, options: { limit: number }): Promise<{ events: RunEvent[]; hasMore: boolean; history: never }> {
-    const log = this.events(run.id);
+  /** When set, reads fail with it (the event log unavailable). */
+  readFailure?: Error;
+  /** The run's events in order, after `afterId` and of `turnId` when given (the actor reads them to resume a start and to recover a turn). */
+  async read(run: { id: string }, options: { limit: number; afterId?: string; turnId?: string }): Promise<{ events: RunEvent[]; hasMore: boolean; history: never }> {
+    if (this.readFailure) throw this.readFailure;
+    const after = options.afterId === undefined ? 0 : Number(options.afterId.slice("evt_".length));
+    const log = this.events(run.id).filter((e) => e.sequence > after && (options.turnId === undefined || e.turn_id === options.turnId));
     const events = log.slice(0, options.limit).map((e) => ({ id: `evt_${e.sequence}`, sequence: e.sequence, source: e.source, type: e.type, run_id: run.id, turn_id: e.turn_id, created_at: 0, data: e.data }) as RunEvent);
     return { events, hasMore: log.length > options.limit, history: undefined as never };
   }

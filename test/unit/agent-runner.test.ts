@@ -255,6 +255,7 @@ test("agent-runner - abort during sleep 5 ends aborted quickly and kills the pro
   const elapsed = Date.now() - abortedAt;
   t.is(result.outcome, "aborted");
   t.is(result.error, undefined);
+  t.true(result.actionInterrupted, "aborted while the command ran: an action may have acted");
   t.true(abortedAt > 0 && elapsed < 1500, `took ${elapsed} ms after abort`);
   t.false(result.output.some((part) => part.text === "never"));
   t.is((await readFile(path.join(dir, "pid"), "utf8")).trim(), "started");
@@ -262,6 +263,44 @@ test("agent-runner - abort during sleep 5 ends aborted quickly and kills the pro
   t.deepEqual(hostProcesses(`sleep ${marker}`), [], "the command's process is gone from the host");
   t.throws(() => turn.steer("too late"), { instanceOf: SteeringTargetEndedError });
   await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a tool call runs only once beforeAction has settled, after its start was reported; a turn aborted in a model call reports no action interrupted", async (t) => {
+  const dir = await workspace();
+  const seen: string[] = [];
+  const { turn } = run({
+    config: scripted([bash("touch ran.txt"), { text: "done" }]),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    onEvent: (event) => {
+      if (event.type === "tool_execution_start" || event.type === "tool_execution_end") seen.push(event.type);
+    },
+    beforeAction: async () => {
+      seen.push("beforeAction");
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      seen.push(`ran before it settled: ${await access(path.join(dir, "ran.txt")).then(() => "yes", () => "no")}`);
+    },
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "completed");
+  t.deepEqual(seen, ["tool_execution_start", "beforeAction", "ran before it settled: no", "tool_execution_end"]);
+  await access(path.join(dir, "ran.txt"));
+  t.is(result.actionInterrupted, undefined);
+
+  // Aborted while the model streams its answer, after a call that ended: no action was running.
+  const slow = run({
+    config: scripted([bash("true"), { text: "a long answer ".repeat(50) }], { tokens_per_second: 20 }),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    onEvent: (event, running) => {
+      if (event.type === "text_delta") running.abort();
+    },
+  });
+  const aborted = await slow.turn.result;
+  t.is(aborted.outcome, "aborted");
+  t.is(aborted.actionInterrupted, undefined);
 });
 
 test("agent-runner - the request's abort signal cancels the turn", async (t) => {

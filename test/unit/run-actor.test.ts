@@ -272,6 +272,57 @@ test("run-actor - recovery by a new owner: in_progress → incomplete (worker_ex
   );
 });
 
+/** A tool call's start or end as the agent runner reports it. */
+const toolEvent = (type: "tool_execution_start" | "tool_execution_end", toolCallId: string) => ({ type, data: type === "tool_execution_start" ? { toolCallId, toolName: "bash", args: { command: "curl -X POST …" } } : { toolCallId, toolName: "bash", result: { content: [] }, isError: false } });
+
+for (const [name, calls, code] of [
+  ["no tool call", [], "worker_execution_interrupted"],
+  ["a call that started and ended", [["tool_execution_start", "c1"], ["tool_execution_end", "c1"]], "worker_execution_interrupted"],
+  ["a call that started and never ended", [["tool_execution_start", "c1"], ["tool_execution_end", "c1"], ["tool_execution_start", "c2"]], "worker_action_interrupted"],
+] as const) {
+  test(`run-actor - recovery: a turn lost with ${name} ends ${code}`, async (t) => {
+    const w = await world();
+    const first = w.actor(1);
+    okReply(await first.command(startCmd()));
+    for (const [type, id] of calls) w.turns.last.request.onEvent(toolEvent(type, id));
+    first.stop("partition lost");
+    const second = w.actor(2);
+    await second.recover();
+    const lost = w.store.turns.get("turn_1")!;
+    t.is(lost.status, "incomplete");
+    t.is(lost.error?.code, code);
+    t.is(lost.error?.retryable, code === "worker_execution_interrupted");
+  });
+}
+
+test("run-actor - recovery: a turn whose events cannot be read is taken as lost during an action (not retryable), never as a plain interruption", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  okReply(await first.command(startCmd()));
+  first.stop("partition lost");
+  w.events.readFailure = new Error("stream unavailable");
+  const second = w.actor(2);
+  await second.recover();
+  t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
+  t.false(w.store.turns.get("turn_1")!.error?.retryable);
+});
+
+test("run-actor - recovery: a turn's calls are told apart over several pages of its events, and another turn's open call does not count", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  okReply(await first.command(startCmd()));
+  // 2,500 text deltas between a call's start and its end: its end is on the third page.
+  w.turns.last.request.onEvent(toolEvent("tool_execution_start", "c1"));
+  for (let i = 0; i < 2_500; i++) w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "x" } });
+  w.turns.last.request.onEvent(toolEvent("tool_execution_end", "c1"));
+  // An event of another turn with an open call (as a stale log could hold) is not this turn's.
+  w.events.byRun.get(RUN)!.push({ sequence: 1_000_000, turn_id: "turn_other", source: "runtime", type: "tool_execution_start", data: { toolCallId: "c9" } });
+  first.stop("partition lost");
+  const second = w.actor(2);
+  await second.recover();
+  t.is(w.store.turns.get("turn_1")!.error?.code, "worker_execution_interrupted");
+});
+
 test("run-actor - recovery: a turn stored final whose run never moved on (its owner died between the writes) gets its webhooks from the new owner", async (t) => {
   const w = await world();
   const first = w.actor(1);
@@ -769,6 +820,8 @@ async function waitingWorld() {
   const actor = w.actor();
   okReply(await actor.command(startCmd()));
   const usage = { input_tokens: 5, output_tokens: 1, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null };
+  // The gated call's start was reported before the turn came to wait (its end comes once decided).
+  w.turns.last.request.onEvent(toolEvent("tool_execution_start", "call_1"));
   w.turns.last.finish({ outcome: "paused", transcript: asked() as never, usage, pause: { toolCallId: "call_1", tool: "bash", arguments: { command: "rm x" }, assistantIndex: 1, steers: [] } });
   await settled(actor);
   const action = w.store.turns.get("turn_1")!.actions![0]!;
@@ -885,7 +938,7 @@ test("run-actor - approvals: a new owner restores the wait (nothing re-run) and 
   t.like(other, { ok: false, code: "action_already_decided" });
 });
 
-test("run-actor - approvals: an owner lost while the approved call ran: the turn ends incomplete, the call answered, the held steer and the usage before the wait kept", async (t) => {
+test("run-actor - approvals: an owner lost while the approved call ran: the turn ends incomplete (worker_action_interrupted: the call may have acted), the call answered, the held steer and the usage before the wait kept", async (t) => {
   const { w, actor, action } = await waitingWorld();
   okReply(await actor.command({ op: "continue", workspace_id: WS, run_id: RUN, turn_id: "steer_1", input: [{ type: "input_text", text: "also" }], on_busy: "steer" }));
   okReply(await actor.command({ op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "approve", reason: null, decision_id: "d" }));
@@ -896,11 +949,23 @@ test("run-actor - approvals: an owner lost while the approved call ran: the turn
   await second.recover();
   const turn = w.store.turns.get("turn_1")!;
   t.is(turn.status, "incomplete");
-  t.is(turn.error?.code, "worker_execution_interrupted");
+  t.is(turn.error?.code, "worker_action_interrupted");
+  t.false(turn.error?.retryable);
   t.is(turn.usage?.input_tokens, 5);
   const roles = (turn.transcript as Array<{ role: string }>).map((m) => m.role);
   t.deepEqual(roles, ["user", "assistant", "toolResult", "user"]);
   t.is(w.turns.started.length, 2, "the approved call is not run again");
+});
+
+test("run-actor - approvals: an owner lost after a denial resumed the turn, before the denied call's end was reported: the call never ran, so the turn ends worker_execution_interrupted", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  okReply(await actor.command({ op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "deny", reason: "no", decision_id: "d" }));
+  await settled(actor);
+  t.is(w.turns.started.length, 2, "resumed with the denial");
+  actor.stop("partition lost");
+  const second = w.actor(2);
+  await second.recover();
+  t.is(w.store.turns.get("turn_1")!.error?.code, "worker_execution_interrupted");
 });
 
 test("run-actor - approvals: a cancel that arrives between a decision and its resumption ends the turn cancelled; the approved call never runs", async (t) => {

@@ -97,9 +97,13 @@ test("turn-state - settle: every abort reason × agent outcome", (t) => {
   };
   for (const reason of reasons) {
     for (const outcome of outcomes) {
-      const decision = settleDecision(reason, outcome);
-      t.deepEqual(decision, table[reason ?? "none"]![outcome], `${reason} × ${outcome}`);
-      t.true(["completed", "failed", "cancelled", "incomplete"].includes(decision.status), "always a final status");
+      for (const actionInterrupted of [false, true]) {
+        const decision = settleDecision(reason, outcome, actionInterrupted);
+        // Only a shutdown that stopped a running tool call changes: the call may have acted.
+        const expected = reason === "shutdown" && outcome === "aborted" && actionInterrupted ? { status: "incomplete", error: "worker_action_interrupted", output: "agent" } : table[reason ?? "none"]![outcome];
+        t.deepEqual(decision, expected, `${reason} × ${outcome} × ${actionInterrupted}`);
+        t.true(["completed", "failed", "cancelled", "incomplete"].includes(decision.status), "always a final status");
+      }
     }
   }
 });
