@@ -23,6 +23,8 @@ const fail = (code: Extract<CommandReply, { code: string }>["code"], message?: s
 /** How much of an interrupted turn's event log a new owner reads for a call left running (pages of 1,000; time). */
 const ACTION_SCAN_PAGES = 500;
 const ACTION_SCAN_MS = 15_000;
+/** How many of a run's latest turns a resent steer is looked for in. */
+const STEER_LOOKBACK_TURNS = 64;
 
 /**
  * The single owner of one run on this node. Commands and internal events go through
@@ -482,6 +484,11 @@ export class RunActor {
       const replay = await this.replayContinue(run, cmd.turn_id);
       if (replay) return replay;
     }
+    // Or a steer a turn took that has ended since: answered as then, not run as a new turn.
+    if (cmd.resent) {
+      const steered = await this.steeredBefore(run, cmd.turn_id);
+      if (steered) return ok({ run_id: run._id, turn_id: steered, disposition: Disposition.steered });
+    }
     const outcome = admissionOutcome({
       state: run.state,
       hasQueued: run.queued_turn_id !== null,
@@ -499,6 +506,15 @@ export class RunActor {
       case "queue":
         return this.admitTurn(run, cmd.turn_id, cmd.input, outcome === "queue");
     }
+  }
+
+  /**
+   * The turn that took steer `steerId`, among the run's latest turns (a retry comes
+   * seconds after its first attempt; bounded, and not the transcripts).
+   */
+  private async steeredBefore(run: RunDoc, steerId: string): Promise<string | undefined> {
+    const recent = await this.r.store.listTurns(run._id, { afterIndex: Math.max(-1, run.turn_count - 1 - STEER_LOOKBACK_TURNS) });
+    return recent.find((turn) => turn.steer_ids.includes(steerId))?._id;
   }
 
   /** A resent continuation (same ids) answers as the first did. */

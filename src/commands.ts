@@ -41,6 +41,11 @@ type RunCommandBody =
       turn_id: string;
       input: InputPart[];
       on_busy: OnBusy;
+      /**
+       * The request's key was claimed before (a retry after a lost answer): a steer the
+       * first attempt made may have gone to a turn that has ended since.
+       */
+      resent?: boolean;
     }
   | { op: "cancel"; workspace_id: string; run_id: string; turn_id?: string }
   | { op: "delete"; workspace_id: string; run_id: string }

@@ -378,6 +378,60 @@ test("turns - queued and running turns appear in history with their current stat
   await api.waitRun(run.id, (r) => r.state === "idle", 30_000);
 });
 
+/**
+ * The key's record as a lost answer leaves it: pending with the identity its claim made
+ * (`claimed`: what the done record's answer does not show), and old enough that a retry
+ * re-drives the request with that identity instead of waiting for it.
+ */
+async function loseAnswer(servers: TestServers, operation: string, runId: string, claimed?: Record<string, unknown>): Promise<void> {
+  const raw = (await servers.raw()).db.collection("idempotency");
+  const latest = await raw.find({ operation, "result.run_id": runId }).sort({ created_at: -1 }).limit(1).next();
+  if (!latest) throw new Error(`no ${operation} record for ${runId}`);
+  await raw.updateOne({ _id: latest._id }, { $set: { state: "pending", created_at: Date.now() - 60_000, ...(claimed ? { result: claimed } : {}) } });
+}
+
+test("cancel - a repeat after a lost answer cancels the turn the first attempt selected, never the queued turn that became active since (runs-api.md: a repeat returns the turn it first selected)", async (t) => {
+  const { api, sleeper, servers } = t.context;
+  const run = await busyRun(api, sleeper);
+  const queued = (await api.post("/api/v1/runs", { run_id: run.id, input: "next", background: true, on_busy: "queue" })).body;
+  const key = `cancel-lost-${run.id}`;
+  const first = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
+  t.is(first.status, 202);
+  t.is(first.body.turn.id, run.turn.id);
+  await loseAnswer(servers, "runs.cancel", run.id, { run_id: run.id, turn_id: run.turn.id });
+  t.is((await api.waitTurn(run.id, run.turn.id, 20_000)).turn.status, "cancelled");
+  const next = await api.waitRun(run.id, (r) => r.turn.id === queued.turn.id && r.turn.status === "in_progress", 20_000);
+  t.is(next.turn.status, "in_progress");
+  const repeat = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
+  t.is(repeat.status, 200, JSON.stringify(repeat.body));
+  t.is(repeat.body.turn.id, run.turn.id, "the turn the first attempt selected");
+  t.is(repeat.body.turn.status, "cancelled");
+  t.is((await api.get(`/api/v1/runs/${run.id}?turn_id=${queued.turn.id}`)).body.turn.status, "in_progress", "the queued turn, active since, goes on");
+  await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: queued.turn.id });
+});
+
+test("steer - a repeat after a lost answer whose steered turn has ended since answers steered with that turn; its input is not run again as a new turn", async (t) => {
+  const { api, sleeper, servers } = t.context;
+  const run = await busyRun(api, sleeper);
+  const key = `steer-lost-${run.id}`;
+  const body = { run_id: run.id, input: "steered once", on_busy: "steer", background: true };
+  const first = await api.post("/api/v1/runs", body, key);
+  t.is(first.status, 202, JSON.stringify(first.body));
+  t.is(first.body.disposition, "steered");
+  t.is(first.body.turn.id, run.turn.id);
+  // The claim's identity holds the steer's id (the turn took it), not the turn's.
+  const steerIds = (await (await servers.raw()).turns.findOne({ _id: run.turn.id }))!.steer_ids;
+  t.is(steerIds.length, 1);
+  await loseAnswer(servers, "runs.create", run.id, { run_id: run.id, turn_id: steerIds[0] });
+  t.is((await api.waitTurn(run.id, run.turn.id, 20_000)).turn.status, "completed");
+  const repeat = await api.post("/api/v1/runs", body, key);
+  t.true(repeat.status === 200 || repeat.status === 202, JSON.stringify(repeat.body));
+  t.is(repeat.body.disposition, "steered");
+  t.is(repeat.body.turn.id, run.turn.id);
+  const turns = (await api.get(`/api/v1/runs/${run.id}/turns`)).body.data as Array<{ id: string }>;
+  t.deepEqual(turns.map((turn) => turn.id), [run.turn.id], "no second turn ran the steer's input");
+});
+
 test("versions - automatic moves the run to the active version; new_run_only stays; each turn reports its version", async (t) => {
   const { api } = t.context;
   const agent = (await api.post("/api/v1/agents", { name: "upgrades" })).body.id;
