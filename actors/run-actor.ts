@@ -405,7 +405,7 @@ export class RunActor {
     if (turn.status !== TurnStatus.in_progress) return false;
     const denied = new Set((turn.actions ?? []).filter((action) => action.decision === "deny").map((action) => action.tool_call_id));
     const open = new Set<string>();
-    const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: run.event_seq };
+    const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: run.event_seq, last_activity_at: run.last_activity_at };
     const deadline = this.r.clock.nowMs() + ACTION_SCAN_MS;
     let afterId: string | undefined;
     try {

@@ -58,6 +58,7 @@ export function eventRunOf(run: RunDoc): EventReadRun {
     event_retention_s: run.event_retention_s,
     created_at: run.created_at,
     event_seq: run.event_seq,
+    last_activity_at: run.last_activity_at,
   };
 }
 

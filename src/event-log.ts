@@ -57,6 +57,8 @@ export class JetStreamEventLog implements EventLog {
   private readonly horizonMs: number;
   private readonly nc: NatsConnection;
   private readonly readTuning: JetStreamEventLogOptions["readTuning"];
+  /** Each event stream's max_age in ms, as read at start (a shorter one than a run's retention drops its events sooner). */
+  private readonly maxAgeMs = new Map<string, number>();
 
   constructor(options: JetStreamEventLogOptions) {
     this.nc = options.nc;
@@ -71,7 +73,10 @@ export class JetStreamEventLog implements EventLog {
     for (const plan of Object.values(Plan)) {
       const stream = eventStreamName(plan);
       void this.jsm.streams.info(stream).then(
-        (info) => this.publisher.raiseFloor(stream, info.state.last_seq),
+        (info) => {
+          this.publisher.raiseFloor(stream, info.state.last_seq);
+          if (info.config.max_age > 0) this.maxAgeMs.set(stream, info.config.max_age / 1e6);
+        },
         () => undefined, // not there yet, or NATS away: floors come with the first acks
       );
     }
@@ -121,6 +126,7 @@ export class JetStreamEventLog implements EventLog {
     return withUnavailable(async () => {
       const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : 1;
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
+      if (!last) assertNotLost(run, this.storedSince(stream, minMs, options.nowMs));
 
       const selected: RunEvent[] = [];
       let firstOfSelection: StoredEnvelope | undefined;
@@ -232,9 +238,19 @@ export class JetStreamEventLog implements EventLog {
    * A cursor must name a stored, retained event of this run: else 410 (gone) or 400 (not
    * this run's). Returns the stream sequence to read from for the events after it.
    */
+  /** The oldest time an event of a run with retention from `minMs` can still be stored: the stream's max_age may be the shorter. */
+  private storedSince(stream: string, minMs: number, nowMs: number): number {
+    const maxAge = this.maxAgeMs.get(stream);
+    return maxAge === undefined ? minMs : Math.max(minMs, nowMs - maxAge);
+  }
+
   private async checkCursor(run: EventReadRun, cursor: EventPosition, minMs: number): Promise<number> {
     const msg = await this.jsm.streams.getMessage(eventStreamName(run.plan), { seq: cursor.streamSeq });
-    if (!msg) throw new ApiError("event_cursor_expired", { param: "after" });
+    if (!msg) {
+      const stream = eventStreamName(run.plan);
+      if (!(await this.jsm.streams.getMessage(stream, { last_by_subj: eventSubject(run.plan, run.id) }))) assertNotLost(run, this.storedSince(stream, minMs, this.clock.nowMs()));
+      throw new ApiError("event_cursor_expired", { param: "after" });
+    }
     if (msg.subject !== eventSubject(run.plan, run.id) || headerSeq(msg.header.get(SEQ_HEADER)) !== cursor.runSeq) {
       throw new ApiError("invalid_cursor", { param: "after", message: "This event cursor was issued for another run." });
     }
@@ -296,4 +312,22 @@ function storedInfo(storedMs: number, headers: MsgHdrs | undefined): StoredInfo 
 /** Marks an exception thrown by a subscriber's callback, so it is not reported as a store failure. */
 class CallbackFailure {
   constructor(readonly error: unknown) {}
+}
+
+/**
+ * How long before its latest event's expiry a run with no stored event is taken to have lost
+ * its history rather than seen it expire (nodes' clocks, and an event recorded just before
+ * the activity time that dates it).
+ */
+const LOST_HISTORY_MARGIN_MS = 60_000;
+
+/**
+ * Rule 9: a run that recorded events and has none stored while its latest should still be
+ * retained lost its stream (purged, recreated, its server's data gone): 503
+ * event_history_unavailable, never `expired` nor an expired cursor.
+ */
+function assertNotLost(run: EventReadRun, minMs: number): void {
+  if ((run.event_seq ?? 0) > 0 && run.last_activity_at !== undefined && run.last_activity_at - LOST_HISTORY_MARGIN_MS > minMs) {
+    throw new ApiError("event_history_unavailable", { retryAfterS: 1, message: "The run's event history is not where it was stored. Retry later; the run and its turns hold its results." });
+  }
 }

@@ -49,6 +49,12 @@ export interface EventReadRun extends EventRunRef {
   created_at: number;
   /** RunDoc.event_seq: > 0 once the run has recorded events. Optional; tells "all expired" from "never any" after JetStream dropped everything. */
   event_seq?: number;
+  /**
+   * RunDoc.last_activity_at (Unix ms): about when its latest event was recorded. Optional;
+   * with it, a run none of whose events is stored while its latest is still within
+   * retention has lost its history (503 event_history_unavailable), not seen it expire.
+   */
+  last_activity_at?: number;
 }
 
 export interface ReadOptions {

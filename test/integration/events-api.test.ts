@@ -505,6 +505,31 @@ test("events - rule 9: an admitted turn whose first event is not recorded is 503
   t.is(none.body.history.status, "expired");
 });
 
+test("events - rule 9: a run whose stored events are gone while its latest is still within retention (its stream purged) is 503 event_history_unavailable, with or without a cursor, never expired; one whose latest is past retention is expired", async (t) => {
+  const { business, jsm } = t.context;
+  const created = await business.api.post("/api/v1/runs", { agent: await business.api.agentWith({ model: "faux/scripted" }), input: "soon lost" });
+  t.is(created.status, 200);
+  const runId = created.body.id as string;
+  const listed = await business.api.get(eventsUrl(runId));
+  t.is(listed.body.history.status, "complete");
+  const cursor = listed.body.data[0].id as string;
+  await jsm.streams.purge(eventStreamName("business"), { filter: eventSubject("business", runId) });
+  for (const query of ["", `after=${encodeURIComponent(cursor)}`]) {
+    const res = await business.api.get(eventsUrl(runId, query));
+    t.is(res.status, 503, `${query}: ${JSON.stringify(res.body)}`);
+    t.is(res.body.error.code, "event_history_unavailable");
+    t.true(res.body.error.retryable);
+    t.is(res.headers.get("retry-after"), "1");
+    t.notRegex(res.body.error.message, /jetstream|nats|stream|mongo|ferret/i);
+  }
+  // The same empty stream for a run whose latest activity is past its event retention: expired, as rule 7 says.
+  await (await t.context.servers.raw()).runs.updateOne({ _id: runId }, { $set: { last_activity_at: Date.now() - BUSINESS_EVENT_RETENTION_S * 1000 - 1_000 } });
+  const old = await business.api.get(eventsUrl(runId));
+  t.is(old.status, 200, JSON.stringify(old.body));
+  t.is(old.body.history.status, "expired");
+  t.deepEqual(old.body.data, []);
+});
+
 // ---------------------------------------------------------------------------------------
 // Streams
 
