@@ -187,7 +187,10 @@ export function runRoutes(ctx: GatewayContext) {
       const page = await listRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit });
       const last = page.runs[page.runs.length - 1];
       const next = last ? encodeCursor({ s: "runs", o: workspaceId, k: String(last.last_activity_at), id: last._id }) : null;
-      return list(page.runs.map(renderRunSummary), page.hasMore, next);
+      // Past retention a run is unreadable (410) before the sweeper removes it: not listed
+      // either (the cursor still goes past it).
+      const now = ctx.clock.nowMs();
+      return list(page.runs.filter((run) => run.expires_at > now).map(renderRunSummary), page.hasMore, next);
     });
 
     route(app, RUN_OPERATIONS.deleteRun, async (request) => {
