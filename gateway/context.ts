@@ -105,6 +105,8 @@ export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rat
     setRateHeaders(reply, ctx.rateLimiter.peek(ws._id, ws.plan, RateClass.standard));
     const own = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.exempt);
     if (!own.allowed) {
+      // Refused by its own budget: the headers describe the limit that governed (runs-api.md).
+      setRateHeaders(reply, own);
       throw new ApiError("rate_limited", { retryAfterS: own.retryAfterS, message: `The workspace's limit of ${own.limit} cancels and revocations per window is used up. Retry after ${own.retryAfterS} s.` });
     }
     return;

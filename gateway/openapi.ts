@@ -47,7 +47,7 @@ export function errorCodesOf(op: Operation): Map<number, ErrorCode[]> {
   if (op.scope !== "public") {
     add(401, ["unauthorized"]);
     add(403, ["permission_denied"]);
-    if (op.rate !== "exempt") add(429, ["rate_limited"]);
+    add(429, ["rate_limited"]);
     add(500, ["internal_error"]);
     add(503, ["runtime_unavailable"]);
   }
@@ -153,7 +153,7 @@ function operationObject(op: Operation): Record<string, unknown> {
     tags: [op.tag],
   };
   const notes = [op.description, op.scope === "public" ? "Public: no API key." : `Scope: ${op.scope}.`];
-  if (op.rate === "exempt") notes.push("Never rate limited.");
+  if (op.rate === "exempt") notes.push("Not held back by the workspace's request limit: it has its own budget, ten times larger, which only a flood meets (429).");
   if (op.rate === "expensive") notes.push("Counts against the lower limit of expensive operations too.");
   out.description = notes.filter(Boolean).join(" ");
   if (op.scope === "public") out.security = [];

@@ -85,8 +85,17 @@ test.serial("rate limits - cancels are not held back by the standard limit, but 
   for (let i = 0; i < 14 && (await ws.api.get("/api/v1/runs/run_none")).status !== 429; i++);
   t.is((await ws.api.get("/api/v1/runs/run_none")).status, 429, "the standard limit is used up");
   const statuses: number[] = [];
-  for (let i = 0; i < 8; i++) statuses.push((await ws.api.post("/api/v1/runs/run_none/cancel", {})).status);
+  let refused: Awaited<ReturnType<Api["post"]>> | undefined;
+  for (let i = 0; i < 8; i++) {
+    const res = await ws.api.post("/api/v1/runs/run_none/cancel", {});
+    statuses.push(res.status);
+    if (res.status === 429) refused = res;
+  }
   t.deepEqual(statuses, [404, 404, 404, 404, 404, 404, 429, 429], "six cancels in the window (RUNS_RATE_EXEMPT_SOLO), then 429");
+  // The refusal's headers describe the limit that governed it: the cancels' own budget.
+  t.is(refused!.headers.get("x-ratelimit-limit"), "6");
+  t.is(refused!.headers.get("x-ratelimit-remaining"), "0");
+  t.truthy(refused!.headers.get("retry-after"));
   await freshWindow();
   t.is((await ws.api.post("/api/v1/runs/run_none/cancel", {})).status, 404, "the next window serves cancels again");
 });
