@@ -93,6 +93,12 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
         if (turn && after === undefined && page.events.length === 0 && !isFinalStatus(turn.status)) {
           throw new ApiError("event_boundary_pending", { param: "turn_id", retryAfterS: 1 });
         }
+        // Every event after this point waits behind one not stored yet (a publish still in
+        // flight, held up to the order horizon): nothing can be given in order, and a page
+        // with has_more but no cursor would leave the client nowhere to go on from.
+        if (page.events.length === 0 && page.hasMore) {
+          throw new ApiError("event_history_unavailable", { retryAfterS: 1, message: "The next event is not stored yet. Retry shortly." });
+        }
         const last = page.events.at(-1);
         return {
           object: "list" as const,

@@ -4,7 +4,9 @@ import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import pino from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import type { NatsConnection } from "@nats-io/transport-node";
+import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
+import { AsyncPublisher, PublishError, type StoredAck } from "../../src/js-publisher.js";
+import { JetStreamAppender } from "../../src/event-appender.js";
 import { EventSource as SseClient } from "eventsource";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
@@ -528,6 +530,45 @@ test("events - rule 9: a run whose stored events are gone while its latest is st
   t.is(old.status, 200, JSON.stringify(old.body));
   t.is(old.body.history.status, "expired");
   t.deepEqual(old.body.data, []);
+});
+
+test("events - a page whose events all wait behind one not stored yet is 503 event_history_unavailable with Retry-After, never an empty page with has_more and no cursor; the events before it are listed", async (t) => {
+  const { business, nc } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed"]);
+  // Events 1..4 of the run; 3's publish fails for good after 4 was stored (as one lost with a
+  // dying NATS server): 4 is held for 3 until the order horizon (50 s in the service).
+  const publisher = new AsyncPublisher(nc, systemClock);
+  const stream = eventStreamName("business");
+  publisher.raiseFloor(stream, (await t.context.jsm.streams.info(stream)).state.last_seq);
+  let release!: () => void;
+  const fourStored = new Promise<void>((resolve) => (release = resolve));
+  const lateThree = {
+    floor: (name: string) => publisher.floor(name),
+    publish: async (subject: string, payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> => {
+      const seq = Number(msgId.split(":")[1]);
+      if (seq === 3) {
+        await fourStored;
+        throw new PublishError("no ack from JetStream in time", true);
+      }
+      const ack = await publisher.publish(subject, payload, msgId, headers);
+      if (seq === 4) release();
+      return ack;
+    },
+  };
+  const appender = new JetStreamAppender(lateThree, new EventKeyring(MASTER_KEY).keyFor(business.id), { id: f.run._id, workspace_id: business.id, plan: "business" }, 1, {});
+  for (let seq = 1; seq <= 4; seq++) appender.append(f.turns[0]._id, "runtime", "text_delta", { delta: `#${seq}` }, Date.now());
+  await appender.flush().catch(() => undefined);
+  const first = await business.api.get(eventsUrl(f.run._id));
+  t.is(first.status, 200);
+  t.deepEqual(first.body.data.map((e: RunEvent) => e.sequence), [1, 2]);
+  t.true(first.body.has_more);
+  const cursor = first.body.next_cursor as string;
+  t.is(cursor, first.body.data[1].id);
+  const after = await business.api.get(eventsUrl(f.run._id, `after=${encodeURIComponent(cursor)}`));
+  t.is(after.status, 503, JSON.stringify(after.body));
+  t.is(after.body.error.code, "event_history_unavailable");
+  t.true(after.body.error.retryable);
+  t.is(after.headers.get("retry-after"), "1");
 });
 
 // ---------------------------------------------------------------------------------------
