@@ -23,7 +23,7 @@
  *   the transcript, so the run's history keeps what the user said.
  */
 import { Agent, type AgentEvent, type AgentMessage, type AgentTool, type BeforeToolCallContext, type BeforeToolCallResult, type StreamFn } from "@mariozechner/pi-agent-core";
-import { approvalRequired, type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, checkModelEndpoint, type InputPart, type Lookup, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
+import { approvalRequired, type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, READ_ONLY_TOOLS, checkModelEndpoint, type InputPart, type Lookup, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
 import { createAssistantMessageEventStream, streamSimple, type AssistantMessage, type TextContent, type ToolResultMessage, type UserMessage } from "@mariozechner/pi-ai";
 import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
 import { toRuntimeEvent } from "./agent-events.js";
@@ -73,11 +73,12 @@ export interface TurnRunRequest {
    */
   resume?: TurnResume;
   /**
-   * Awaited before a tool call runs, after its `tool_execution_start` was reported: the
-   * caller stores that event, so a new owner of a turn cut short knows an action may
-   * have run (worker_action_interrupted). Must not reject.
+   * Awaited before a call of a tool that acts (not a read-only one) runs, after its
+   * `tool_execution_start` was reported: the caller stores that event, so a new owner of a
+   * turn cut short knows an action may have run (worker_action_interrupted). False when it
+   * could not be stored: the call does not run (its result says why). Must not reject.
    */
-  beforeAction?: () => Promise<void>;
+  beforeAction?: () => Promise<boolean>;
 }
 
 /**
@@ -433,11 +434,11 @@ class TurnExecution {
     // reuse an id (providers number calls per message), and must be gated on its own.
     if (resume && assistantMessage === this.asking()) {
       if (this.replayed.has(toolCall.id)) return undefined;
-      if (toolCall.id === resume.toolCallId) return resume.decision === "approve" ? this.acts(toolCall.id) : { block: true, reason: resume.denial };
+      if (toolCall.id === resume.toolCallId) return resume.decision === "approve" ? this.acts(toolCall.id, toolCall.name) : { block: true, reason: resume.denial };
     }
     // The arguments as the tool will run with them (validated, coerced), not as the model wrote them.
     const called = (args && typeof args === "object" ? args : toolCall.arguments) as Record<string, unknown>;
-    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, called, (p) => this.workspace.relative(p))) return this.acts(toolCall.id);
+    if (this.aborted || !approvalRequired(this.req.config.approval, toolCall.name, called, (p) => this.workspace.relative(p))) return this.acts(toolCall.id, toolCall.name);
     const ids = assistantMessage.content.flatMap((block) => (block.type === "toolCall" ? [block.id] : []));
     if (!toolCall.id || ids.filter((id) => id === toolCall.id).length > 1) {
       // A decision names its call by id: without a unique one it could reach another call.
@@ -451,11 +452,15 @@ class TurnExecution {
   }
 
   /**
-   * The call runs: its start is stored first ({@link TurnRunRequest.beforeAction}), and
-   * until its end an abort is an action interrupted. Nothing is returned: the call goes on.
+   * The call may run. One of a tool that acts runs once its start is stored
+   * ({@link TurnRunRequest.beforeAction}; if it cannot be, the call is refused), and until its
+   * end an abort is an action interrupted.
    */
-  private async acts(toolCallId: string): Promise<undefined> {
-    await this.req.beforeAction?.();
+  private async acts(toolCallId: string, tool: string): Promise<BeforeToolCallResult | undefined> {
+    if (READ_ONLY_TOOLS.has(tool)) return undefined;
+    if (this.req.beforeAction && !(await this.req.beforeAction())) {
+      return { block: true, reason: "The call did not run: the service could not record that it was starting. Try again shortly." };
+    }
     this.acting.add(toolCallId);
     return undefined;
   }

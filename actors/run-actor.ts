@@ -1,4 +1,4 @@
-import { type ActionDoc, decide, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { type ActionDoc, ApiError, decide, isTransientFailure, READ_ONLY_TOOLS, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { PARTS_CHECK_AFTER_MS, removeRunParts } from "./run-removal.js";
@@ -23,8 +23,12 @@ const fail = (code: Extract<CommandReply, { code: string }>["code"], message?: s
 /** How much of an interrupted turn's event log a new owner reads for a call left running (pages of 1,000; time). */
 const ACTION_SCAN_PAGES = 500;
 const ACTION_SCAN_MS = 15_000;
-/** How many of a run's latest turns a resent steer is looked for in. */
-const STEER_LOOKBACK_TURNS = 64;
+/** How far nodes' clocks may be apart (a turn's creation time against its events' stored times). */
+const CLOCK_SKEW_MS = 5 * 60_000;
+/** How many of a run's latest turns a resent steer or cancel is looked for in. */
+const RETRY_LOOKBACK_TURNS = 64;
+/** The cancel requests a turn keeps the ids of. */
+const MAX_CANCEL_IDS = 16;
 
 /**
  * The single owner of one run on this node. Commands and internal events go through
@@ -222,7 +226,7 @@ export class RunActor {
       case "continue":
         return this.continueRun(run, cmd);
       case "cancel":
-        return this.cancel(run, cmd.turn_id);
+        return this.cancel(run, cmd);
       case "delete":
         return this.deleteRun(run);
       case "tags":
@@ -396,34 +400,40 @@ export class RunActor {
   }
 
   /**
-   * Whether the turn's stored events show a tool call that started and never ended: its
-   * owner was lost during an action that may have completed (a call's start is stored
-   * before it runs; a denied call never ran). When the events cannot be read to their
-   * end, yes: a client must not retry blind what may have acted.
+   * Whether the turn's stored events show a call of a tool that acts (not a read-only one)
+   * started and never ended: its owner was lost during an action that may have completed (a
+   * call's start is stored before it runs). A call the turn waited on and a person denied
+   * never ran: its start, the one before the request for that decision, does not count.
+   * Only the turn's own events are read (from its creation, less clock skew). When they
+   * cannot be read to their end (past the bounds, or gone): yes, a client must not retry
+   * blind what may have acted. A transient failure is thrown: recovery is tried again.
    */
   private async actionWasRunning(run: RunDoc, turn: TurnDoc): Promise<boolean> {
     if (turn.status !== TurnStatus.in_progress) return false;
-    const denied = new Set((turn.actions ?? []).filter((action) => action.decision === "deny").map((action) => action.tool_call_id));
+    const denied = new Set((turn.actions ?? []).filter((action) => action.decision === "deny").map((action) => action.id));
     const open = new Set<string>();
     const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: run.event_seq, last_activity_at: run.last_activity_at };
+    const since = { ms: turn.created_at - CLOCK_SKEW_MS, fromSequence: turn.first_event_seq || 1 };
     const deadline = this.r.clock.nowMs() + ACTION_SCAN_MS;
     let afterId: string | undefined;
     try {
       for (let page = 0; page < ACTION_SCAN_PAGES; page++) {
-        const { events, hasMore } = await this.r.events.read(ref, { turnId: turn._id, afterId, limit: 1000, nowMs: this.r.clock.nowMs() });
-        for (const event of events) {
-          const id = (event.data as { toolCallId?: unknown } | null)?.toolCallId;
-          if (typeof id !== "string") continue;
-          if (event.type === "tool_execution_start") open.add(id);
-          else if (event.type === "tool_execution_end") open.delete(id);
+        const read = await this.r.events.read(ref, { turnId: turn._id, afterId, since, releaseHeld: true, limit: 1000, nowMs: this.r.clock.nowMs() });
+        for (const event of read.events) {
+          const data = (event.data ?? {}) as { toolCallId?: unknown; toolName?: unknown; tool_call_id?: unknown; action_id?: unknown };
+          if (event.type === "tool_execution_start" && typeof data.toolCallId === "string" && !READ_ONLY_TOOLS.has(String(data.toolName))) open.add(data.toolCallId);
+          else if (event.type === "tool_execution_end" && typeof data.toolCallId === "string") open.delete(data.toolCallId);
+          else if (event.type === "tool.approval_requested" && typeof data.tool_call_id === "string" && denied.has(String(data.action_id))) open.delete(data.tool_call_id);
         }
-        if (!hasMore) return [...open].some((id) => !denied.has(id));
-        // Held behind a missing event, or too long a turn to read now.
-        if (events.length === 0 || this.r.clock.nowMs() > deadline) break;
-        afterId = events.at(-1)!.id;
+        if (!read.hasMore) return open.size > 0;
+        if (read.events.length === 0 || this.r.clock.nowMs() > deadline) break;
+        afterId = read.events.at(-1)!.id;
       }
       this.r.log.warn({ run_id: run._id, turn_id: turn._id }, "the interrupted turn's events could not be read to their end: taken as interrupted during an action");
     } catch (err) {
+      // The event log's 503 wraps what failed; one without a cause is its own verdict (history lost).
+      const cause = err instanceof ApiError ? (err as { cause?: unknown }).cause : err;
+      if (cause !== undefined && isTransientFailure(cause)) throw err;
       this.r.log.warn({ err, run_id: run._id, turn_id: turn._id }, "the interrupted turn's events could not be read: taken as interrupted during an action");
     }
     return true;
@@ -508,13 +518,18 @@ export class RunActor {
     }
   }
 
-  /**
-   * The turn that took steer `steerId`, among the run's latest turns (a retry comes
-   * seconds after its first attempt; bounded, and not the transcripts).
-   */
+  /** The turn that took steer `steerId` (see {@link recentTurn}). */
   private async steeredBefore(run: RunDoc, steerId: string): Promise<string | undefined> {
-    const recent = await this.r.store.listTurns(run._id, { afterIndex: Math.max(-1, run.turn_count - 1 - STEER_LOOKBACK_TURNS) });
-    return recent.find((turn) => turn.steer_ids.includes(steerId))?._id;
+    return (await this.recentTurn(run, (turn) => turn.steer_ids.includes(steerId)))?._id;
+  }
+
+  /**
+   * The latest of the run's recent turns that `match`es, for a retry that comes seconds
+   * after its first attempt (bounded to the latest turns, read without transcripts).
+   */
+  private async recentTurn(run: RunDoc, match: (turn: TurnDoc) => boolean): Promise<TurnDoc | undefined> {
+    const recent = await this.r.store.listTurns(run._id, { afterIndex: Math.max(-1, run.turn_count - 1 - RETRY_LOOKBACK_TURNS) });
+    return [...recent].reverse().find(match);
   }
 
   /** A resent continuation (same ids) answers as the first did. */
@@ -588,14 +603,22 @@ export class RunActor {
 
   // ---- cancellation, deletion, tags ------------------------------------------------
 
-  private async cancel(run: RunDoc, turnId: string | undefined): Promise<CommandReply> {
-    const turn = await this.r.store.getTurn(cancelTarget(run, turnId));
+  private async cancel(run: RunDoc, cmd: Extract<RunCommand, { op: "cancel" }>): Promise<CommandReply> {
+    const cancelId = cmd.cancel_id;
+    // A retry after a lost answer: the turn the first attempt changed, as it is now.
+    if (cmd.resent && cancelId) {
+      const earlier = await this.recentTurn(run, (turn) => turn.cancel_ids?.includes(cancelId) === true);
+      if (earlier) return ok({ run_id: run._id, turn_id: earlier._id, http_status: isFinalStatus(earlier.status) ? 200 : 202 });
+    }
+    const turn = await this.cancelTargetOf(run, cmd.turn_id, cmd.resent?.before_index);
     if (!turn || turn.run_id !== run._id) return fail("turn_not_found", undefined, "turn_id");
     const outcome = cancelOutcome(turn.status);
     const now = this.r.clock.nowMs();
+    // Kept with what the cancel changes (not for a turn it leaves as it is: nothing to repeat).
+    const cancelIds = cancelId ? { cancel_ids: [...(turn.cancel_ids ?? []), cancelId].slice(-MAX_CANCEL_IDS) } : {};
     if (outcome.to === TurnStatus.cancelled) {
       // A queued turn: cancelled at once.
-      await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 });
+      await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelled, completed_at: now, duration_ms: 0, ...cancelIds });
       await this.r.store.updateRunFenced(run._id, this.epoch, { queued_turn_id: null });
       run.queued_turn_id = null;
       const view = renderRun(run, { ...turn, status: TurnStatus.cancelled, completed_at: now, duration_ms: 0 });
@@ -603,10 +626,11 @@ export class RunActor {
       this.turns.publishFinal(turn._id, view);
     } else if (outcome.to === TurnStatus.cancelling && this.turns.waiting?.turn._id === turn._id) {
       // Nothing runs for a turn waiting for a decision: it is cancelled at once.
+      if (cancelId) await this.r.store.updateTurnFenced(turn._id, this.epoch, cancelIds);
       await this.turns.endWaiting(TurnStatus.cancelled, null, "The call did not run: the turn was cancelled.");
       return ok({ run_id: run._id, turn_id: turn._id, http_status: 200 });
     } else if (outcome.to === TurnStatus.cancelling) {
-      await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelling });
+      await this.r.store.updateTurnFenced(turn._id, this.epoch, { status: TurnStatus.cancelling, ...cancelIds });
       this.emit(turn._id, "platform", "turn.cancelling", {});
       if (this.turns.active?.turn._id === turn._id) {
         this.turns.active.turn.status = TurnStatus.cancelling;
@@ -615,6 +639,18 @@ export class RunActor {
       }
     }
     return ok({ run_id: run._id, turn_id: turn._id, http_status: outcome.httpStatus });
+  }
+
+  /**
+   * The turn a cancel selects: the named one, else the active, else the queued, else the
+   * latest. A retry whose first attempt changed nothing selects only among the turns the run
+   * had then (`beforeIndex`): one admitted since is not the first attempt's to cancel, and the
+   * latest of the earlier ones is selected instead.
+   */
+  private async cancelTargetOf(run: RunDoc, turnId: string | undefined, beforeIndex: number | undefined): Promise<TurnDoc | null> {
+    const turn = await this.r.store.getTurn(cancelTarget(run, turnId));
+    if (turnId !== undefined || beforeIndex === undefined || !turn || turn.index < beforeIndex) return turn;
+    return (await this.r.store.listTurns(run._id, { afterIndex: beforeIndex - 2, limit: 1 }))[0] ?? null;
   }
 
   // ---- decisions on gated tool calls ----------------------------------------------

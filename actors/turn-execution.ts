@@ -199,9 +199,15 @@ export class TurnExecution {
         if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
       },
       // A call's start is stored before it runs: a new owner then knows it may have run.
-      // If the event log cannot store it, the call runs all the same (the turn's own
-      // writes report the failure); a new owner then takes it for one that did not start.
-      beforeAction: () => this.host.appender().flush().catch((err: unknown) => this.r.log.warn({ err, run_id: run._id, turn_id: turn._id }, "event stream write failed before a tool call")),
+      // One whose start cannot be stored does not run (the model is told).
+      beforeAction: () =>
+        this.host.appender().flush().then(
+          () => true,
+          (err: unknown) => {
+            this.r.log.warn({ err, run_id: run._id, turn_id: turn._id }, "event stream write failed before a tool call: the call is refused");
+            return false;
+          },
+        ),
     });
     // The limit is wall-clock time since the turn started: a wait for a decision counts.
     const limitTimer = this.r.clock.after(

@@ -47,7 +47,20 @@ type RunCommandBody =
        */
       resent?: boolean;
     }
-  | { op: "cancel"; workspace_id: string; run_id: string; turn_id?: string }
+  | {
+      op: "cancel";
+      workspace_id: string;
+      run_id: string;
+      turn_id?: string;
+      /** The request's id, recorded on the turn it cancels (kept with its Idempotency-Key). */
+      cancel_id?: string;
+      /**
+       * The key was claimed before (a retry after a lost answer): the turn that took
+       * `cancel_id` is answered; if none did, only a turn that existed then (index below
+       * `before_index`) is selected, never one admitted since.
+       */
+      resent?: { before_index: number };
+    }
   | { op: "delete"; workspace_id: string; run_id: string }
   | { op: "tags"; workspace_id: string; run_id: string; add: string[]; remove: string[] }
   | {

@@ -118,6 +118,8 @@ export interface TurnDoc {
   disposition: Disposition;
   /** Ids of the steer requests that added input to this turn. */
   steer_ids: string[];
+  /** The cancel requests that selected this turn and changed it (the latest few; absent: none). */
+  cancel_ids?: string[];
   /** Run sequence of the turn's first event. */
   first_event_seq: number;
   epoch: number;

@@ -61,6 +61,11 @@ export interface TurnError {
 
 export const BUILTIN_TOOLS = ["bash", "read", "write", "edit", "ls"] as const;
 export type BuiltinTool = (typeof BUILTIN_TOOLS)[number];
+/**
+ * Built-in tools that change nothing: a turn cut short in one of them was not in an action
+ * (worker_execution_interrupted, not worker_action_interrupted).
+ */
+export const READ_ONLY_TOOLS: ReadonlySet<string> = new Set<BuiltinTool>(["read", "ls"]);
 
 /** Tokens a scripted step reports as its model call's usage (tests of usage accounting). */
 export interface ScriptUsage {

@@ -139,17 +139,18 @@ export class JetStreamEventLog implements EventLog {
         selected.push(toRunEvent(envelope, streamSeq, run.id));
         return selected.length <= options.limit;
       };
-      const order = new SequenceOrder<Ordered>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
+      const since = cursor ? undefined : options.since;
+      const order = new SequenceOrder<Ordered>(cursor ? cursor.runSeq + 1 : (since?.fromSequence ?? 1), this.horizonMs);
       let full = false;
       if (last && last.seq >= startSeq) {
-        await this.scan(stream, subject, startSeq, (msg) => {
+        await this.scan(stream, subject, since ? { ms: since.ms } : { seq: startSeq }, (msg) => {
           const envelope = decodeEnvelope(key, msg.data);
           full = !order.push(envelope.event.sequence, { envelope, streamSeq: msg.seq }, () => storedInfo(msg.info.timestampNanos / 1e6, msg.headers)).every(take);
           return !full;
         });
       }
       // At the end of what is stored: events held for one that is not coming are released.
-      if (!full) full = !order.release(options.nowMs).every(take);
+      if (!full) full = !order.release(options.releaseHeld ? Infinity : options.nowMs).every(take);
       const hasMore = selected.length > options.limit || order.holding;
       const events = selected.slice(0, options.limit);
       if (cursor) return { events, hasMore, history: { status: null, retention_days: retentionDays } };
@@ -260,14 +261,16 @@ export class JetStreamEventLog implements EventLog {
   }
 
   /**
-   * Feeds the run's stored messages from `startSeq` on, in order, to `visit` until it returns
-   * false or the messages pending at the start are read. Uses an ordered consumer deleted at the end.
+   * Feeds the run's stored messages from `start` on (a stream sequence, or the first stored
+   * at or after a time), in order, to `visit` until it returns false or the messages pending
+   * at the start are read. Uses an ordered consumer deleted at the end.
    */
-  private async scan(stream: string, subject: string, startSeq: number, visit: (msg: JsMsg) => boolean): Promise<void> {
+  private async scan(stream: string, subject: string, start: { seq: number } | { ms: number }, visit: (msg: JsMsg) => boolean): Promise<void> {
     const consumer = await this.js.consumers.get(stream, {
       filter_subjects: subject,
-      deliver_policy: DeliverPolicy.StartSequence,
-      opt_start_seq: startSeq,
+      ...("seq" in start
+        ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: start.seq }
+        : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: new Date(Math.max(0, start.ms)).toISOString() }),
     });
     try {
       let pending = (await consumer.info(true)).num_pending;

@@ -64,6 +64,15 @@ export interface ReadOptions {
   turnId?: string;
   limit: number;
   nowMs: number;
+  /**
+   * Without `afterId`: read from the first message stored at or after this time (Unix ms)
+   * rather than from the run's first, taking `fromSequence` as the first run sequence
+   * wanted. For a reader after one turn's events (the turn's creation, less clock skew, and
+   * its first sequence), not the whole run's. History status then says nothing.
+   */
+  since?: { ms: number; fromSequence: number };
+  /** Events held behind a missing one are given at the end of what is stored, not held for the horizon. */
+  releaseHeld?: boolean;
 }
 
 export interface SubscribeOptions {

@@ -74,6 +74,8 @@ export const Ids = {
   file: () => newId("file"),
   webhook: () => newId("wh"),
   action: () => newId("act"),
+  /** A cancel request's (kept with its Idempotency-Key: a repeat finds the turn it cancelled). */
+  cancel: () => newId("cnl"),
   /** A webhook message (Standard Webhooks' webhook-id; kept across retries and redeliveries). */
   webhookMessage: () => newId("msg"),
   webhookDelivery: () => newId("whd"),

@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import { z } from "zod";
-import { ApiError, cancelTarget, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, type TurnDoc, TurnStatus } from "../../src/index.js";
+import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, type TurnDoc, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -227,13 +227,21 @@ export function runRoutes(ctx: GatewayContext) {
         const workspaceId = auth.workspace._id;
         const run = await loadRun(ctx, workspaceId, request.params.runId);
         if (turnId) await loadTurn(ctx, run, turnId);
-        // The turn is selected once, when the key is first claimed, and kept with it: a retry
-        // after a lost answer cancels that turn again (runs-api.md: a repeat "returns the
-        // turn it first selected, never a later one"), not the one that became active since.
-        const { result: cancelled } = await ctx.idempotency.once<{ run_id: string; turn_id?: string; http_status?: number }>(
-          { workspaceId, operation: "runs.cancel", key, fingerprint: { run_id: run._id, turn_id: turnId ?? null }, fresh: () => ({ run_id: run._id, turn_id: cancelTarget(run, turnId) }) },
-          async (identity) => {
-            const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: identity.turn_id ?? turnId });
+        // The owner selects the turn and records the request's id on it when it changes it;
+        // a retry after a lost answer gets that turn again, or, if the first attempt changed
+        // nothing, one of the turns the run had then (runs-api.md: a repeat "returns the turn
+        // it first selected, never a later one").
+        const { result: cancelled } = await ctx.idempotency.once<{ run_id: string; turn_id?: string; http_status?: number; cancel_id?: string; before_index?: number }>(
+          {
+            workspaceId,
+            operation: "runs.cancel",
+            key,
+            fingerprint: { run_id: run._id, turn_id: turnId ?? null },
+            fresh: () => ({ run_id: run._id, cancel_id: ctx.ids.cancel(), before_index: run.turn_count }),
+          },
+          async (identity, firstClaim) => {
+            const resent = !firstClaim && identity.before_index !== undefined ? { before_index: identity.before_index } : undefined;
+            const result = await ctx.router.send({ op: "cancel", workspace_id: workspaceId, run_id: run._id, turn_id: turnId, cancel_id: identity.cancel_id, resent });
             return { run_id: run._id, turn_id: result.turn_id, http_status: result.http_status ?? 200 };
           },
         );

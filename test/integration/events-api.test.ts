@@ -532,6 +532,22 @@ test("events - rule 9: a run whose stored events are gone while its latest is st
   t.deepEqual(old.body.data, []);
 });
 
+test("events - a read of one turn's events from a time and its first sequence (a new owner's check of a lost turn) reads from there, holds nothing for the earlier events it skipped, ", async (t) => {
+  const { business, log } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "in_progress"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  const since = Date.now();
+  const later = await f.append([{ turn: 1, source: "platform", type: "turn.started" }, { turn: 1, type: "tool_execution_start", data: { toolCallId: "c1" } }]);
+  const ref = { id: f.run._id, workspace_id: business.id, plan: "business" as const, event_retention_s: BUSINESS_EVENT_RETENTION_S, created_at: f.run.created_at };
+  const read = await log.read(ref, { turnId: f.turns[1]._id, since: { ms: since, fromSequence: later[0]!.sequence }, limit: 1000, nowMs: Date.now() });
+  t.deepEqual(read.events.map((e) => e.sequence), later.map((e) => e.sequence));
+  t.false(read.hasMore);
+  // Without the time, the same read starts at the run's first event and finds the same.
+  const whole = await log.read(ref, { turnId: f.turns[1]._id, limit: 1000, nowMs: Date.now() });
+  t.deepEqual(whole.events.map((e) => e.sequence), later.map((e) => e.sequence));
+});
+
 test("events - a page whose events all wait behind one not stored yet is 503 event_history_unavailable with Retry-After, never an empty page with has_more and no cursor; the events before it are listed", async (t) => {
   const { business, nc } = t.context;
   const f = await fixture(t, business.id, "business", ["completed"]);
@@ -569,6 +585,11 @@ test("events - a page whose events all wait behind one not stored yet is 503 eve
   t.is(after.body.error.code, "event_history_unavailable");
   t.true(after.body.error.retryable);
   t.is(after.headers.get("retry-after"), "1");
+  // A reader that wants what is stored now, in order, whatever may still come (a new owner's check) gets 4 too.
+  const ref = { id: f.run._id, workspace_id: business.id, plan: "business" as const, event_retention_s: BUSINESS_EVENT_RETENTION_S, created_at: f.run.created_at };
+  const released = await t.context.log.read(ref, { releaseHeld: true, limit: 1000, nowMs: Date.now() });
+  t.deepEqual(released.events.map((e) => e.sequence), [1, 2, 4]);
+  t.false(released.hasMore);
 });
 
 // ---------------------------------------------------------------------------------------

@@ -398,7 +398,10 @@ test("cancel - a repeat after a lost answer cancels the turn the first attempt s
   const first = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
   t.is(first.status, 202);
   t.is(first.body.turn.id, run.turn.id);
-  await loseAnswer(servers, "runs.cancel", run.id, { run_id: run.id, turn_id: run.turn.id });
+  // The claim's identity: the request's id (recorded on the turn it cancelled) and the turns the run had then.
+  const cancelIds = (await (await servers.raw()).turns.findOne({ _id: run.turn.id }))!.cancel_ids!;
+  t.is(cancelIds.length, 1);
+  await loseAnswer(servers, "runs.cancel", run.id, { run_id: run.id, cancel_id: cancelIds[0], before_index: 2 });
   t.is((await api.waitTurn(run.id, run.turn.id, 20_000)).turn.status, "cancelled");
   const next = await api.waitRun(run.id, (r) => r.turn.id === queued.turn.id && r.turn.status === "in_progress", 20_000);
   t.is(next.turn.status, "in_progress");
@@ -408,6 +411,28 @@ test("cancel - a repeat after a lost answer cancels the turn the first attempt s
   t.is(repeat.body.turn.status, "cancelled");
   t.is((await api.get(`/api/v1/runs/${run.id}?turn_id=${queued.turn.id}`)).body.turn.status, "in_progress", "the queued turn, active since, goes on");
   await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: queued.turn.id });
+});
+
+test("cancel - a repeat after a lost answer whose first attempt changed nothing (the run was idle) answers the turn the run had then, never one admitted since", async (t) => {
+  const { api, sleeper, servers } = t.context;
+  const run = await busyRun(api, sleeper);
+  t.is((await api.post(`/api/v1/runs/${run.id}/cancel`, {})).status, 202);
+  t.is((await api.waitTurn(run.id, run.turn.id, 20_000)).turn.status, "cancelled");
+  const key = `cancel-idle-lost-${run.id}`;
+  const first = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
+  t.is(first.status, 200);
+  t.is(first.body.turn.id, run.turn.id);
+  // It changed nothing, so its id is on no turn; the run had one turn then.
+  await loseAnswer(servers, "runs.cancel", run.id, { run_id: run.id, cancel_id: "cnl_neverrecorded000000001", before_index: 1 });
+  // A turn admitted after the first attempt, sleeping.
+  const later = (await api.post("/api/v1/runs", { run_id: run.id, input: "admitted later", background: true })).body;
+  t.is(later.turn.status, "in_progress");
+  const repeat = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
+  t.is(repeat.status, 200, JSON.stringify(repeat.body));
+  t.is(repeat.body.turn.id, run.turn.id, "the turn the run had then");
+  t.is(repeat.body.turn.status, "cancelled");
+  t.is((await api.get(`/api/v1/runs/${run.id}?turn_id=${later.turn.id}`)).body.turn.status, "in_progress", "the later turn goes on");
+  await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: later.turn.id });
 });
 
 test("steer - a repeat after a lost answer whose steered turn has ended since answers steered with that turn; its input is not run again as a new turn", async (t) => {

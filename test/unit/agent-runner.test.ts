@@ -280,6 +280,7 @@ test("agent-runner - a tool call runs only once beforeAction has settled, after 
       seen.push("beforeAction");
       await new Promise((resolve) => setTimeout(resolve, 200));
       seen.push(`ran before it settled: ${await access(path.join(dir, "ran.txt")).then(() => "yes", () => "no")}`);
+      return true;
     },
   });
   const result = await turn.result;
@@ -287,6 +288,27 @@ test("agent-runner - a tool call runs only once beforeAction has settled, after 
   t.deepEqual(seen, ["tool_execution_start", "beforeAction", "ran before it settled: no", "tool_execution_end"]);
   await access(path.join(dir, "ran.txt"));
   t.is(result.actionInterrupted, undefined);
+
+  // A start that could not be stored: the call does not run and the model is told; a read-only tool's call needs no record.
+  let asked = 0;
+  const refused = run({
+    config: { ...scripted([bash("touch refused.txt"), { tool_call: { name: "ls", arguments: {} } }, { text: "done" }]), tools: ["bash", "ls"] },
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    beforeAction: async () => {
+      asked++;
+      return false;
+    },
+  });
+  const denied = await refused.turn.result;
+  t.is(denied.outcome, "completed");
+  t.is(asked, 1, "asked for the bash call only");
+  await t.throwsAsync(access(path.join(dir, "refused.txt")));
+  const results = denied.transcript.filter((m) => m.role === "toolResult") as ToolResultMessage[];
+  t.true(results[0]!.isError);
+  t.regex(JSON.stringify(results[0]!.content), /did not run: the service could not record that it was starting/);
+  t.false(results[1]!.isError, JSON.stringify(results[1]!.content));
 
   // Aborted while the model streams its answer, after a call that ended: no action was running.
   const slow = run({

@@ -10,6 +10,8 @@ import { RunActor } from "../../actors/run-actor.js";
 import { PARTS_CHECK_AFTER_MS } from "../../actors/run-removal.js";
 import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
+import { unavailable } from "../../src/event-envelope.js";
+import { errors as natsErrors } from "@nats-io/transport-node";
 import { BoundedWork } from "../../src/bounded-work.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
 
@@ -273,18 +275,19 @@ test("run-actor - recovery by a new owner: in_progress → incomplete (worker_ex
 });
 
 /** A tool call's start or end as the agent runner reports it. */
-const toolEvent = (type: "tool_execution_start" | "tool_execution_end", toolCallId: string) => ({ type, data: type === "tool_execution_start" ? { toolCallId, toolName: "bash", args: { command: "curl -X POST …" } } : { toolCallId, toolName: "bash", result: { content: [] }, isError: false } });
+const toolEvent = (type: "tool_execution_start" | "tool_execution_end", toolCallId: string, toolName = "bash") => ({ type, data: type === "tool_execution_start" ? { toolCallId, toolName, args: { command: "curl -X POST …" } } : { toolCallId, toolName, result: { content: [] }, isError: false } });
 
 for (const [name, calls, code] of [
   ["no tool call", [], "worker_execution_interrupted"],
   ["a call that started and ended", [["tool_execution_start", "c1"], ["tool_execution_end", "c1"]], "worker_execution_interrupted"],
   ["a call that started and never ended", [["tool_execution_start", "c1"], ["tool_execution_end", "c1"], ["tool_execution_start", "c2"]], "worker_action_interrupted"],
+  ["a read-only tool's call that never ended", [["tool_execution_start", "c1", "read"]], "worker_execution_interrupted"],
 ] as const) {
   test(`run-actor - recovery: a turn lost with ${name} ends ${code}`, async (t) => {
     const w = await world();
     const first = w.actor(1);
     okReply(await first.command(startCmd()));
-    for (const [type, id] of calls) w.turns.last.request.onEvent(toolEvent(type, id));
+    for (const [type, id, tool] of calls as ReadonlyArray<readonly [ "tool_execution_start" | "tool_execution_end", string, string?]>) w.turns.last.request.onEvent(toolEvent(type, id, tool));
     first.stop("partition lost");
     const second = w.actor(2);
     await second.recover();
@@ -305,6 +308,32 @@ test("run-actor - recovery: a turn whose events cannot be read is taken as lost 
   await second.recover();
   t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
   t.false(w.store.turns.get("turn_1")!.error?.retryable);
+});
+
+test("run-actor - recovery: a transient failure to read the turn's events leaves the run for a later recovery instead of deciding blind; once readable, the turn ends as its events say", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  okReply(await first.command(startCmd()));
+  first.stop("partition lost");
+  w.events.readFailure = unavailable(new natsErrors.TimeoutError());
+  const second = w.actor(2);
+  await t.throwsAsync(second.recover());
+  t.is(w.store.turns.get("turn_1")!.status, "in_progress", "not settled on a guess");
+  w.events.readFailure = undefined;
+  await w.actor(3).recover();
+  t.is(w.store.turns.get("turn_1")!.error?.code, "worker_execution_interrupted");
+});
+
+test("run-actor - approvals: a denied call's id used again by a later call that never ended counts as an action (a model may reuse call ids)", async (t) => {
+  const { w, actor, action } = await waitingWorld();
+  okReply(await actor.command({ op: "decide", workspace_id: WS, run_id: RUN, action_id: action.id, decision: "deny", reason: "no", decision_id: "d" }));
+  await settled(actor);
+  // The resumed agent reports the denial's end, then a later message's call with the same id starts.
+  w.turns.last.request.onEvent(toolEvent("tool_execution_end", "call_1"));
+  w.turns.last.request.onEvent(toolEvent("tool_execution_start", "call_1"));
+  actor.stop("partition lost");
+  await w.actor(2).recover();
+  t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
 });
 
 test("run-actor - recovery: a turn's calls are told apart over several pages of its events, and another turn's open call does not count", async (t) => {
