@@ -141,10 +141,10 @@ export class WorkspaceCheckpoints {
       try {
         info = await put();
       } catch (err) {
-        if (!(err instanceof CheckpointError)) throw err;
-        // tar failed: most likely a file or folder a command made unreadable (`chmod 000`),
-        // which a service sharing the sandboxes' uid cannot read until it gives the tree
-        // back to its owner (as the disk check does for folders); then once more.
+        // tar could not read a file or folder a command made unreadable (`chmod 000`): a
+        // service sharing the sandboxes' uid gives the tree back to its owner (`u+rwX`, as
+        // the disk check does), then saves once more.
+        if (!(err instanceof CheckpointError && err.message.includes("Permission denied"))) throw err;
         await reopenTree(dir);
         info = await put();
       }

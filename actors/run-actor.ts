@@ -205,7 +205,8 @@ export class RunActor {
 
   /**
    * Graceful shutdown: ends the active turn as interrupted (incomplete,
-   * worker_execution_interrupted) with its partial output, and resolves once stored.
+   * worker_execution_interrupted, or worker_action_interrupted when stopped in a tool call
+   * that acts) with its partial output, and resolves once stored.
    */
   async interrupt(): Promise<void> {
     const execution = this.turns.active;

@@ -386,6 +386,20 @@ export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
   return hits;
 }
 
+/**
+ * Whether a failed command's shell reported a process of it killed by SIGBUS (bash: `line
+ * 3:  42 Bus error  cmd`), in its output's tail; a command that succeeded, or that only
+ * printed the words (a log it showed, a grep), reported none.
+ */
+export function busErrorReported(output: Buffer, failed: boolean): boolean {
+  if (!failed) return false;
+  const text = output.subarray(Math.max(0, output.length - SCANNED_OUTPUT_BYTES)).toString("utf8");
+  return BASH_BUS_ERROR.test(text);
+}
+
+/** bash's report of a child killed by SIGBUS: its pid, then the signal's description. */
+const BASH_BUS_ERROR = /^(?:\S*bash: )?line \d+: +\d+ Bus error\b/m;
+
 /** bwrap's arguments for one command (README "Sandbox" says what each part is for). */
 export function bwrapArgs(
   layout: HostLayout,

@@ -30,7 +30,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, busErrorReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
@@ -416,7 +416,7 @@ export class Sandbox {
       if (code === 128 + 25 || signal === "SIGXFSZ" || outcome.output.includes("File size limit exceeded")) limits.push("file_size");
       // SIGBUS: most often a write through a mapping (POSIX shared memory in /dev/shm, a
       // mapped file in /tmp) past what the tmpfs has left; bash says so for its children.
-      if (code === 128 + 7 || signal === "SIGBUS" || outcome.output.includes("Bus error")) limits.push("tmp");
+      if (code === 128 + 7 || signal === "SIGBUS" || (cmd.limitsFromOutput && busErrorReported(outcome.output, failed))) limits.push("tmp");
       return { ...stripStderr(outcome), limits } as SandboxOutcome;
     } finally {
       for (const fd of fds) closeSync(fd);

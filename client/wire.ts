@@ -63,7 +63,7 @@ export interface paths {
         put?: never;
         /**
          * Cancel the active, queued or named turn
-         * @description Active turn: 202 with the turn cancelling. Queued turn: 200 cancelled. Finished turn or idle run: 200 with the existing result. Never rate limited. Scope: run:write. Not held back by the workspace's request limit: it has its own budget, ten times larger, which only a flood meets (429).
+         * @description Active turn: 202 with the turn cancelling. Queued turn: 200 cancelled. Finished turn or idle run: 200 with the existing result. Scope: run:write. Not held back by the workspace's request limit: it has a budget of its own (RUNS_RATE_EXEMPT_*, by default ten times larger), which only a flood meets (429).
          */
         post: operations["cancelRun"];
         delete?: never;
@@ -355,7 +355,7 @@ export interface paths {
         put?: never;
         /**
          * Revoke an API key
-         * @description Refused on every node within 5 seconds. Never rate limited; repeating it changes nothing. Scope: api_keys:manage. Not held back by the workspace's request limit: it has its own budget, ten times larger, which only a flood meets (429).
+         * @description Refused on every node within 5 seconds. Repeating it changes nothing. Scope: api_keys:manage. Not held back by the workspace's request limit: it has a budget of its own (RUNS_RATE_EXEMPT_*, by default ten times larger), which only a flood meets (429).
          */
         post: operations["revokeApiKey"];
         delete?: never;

@@ -59,7 +59,7 @@ declare module "fastify" {
     /** Scope the route requires; `public` routes need no key. */
     scope?: string;
     public?: boolean;
-    /** `exempt`: never rate limited (cancel, key revocation); `expensive`: the lower limit too. */
+    /** `exempt`: not held back by the standard limit, only by a budget of its own (cancel, key revocation); `expensive`: the lower limit too. */
     rate?: "exempt" | "expensive";
   }
 }

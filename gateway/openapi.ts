@@ -153,7 +153,7 @@ function operationObject(op: Operation): Record<string, unknown> {
     tags: [op.tag],
   };
   const notes = [op.description, op.scope === "public" ? "Public: no API key." : `Scope: ${op.scope}.`];
-  if (op.rate === "exempt") notes.push("Not held back by the workspace's request limit: it has its own budget, ten times larger, which only a flood meets (429).");
+  if (op.rate === "exempt") notes.push("Not held back by the workspace's request limit: it has a budget of its own (RUNS_RATE_EXEMPT_*, by default ten times larger), which only a flood meets (429).");
   if (op.rate === "expensive") notes.push("Counts against the lower limit of expensive operations too.");
   out.description = notes.filter(Boolean).join(" ");
   if (op.scope === "public") out.security = [];

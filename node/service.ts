@@ -41,7 +41,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   if (!config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
   useCursorKey(config.masterKey);
   useEventIdVersion(config.eventIdVersion);
-  const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock });
+  const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock, streamRetentionS: config.retention.eventS });
   const blobKeys = new BlobKeyring(config.masterKey);
   const files = new FileStore(store.db, nats.files, clock, Ids, blobKeys);
   await files.provision();

@@ -46,6 +46,12 @@ export interface JetStreamEventLogOptions {
   horizonMs?: number;
   /** Pull sizes and timings of subscriptions (defaults in src/ordered-read.ts; tests shorten them). */
   readTuning?: Pick<OrderedReadOptions, "pullBatch" | "pullBytes" | "heartbeatMs" | "resetGiveUpMs">;
+  /**
+   * Each plan's event retention in seconds, as provisioned: its stream's max_age, which may
+   * be shorter than a run's own retention (lowered since the run was created). Without it,
+   * a run's own retention is taken as when its events go.
+   */
+  streamRetentionS?: Readonly<Record<Plan, number>>;
 }
 
 export class JetStreamEventLog implements EventLog {
@@ -57,8 +63,7 @@ export class JetStreamEventLog implements EventLog {
   private readonly horizonMs: number;
   private readonly nc: NatsConnection;
   private readonly readTuning: JetStreamEventLogOptions["readTuning"];
-  /** Each event stream's max_age in ms, as read at start (a shorter one than a run's retention drops its events sooner). */
-  private readonly maxAgeMs = new Map<string, number>();
+  private readonly streamRetentionS: JetStreamEventLogOptions["streamRetentionS"];
 
   constructor(options: JetStreamEventLogOptions) {
     this.nc = options.nc;
@@ -69,14 +74,12 @@ export class JetStreamEventLog implements EventLog {
     this.keyring = options.keyring;
     this.clock = options.clock;
     this.horizonMs = options.horizonMs ?? ORDER_HORIZON_MS;
+    this.streamRetentionS = options.streamRetentionS;
     // Events sent before any ack came carry a floor too: each stream's last sequence now.
     for (const plan of Object.values(Plan)) {
       const stream = eventStreamName(plan);
       void this.jsm.streams.info(stream).then(
-        (info) => {
-          this.publisher.raiseFloor(stream, info.state.last_seq);
-          if (info.config.max_age > 0) this.maxAgeMs.set(stream, info.config.max_age / 1e6);
-        },
+        (info) => this.publisher.raiseFloor(stream, info.state.last_seq),
         () => undefined, // not there yet, or NATS away: floors come with the first acks
       );
     }
@@ -126,7 +129,7 @@ export class JetStreamEventLog implements EventLog {
     return withUnavailable(async () => {
       const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : 1;
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
-      if (!last) assertNotLost(run, this.storedSince(stream, minMs, options.nowMs));
+      if (!last) assertNotLost(run, this.storedSince(run.plan, minMs, options.nowMs));
 
       const selected: RunEvent[] = [];
       let firstOfSelection: StoredEnvelope | undefined;
@@ -235,21 +238,23 @@ export class JetStreamEventLog implements EventLog {
     await withUnavailable(() => this.jsm.streams.purge(eventStreamName(run.plan), { filter: eventSubject(run.plan, run.id) }));
   }
 
-  /**
-   * A cursor must name a stored, retained event of this run: else 410 (gone) or 400 (not
-   * this run's). Returns the stream sequence to read from for the events after it.
-   */
-  /** The oldest time an event of a run with retention from `minMs` can still be stored: the stream's max_age may be the shorter. */
-  private storedSince(stream: string, minMs: number, nowMs: number): number {
-    const maxAge = this.maxAgeMs.get(stream);
-    return maxAge === undefined ? minMs : Math.max(minMs, nowMs - maxAge);
+  /** The oldest time an event of a run whose retention starts at `minMs` can still be stored: its stream's may be the shorter. */
+  private storedSince(plan: Plan, minMs: number, nowMs: number): number {
+    const streamS = this.streamRetentionS?.[plan];
+    return streamS === undefined ? minMs : Math.max(minMs, nowMs - streamS * 1000);
   }
 
+  /**
+   * A cursor must name a stored, retained event of this run: else 410 (gone) or 400 (not
+   * this run's), or 503 when the run's whole history is missing. Returns the stream sequence
+   * to read from for the events after it.
+   */
   private async checkCursor(run: EventReadRun, cursor: EventPosition, minMs: number): Promise<number> {
     const msg = await this.jsm.streams.getMessage(eventStreamName(run.plan), { seq: cursor.streamSeq });
     if (!msg) {
-      const stream = eventStreamName(run.plan);
-      if (!(await this.jsm.streams.getMessage(stream, { last_by_subj: eventSubject(run.plan, run.id) }))) assertNotLost(run, this.storedSince(stream, minMs, this.clock.nowMs()));
+      if (!(await this.jsm.streams.getMessage(eventStreamName(run.plan), { last_by_subj: eventSubject(run.plan, run.id) }))) {
+        assertNotLost(run, this.storedSince(run.plan, minMs, this.clock.nowMs()));
+      }
       throw new ApiError("event_cursor_expired", { param: "after" });
     }
     if (msg.subject !== eventSubject(run.plan, run.id) || headerSeq(msg.header.get(SEQ_HEADER)) !== cursor.runSeq) {

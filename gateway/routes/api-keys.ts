@@ -93,7 +93,7 @@ export const API_KEY_OPERATIONS = {
     path: "/api/v1/api-keys/{keyId}/revoke",
     operationId: "revokeApiKey",
     summary: "Revoke an API key",
-    description: "Refused on every node within 5 seconds. Never rate limited; repeating it changes nothing.",
+    description: "Refused on every node within 5 seconds. Repeating it changes nothing.",
     tag: "api-keys",
     scope: "api_keys:manage",
     rate: "exempt",

@@ -88,7 +88,7 @@ export const RUN_OPERATIONS = {
     operationId: "cancelRun",
     summary: "Cancel the active, queued or named turn",
     description:
-      "Active turn: 202 with the turn cancelling. Queued turn: 200 cancelled. Finished turn or idle run: 200 with the existing result. Never rate limited.",
+      "Active turn: 202 with the turn cancelling. Queued turn: 200 cancelled. Finished turn or idle run: 200 with the existing result.",
     tag: "runs",
     scope: "run:write",
     rate: "exempt",
@@ -184,13 +184,22 @@ export function runRoutes(ctx: GatewayContext) {
         const cursor = decodeCursor(query.after, "runs", workspaceId);
         after = { lastActivityAt: Number(cursor.k), id: cursor.id };
       }
-      const page = await listRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit });
-      const last = page.runs[page.runs.length - 1];
-      const next = last ? encodeCursor({ s: "runs", o: workspaceId, k: String(last.last_activity_at), id: last._id }) : null;
       // Past retention a run is unreadable (410) before the sweeper removes it: not listed
-      // either (the cursor still goes past it).
+      // either. A page they leave short is filled from the next ones (a few at most: the
+      // sweeper removes them within a minute); the cursor goes past them.
       const now = ctx.clock.nowMs();
-      return list(page.runs.filter((run) => run.expires_at > now).map(renderRunSummary), page.hasMore, next);
+      const shown: RunDoc[] = [];
+      let page = await listRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit });
+      let last = page.runs.at(-1);
+      shown.push(...page.runs.filter((run) => run.expires_at > now));
+      for (let round = 0; round < 4 && shown.length < limit && page.hasMore && last; round++) {
+        const from = { lastActivityAt: last.last_activity_at, id: last._id };
+        page = await listRuns(ctx.store, { workspaceId, filters, limit: limit - shown.length, after: from, scanLimit: ctx.config.tagScanLimit });
+        last = page.runs.at(-1) ?? last;
+        shown.push(...page.runs.filter((run) => run.expires_at > now));
+      }
+      const next = last ? encodeCursor({ s: "runs", o: workspaceId, k: String(last.last_activity_at), id: last._id }) : null;
+      return list(shown.map(renderRunSummary), page.hasMore, next);
     });
 
     route(app, RUN_OPERATIONS.deleteRun, async (request) => {

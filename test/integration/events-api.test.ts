@@ -525,11 +525,17 @@ test("events - rule 9: a run whose stored events are gone while its latest is st
     t.notRegex(res.body.error.message, /jetstream|nats|stream|mongo|ferret/i);
   }
   // The same empty stream for a run whose latest activity is past its event retention: expired, as rule 7 says.
-  await (await t.context.servers.raw()).runs.updateOne({ _id: runId }, { $set: { last_activity_at: Date.now() - BUSINESS_EVENT_RETENTION_S * 1000 - 1_000 } });
+  const raw = await t.context.servers.raw();
+  await raw.runs.updateOne({ _id: runId }, { $set: { last_activity_at: Date.now() - BUSINESS_EVENT_RETENTION_S * 1000 - 1_000 } });
   const old = await business.api.get(eventsUrl(runId));
   t.is(old.status, 200, JSON.stringify(old.body));
   t.is(old.body.history.status, "expired");
   t.deepEqual(old.body.data, []);
+  // Within the run's own retention (created when it was longer) but past the stream's (lowered since): expired too.
+  await raw.runs.updateOne({ _id: runId }, { $set: { event_retention_s: 2 * BUSINESS_EVENT_RETENTION_S, last_activity_at: Date.now() - BUSINESS_EVENT_RETENTION_S * 1000 - 86_400_000 } });
+  const lowered = await business.api.get(eventsUrl(runId));
+  t.is(lowered.status, 200, JSON.stringify(lowered.body));
+  t.is(lowered.body.history.status, "expired");
 });
 
 test("events - a read of one turn's events from a time and its first sequence (a new owner's check of a lost turn) reads from there, holds nothing for the earlier events it skipped, ", async (t) => {

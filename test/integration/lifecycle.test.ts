@@ -457,14 +457,19 @@ test("steer - a repeat after a lost answer whose steered turn has ended since an
   t.deepEqual(turns.map((turn) => turn.id), [run.turn.id], "no second turn ran the steer's input");
 });
 
-test("retention - a run past its retention that the sweeper has not removed yet is left out of lists, and reading or deleting it is 410 run_expired", async (t) => {
+test("retention - a run past its retention that the sweeper has not removed yet is left out of lists (the page filled from the next runs), and reading or deleting it is 410 run_expired", async (t) => {
   const { api, echo, servers } = t.context;
+  const kept = (await api.post("/api/v1/runs", { agent: echo, input: "kept", tags: ["past-retention"] })).body;
   const run = (await api.post("/api/v1/runs", { agent: echo, input: "soon past", tags: ["past-retention"] })).body;
-  const listed = async () => (await api.get("/api/v1/runs?tag=past-retention")).body.data.map((r: any) => r.id);
-  t.deepEqual(await listed(), [run.id]);
+  const listed = async (limit = 20) => (await api.get(`/api/v1/runs?tag=past-retention&limit=${limit}`)).body;
+  t.deepEqual((await listed()).data.map((r: any) => r.id), [run.id, kept.id]);
   // Past retention, as the clock sees it before the next sweep (every 60 s here).
   await (await servers.raw()).runs.updateOne({ _id: run.id }, { $set: { expires_at: Date.now() - 1_000 } });
-  t.deepEqual(await listed(), []);
+  t.deepEqual((await listed()).data.map((r: any) => r.id), [kept.id]);
+  // A page of one: not left empty by the run it skips.
+  const one = await listed(1);
+  t.deepEqual(one.data.map((r: any) => r.id), [kept.id]);
+  t.false(one.has_more);
   t.is((await api.get(`/api/v1/runs/${run.id}`)).body.error?.code, "run_expired");
   const deleted = await api.request("DELETE", `/api/v1/runs/${run.id}`, { idempotencyKey: `del-${run.id}` });
   t.is(deleted.status, 410, JSON.stringify(deleted.body));

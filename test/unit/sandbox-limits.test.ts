@@ -2,7 +2,7 @@ import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { inRootCpuCgroup, setupFailed } from "../../actors/sandbox.js";
-import { NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
+import { busErrorReported, NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -144,4 +144,17 @@ test("sandbox - the root CPU task group (where autogroups apply) is told from /p
   t.true(inRootCpuCgroup("0::/system.slice/runs.service/runs-service\n", none), "no cgroup on the path has cpu: scheduled in the root group");
   t.false(inRootCpuCgroup("2:cpuset:/\n1:cpuacct:/\n0::/docker/abc\n", weighed("/docker/abc")), "cpuset and cpuacct are not cpu");
   t.false(inRootCpuCgroup("", none));
+});
+
+test("sandbox - a SIGBUS is read from a failed command's shell report only, never from words a command printed or a command that succeeded", (t) => {
+  const out = (text: string) => Buffer.from(text);
+  t.true(busErrorReported(out("mapped\n/bin/bash: line 9:     2 Bus error               python3 - <<'EOF'\n"), true));
+  t.true(busErrorReported(out("bash: line 1: 4711 Bus error (core dumped) ./writer\n"), true));
+  // The words in what a command showed: a log, a grep, a message of its own.
+  t.false(busErrorReported(out("kernel: Bus error at 0x0\n"), true));
+  t.false(busErrorReported(out("grep: found 'Bus error' in notes.txt\n"), true));
+  // A command that succeeded met no limit, whatever it printed.
+  t.false(busErrorReported(out("bash: line 1: 4711 Bus error (core dumped) ./writer\n"), false));
+  // Only the tail is read: a report far before it is not the command's end.
+  t.false(busErrorReported(Buffer.concat([out("bash: line 1: 1 Bus error x\n"), Buffer.alloc(64 * 1024, 0x61)]), true));
 });
