@@ -91,11 +91,14 @@ export async function buildApp(
   context.metrics.instrument(app);
   ctx.usage.onRecorded((record) => context.metrics.countUsage(record));
 
-  // Every /api route authenticates unless marked public, then checks its scope.
+  // Every /api route authenticates unless marked public, then checks its scope. Decided by
+  // the route the request matched, never by its target as sent: an absolute-form target
+  // (`GET http://host/api/v1/models`) reaches the same route without starting with /api.
   app.addHook("onRequest", async (request, reply) => {
     const config = request.routeOptions.config;
-    if (config?.public || !request.url.startsWith("/api")) return;
-    if (!request.routeOptions.url) return; // unknown path: answered 404 below, after auth
+    const route = request.routeOptions.url;
+    if (route === undefined) return; // unknown path: answered 404 below
+    if (config?.public || !route.startsWith("/api")) return;
     request.auth = await context.auth.authenticate(request);
     // Limited before the scope check, so a 403 carries the rate-limit headers too.
     await applyRateLimit(context, request.auth, config?.rate, reply);

@@ -1,3 +1,4 @@
+import http from "node:http";
 import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import Ajv2020 from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
@@ -442,6 +443,33 @@ test("openapi - 410 run_expired and 429 rate_limited with Retry-After", async (t
   }
   t.truthy(limited, "429 within three key creations");
   t.true(Number(limited?.headers.get("retry-after")) >= 1);
+});
+
+/** `method url` sent with an absolute-form request target (`GET http://host/path`), as a proxy would. */
+function absoluteForm(base: string, method: string, url: string, key?: string): Promise<number> {
+  const { hostname, port } = new URL(base);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: hostname, port, method, path: `http://runs.example${url}`, headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), "content-type": "application/json", "idempotency-key": "absolute" } }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("error", reject);
+    req.end(method === "GET" || method === "DELETE" ? undefined : "{}");
+  });
+}
+
+test("openapi - a request with an absolute-form target reaches no route without its key: 401 on every authenticated operation, and a valid key is accepted", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const base = t.context.service.url!;
+  let checked = 0;
+  for (const op of OPERATIONS) {
+    if (op.scope === "public") continue;
+    t.is(await absoluteForm(base, op.method.toUpperCase(), urlOf(op)), 401, `${op.operationId} without a key`);
+    checked++;
+  }
+  t.true(checked >= 30, `${checked} operations`);
+  t.is(await absoluteForm(base, "GET", "/api/v1/runs", ws.key), 200, "a valid key is read");
+  t.is(await absoluteForm(base, "GET", "/api/v1/models", ws.key), 200);
 });
 
 /** A URL for `op` with made-up ids: validation answers before any of them is looked up. */
