@@ -490,8 +490,9 @@ export class RunActor {
     if (current?.steer_ids.includes(cmd.turn_id)) {
       return ok({ run_id: run._id, turn_id: current._id, disposition: Disposition.steered });
     }
-    // A resent continuation names a turn this actor admitted already: answer as before.
-    if (cmd.turn_id === run.latest_turn_id || cmd.turn_id === run.queued_turn_id) {
+    // A resent continuation names a turn this actor admitted already (the latest or queued
+    // one; after a lost answer, any earlier one too): answer as before.
+    if (cmd.resent || cmd.turn_id === run.latest_turn_id || cmd.turn_id === run.queued_turn_id) {
       const replay = await this.replayContinue(run, cmd.turn_id);
       if (replay) return replay;
     }

@@ -435,6 +435,25 @@ test("cancel - a repeat after a lost answer whose first attempt changed nothing 
   await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: later.turn.id });
 });
 
+test("continue - a repeat after a lost answer whose turn is no longer the run's latest answers that turn as before, recording no second start of it", async (t) => {
+  const { api, echo, servers } = t.context;
+  const run = (await api.post("/api/v1/runs", { agent: echo, input: "one" })).body;
+  const key = `continue-lost-${run.id}`;
+  const body = { run_id: run.id, input: "two" };
+  const second = await api.post("/api/v1/runs", body, key);
+  t.is(second.status, 200);
+  await loseAnswer(servers, "runs.create", run.id, { run_id: run.id, turn_id: second.body.turn.id });
+  // Another turn since: the one the key admitted is no longer the latest.
+  t.is((await api.post("/api/v1/runs", { run_id: run.id, input: "three" })).status, 200);
+  const repeat = await api.post("/api/v1/runs", body, key);
+  t.is(repeat.status, 200, JSON.stringify(repeat.body));
+  t.is(repeat.body.turn.id, second.body.turn.id);
+  t.is(repeat.body.disposition, "continued");
+  const events = (await api.get(`/api/v1/runs/${run.id}/events?limit=1000`)).body.data as Array<{ type: string; turn_id: string }>;
+  t.is(events.filter((e) => e.type === "turn.started" && e.turn_id === second.body.turn.id).length, 1);
+  t.is(((await api.get(`/api/v1/runs/${run.id}/turns`)).body.data as unknown[]).length, 3);
+});
+
 test("steer - a repeat after a lost answer whose steered turn has ended since answers steered with that turn; its input is not run again as a new turn", async (t) => {
   const { api, sleeper, servers } = t.context;
   const run = await busyRun(api, sleeper);
