@@ -34,6 +34,8 @@ export class Authenticator {
   private generation = 0;
   private readonly lastUsedWrites = new Map<string, number>();
   private sub: Subscription | undefined;
+  /** Called at every invalidation, here or on another node (open event streams check their key again). */
+  private readonly invalidationListeners = new Set<() => void>();
 
   constructor(
     private readonly store: AuthStore,
@@ -56,10 +58,17 @@ export class Authenticator {
     this.nc?.publish(Subjects.authInvalidate, "");
   }
 
+  /** `listener` is called after every invalidation from now on, until the returned function is called. */
+  onInvalidated(listener: () => void): () => void {
+    this.invalidationListeners.add(listener);
+    return () => this.invalidationListeners.delete(listener);
+  }
+
   private forget(): void {
     this.generation++;
     this.cache.clear();
     this.loading.clear();
+    for (const listener of this.invalidationListeners) listener();
   }
 
   async authenticate(request: FastifyRequest): Promise<AuthContext> {

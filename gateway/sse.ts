@@ -4,9 +4,12 @@ import type { Subscription } from "@nats-io/transport-node";
 import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
 import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
+import { loadRun } from "./loaders.js";
 
 /** decisions §5: a `: ping` comment every 15 s keeps proxies from closing an idle stream. */
 export const SSE_PING_INTERVAL_MS = 15_000;
+/** How often an open stream checks its key again (a rotated key's grace ends at a time no revocation announces). */
+const KEY_CHECK_INTERVAL_MS = 5_000;
 
 /**
  * How long a stream that ends with a turn waits for that turn's final platform event after
@@ -245,12 +248,36 @@ async function serveStream(
     }
   };
 
+  // The stream lasts only while its reader may read: its key revoked (any node's revocation
+  // is heard at once) or past a rotation's grace, or the run deleted or expired, ends it with
+  // that error. Checked at each invalidation, the key every few seconds, the run at each ping;
+  // a check that cannot be made (the store away) leaves the stream as it is.
+  let noLongerReadable: ApiError | undefined;
+  let checking = false;
+  const recheck = async (what: { run: boolean }) => {
+    if (checking || signal.aborted) return;
+    checking = true;
+    try {
+      await ctx.auth.authenticate(request);
+      if (what.run) await loadRun(ctx, run.workspace_id, run._id);
+    } catch (err) {
+      if (err instanceof ApiError && (err.status === 401 || err.status === 404 || err.status === 410)) {
+        noLongerReadable = err;
+        controller.abort(new Error("no longer readable"));
+      }
+    } finally {
+      checking = false;
+    }
+  };
+  const stopListening = ctx.auth.onInvalidated(() => void recheck({ run: false }));
+  const keyCheck = ctx.clock.every(KEY_CHECK_INTERVAL_MS, () => void recheck({ run: false }));
   const ping = ctx.clock.every(options.pingIntervalMs ?? SSE_PING_INTERVAL_MS, () => {
     // A client that is not reading does not need pings piling up in its buffer.
     if (!res.writableNeedDrain && !res.writableEnded) {
       flush();
       res.write(": ping\n\n");
     }
+    void recheck({ run: true });
   });
 
   // When the stream ends with a turn: its final event normally ends it; the grace timer ends
@@ -340,7 +367,8 @@ async function serveStream(
     );
     if (graceExpired && !ended && !res.destroyed) ended = await catchUp();
     flush();
-    if (graceExpired && !ended) {
+    if (noLongerReadable) writeError(res, noLongerReadable);
+    else if (graceExpired && !ended) {
       writeError(res, new ApiError("event_history_unavailable", { message: "The turn is final but its final event could not be read. Read the run for its result." }));
     }
   } catch (err) {
@@ -349,6 +377,8 @@ async function serveStream(
   } finally {
     flush();
     ping.cancel();
+    keyCheck.cancel();
+    stopListening();
     graceTimer?.cancel();
     res.off("close", onClose);
     streams.delete(controller);

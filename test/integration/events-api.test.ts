@@ -311,7 +311,9 @@ async function sseApp(
   options: Parameters<typeof streamEvents>[4] = {},
   store: RunningService["store"] = t.context.service.store,
 ): Promise<{ app: FastifyInstance; url: string }> {
-  const ctx = { events, clock: systemClock, ids: Ids, store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } } } as unknown as GatewayContext;
+  // Every reader may read here: the key and run checks of an open stream always pass.
+  const auth = { authenticate: async () => ({}), onInvalidated: () => () => undefined };
+  const ctx = { events, clock: systemClock, ids: Ids, store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } }, auth } as unknown as GatewayContext;
   const app = Fastify();
   app.addHook("preClose", async () => closeEventStreams(ctx));
   app.setErrorHandler((err, _request, reply) => {
@@ -876,6 +878,43 @@ test("events - a real run: the actor's platform and runtime events, listed and s
   t.is(stateAtError, SseClient.CLOSED);
   await new Promise((resolve) => setTimeout(resolve, 3_500)); // past EventSource's default 3 s retry
   t.is(connections, 1);
+});
+
+test("events - stream: an open stream ends with an unauthorized error frame at once when its key is revoked, and shows none of what the run does after", async (t) => {
+  const { business, service } = t.context;
+  const agent = await business.api.agentWith({ model: "faux/scripted" });
+  const run = (await business.api.post("/api/v1/runs", { agent, input: "before" })).body;
+  const reader = (await business.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).body;
+  const stream = await openStream(service.url!, eventsUrl(run.id, "stream=true"), reader.key);
+  t.is(stream.status, 200);
+  const before = (await stream.waitFrames(1)).length;
+  t.true(before >= 1);
+  const revokedAt = Date.now();
+  t.is((await business.api.post(`/api/v1/api-keys/${reader.id}/revoke`)).status, 200);
+  await Promise.race([stream.ended, new Promise((resolve) => setTimeout(resolve, 10_000))]);
+  t.true(stream.isEnded(), "the stream ended");
+  t.true(Date.now() - revokedAt < 5_000, `ended ${Date.now() - revokedAt} ms after the revocation`);
+  const last = stream.frames.at(-1)!;
+  t.is(last.event, "error");
+  t.is(JSON.parse(last.data!).error.code, "unauthorized");
+  // What the run does next is not sent to it (it has ended); the owner's key still reads it.
+  t.is((await business.api.post("/api/v1/runs", { run_id: run.id, input: "SECRET-AFTER-REVOKE" })).status, 200);
+  t.false(stream.frames.some((frame) => frame.data?.includes("SECRET-AFTER-REVOKE")));
+});
+
+test("events - stream: a follow stream of a run deleted (or past retention) meanwhile ends at its next ping with that error, instead of pinging for good", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  const { url } = await sseApp(t, t.context.log, { pingIntervalMs: 200 });
+  const stream = await openStream(url, `/runs/${f.run._id}/events`, business.key);
+  await stream.waitFrames(5);
+  await (await t.context.servers.raw()).runs.deleteOne({ _id: f.run._id });
+  await Promise.race([stream.ended, new Promise((resolve) => setTimeout(resolve, 5_000))]);
+  t.true(stream.isEnded());
+  const last = stream.frames.at(-1)!;
+  t.is(last.event, "error");
+  t.is(JSON.parse(last.data!).error.code, "run_not_found");
 });
 
 // ---------------------------------------------------------------------------------------
