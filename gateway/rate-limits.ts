@@ -32,6 +32,8 @@ interface LocalWindow {
   alone?: boolean;
   /** A grant in flight, so concurrent requests share one KV round trip. */
   pending?: Promise<void>;
+  /** Requests waiting for tokens: a grant takes enough for all of them (within the limit). */
+  waiting: number;
 }
 
 /** How long a node counts alone, without asking the shared counter, after finding it unreachable. */
@@ -72,19 +74,26 @@ export class RateLimiter {
     const key = `${workspaceId}.${rateClass}`;
     let state = this.local.get(key);
     if (!state || state.window !== window) {
-      state = { window, tokens: 0, sharedCount: 0, exhausted: false };
+      state = { window, tokens: 0, sharedCount: 0, exhausted: false, waiting: 0 };
       this.local.set(key, state);
       if (this.local.size > 50_000) this.evictOld(window);
     }
     if (state.tokens === 0 && !state.exhausted && !state.alone && now < this.counterAwayUntilMs) this.countAlone(state, limit, undefined);
-    for (let attempt = 0; attempt < 3 && state.tokens === 0 && !state.exhausted && !state.alone; attempt++) {
-      const counted = state;
-      counted.pending ??= this.grant(counted, `${key}.${window}`, limit)
-        .catch((err: unknown) => this.countAlone(counted, limit, err))
-        .finally(() => {
-          counted.pending = undefined;
-        });
-      await counted.pending;
+    // Concurrent requests wait on one grant sized for all of them; one that finds the tokens
+    // taken by those ahead asks again (bounded: the counter's exhaustion ends it sooner).
+    state.waiting++;
+    try {
+      for (let attempt = 0; attempt < 8 && state.tokens === 0 && !state.exhausted && !state.alone; attempt++) {
+        const counted = state;
+        counted.pending ??= this.grant(counted, `${key}.${window}`, limit)
+          .catch((err: unknown) => this.countAlone(counted, limit, err))
+          .finally(() => {
+            counted.pending = undefined;
+          });
+        await counted.pending;
+      }
+    } finally {
+      state.waiting--;
     }
     const decision = (allowed: boolean): RateDecision => ({
       allowed,
@@ -124,7 +133,7 @@ export class RateLimiter {
         state.sharedCount = count;
         return;
       }
-      const size = Math.min(grantSize(limit), limit - count);
+      const size = Math.min(Math.max(grantSize(limit), state.waiting), limit - count);
       try {
         if (entry) await this.kv.update(kvKey, String(count + size), entry.revision);
         else await this.kv.create(kvKey, String(count + size));

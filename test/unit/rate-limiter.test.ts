@@ -103,3 +103,20 @@ test("rate limiter - for COUNTER_AWAY_MS after the counter failed, new windows a
   t.true((await limiter.take("ws_1", "solo", "standard")).allowed);
   t.is(creates(), 2, "asked again after COUNTER_AWAY_MS");
 });
+
+test("rate limiter - concurrent requests far from the limit are all served: one grant sized for the waiting ones, not a few small grants raced for until some give up", async (t) => {
+  const wide = { windowMs: 60_000, perWindow: { solo: { standard: 300, expensive: 20, exempt: 3000 }, business: { standard: 3000, expensive: 100, exempt: 30000 } } };
+  const { kv, creates } = counterKv(() => undefined);
+  const limiter = new RateLimiter(kv, wide, systemClock);
+  // 40 at once at 300 a window (grants of 6), then 10 at once at 20 (grants of 1).
+  const standard = await Promise.all(Array.from({ length: 40 }, () => limiter.take("ws_1", "solo", "standard")));
+  t.deepEqual(standard.filter((d) => !d.allowed).length, 0, JSON.stringify(standard.filter((d) => !d.allowed)));
+  t.is(creates(), 1);
+  // The stand-in KV holds one counter: another limiter over another for the next class.
+  const other = new RateLimiter(counterKv(() => undefined).kv, wide, systemClock);
+  const expensive = await Promise.all(Array.from({ length: 10 }, () => other.take("ws_2", "solo", "expensive")));
+  t.is(expensive.filter((d) => d.allowed).length, 10);
+  // Past the limit all the same: 25 at once at 20, 10 of them spent above.
+  const more = await Promise.all(Array.from({ length: 25 }, () => other.take("ws_2", "solo", "expensive")));
+  t.is(more.filter((d) => d.allowed).length, 10);
+});
