@@ -50,7 +50,16 @@ export interface StreamEventsOptions {
   pingIntervalMs?: number;
   /** See {@link FINAL_EVENT_GRACE_MS}. */
   finalEventGraceMs?: number;
+  /**
+   * The stream's slot, taken by the caller before it did what the stream reports ({@link
+   * reserveStream}: a streamed start past the limit is refused before it is admitted). The
+   * stream frees it when it ends; without it, the stream takes one or answers 429.
+   */
+  slot?: StreamSlot;
 }
+
+/** A workspace's event stream counted against its limit on this node, until freed (once). */
+export type StreamSlot = () => void;
 
 /** What the event log needs of a run document. */
 export function eventRunOf(run: RunDoc): EventReadRun {
@@ -74,7 +83,7 @@ const workspaceStreams = new WeakMap<GatewayContext, Map<string, number>>();
  * Refuses a stream past the workspace's plan limit (429 quota_exceeded), before any
  * consumer is opened. Per gateway node: a client spread over N nodes may hold N times it.
  */
-export function checkStreamQuota(ctx: GatewayContext, workspaceId: string, plan: Plan): void {
+function checkStreamQuota(ctx: GatewayContext, workspaceId: string, plan: Plan): void {
   const open = workspaceStreams.get(ctx)?.get(workspaceId) ?? 0;
   const cap = ctx.config.sseStreams[plan];
   if (open >= cap) {
@@ -88,6 +97,18 @@ export function openStreamCount(ctx: GatewayContext): number {
   let open = 0;
   for (const n of workspaceStreams.get(ctx)?.values() ?? []) open += n;
   return open;
+}
+
+/** Takes one of the workspace's event stream slots on this node: 429 quota_exceeded when none is free. */
+export function reserveStream(ctx: GatewayContext, workspaceId: string, plan: Plan): StreamSlot {
+  checkStreamQuota(ctx, workspaceId, plan);
+  countStream(ctx, workspaceId, 1);
+  let freed = false;
+  return () => {
+    if (freed) return;
+    freed = true;
+    countStream(ctx, workspaceId, -1);
+  };
 }
 
 function countStream(ctx: GatewayContext, workspaceId: string, delta: 1 | -1): void {
@@ -137,25 +158,24 @@ export async function streamEvents(
   run: RunDoc,
   options: StreamEventsOptions = {},
 ): Promise<void> {
-  checkStreamQuota(ctx, run.workspace_id, run.plan);
+  const slot = options.slot ?? reserveStream(ctx, run.workspace_id, run.plan);
   // The turn's final notice is listened for before the stream reads the turn's status: a turn
   // that ends in between is still known final (its final event, should it not come, ends the
   // stream after the grace period instead of never).
   let finalNotice: Subscription | undefined;
-  if (options.endWithTurnId !== undefined && !options.endTurnFinal) {
-    try {
-      finalNotice = ctx.nc.subscribe(Subjects.turnFinal(options.endWithTurnId), { max: 1 });
-    } catch {
-      // The connection is closed: the node is shutting down.
-      throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
-    }
-  }
-  countStream(ctx, run.workspace_id, 1);
   try {
+    if (options.endWithTurnId !== undefined && !options.endTurnFinal) {
+      try {
+        finalNotice = ctx.nc.subscribe(Subjects.turnFinal(options.endWithTurnId), { max: 1 });
+      } catch {
+        // The connection is closed: the node is shutting down.
+        throw new ApiError("event_history_unavailable", { retryAfterS: 1 });
+      }
+    }
     await serveStream(ctx, request, reply, run, options, finalNotice);
   } finally {
     finalNotice?.unsubscribe();
-    countStream(ctx, run.workspace_id, -1);
+    slot();
   }
 }
 

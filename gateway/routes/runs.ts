@@ -5,7 +5,7 @@ import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
 import { type TurnNotices, turnNotices } from "../turn-notices.js";
-import { checkStreamQuota, streamEvents } from "../sse.js";
+import { reserveStream, streamEvents } from "../sse.js";
 import { type Operation, page, route, runId, RUN_READS } from "../operation.js";
 import { CancelRequestSchema, RunDeletedSchema, RunListSchema, RunRequestSchema, RunSchema } from "../schemas.js";
 
@@ -116,8 +116,6 @@ export function runRoutes(ctx: GatewayContext) {
       const found = new Set((await ctx.files.getMany(workspaceId, fileIds)).map((f) => f._id));
       const missing = fileIds.find((id) => !found.has(id));
       if (missing !== undefined) throw invalid("input", `No file ${missing} in this workspace; upload it with POST /api/v1/files first.`);
-      // A stream past the workspace's limit is refused before anything is admitted.
-      if (body.stream) checkStreamQuota(ctx, workspaceId, auth.workspace.plan);
       let startVersion: number | undefined;
       if (body.kind === "start") {
         startVersion = await startVersionOf(await ctx.store.getAgent(workspaceId, body.agent), body.version, ctx.deployments);
@@ -125,6 +123,11 @@ export function runRoutes(ctx: GatewayContext) {
         await loadRun(ctx, workspaceId, body.run_id, "run_id");
       }
 
+      // A stream past the workspace's limit is refused before anything is admitted: its slot
+      // is taken now (concurrent streamed starts cannot all pass a check and then be refused
+      // after admission) and handed to the stream, or freed below if nothing is streamed.
+      const slot = body.stream ? reserveStream(ctx, workspaceId, auth.workspace.plan) : undefined;
+      let slotHandedOver = false;
       // Subscribed before admission (to the turn id the claim holds) so a fast turn's
       // final notice is not missed.
       let waitFor: TurnNotices | undefined;
@@ -161,15 +164,17 @@ export function runRoutes(ctx: GatewayContext) {
         if (answer.error) {
           throw new ApiError(answer.error.code as never, { message: answer.error.message, param: answer.error.param });
         }
-        if (body.stream) {
+        if (slot) {
           // The turn's events from its first one, ending after the event that makes it final.
           const run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
-          await streamEvents(ctx, request, reply, run, { turnId: answer.turn_id, endWithTurnId: answer.turn_id });
+          slotHandedOver = true;
+          await streamEvents(ctx, request, reply, run, { turnId: answer.turn_id, endWithTurnId: answer.turn_id, slot });
           return reply;
         }
         return await deliver(ctx, reply, workspaceId, answer, body, waitFor, admittedHere);
       } finally {
         waitFor?.sub.unsubscribe();
+        if (!slotHandedOver) slot?.();
       }
     });
 

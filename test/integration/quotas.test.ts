@@ -68,6 +68,27 @@ test.serial("sse - a workspace holds at most its plan's open event streams: the 
   await api.post(`/api/v1/runs/${run.id}/cancel`, {});
 });
 
+test.serial("sse - concurrent streamed starts past the limit: only those given a stream are admitted; every 429 left nothing behind", async (t) => {
+  t.timeout(60_000);
+  const { api, sleeper } = t.context;
+  const raw = await t.context.servers.raw();
+  const before = await raw.runs.countDocuments({});
+  // Two slots (RUNS_SSE_STREAMS_SOLO), six streamed starts at once.
+  const answers = await Promise.all(
+    Array.from({ length: 6 }, (_, i) =>
+      open(api, "/api/v1/runs", { method: "POST", headers: { "content-type": "application/json", "idempotency-key": `streamed-race-${i}` }, body: JSON.stringify({ agent: sleeper, input: `race ${i}`, stream: true }) }),
+    ),
+  );
+  const streamed = answers.filter((a) => a.status === 200);
+  const refused = answers.filter((a) => a.status === 429);
+  t.is(streamed.length + refused.length, 6, JSON.stringify(answers.map((a) => a.status)));
+  t.true(streamed.length >= 1 && streamed.length <= 2, `${streamed.length} streams`);
+  t.true(refused.every((a) => a.body.error.code === "quota_exceeded"));
+  t.is(await raw.runs.countDocuments({}), before + streamed.length, "a run for each stream, none for a 429");
+  for (const answer of streamed) answer.abort();
+  for (const run of await raw.runs.find({ state: "busy" }).toArray()) await api.post(`/api/v1/runs/${run._id}/cancel`, {});
+});
+
 test.serial("files - an uploaded file lives for its plan's file retention, then it and its object are swept", async (t) => {
   t.timeout(60_000);
   const { api, service } = t.context;
