@@ -79,6 +79,13 @@ export async function buildApp(
     routerOptions: { maxParamLength: 16_384 },
     clientErrorHandler: answerClientError,
     genReqId: (req) => acceptedRequestId(req.headers[REQUEST_ID_HEADER]) ?? ctx.ids.reference().replace("ref_", "req_"),
+    // What the router refuses before any route (a malformed percent-encoding in the path, an
+    // over-long parameter) is answered in the contract's error body too, with the request id.
+    frameworkErrors: (error, request, reply) => {
+      reply.header(REQUEST_ID_HEADER, request.id);
+      const message = error.code === "FST_ERR_BAD_URL" ? "The request path is not a valid URL: a percent-encoding in it is malformed." : "The request path could not be routed.";
+      return sendError(reply, new ApiError("invalid_request", { message }));
+    },
   });
   app.decorateRequest("auth", null);
   closeConnectionsOnClose(app);

@@ -472,6 +472,20 @@ test("openapi - a request with an absolute-form target reaches no route without 
   t.is(await absoluteForm(base, "GET", "/api/v1/models", ws.key), 200);
 });
 
+test("openapi - a path with a malformed percent-encoding is 400 invalid_request in the contract's error body, with its request id", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  for (const path of ["/api/v1/runs/%E0%A4%A", "/api/v1/agents/%zz", "/api/v1/environment-values/%zz"]) {
+    const res = await ws.api.get(path);
+    t.is(res.status, 400, path);
+    t.deepEqual(Object.keys(res.body), ["error"], JSON.stringify(res.body));
+    t.is(res.body.error.code, "invalid_request");
+    t.is(res.body.error.type, "invalid_request_error");
+    t.is(res.body.error.param, null);
+    t.false(JSON.stringify(res.body).includes("FST_"), JSON.stringify(res.body));
+    t.truthy(res.headers.get("x-request-id"));
+  }
+});
+
 /** A URL for `op` with made-up ids: validation answers before any of them is looked up. */
 function urlOf(op: (typeof OPERATIONS)[number], overrides: Record<string, string> = {}): string {
   const ids: Record<string, string> = { runId: "run_x", turnId: "turn_x", agentId: "agt_x", version: "1", keyId: "00000000-0000-0000-0000-000000000000", fileId: "file_x", name: "X", ...overrides };
