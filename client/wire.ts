@@ -872,7 +872,7 @@ export interface components {
                 reference?: string;
             };
         };
-        /** @description 1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters. */
+        /** @description 1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters, no lone surrogates. */
         Tag: string;
         InputTextPart: {
             /** @constant */

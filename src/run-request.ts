@@ -46,6 +46,9 @@ export type ContinueRequest = {
 
 export type RunRequest = StartRequest | ContinueRequest;
 
+/** A UTF-16 surrogate without its pair (without the u flag, the regex sees code units). */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 const TAG_PATTERN = "^(?=[\\s\\S]*\\S)[^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]+$";
 
 /** A tag: 1 to 64 characters (code points), not whitespace only, no control characters (C0, DEL, C1, U+2028/9); never trimmed or interpreted. */
@@ -54,7 +57,10 @@ export const TagSchema = z
   .min(1, `a tag must be 1 to ${MAX_TAG_LENGTH} characters.`)
   .max(MAX_TAG_LENGTH, `a tag must be 1 to ${MAX_TAG_LENGTH} characters.`)
   .regex(new RegExp(TAG_PATTERN, "u"), "a tag must not be whitespace only nor contain control characters.")
-  .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters.");
+  // A lone surrogate cannot be stored as sent (the store keeps UTF-8, which has no such
+  // character: it reads back as U+FFFD, and two such tags as one repeated).
+  .refine((tag) => !LONE_SURROGATE.test(tag), "a tag must be well-formed Unicode: a lone surrogate cannot be stored as sent.")
+  .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters, no lone surrogates.");
 
 function base64DecodedBytes(data: string): number | undefined {
   if (!/^[A-Za-z0-9+/]*={0,2}$/.test(data) || data.length % 4 === 1) return undefined;

@@ -283,6 +283,18 @@ test("delete - an idle run is deleted and then 404 everywhere; a busy run is 409
   await api.waitRun(busy.id, (r) => r.state === "idle", 30_000);
 });
 
+test("tags - a lone surrogate is refused 400 on add and remove (it could not be stored as sent), and the run's tags stay as they were", async (t) => {
+  const { api, echo } = t.context;
+  const run = (await api.post("/api/v1/runs", { agent: echo, input: "x", tags: ["kept"] })).body;
+  for (const body of [{ add: ["\ud800"] }, { add: ["\udbff"], remove: ["kept"] }, { remove: ["a\udc00"] }]) {
+    const res = await api.request("POST", `/api/v1/runs/${run.id}/tags`, { body });
+    t.is(res.status, 400, JSON.stringify(res.body));
+    t.is(res.body.error.code, "invalid_request");
+    t.true(["add", "remove"].includes(res.body.error.param), res.body.error.param);
+  }
+  t.deepEqual((await api.get(`/api/v1/runs/${run.id}`)).body.tags, ["kept"]);
+});
+
 test("tags - add and remove with set semantics; sorted; no key needed; retention and turns untouched", async (t) => {
   const { api, echo } = t.context;
   const run = (await api.post("/api/v1/runs", { agent: echo, input: "x", tags: ["b"] })).body;

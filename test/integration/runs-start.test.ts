@@ -188,6 +188,8 @@ const badBodies: Array<[string, Record<string, unknown>, string]> = [
   ["tab in tag (rule 12)", { agent: "agt_x", tags: ["a\tb"], input: "x" }, "tags"],
   ["line break in tag (rule 12)", { agent: "agt_x", tags: ["a\nb"], input: "x" }, "tags"],
   ["65-character tag (rule 12)", { agent: "agt_x", tags: ["x".repeat(65)], input: "x" }, "tags"],
+  // Not storable as sent: the store's UTF-8 would read both back as one repeated U+FFFD.
+  ["lone surrogates in tags (rule 12)", { agent: "agt_x", tags: ["\ud800", "a\udc00"], input: "x" }, "tags"],
   ["21 tags (rule 12)", { agent: "agt_x", tags: Array.from({ length: 21 }, (_, i) => `t${i}`), input: "x" }, "tags"],
   ["missing input", { agent: "agt_x" }, "input"],
   ["bad input part", { agent: "agt_x", input: [{ type: "input_image" }] }, "input"],
