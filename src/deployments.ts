@@ -25,6 +25,8 @@ export async function startVersionOf(agent: AgentDoc | null, requested: number |
     throw new ApiError("agent_version_not_ready", {
       param: requested === undefined ? "agent" : "version",
       message: `Version ${target} is ${deployment.status}.`,
+      // A build that failed never becomes ready: the same request cannot succeed.
+      retryable: deployment.status !== DeploymentStatus.failed,
     });
   }
   return target;
@@ -62,7 +64,7 @@ export function activationOf(deployment: Pick<DeploymentDoc, "status" | "version
     case DeploymentStatus.building:
       return "when_ready";
     case DeploymentStatus.failed:
-      throw new ApiError("agent_version_not_ready", { param: "version", message: `Version ${deployment.version} failed to build.` });
+      throw new ApiError("agent_version_not_ready", { param: "version", message: `Version ${deployment.version} failed to build.`, retryable: false });
   }
 }
 

@@ -113,6 +113,8 @@ export interface ApiErrorOptions {
   /** Seconds for the Retry-After header. */
   retryAfterS?: number;
   reference?: string;
+  /** Overrides the code's usual `retryable` where this case differs (a version that failed to build never becomes ready). */
+  retryable?: boolean;
 }
 
 /** A typed API error: the only error class routes throw. */
@@ -132,7 +134,7 @@ export class ApiError extends Error {
     this.code = code;
     this.status = entry.status;
     this.type = errorTypeForStatus(entry.status);
-    this.retryable = entry.retryable;
+    this.retryable = options.retryable ?? entry.retryable;
     this.param = options.param ?? null;
     this.retryAfterS = options.retryAfterS;
     this.reference = options.reference;

@@ -130,6 +130,13 @@ test("deployments - a model no registry holds fails the build with an error nami
   const activate = await api.post(`/api/v1/agents/${agent.id}/deployments/${d.version}/activate`);
   t.is(activate.status, 409);
   t.is(activate.body.error.code, "agent_version_not_ready");
+  t.false(activate.body.error.retryable, "a failed build never becomes ready");
+  // Starting a run on it: the same, not retryable (a building version's 409 is).
+  const start = await api.post("/api/v1/runs", { agent: agent.id, version: d.version, input: "x" });
+  t.is(start.status, 409);
+  t.is(start.body.error.code, "agent_version_not_ready");
+  t.is(start.body.error.param, "version");
+  t.false(start.body.error.retryable);
 });
 
 test("deployments - config validation: unknown fields, tools, script only for faux/scripted", async (t) => {
