@@ -178,14 +178,20 @@ export async function provisionNats(
       // visibly) rather than dropping the oldest events of runs still retained.
       ...(bytes.events ? { max_bytes: bytes.events, discard: DiscardPolicy.New } : {}),
     };
-    try {
-      const info = await jsm.streams.info(name);
-      const maxBytes = bytes.events || -1;
-      if (info.config.max_age !== config.max_age || info.config.max_bytes !== maxBytes) {
-        await jsm.streams.update(name, { ...info.config, max_age: config.max_age, max_bytes: maxBytes, discard: bytes.events ? DiscardPolicy.New : DiscardPolicy.Old });
-      }
-    } catch {
+    const info = await jsm.streams.info(name).catch((err: unknown) => {
+      if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return null;
+      throw err;
+    });
+    if (!info) {
       await jsm.streams.add(config);
+      continue;
+    }
+    // Retention, its byte bound and the de-duplication window move together: a shorter
+    // retention than the window it was made with is refused by JetStream otherwise.
+    const maxBytes = bytes.events || -1;
+    const changed = info.config.max_age !== config.max_age || info.config.max_bytes !== maxBytes || info.config.duplicate_window !== config.duplicate_window;
+    if (changed) {
+      await jsm.streams.update(name, { ...info.config, max_age: config.max_age, max_bytes: maxBytes, discard: bytes.events ? DiscardPolicy.New : DiscardPolicy.Old, duplicate_window: config.duplicate_window });
     }
   }
   const kvm = new Kvm(js);

@@ -491,3 +491,24 @@ test.serial("event-log - subscribe passes a callback's rejected promise through 
   t.deepEqual(seen, [1, 2], "nothing after the failed one");
   t.is(await consumerCount(nats, "business"), before);
 });
+
+test("event log - a service restarted with a retention shorter than the de-duplication window it was made with starts: retention and window move together (and back)", async (t) => {
+  const servers = await startTestServers();
+  t.teardown(() => servers.stop());
+  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: "event-log-retention-test" });
+  t.teardown(() => nc.close());
+  const retention = (eventS: number) => ({ runS: { solo: 3600, business: 3600 }, eventS: { solo: 3600, business: eventS } });
+  const stream = eventStreamName("business");
+  await provisionNats(nc, retention(3600));
+  const jsm = await jetstreamManager(nc);
+  t.is((await jsm.streams.info(stream)).config.duplicate_window, nanos(120_000));
+  // Was refused ("stream name already in use with a different configuration") and stopped the start.
+  await provisionNats(nc, retention(15));
+  let config = (await jsm.streams.info(stream)).config;
+  t.is(config.max_age, nanos(15_000));
+  t.is(config.duplicate_window, nanos(15_000));
+  await provisionNats(nc, retention(3600));
+  config = (await jsm.streams.info(stream)).config;
+  t.is(config.max_age, nanos(3_600_000));
+  t.is(config.duplicate_window, nanos(120_000));
+});
