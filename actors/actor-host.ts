@@ -96,8 +96,10 @@ export class ActorHost {
 
   /**
    * A stale owner can still insert a run (inserts are not fenced) after this node
-   * claimed the partition and scanned it, or stop before starting an admitted turn.
-   * Busy runs of held partitions with an older epoch and no actor here are recovered.
+   * claimed the partition and scanned it, or stop before starting an admitted turn; and a
+   * recovery here can fail (the store or the event log away for a moment). Busy runs of
+   * held partitions that no actor here holds, at this node's epoch or an older one, are
+   * recovered (an actor's mailbox keeps a second recovery from racing the first).
    */
   async adoptOrphans(): Promise<void> {
     if (!this.admitting || this.adopting) return;
@@ -110,7 +112,7 @@ export class ActorHost {
         if (epoch === undefined) continue;
         // An actor of this node stopped without storing its finished turn: recover the run now.
         const unsettled = this.actors.get(run._id)?.isUnsettled === true;
-        if (!unsettled && (run.epoch >= epoch || this.actors.get(run._id)?.holdsRun)) continue;
+        if (!unsettled && (run.epoch > epoch || this.actors.get(run._id)?.holdsRun)) continue;
         this.r.log.warn({ run_id: run._id, run_epoch: run.epoch, epoch }, unsettled ? "recovering a run whose finished turn could not be stored" : "recovering a run a stale owner left busy");
         await this.actorFor(run._id, run.partition, epoch).recover();
       }

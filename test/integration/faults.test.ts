@@ -106,6 +106,34 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   t.is((await api.request("DELETE", `/api/v1/runs/${doomed.id}`, { idempotencyKey: `fresh-${doomed.id}` })).status, 404);
 });
 
+test.serial("faults - a busy run at its partition's current epoch that no actor here holds (its recovery failed, or its actor was let go) is recovered by the orphan check within 2 lease TTLs, not left busy", async (t) => {
+  t.timeout(60_000);
+  const { servers, api } = t.context;
+  const known = (await api.post("/api/v1/runs", { agent: t.context.agent, input: "who am I" })).body;
+  const raw = (await servers.raw()).db;
+  const template = (await raw.collection("runs").findOne({ _id: known.id } as any))!;
+  // Another run of the same partition, at the epoch the partition's owner holds it with.
+  let runId = Ids.run();
+  for (let i = 0; i < 1_000 && partitionOf(runId, 8) !== template.partition; i++) runId = Ids.run();
+  t.is(partitionOf(runId, 8), template.partition);
+  const turnId = Ids.turn();
+  const now = Date.now();
+  await raw.collection("turns").insertOne({
+    _id: turnId, run_id: runId, workspace_id: template.workspace_id, index: 0, status: "in_progress", agent_version: template.agent_version,
+    input: [{ type: "input_text", text: "left busy" }], output: [], error: null, created_at: now, started_at: now, completed_at: null, duration_ms: null,
+    transcript: [], disposition: "created", steer_ids: [], first_event_seq: 0, epoch: template.epoch,
+  } as any);
+  await raw.collection("runs").insertOne({
+    ...template, _id: runId, state: "busy", created_at: now, last_activity_at: now,
+    turn_count: 1, latest_turn_id: turnId, active_turn_id: turnId, queued_turn_id: null, event_seq: 0, tags: [],
+  } as any);
+  const started = Date.now();
+  const run = await api.waitRun(runId, (r) => r.state === "idle", 15_000);
+  t.true(Date.now() - started <= 2 * 3_000 + 1_000, `recovered in ${Date.now() - started} ms (lease TTL 3 s)`);
+  t.is(run.turn.status, "incomplete");
+  t.is(run.turn.error?.code, "worker_execution_interrupted");
+});
+
 test.serial("faults - inserts are not fenced: a run a stale owner inserts after the partition moved (its owner paused between its events and its documents) is recovered by the orphan check within 2 lease TTLs: its turn incomplete, the run idle and usable", async (t) => {
   t.timeout(60_000);
   const { servers, api, agent } = t.context;
