@@ -616,7 +616,8 @@ export class RunActor {
     if (!turn || turn.run_id !== run._id) return fail("turn_not_found", undefined, "turn_id");
     const outcome = cancelOutcome(turn.status);
     const now = this.r.clock.nowMs();
-    // Kept with what the cancel changes (not for a turn it leaves as it is: nothing to repeat).
+    // Kept with the turn it selects while that turn is not final (a repeat finds it there); a
+    // final one is found again by its place among the run's turns (see cancelTargetOf).
     const cancelIds = cancelId ? { cancel_ids: [...(turn.cancel_ids ?? []), cancelId].slice(-MAX_CANCEL_IDS) } : {};
     if (outcome.to === TurnStatus.cancelled) {
       // A queued turn: cancelled at once.
@@ -639,6 +640,9 @@ export class RunActor {
         this.turns.active.abortReason = "cancel";
         this.turns.active.running.abort();
       }
+    } else if (cancelId && !isFinalStatus(turn.status)) {
+      // Already cancelling: nothing changes but the record of this request.
+      await this.r.store.updateTurnFenced(turn._id, this.epoch, cancelIds);
     }
     return ok({ run_id: run._id, turn_id: turn._id, http_status: outcome.httpStatus });
   }

@@ -195,6 +195,24 @@ test("run-actor - cancel: queued → cancelled (200), in_progress → cancelling
   t.deepEqual(w.events.types(RUN), ["run.created", "turn.started", "turn.queued", "turn.cancelled", "turn.cancelling", "turn.cancelled"]);
 });
 
+test("run-actor - cancel repeats: a request that selected a turn already cancelling is recorded on it, so its repeat answers that turn after it ended, not the queued turn active since", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  await actor.command(continueCmd("turn_q", "queue"));
+  w.turns.endOnAbort = false;
+  okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, cancel_id: "cnl_first" }));
+  // A second request selects the same turn while it is cancelling; its answer is lost.
+  t.like(okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, cancel_id: "cnl_second" })), { turn_id: "turn_1", http_status: 202 });
+  t.deepEqual(w.store.turns.get("turn_1")!.cancel_ids, ["cnl_first", "cnl_second"]);
+  w.turns.last.finish({ outcome: "aborted" });
+  await settled(actor);
+  t.is(w.store.turns.get("turn_q")!.status, "in_progress", "the queued turn started");
+  const repeat = okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, cancel_id: "cnl_second", resent: { before_index: 2 } }));
+  t.like(repeat, { turn_id: "turn_1", http_status: 200 });
+  t.is(w.store.turns.get("turn_q")!.status, "in_progress", "not cancelled by the repeat");
+});
+
 test("run-actor - a cancel wins over an agent that completed before the abort reached it", async (t) => {
   const w = await world();
   const actor = w.actor();
