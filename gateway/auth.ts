@@ -34,8 +34,8 @@ export class Authenticator {
   private generation = 0;
   private readonly lastUsedWrites = new Map<string, number>();
   private sub: Subscription | undefined;
-  /** Called at every invalidation, here or on another node (open event streams check their key again). */
-  private readonly invalidationListeners = new Set<() => void>();
+  /** Called at every invalidation, here or on another node, with the key it names (open event streams check theirs again). */
+  private readonly invalidationListeners = new Set<(keyId: string | undefined) => void>();
 
   constructor(
     private readonly store: AuthStore,
@@ -44,7 +44,7 @@ export class Authenticator {
     private readonly nc?: NatsConnection,
   ) {
     this.sub = nc?.subscribe(Subjects.authInvalidate, {
-      callback: () => this.forget(),
+      callback: (_err, msg) => this.forget(msg?.string() || undefined),
     });
   }
 
@@ -52,23 +52,23 @@ export class Authenticator {
     this.sub?.unsubscribe();
   }
 
-  /** Tells every node that a key changed (revoked or rotated). */
-  invalidate(): void {
-    this.forget();
-    this.nc?.publish(Subjects.authInvalidate, "");
+  /** Tells every node that a key changed (revoked or rotated): `keyId` names it, for those that care about one key. */
+  invalidate(keyId?: string): void {
+    this.forget(keyId);
+    this.nc?.publish(Subjects.authInvalidate, keyId ?? "");
   }
 
-  /** `listener` is called after every invalidation from now on, until the returned function is called. */
-  onInvalidated(listener: () => void): () => void {
+  /** `listener` is called after every invalidation from now on (with the key it names, if any), until the returned function is called. */
+  onInvalidated(listener: (keyId: string | undefined) => void): () => void {
     this.invalidationListeners.add(listener);
     return () => this.invalidationListeners.delete(listener);
   }
 
-  private forget(): void {
+  private forget(keyId?: string): void {
     this.generation++;
     this.cache.clear();
     this.loading.clear();
-    for (const listener of this.invalidationListeners) listener();
+    for (const listener of this.invalidationListeners) listener(keyId);
   }
 
   async authenticate(request: FastifyRequest): Promise<AuthContext> {

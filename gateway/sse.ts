@@ -11,6 +11,23 @@ export const SSE_PING_INTERVAL_MS = 15_000;
 /** How often an open stream checks its key again (a rotated key's grace ends at a time no revocation announces). */
 const KEY_CHECK_INTERVAL_MS = 5_000;
 
+/** Checks of a run's readability by open streams, shared for a few seconds per run (streams of one run ping together). */
+const runChecks = new WeakMap<GatewayContext, Map<string, { atMs: number; check: Promise<void> }>>();
+const RUN_CHECK_SHARED_MS = 5_000;
+
+/** Resolves when the run is still readable by its workspace; rejects with its 404 or 410 otherwise. */
+function runStillReadable(ctx: GatewayContext, run: RunDoc): Promise<void> {
+  let checks = runChecks.get(ctx);
+  if (!checks) runChecks.set(ctx, (checks = new Map()));
+  const now = ctx.clock.nowMs();
+  const shared = checks.get(run._id);
+  if (shared && now - shared.atMs < RUN_CHECK_SHARED_MS) return shared.check;
+  if (checks.size > 10_000) checks.clear();
+  const check = loadRun(ctx, run.workspace_id, run._id).then(() => undefined);
+  checks.set(run._id, { atMs: now, check });
+  return check;
+}
+
 /**
  * How long a stream that ends with a turn waits for that turn's final platform event after
  * the turn is known to be final and nothing else arrived. Then what the subscription did
@@ -249,6 +266,9 @@ async function serveStream(
   // `close` fires once the request is read, which for a GET is right away).
   const onClose = () => controller.abort(new Error("client disconnected"));
   res.on("close", onClose);
+  // A client that left during the reads before (its close already fired) is not waited for.
+  // (Not the request's own stream: a request whose body was read is destroyed by then.)
+  if (res.destroyed || res.socket?.destroyed === true) onClose();
 
   // Frames are gathered and written once per event-loop turn (or per 64 KiB): the
   // consumer hands over a batch of messages at a time, and one socket write per event
@@ -273,31 +293,45 @@ async function serveStream(
   // that error. Checked at each invalidation, the key every few seconds, the run at each ping;
   // a check that cannot be made (the store away) leaves the stream as it is.
   let noLongerReadable: ApiError | undefined;
-  let checking = false;
-  const recheck = async (what: { run: boolean }) => {
-    if (checking || signal.aborted) return;
-    checking = true;
+  // One check at a time; one asked for meanwhile runs after it (a revocation is never dropped).
+  let checking: Promise<void> | undefined;
+  let next: { run: boolean } | undefined;
+  const check = async (what: { run: boolean }) => {
     try {
       await ctx.auth.authenticate(request);
-      if (what.run) await loadRun(ctx, run.workspace_id, run._id);
+      if (what.run) await runStillReadable(ctx, run);
     } catch (err) {
-      if (err instanceof ApiError && (err.status === 401 || err.status === 404 || err.status === 410)) {
+      if (!signal.aborted && err instanceof ApiError && (err.status === 401 || err.status === 404 || err.status === 410)) {
         noLongerReadable = err;
         controller.abort(new Error("no longer readable"));
       }
-    } finally {
-      checking = false;
     }
   };
-  const stopListening = ctx.auth.onInvalidated(() => void recheck({ run: false }));
-  const keyCheck = ctx.clock.every(KEY_CHECK_INTERVAL_MS, () => void recheck({ run: false }));
+  const recheck = (what: { run: boolean }): void => {
+    if (signal.aborted) return;
+    if (checking) {
+      next = { run: what.run || next?.run === true };
+      return;
+    }
+    checking = check(what).finally(() => {
+      checking = undefined;
+      const queued = next;
+      next = undefined;
+      if (queued) recheck(queued);
+    });
+  };
+  const keyId = request.auth?.keyId;
+  const stopListening = ctx.auth.onInvalidated((changed) => {
+    if (changed === undefined || keyId === undefined || changed === keyId) recheck({ run: false });
+  });
+  const keyCheck = ctx.clock.every(KEY_CHECK_INTERVAL_MS, () => recheck({ run: false }));
   const ping = ctx.clock.every(options.pingIntervalMs ?? SSE_PING_INTERVAL_MS, () => {
     // A client that is not reading does not need pings piling up in its buffer.
     if (!res.writableNeedDrain && !res.writableEnded) {
       flush();
       res.write(": ping\n\n");
     }
-    void recheck({ run: true });
+    recheck({ run: true });
   });
 
   // When the stream ends with a turn: its final event normally ends it; the grace timer ends

@@ -145,7 +145,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
         await ctx.store.keys.update(key._id, { revoked_at: now, updated_at: now });
         key.revoked_at = now;
         key.updated_at = now;
-        ctx.auth.invalidate();
+        ctx.auth.invalidate(key._id);
       }
       return renderApiKey(key, now);
     });
@@ -170,7 +170,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       await ctx.store.keys.insert(doc);
       const oldRevokesAt = old.revokes_at === null ? revokesAt : Math.min(old.revokes_at, revokesAt);
       await ctx.store.keys.update(old._id, { revokes_at: oldRevokesAt, updated_at: now });
-      ctx.auth.invalidate();
+      ctx.auth.invalidate(old._id);
       return reply.status(201).send(renderApiKey(doc, now, { secret, oldKeyRevokesAtMs: oldRevokesAt }));
     };
     route(app, API_KEY_OPERATIONS.rotateApiKey, rotate);

@@ -20,7 +20,7 @@ import { systemClock } from "../../src/clock.js";
 import type { Plan, TurnStatus } from "../../src/domain.js";
 import type { RunDoc, TurnDoc } from "../../src/documents.js";
 import type { GatewayContext } from "../../gateway/context.js";
-import { closeEventStreams, streamEvents } from "../../gateway/sse.js";
+import { closeEventStreams, openStreamCount, streamEvents } from "../../gateway/sse.js";
 
 /**
  * GET /api/v1/runs/{runId}/events against the real service. The runs are written straight
@@ -310,7 +310,7 @@ async function sseApp(
   events: EventLog,
   options: Parameters<typeof streamEvents>[4] = {},
   store: RunningService["store"] = t.context.service.store,
-): Promise<{ app: FastifyInstance; url: string }> {
+): Promise<{ app: FastifyInstance; url: string; ctx: GatewayContext }> {
   // Every reader may read here: the key and run checks of an open stream always pass.
   const auth = { authenticate: async () => ({}), onInvalidated: () => () => undefined };
   const ctx = { events, clock: systemClock, ids: Ids, store, nc: t.context.nc, log: pino({ level: "silent" }), config: { sseStreams: { solo: 100, business: 100 } }, auth } as unknown as GatewayContext;
@@ -328,7 +328,7 @@ async function sseApp(
   await app.listen({ port: 0, host: "127.0.0.1" });
   t.teardown(() => app.close());
   const address = app.server.address() as { port: number };
-  return { app, url: `http://127.0.0.1:${address.port}` };
+  return { app, url: `http://127.0.0.1:${address.port}`, ctx };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -900,6 +900,26 @@ test("events - stream: an open stream ends with an unauthorized error frame at o
   // What the run does next is not sent to it (it has ended); the owner's key still reads it.
   t.is((await business.api.post("/api/v1/runs", { run_id: run.id, input: "SECRET-AFTER-REVOKE" })).status, 200);
   t.false(stream.frames.some((frame) => frame.data?.includes("SECRET-AFTER-REVOKE")));
+});
+
+test("events - stream: a client that leaves while the stream makes its first reads is not streamed to: its slot is freed at once, not held while the run lives", async (t) => {
+  const { business } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed"]);
+  await f.append([{ turn: null, source: "platform", type: "run.created" }, ...turnEvents(0)]);
+  // The stream's first read (its cursor check) takes 400 ms; the client leaves after 50.
+  const slow: EventLog = Object.assign(Object.create(t.context.log) as EventLog, {
+    read: async (...args: Parameters<EventLog["read"]>) => {
+      await new Promise((resolve) => setTimeout(resolve, 400));
+      return t.context.log.read(...args);
+    },
+  });
+  const { url, ctx } = await sseApp(t, slow);
+  const req = http.request(`${url}/runs/${f.run._id}/events`, { headers: { accept: "text/event-stream" }, agent: false });
+  req.on("error", () => undefined);
+  req.end();
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  req.destroy();
+  t.true(await until(async () => openStreamCount(ctx) === 0, 3_000), `${openStreamCount(ctx)} streams still open`);
 });
 
 test("events - stream: a follow stream of a run deleted (or past retention) meanwhile ends at its next ping with that error, instead of pinging for good", async (t) => {
