@@ -36,9 +36,12 @@ export class CheckpointCorruptError extends Error {
 
 /** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
 function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
-  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"] });
+  // The C locale: its messages are read ("Permission denied"), whatever the service's LANG.
+  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"], env: { ...process.env, LC_ALL: "C" } });
   let err = "";
-  child.stderr!.on("data", (d: Buffer) => (err += d.toString().slice(0, 2000)));
+  child.stderr!.on("data", (d: Buffer) => {
+    if (err.length < 4_000) err += d.toString().slice(0, 4_000 - err.length);
+  });
   const done = new Promise<void>((resolve, reject) => {
     child.on("error", reject);
     child.on("close", (code) => (code === 0 ? resolve() : reject(new CheckpointError(`tar exited ${code}: ${err.trim()}`))));

@@ -387,18 +387,18 @@ export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
 }
 
 /**
- * Whether a failed command's shell reported a process of it killed by SIGBUS (bash: `line
- * 3:  42 Bus error  cmd`), in its output's tail; a command that succeeded, or that only
- * printed the words (a log it showed, a grep), reported none.
+ * Whether the command's shell reported a process of it killed by a signal, by the signal's
+ * description (`Bus error`, `File size limit exceeded`), as bash does: `line 3: 42 Bus
+ * error  cmd` (or `./script.sh: line 3: …` for a script it ran), in the output's tail. The
+ * command may have gone on and succeeded; words merely printed (a log it showed, a grep)
+ * are no such report.
  */
-export function busErrorReported(output: Buffer, failed: boolean): boolean {
-  if (!failed) return false;
+export function shellReported(output: Buffer, description: string): boolean {
   const text = output.subarray(Math.max(0, output.length - SCANNED_OUTPUT_BYTES)).toString("utf8");
-  return BASH_BUS_ERROR.test(text);
+  // bash pads the description to a column and writes the command right after it: no space
+  // when the description is long ("File size limit exceededhead -c …").
+  return new RegExp(`^(?:\\S+: )?line \\d+: +\\d+ ${description}`, "m").test(text);
 }
-
-/** bash's report of a child killed by SIGBUS: its pid, then the signal's description. */
-const BASH_BUS_ERROR = /^(?:\S*bash: )?line \d+: +\d+ Bus error\b/m;
 
 /** bwrap's arguments for one command (README "Sandbox" says what each part is for). */
 export function bwrapArgs(

@@ -30,7 +30,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, busErrorReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
@@ -86,9 +86,11 @@ export interface SandboxCommand {
   /** Called once per connection the egress proxy refused. */
   onNetworkDenied?: (denial: EgressDenial) => void;
   /**
-   * Without cgroups, name the memory and process limits a failed command's output shows
-   * it met ({@link rlimitHits}): for a tenant's own command (`bash`), whose output is
-   * told to the model; not for the file tools' scripts, whose output may echo a path.
+   * Read the command's output for the limits it met that no exit status shows: without
+   * cgroups the memory and process limits a failed command reports ({@link rlimitHits}),
+   * and in any mode the shell's report of a process killed by SIGXFSZ or SIGBUS
+   * ({@link shellReported}). For a tenant's own command (`bash`), whose output is told to the
+   * model; not for the file tools' scripts, whose output may echo a file or a path.
    */
   limitsFromOutput?: boolean;
 }
@@ -413,10 +415,10 @@ export class Sandbox {
       const cpuKill = (code === 128 + 9 || signal === "SIGKILL") && !report?.oomKilled && wallS >= cmd.limits.cpuSeconds / (this.cgroups ? 1 : os.availableParallelism());
       if (code === 128 + 24 || signal === "SIGXCPU" || cpuKill) limits.push("cpu");
       // A process of the command killed by SIGXFSZ while the command went on: bash says so.
-      if (code === 128 + 25 || signal === "SIGXFSZ" || outcome.output.includes("File size limit exceeded")) limits.push("file_size");
+      if (code === 128 + 25 || signal === "SIGXFSZ" || (cmd.limitsFromOutput && shellReported(outcome.output, "File size limit exceeded"))) limits.push("file_size");
       // SIGBUS: most often a write through a mapping (POSIX shared memory in /dev/shm, a
       // mapped file in /tmp) past what the tmpfs has left; bash says so for its children.
-      if (code === 128 + 7 || signal === "SIGBUS" || (cmd.limitsFromOutput && busErrorReported(outcome.output, failed))) limits.push("tmp");
+      if (code === 128 + 7 || signal === "SIGBUS" || (cmd.limitsFromOutput && shellReported(outcome.output, "Bus error"))) limits.push("tmp");
       return { ...stripStderr(outcome), limits } as SandboxOutcome;
     } finally {
       for (const fd of fds) closeSync(fd);

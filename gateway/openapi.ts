@@ -232,7 +232,7 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       version: packageVersion(),
       license: { name: packageLicense() },
       description:
-        "Durable AI agent runs behind a REST API. Authenticate with Authorization: Bearer <API_KEY>; every resource is scoped to the key's workspace. Rate limits are per workspace across keys: authenticated answers carry X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (not 401, which is answered before the workspace is known); 429 and 503 carry Retry-After. Response objects list every field the service sends; new event types, event data fields and turn error codes may appear.",
+        "Durable AI agent runs behind a REST API. Authenticate with Authorization: Bearer <API_KEY>; every resource is scoped to the key's workspace. Rate limits are per workspace across keys: authenticated answers carry X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (not 401, which is answered before the workspace is known); 429 and 503 carry Retry-After. Response objects list every field the service sends; new event types, event data fields and turn error codes may appear. x-error-codes gives each code's usual retryable; an answer's own error.retryable decides (a version that failed to build is agent_version_not_ready, not retryable).",
     },
     servers: [{ url: "/" }],
     security: [{ bearer: [] }],

@@ -52,6 +52,7 @@ export const ERROR_CATALOGUE = {
   turn_not_found: { status: 404, retryable: false, message: "No such turn in this run." },
   action_not_found: { status: 404, retryable: false, message: "No such pending or decided action in this run." },
   request_timeout: { status: 408, retryable: true, message: "The upload ran longer than allowed." },
+  // Retryable while the version builds; a version that failed to build answers retryable false.
   agent_version_not_ready: { status: 409, retryable: true, message: "This agent version is not ready." },
   idempotency_conflict: {
     status: 409,

@@ -199,7 +199,13 @@ export function runRoutes(ctx: GatewayContext) {
       shown.push(...page.runs.filter((run) => run.expires_at > now));
       for (let round = 0; round < 4 && shown.length < limit && page.hasMore && last; round++) {
         const from = { lastActivityAt: last.last_activity_at, id: last._id };
-        page = await listRuns(ctx.store, { workspaceId, filters, limit: limit - shown.length, after: from, scanLimit: ctx.config.tagScanLimit });
+        // A refill that cannot be made (common tags past the scan limit) answers what the page has.
+        const more = await listRuns(ctx.store, { workspaceId, filters, limit: limit - shown.length, after: from, scanLimit: ctx.config.tagScanLimit }).catch((err: unknown) => {
+          if (err instanceof ApiError && err.status === 400) return undefined;
+          throw err;
+        });
+        if (!more) break;
+        page = more;
         last = page.runs.at(-1) ?? last;
         shown.push(...page.runs.filter((run) => run.expires_at > now));
       }

@@ -2,7 +2,7 @@ import test from "ava";
 import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { inRootCpuCgroup, setupFailed } from "../../actors/sandbox.js";
-import { busErrorReported, NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
+import { shellReported, NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
 
 test("sandbox-limits - defaults apply to every limit a deployment leaves out", (t) => {
   t.deepEqual(limitsOf({}), DEFAULT_LIMITS);
@@ -146,15 +146,17 @@ test("sandbox - the root CPU task group (where autogroups apply) is told from /p
   t.false(inRootCpuCgroup("", none));
 });
 
-test("sandbox - a SIGBUS is read from a failed command's shell report only, never from words a command printed or a command that succeeded", (t) => {
+test("sandbox - a process killed by SIGBUS or SIGXFSZ is read from the shell's own report in the output's tail, never from the words a command printed", (t) => {
   const out = (text: string) => Buffer.from(text);
-  t.true(busErrorReported(out("mapped\n/bin/bash: line 9:     2 Bus error               python3 - <<'EOF'\n"), true));
-  t.true(busErrorReported(out("bash: line 1: 4711 Bus error (core dumped) ./writer\n"), true));
+  t.true(shellReported(out("mapped\n/bin/bash: line 9:     2 Bus error               python3 - <<'EOF'\n"), "Bus error"));
+  t.true(shellReported(out("bash: line 1: 4711 Bus error (core dumped) ./writer\n"), "Bus error"));
+  t.true(shellReported(out("./build.sh: line 5: 77 File size limit exceeded (core dumped) head -c 1G /dev/zero > big\ndone\n"), "File size limit exceeded"));
+  // As bash writes it for a command it went on after: the description padded into the command's name.
+  t.true(shellReported(out("/bin/bash: line 1:     2 File size limit exceededhead -c 3000000 /dev/zero > big\nwrote\n"), "File size limit exceeded"));
   // The words in what a command showed: a log, a grep, a message of its own.
-  t.false(busErrorReported(out("kernel: Bus error at 0x0\n"), true));
-  t.false(busErrorReported(out("grep: found 'Bus error' in notes.txt\n"), true));
-  // A command that succeeded met no limit, whatever it printed.
-  t.false(busErrorReported(out("bash: line 1: 4711 Bus error (core dumped) ./writer\n"), false));
+  t.false(shellReported(out("kernel: Bus error at 0x0\n"), "Bus error"));
+  t.false(shellReported(out("grep: found 'File size limit exceeded' in notes.txt\n"), "File size limit exceeded"));
+  t.false(shellReported(out("bash: line 1: 4711 Bus error\n"), "File size limit exceeded"), "another signal");
   // Only the tail is read: a report far before it is not the command's end.
-  t.false(busErrorReported(Buffer.concat([out("bash: line 1: 1 Bus error x\n"), Buffer.alloc(64 * 1024, 0x61)]), true));
+  t.false(shellReported(Buffer.concat([out("bash: line 1: 1 Bus error x\n"), Buffer.alloc(64 * 1024, 0x61)]), "Bus error"));
 });
