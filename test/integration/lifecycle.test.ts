@@ -1,4 +1,4 @@
-import anyTest, { type TestFn } from "ava";
+import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 
@@ -402,6 +402,19 @@ async function loseAnswer(servers: TestServers, operation: string, runId: string
   await raw.updateOne({ _id: latest._id }, { $set: { state: "pending", created_at: Date.now() - 60_000, ...(claimed ? { result: claimed } : {}) } });
 }
 
+/**
+ * The cancel repeated with `key` answers 200 with `selected`, cancelled; the turn `goesOn`,
+ * active since, is left running (then cancelled, to free the run).
+ */
+async function repeatAnswers(t: ExecutionContext, api: Api, c: { runId: string; key: string; selected: string; goesOn: string }): Promise<void> {
+  const repeat = await api.post(`/api/v1/runs/${c.runId}/cancel`, {}, c.key);
+  t.is(repeat.status, 200, JSON.stringify(repeat.body));
+  t.is(repeat.body.turn.id, c.selected, "the turn the first attempt selected");
+  t.is(repeat.body.turn.status, "cancelled");
+  t.is((await api.get(`/api/v1/runs/${c.runId}?turn_id=${c.goesOn}`)).body.turn.status, "in_progress", "the turn active since goes on");
+  await api.post(`/api/v1/runs/${c.runId}/cancel`, { turn_id: c.goesOn });
+}
+
 test("cancel - a repeat after a lost answer cancels the turn the first attempt selected, never the queued turn that became active since (runs-api.md: a repeat returns the turn it first selected)", async (t) => {
   const { api, sleeper, servers } = t.context;
   const run = await busyRun(api, sleeper);
@@ -417,12 +430,7 @@ test("cancel - a repeat after a lost answer cancels the turn the first attempt s
   t.is((await api.waitTurn(run.id, run.turn.id, 20_000)).turn.status, "cancelled");
   const next = await api.waitRun(run.id, (r) => r.turn.id === queued.turn.id && r.turn.status === "in_progress", 20_000);
   t.is(next.turn.status, "in_progress");
-  const repeat = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
-  t.is(repeat.status, 200, JSON.stringify(repeat.body));
-  t.is(repeat.body.turn.id, run.turn.id, "the turn the first attempt selected");
-  t.is(repeat.body.turn.status, "cancelled");
-  t.is((await api.get(`/api/v1/runs/${run.id}?turn_id=${queued.turn.id}`)).body.turn.status, "in_progress", "the queued turn, active since, goes on");
-  await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: queued.turn.id });
+  await repeatAnswers(t, api, { runId: run.id, key, selected: run.turn.id, goesOn: queued.turn.id });
 });
 
 test("cancel - a repeat after a lost answer whose first attempt changed nothing (the run was idle) answers the turn the run had then, never one admitted since", async (t) => {
@@ -439,12 +447,7 @@ test("cancel - a repeat after a lost answer whose first attempt changed nothing 
   // A turn admitted after the first attempt, sleeping.
   const later = (await api.post("/api/v1/runs", { run_id: run.id, input: "admitted later", background: true })).body;
   t.is(later.turn.status, "in_progress");
-  const repeat = await api.post(`/api/v1/runs/${run.id}/cancel`, {}, key);
-  t.is(repeat.status, 200, JSON.stringify(repeat.body));
-  t.is(repeat.body.turn.id, run.turn.id, "the turn the run had then");
-  t.is(repeat.body.turn.status, "cancelled");
-  t.is((await api.get(`/api/v1/runs/${run.id}?turn_id=${later.turn.id}`)).body.turn.status, "in_progress", "the later turn goes on");
-  await api.post(`/api/v1/runs/${run.id}/cancel`, { turn_id: later.turn.id });
+  await repeatAnswers(t, api, { runId: run.id, key, selected: run.turn.id, goesOn: later.turn.id });
 });
 
 test("continue - a repeat after a lost answer whose turn is no longer the run's latest answers that turn as before, recording no second start of it", async (t) => {
