@@ -77,7 +77,14 @@ const InputFileRequestSchema = z
   .looseObject({
     type: z.literal("input_file"),
     file_id: z.string({ error: "must be a file id." }).regex(/^file_/, "must be a file id.").optional().describe("Id of an uploaded file (POST /api/v1/files)."),
-    filename: z.string().min(1).max(255).optional(),
+    // As an upload's name (POST /api/v1/files): no control characters.
+    filename: z
+      .string({ error: "must be a string." })
+      .min(1, "must be 1 to 255 characters without control characters.")
+      .max(255, "must be 1 to 255 characters without control characters.")
+      // eslint-disable-next-line no-control-regex
+      .regex(/^[^\u0000-\u001f\u007f]*$/, "must be 1 to 255 characters without control characters.")
+      .optional(),
     file_data: z.string({ error: "must be base64." }).optional().describe(`Base64 file content, at most ${MAX_INLINE_FILE_BYTES} bytes decoded (larger: 413 payload_too_large).`),
     media_type: z.string().optional(),
   })

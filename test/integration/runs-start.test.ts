@@ -193,6 +193,9 @@ const badBodies: Array<[string, Record<string, unknown>, string]> = [
   ["21 tags (rule 12)", { agent: "agt_x", tags: Array.from({ length: 21 }, (_, i) => `t${i}`), input: "x" }, "tags"],
   ["missing input", { agent: "agt_x" }, "input"],
   ["bad input part", { agent: "agt_x", input: [{ type: "input_image" }] }, "input"],
+  // As an upload's name would be refused (POST /api/v1/files): a NUL or a line break in an inline file's name.
+  ["inline file name with a NUL", { agent: "agt_x", input: [{ type: "input_file", filename: "a\u0000b.txt", file_data: "aGk=" }] }, "input"],
+  ["inline file name with a line break", { agent: "agt_x", input: [{ type: "input_file", filename: "a\nb.txt", file_data: "aGk=" }] }, "input"],
   ["on_busy with agent", { agent: "agt_x", input: "x", on_busy: "queue" }, "on_busy"],
   ["unknown on_busy", { run_id: "run_x", input: "x", on_busy: "later" }, "on_busy"],
   ["unknown field", { agent: "agt_x", input: "x", colour: "red" }, "colour"],
