@@ -4,7 +4,7 @@ import { invalid } from "./errors.js";
 import type { MongoStore } from "./mongo-store.js";
 import { z } from "zod";
 import { TagSchema } from "./run-request.js";
-import { queryInt, queryOnce } from "./request-schemas.js";
+import { queryId, queryInt } from "./request-schemas.js";
 
 export const MAX_TAG_FILTERS = 5;
 
@@ -26,7 +26,7 @@ const unixSeconds = (what: string) => queryInt(0, 999_999_999_999, "must be a Un
 
 /** GET /api/v1/runs filters (tag may repeat up to 5 times); paging is added by the route. */
 export const RunListQuerySchema = z.object({
-  agent_id: queryOnce().optional().describe("Runs of one agent."),
+  agent_id: queryId().optional().describe("Runs of one agent."),
   version: queryInt(1, Number.MAX_SAFE_INTEGER, "must be a positive whole number.").optional().describe("Runs with at least one turn on this deployment version."),
   state: z.enum(["idle", "busy"], { error: "must be idle or busy." }).optional().describe("idle or busy runs."),
   tag: z

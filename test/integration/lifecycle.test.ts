@@ -638,6 +638,10 @@ test("list - validation: six tags, bad tag, limit, state, version, another works
   t.is((await api.get(`/api/v1/runs?state=sleepy`)).body.error.param, "state");
   t.is((await api.get(`/api/v1/runs?version=0`)).body.error.param, "version");
   t.is((await api.get(`/api/v1/runs?created_after=yesterday`)).body.error.param, "created_after");
+  // An empty agent filter names no agent: refused, not taken as "any" nor as "none".
+  const emptyAgent = await api.get(`/api/v1/runs?agent_id=`);
+  t.is(emptyAgent.status, 400);
+  t.is(emptyAgent.body.error.param, "agent_id");
   await api.post("/api/v1/runs", { agent: t.context.echo, input: "one" });
   await api.post("/api/v1/runs", { agent: t.context.echo, input: "two" });
   const page = await api.get(`/api/v1/runs?limit=1`);
