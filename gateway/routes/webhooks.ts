@@ -57,7 +57,7 @@ export const WEBHOOK_OPERATIONS = {
     scope: "webhooks:write",
     body: { schema: WebhookCreateRequestSchema, required: true },
     success: { 201: { description: "The webhook with its secret.", json: WebhookSchema } },
-    errors: { 400: ["invalid_request"] },
+    errors: { 400: ["invalid_request"], 404: ["agent_not_found"] },
   },
   listWebhooks: {
     method: "get",
@@ -92,7 +92,7 @@ export const WEBHOOK_OPERATIONS = {
     params: WebhookParams,
     body: { schema: WebhookUpdateRequestSchema, required: true },
     success: { 200: { description: "The webhook (no secret).", json: WebhookSchema } },
-    errors: NOT_FOUND,
+    errors: { 400: ["invalid_request"], 404: ["not_found", "agent_not_found"] },
   },
   deleteWebhook: {
     method: "delete",
@@ -184,9 +184,15 @@ export function webhookRoutes(ctx: GatewayContext) {
     };
     const load = async (workspaceId: string, id: string) => (await store.get(workspaceId, id)) ?? Promise.reject(webhookNotFound(id));
 
+    /** An agent filter names an agent of the workspace (another's, or none, would never match: 404). */
+    const checkAgent = async (workspaceId: string, agentId: string | null | undefined) => {
+      if (agentId && !(await ctx.store.getAgent(workspaceId, agentId))) throw new ApiError("agent_not_found", { param: "agent_id" });
+    };
+
     route(app, WEBHOOK_OPERATIONS.createWebhook, async (request, reply) => {
       const auth = authOf(request);
       await checkUrl(request.body.url);
+      await checkAgent(auth.workspace._id, request.body.agent_id);
       if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) {
         throw invalid(null, `The workspace has ${MAX_WEBHOOKS_PER_WORKSPACE} webhooks, the most it may have; delete one first.`);
       }
@@ -222,6 +228,7 @@ export function webhookRoutes(ctx: GatewayContext) {
       const auth = authOf(request);
       const body = request.body;
       if (body.url !== undefined) await checkUrl(body.url);
+      await checkAgent(auth.workspace._id, body.agent_id);
       const set: Parameters<typeof store.update>[2] = {};
       if (body.url !== undefined) set.url = body.url;
       if (body.event_types !== undefined) set.event_types = [...new Set(body.event_types)];

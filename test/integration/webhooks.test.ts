@@ -292,6 +292,19 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
     t.is(res.body.error.param, param, JSON.stringify(body));
   }
   const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/x", event_types: ["*"] })).body;
+  // An agent filter names an agent of the workspace: none, or another workspace's, never matches.
+  const theirs = await other.api.agentWith({ model: "faux/scripted" });
+  for (const agentId of ["agt_nosuchagent000000000001", theirs]) {
+    const created = await ws.api.post("/api/v1/webhooks", { url: "https://example.com/x", event_types: ["*"], agent_id: agentId });
+    t.is(created.status, 404, JSON.stringify(created.body));
+    t.like(created.body.error, { code: "agent_not_found", param: "agent_id" });
+    const changed = await ws.api.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { agent_id: agentId } });
+    t.is(changed.status, 404, JSON.stringify(changed.body));
+    t.like(changed.body.error, { code: "agent_not_found", param: "agent_id" });
+  }
+  const mine = await ws.api.agentWith({ model: "faux/scripted" });
+  t.is((await ws.api.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { agent_id: mine } })).body.agent_id, mine);
+  t.is((await ws.api.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { agent_id: null } })).body.agent_id, null);
   t.is((await other.api.get(`/api/v1/webhooks/${hook.id}`)).status, 404);
   t.is((await other.api.request("DELETE", `/api/v1/webhooks/${hook.id}`)).status, 404);
   t.is((await other.api.post(`/api/v1/webhooks/${hook.id}/test`, {})).status, 404);
