@@ -77,11 +77,12 @@ function uploadError(err: unknown, request: FastifyRequest): unknown {
   }
   const source = err instanceof UploadSourceError ? err.cause : err;
   const e = source as { code?: string; statusCode?: number; message?: string };
-  if (e?.code === "FST_MP_PREMATURE_CLOSE" || request.raw.destroyed) {
-    return invalid("file", "The upload was interrupted before the file ended.");
-  }
+  // Before the interruption check: past a limit the body is not read on, which looks like one.
   if (e?.code === "FST_PARTS_LIMIT" || e?.code === "FST_FILES_LIMIT" || e?.code === "FST_FIELDS_LIMIT") {
     return invalid("file", "Send one file part named file and at most the fields filename and media_type.");
+  }
+  if (e?.code === "FST_MP_PREMATURE_CLOSE" || request.raw.destroyed) {
+    return invalid("file", "The upload was interrupted before the file ended.");
   }
   // busboy's own parse errors ("Multipart: Boundary not found", "Malformed part header", …) are plain Errors.
   const parseError = typeof e?.message === "string" && /^(Multipart: |Malformed |Unexpected end of )/.test(e.message);
@@ -171,6 +172,7 @@ export function fileRoutes(ctx: GatewayContext) {
               throw invalid(part.fieldname, `Unknown form field ${part.fieldname}; expected file, filename and media_type.`);
             }
             if (part.valueTruncated || typeof part.value !== "string") throw invalid(part.fieldname, `${part.fieldname} is too long.`);
+            if (fields[part.fieldname] !== undefined) throw invalid(part.fieldname, `${part.fieldname} is given twice; send it once.`);
             fields[part.fieldname] = part.fieldname === "filename" ? checkFilename(part.value, "filename") : checkMediaType(part.value, "media_type");
             continue;
           }

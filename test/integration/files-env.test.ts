@@ -343,6 +343,18 @@ test("files - a multipart body without a boundary, or cut before its end, is 400
   }
 });
 
+test("files - a field given twice, or two file parts, is 400 saying so (not a last one winning, not 'interrupted')", async (t) => {
+  const { api } = t.context;
+  const twice = await upload(api, newKey(), [{ name: "media_type", value: "text/plain" }, { name: "media_type", value: "image/png" }, ...fileParts(Buffer.from("x"))]);
+  t.is(twice.status, 400, JSON.stringify(twice.body));
+  t.is(twice.body.error.param, "media_type");
+  t.regex(twice.body.error.message, /given twice/);
+  const twoFiles = await upload(api, newKey(), [...fileParts(Buffer.from("one"), "one.txt"), ...fileParts(Buffer.from("two"), "two.txt")]);
+  t.is(twoFiles.status, 400, JSON.stringify(twoFiles.body));
+  t.is(twoFiles.body.error.param, "file");
+  t.regex(twoFiles.body.error.message, /one file part/);
+});
+
 test("files - a file over the 16 MiB JSON body limit streams through", async (t) => {
   const { api } = t.context;
   const big = randomBytes(20 * 1024 * 1024);
