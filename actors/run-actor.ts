@@ -419,7 +419,12 @@ export class RunActor {
     let afterId: string | undefined;
     try {
       for (let page = 0; page < ACTION_SCAN_PAGES; page++) {
-        const read = await this.r.events.read(ref, { turnId: turn._id, afterId, since, releaseHeld: true, limit: 1000, nowMs: this.r.clock.nowMs() });
+        let read = await this.r.events.read(ref, { turnId: turn._id, afterId, since, releaseHeld: true, limit: 1000, nowMs: this.r.clock.nowMs() });
+        if (page === 0 && turn.first_event_seq > 0 && (read.events[0]?.sequence ?? Infinity) > turn.first_event_seq) {
+          // The read began past the turn's first event (this node's clock ahead of the event
+          // log's by more than the skew allowed, or that event lost): read from the run's first.
+          read = await this.r.events.read(ref, { turnId: turn._id, releaseHeld: true, limit: 1000, nowMs: this.r.clock.nowMs() });
+        }
         for (const event of read.events) {
           const data = (event.data ?? {}) as { toolCallId?: unknown; toolName?: unknown; tool_call_id?: unknown; action_id?: unknown };
           if (event.type === "tool_execution_start" && typeof data.toolCallId === "string" && !READ_ONLY_TOOLS.has(String(data.toolName))) open.add(data.toolCallId);

@@ -155,6 +155,8 @@ export interface LoggedEvent {
   source: string;
   type: string;
   data: unknown;
+  /** When the log stored it (the appender's time here; JetStream's own clock in the service). */
+  ms?: number;
 }
 
 /** The EventLog contract in memory: appends are stored at once, in order. */
@@ -176,7 +178,7 @@ export class MemoryEventLog implements EventLog {
       append: (turnId, source, type, data, createdAtMs) => {
         const sequence = next++;
         // A resent start repeats sequences: the store keeps the first (JetStream de-duplicates).
-        if (!log.some((event) => event.sequence === sequence)) log.push({ sequence, turn_id: turnId, source, type, data });
+        if (!log.some((event) => event.sequence === sequence)) log.push({ sequence, turn_id: turnId, source, type, data, ms: createdAtMs });
         const event: RunEvent = { id: `evt_${sequence}`, sequence, source, type, run_id: run.id, turn_id: turnId, created_at: Math.floor(createdAtMs / 1000), data };
         options.onStored?.(event);
         return sequence;
@@ -194,10 +196,12 @@ export class MemoryEventLog implements EventLog {
   /** When set, reads fail with it (the event log unavailable). */
   readFailure?: Error;
   /** The run's events in order, after `afterId` and of `turnId` when given (the actor reads them to resume a start and to recover a turn). */
-  async read(run: { id: string }, options: { limit: number; afterId?: string; turnId?: string }): Promise<{ events: RunEvent[]; hasMore: boolean; history: never }> {
+  async read(run: { id: string }, options: { limit: number; afterId?: string; turnId?: string; since?: { ms: number; fromSequence: number } }): Promise<{ events: RunEvent[]; hasMore: boolean; history: never }> {
     if (this.readFailure) throw this.readFailure;
     const after = options.afterId === undefined ? 0 : Number(options.afterId.slice("evt_".length));
-    const log = this.events(run.id).filter((e) => e.sequence > after && (options.turnId === undefined || e.turn_id === options.turnId));
+    // From a time, as JetStream's start time: events stored before it are not read.
+    const since = options.afterId === undefined ? options.since : undefined;
+    const log = this.events(run.id).filter((e) => e.sequence > after && (options.turnId === undefined || e.turn_id === options.turnId) && (since === undefined || (e.ms ?? 0) >= since.ms));
     const events = log.slice(0, options.limit).map((e) => ({ id: `evt_${e.sequence}`, sequence: e.sequence, source: e.source, type: e.type, run_id: run.id, turn_id: e.turn_id, created_at: 0, data: e.data }) as RunEvent);
     return { events, hasMore: log.length > options.limit, history: undefined as never };
   }

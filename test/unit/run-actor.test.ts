@@ -354,6 +354,18 @@ test("run-actor - approvals: a denied call's id used again by a later call that 
   t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
 });
 
+test("run-actor - recovery: an event log whose clock is far behind the node's (its events dated before the turn's creation less the skew allowed) is read from the run's start, so a call left running is still found", async (t) => {
+  const w = await world();
+  const first = w.actor(1);
+  okReply(await first.command(startCmd()));
+  w.turns.last.request.onEvent(toolEvent("tool_execution_start", "c1"));
+  first.stop("partition lost");
+  // The log stored every event of the turn 10 minutes before the node's time (5 are allowed).
+  for (const event of w.events.byRun.get(RUN)!) event.ms = (event.ms ?? 0) - 10 * 60_000;
+  await w.actor(2).recover();
+  t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
+});
+
 test("run-actor - recovery: a turn's calls are told apart over several pages of its events, and another turn's open call does not count", async (t) => {
   const w = await world();
   const first = w.actor(1);
