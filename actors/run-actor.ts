@@ -1,4 +1,4 @@
-import { type ActionDoc, ApiError, decide, isTransientFailure, READ_ONLY_TOOLS, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { type ActionDoc, ApiError, decide, eventRunOf, isTransientFailure, READ_ONLY_TOOLS, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { PARTS_CHECK_AFTER_MS, removeRunParts } from "./run-removal.js";
@@ -413,7 +413,7 @@ export class RunActor {
     if (turn.status !== TurnStatus.in_progress) return false;
     const denied = new Set((turn.actions ?? []).filter((action) => action.decision === "deny").map((action) => action.id));
     const open = new Set<string>();
-    const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: run.event_seq, last_activity_at: run.last_activity_at };
+    const ref = eventRunOf(run);
     const since = { ms: turn.created_at - CLOCK_SKEW_MS, fromSequence: turn.first_event_seq || 1 };
     const deadline = this.r.clock.nowMs() + ACTION_SCAN_MS;
     let afterId: string | undefined;
@@ -447,7 +447,7 @@ export class RunActor {
 
   /** The events an earlier attempt of this start stored (a start stores at most two before its documents). */
   private async earlierStartEvents(run: RunDoc, stored: number): Promise<RunEvent[]> {
-    const ref = { id: run._id, workspace_id: run.workspace_id, plan: run.plan, event_retention_s: run.event_retention_s, created_at: run.created_at, event_seq: stored };
+    const ref = { ...eventRunOf(run), event_seq: stored };
     return (await this.r.events.read(ref, { limit: 10, nowMs: this.r.clock.nowMs() })).events;
   }
 

@@ -371,6 +371,11 @@ const REFUSED_MEMORY = /cannot allocate \d+ bytes|cannot allocate memory|memory 
  */
 export const SCANNED_OUTPUT_BYTES = 16 * 1024;
 
+/** The part of a command's output read for what it reports: its last {@link SCANNED_OUTPUT_BYTES}. */
+function scannedTail(output: Buffer): string {
+  return output.subarray(Math.max(0, output.length - SCANNED_OUTPUT_BYTES)).toString("utf8");
+}
+
 /**
  * The memory and process limits a failed command met without cgroups, from its output:
  * the kernel then reports neither (a refused fork or allocation is the command's own
@@ -379,7 +384,7 @@ export const SCANNED_OUTPUT_BYTES = 16 * 1024;
  */
 export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
   if (!failed) return [];
-  const text = output.subarray(Math.max(0, output.length - SCANNED_OUTPUT_BYTES)).toString("utf8");
+  const text = scannedTail(output);
   const hits: LimitHit[] = [];
   if (REFUSED_MEMORY.test(text)) hits.push("memory");
   if (REFUSED_FORK.test(text)) hits.push("processes");
@@ -394,7 +399,7 @@ export function rlimitHits(output: Buffer, failed: boolean): LimitHit[] {
  * are no such report.
  */
 export function shellReported(output: Buffer, description: string): boolean {
-  const text = output.subarray(Math.max(0, output.length - SCANNED_OUTPUT_BYTES)).toString("utf8");
+  const text = scannedTail(output);
   // bash pads the description to a column and writes the command right after it: no space
   // when the description is long ("File size limit exceededhead -c …").
   return new RegExp(`^(?:\\S+: )?line \\d+: +\\d+ ${description}`, "m").test(text);

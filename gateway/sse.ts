@@ -1,7 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, type EventReadRun, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
+import { ApiError, eventRunOf, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
 import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
 import { loadRun } from "./loaders.js";
@@ -77,19 +77,6 @@ export interface StreamEventsOptions {
 
 /** A workspace's event stream counted against its limit on this node, until freed (once). */
 export type StreamSlot = () => void;
-
-/** What the event log needs of a run document. */
-export function eventRunOf(run: RunDoc): EventReadRun {
-  return {
-    id: run._id,
-    workspace_id: run.workspace_id,
-    plan: run.plan,
-    event_retention_s: run.event_retention_s,
-    created_at: run.created_at,
-    event_seq: run.event_seq,
-    last_activity_at: run.last_activity_at,
-  };
-}
 
 /** Open streams per gateway, so a shutdown can end them instead of waiting for their clients. */
 const openStreams = new WeakMap<GatewayContext, Set<AbortController>>();

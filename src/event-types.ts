@@ -3,6 +3,7 @@
  * of an event as the API shows it.
  */
 import type { Plan } from "./domain.js";
+import type { RunDoc } from "./documents.js";
 import type { HistoryStatus } from "./history-status.js";
 
 export const EventSource = { runtime: "runtime", platform: "platform" } as const;
@@ -55,6 +56,19 @@ export interface EventReadRun extends EventRunRef {
    * retention has lost its history (503 event_history_unavailable), not seen it expire.
    */
   last_activity_at?: number;
+}
+
+/** What the event log needs of a run document (gateway reads, an owner's recovery). */
+export function eventRunOf(run: Pick<RunDoc, "_id" | "workspace_id" | "plan" | "event_retention_s" | "created_at" | "event_seq" | "last_activity_at">): EventReadRun {
+  return {
+    id: run._id,
+    workspace_id: run.workspace_id,
+    plan: run.plan,
+    event_retention_s: run.event_retention_s,
+    created_at: run.created_at,
+    event_seq: run.event_seq,
+    last_activity_at: run.last_activity_at,
+  };
 }
 
 export interface ReadOptions {

@@ -1,6 +1,6 @@
 import type { Filter } from "mongodb";
 import type { RunDoc } from "./documents.js";
-import { invalid } from "./errors.js";
+import { ApiError, invalid } from "./errors.js";
 import type { MongoStore } from "./mongo-store.js";
 import { z } from "zod";
 import { TagSchema } from "./run-request.js";
@@ -131,4 +131,33 @@ export async function listRuns(
   if (indexed) return indexed;
   if (found.length >= limit) return { runs: found.slice(0, limit), hasMore: true };
   throw invalid("tag", `These tags are common in the workspace; a page could not be filled from the ${input.scanLimit} most recent runs. Narrow the filter (agent_id, version, state, created_after/created_before) or add a rarer tag.`);
+}
+
+/**
+ * A page of {@link listRuns} without the runs past their retention that the sweeper has not
+ * removed yet (unreadable: 410). A page they leave short is filled from the next ones (a few
+ * more reads at most: the sweeper removes them within a minute), or answered as it is when a
+ * refill cannot be made (the tag scan's 400). `lastRead` is the last run read, shown or not:
+ * the page's cursor goes past the runs it left out.
+ */
+export async function listReadableRuns(
+  store: MongoStore,
+  input: Parameters<typeof listRuns>[1] & { nowMs: number },
+): Promise<RunListPage & { lastRead?: RunDoc }> {
+  const readable = (runs: RunDoc[]) => runs.filter((run) => run.expires_at > input.nowMs);
+  let page = await listRuns(store, input);
+  let lastRead = page.runs.at(-1);
+  const shown = readable(page.runs);
+  for (let round = 0; round < 4 && shown.length < input.limit && page.hasMore && lastRead; round++) {
+    const after = { lastActivityAt: lastRead.last_activity_at, id: lastRead._id };
+    const more = await listRuns(store, { ...input, limit: input.limit - shown.length, after }).catch((err: unknown) => {
+      if (err instanceof ApiError && err.status === 400) return undefined;
+      throw err;
+    });
+    if (!more) break;
+    page = more;
+    lastRead = page.runs.at(-1) ?? lastRead;
+    shown.push(...readable(page.runs));
+  }
+  return { runs: shown, hasMore: page.hasMore, lastRead };
 }

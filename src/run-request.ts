@@ -46,6 +46,12 @@ export type ContinueRequest = {
 
 export type RunRequest = StartRequest | ContinueRequest;
 
+/** A file's name as a tenant gives it, an upload's or an inline file's: at most this long, and no control characters. */
+export const MAX_FILENAME_CHARS = 255;
+// eslint-disable-next-line no-control-regex
+export const FILENAME_PATTERN = /^[^\u0000-\u001f\u007f]*$/;
+export const FILENAME_RULE = `1 to ${MAX_FILENAME_CHARS} characters without control characters`;
+
 /** A UTF-16 surrogate without its pair (without the u flag, the regex sees code units). */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
@@ -77,13 +83,12 @@ const InputFileRequestSchema = z
   .looseObject({
     type: z.literal("input_file"),
     file_id: z.string({ error: "must be a file id." }).regex(/^file_/, "must be a file id.").optional().describe("Id of an uploaded file (POST /api/v1/files)."),
-    // As an upload's name (POST /api/v1/files): no control characters.
+    // As an upload's name (POST /api/v1/files).
     filename: z
       .string({ error: "must be a string." })
-      .min(1, "must be 1 to 255 characters without control characters.")
-      .max(255, "must be 1 to 255 characters without control characters.")
-      // eslint-disable-next-line no-control-regex
-      .regex(/^[^\u0000-\u001f\u007f]*$/, "must be 1 to 255 characters without control characters.")
+      .min(1, `must be ${FILENAME_RULE}.`)
+      .max(MAX_FILENAME_CHARS, `must be ${FILENAME_RULE}.`)
+      .regex(FILENAME_PATTERN, `must be ${FILENAME_RULE}.`)
       .optional(),
     file_data: z.string({ error: "must be base64." }).optional().describe(`Base64 file content, at most ${MAX_INLINE_FILE_BYTES} bytes decoded (larger: 413 payload_too_large).`),
     media_type: z.string().optional(),

@@ -1,8 +1,8 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { ApiError, isFinalStatus, queryFlag, queryId, queryLimit } from "../../src/index.js";
+import { ApiError, eventRunOf, isFinalStatus, queryFlag, queryId, queryLimit } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
-import { closeEventStreams, eventRunOf, streamEvents } from "../sse.js";
+import { closeEventStreams, streamEvents } from "../sse.js";
 import { loadRun, loadTurn } from "../loaders.js";
 import { type Operation, route, runId } from "../operation.js";
 import { EventListSchema } from "../schemas.js";

@@ -3,7 +3,7 @@ import type { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import multipart from "@fastify/multipart";
-import { ApiError, type Clock, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, MAX_FILENAME_CHARS, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import type { UploadSlot } from "../upload-slots.js";
@@ -23,7 +23,6 @@ import { FileSchema, FileUploadRequestSchema } from "../schemas.js";
  * Idempotency (spec POST /api/v1/files): see `decideUpload` in src/file-store.ts.
  */
 
-const MAX_FILENAME_CHARS = 255;
 const MEDIA_TYPE = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=("[^"]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
 
 export function renderFile(file: FileDoc) {
@@ -39,10 +38,7 @@ export function renderFile(file: FileDoc) {
 }
 
 function checkFilename(value: string, param: string): string {
-  // eslint-disable-next-line no-control-regex
-  if (value.length === 0 || value.length > MAX_FILENAME_CHARS || /[\u0000-\u001f\u007f]/.test(value)) {
-    throw invalid(param, `${param} must be 1 to ${MAX_FILENAME_CHARS} characters without control characters.`);
-  }
+  if (value.length === 0 || value.length > MAX_FILENAME_CHARS || !FILENAME_PATTERN.test(value)) throw invalid(param, `${param} must be ${FILENAME_RULE}.`);
   return value;
 }
 

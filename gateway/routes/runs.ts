@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import { z } from "zod";
-import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, type TurnDoc, TurnStatus } from "../../src/index.js";
+import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listReadableRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, type TurnDoc, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { loadRun, loadTurn } from "../loaders.js";
@@ -189,28 +189,10 @@ export function runRoutes(ctx: GatewayContext) {
         const cursor = decodeCursor(query.after, "runs", workspaceId);
         after = { lastActivityAt: Number(cursor.k), id: cursor.id };
       }
-      // Past retention a run is unreadable (410) before the sweeper removes it: not listed
-      // either. A page they leave short is filled from the next ones (a few at most: the
-      // sweeper removes them within a minute); the cursor goes past them.
-      const now = ctx.clock.nowMs();
-      const shown: RunDoc[] = [];
-      let page = await listRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit });
-      let last = page.runs.at(-1);
-      shown.push(...page.runs.filter((run) => run.expires_at > now));
-      for (let round = 0; round < 4 && shown.length < limit && page.hasMore && last; round++) {
-        const from = { lastActivityAt: last.last_activity_at, id: last._id };
-        // A refill that cannot be made (common tags past the scan limit) answers what the page has.
-        const more = await listRuns(ctx.store, { workspaceId, filters, limit: limit - shown.length, after: from, scanLimit: ctx.config.tagScanLimit }).catch((err: unknown) => {
-          if (err instanceof ApiError && err.status === 400) return undefined;
-          throw err;
-        });
-        if (!more) break;
-        page = more;
-        last = page.runs.at(-1) ?? last;
-        shown.push(...page.runs.filter((run) => run.expires_at > now));
-      }
+      const page = await listReadableRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit, nowMs: ctx.clock.nowMs() });
+      const last = page.lastRead;
       const next = last ? encodeCursor({ s: "runs", o: workspaceId, k: String(last.last_activity_at), id: last._id }) : null;
-      return list(shown.map(renderRunSummary), page.hasMore, next);
+      return list(page.runs.map(renderRunSummary), page.hasMore, next);
     });
 
     route(app, RUN_OPERATIONS.deleteRun, async (request) => {
