@@ -1,8 +1,8 @@
 import anyTest, { type TestFn } from "ava";
-import type { MsgHdrs } from "@nats-io/transport-node";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
+import { latePublisher } from "../helpers/late-publish.js";
 import { connectNats, eventStreamName, provisionNats, type NatsResources } from "../../src/nats.js";
-import { AsyncPublisher, PublishError, type StoredAck } from "../../src/js-publisher.js";
+import { AsyncPublisher } from "../../src/js-publisher.js";
 import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamAppender } from "../../src/event-appender.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
@@ -57,24 +57,7 @@ function newRun(): EventReadRun {
  */
 async function appendWithLate(t: { context: Context }, run: EventReadRun, count: number, late: number, lateUntil: number, fail = false) {
   const { publisher, keyring } = t.context;
-  const acked = new Set<number>();
-  let release!: () => void;
-  const released = new Promise<void>((resolve) => (release = resolve));
-  const wrapped = {
-    floor: (stream: string) => publisher.floor(stream),
-    publish: async (subject: string, payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> => {
-      const seq = Number(msgId.split(":")[1]);
-      if (seq === late) {
-        await released;
-        if (fail) throw new PublishError("no ack from JetStream in time", true);
-      }
-      const ack = await publisher.publish(subject, payload, msgId, headers);
-      acked.add(seq);
-      if (Array.from({ length: lateUntil - late }, (_, i) => late + 1 + i).every((s) => acked.has(s))) release();
-      return ack;
-    },
-  };
-  const appender = new JetStreamAppender(wrapped, keyring.keyFor(run.workspace_id), run, 1, {});
+  const appender = new JetStreamAppender(latePublisher(publisher, late, lateUntil, fail), keyring.keyFor(run.workspace_id), run, 1, {});
   for (let seq = 1; seq <= count; seq++) appender.append("turn_1", "runtime", "text_delta", { delta: `#${seq}` }, Date.now());
   await appender.flush().catch((err: unknown) => {
     if (!fail) throw err;

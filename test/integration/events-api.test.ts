@@ -4,8 +4,9 @@ import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import pino from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
-import { AsyncPublisher, PublishError, type StoredAck } from "../../src/js-publisher.js";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { AsyncPublisher } from "../../src/js-publisher.js";
+import { latePublisher } from "../helpers/late-publish.js";
 import { JetStreamAppender } from "../../src/event-appender.js";
 import { EventSource as SseClient } from "eventsource";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
@@ -564,22 +565,7 @@ test("events - a page whose events all wait behind one not stored yet is 503 eve
   const publisher = new AsyncPublisher(nc, systemClock);
   const stream = eventStreamName("business");
   publisher.raiseFloor(stream, (await t.context.jsm.streams.info(stream)).state.last_seq);
-  let release!: () => void;
-  const fourStored = new Promise<void>((resolve) => (release = resolve));
-  const lateThree = {
-    floor: (name: string) => publisher.floor(name),
-    publish: async (subject: string, payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> => {
-      const seq = Number(msgId.split(":")[1]);
-      if (seq === 3) {
-        await fourStored;
-        throw new PublishError("no ack from JetStream in time", true);
-      }
-      const ack = await publisher.publish(subject, payload, msgId, headers);
-      if (seq === 4) release();
-      return ack;
-    },
-  };
-  const appender = new JetStreamAppender(lateThree, new EventKeyring(MASTER_KEY).keyFor(business.id), { id: f.run._id, workspace_id: business.id, plan: "business" }, 1, {});
+  const appender = new JetStreamAppender(latePublisher(publisher, 3, 4, true), new EventKeyring(MASTER_KEY).keyFor(business.id), { id: f.run._id, workspace_id: business.id, plan: "business" }, 1, {});
   for (let seq = 1; seq <= 4; seq++) appender.append(f.turns[0]._id, "runtime", "text_delta", { delta: `#${seq}` }, Date.now());
   await appender.flush().catch(() => undefined);
   const first = await business.api.get(eventsUrl(f.run._id));

@@ -14,6 +14,7 @@ import { unavailable } from "../../src/event-envelope.js";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { BoundedWork } from "../../src/bounded-work.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
+import type { TurnRunRequest } from "../../actors/agent-runner.js";
 
 const WS = "ws_test";
 const AGENT = "agt_test";
@@ -213,6 +214,17 @@ test("run-actor - cancel repeats: a request that selected a turn already cancell
   t.is(w.store.turns.get("turn_q")!.status, "in_progress", "not cancelled by the repeat");
 });
 
+test("run-actor - cancel repeats: a flood of cancels of one turn keeps only the latest 16 of their ids on it (the turn's document does not grow with them)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.turns.endOnAbort = false;
+  for (let i = 0; i < 40; i++) okReply(await actor.command({ op: "cancel", workspace_id: WS, run_id: RUN, cancel_id: `cnl_${i}` }));
+  t.deepEqual(w.store.turns.get("turn_1")!.cancel_ids, Array.from({ length: 16 }, (_, i) => `cnl_${24 + i}`));
+  w.turns.last.finish({ outcome: "aborted" });
+  await settled(actor);
+});
+
 test("run-actor - a cancel wins over an agent that completed before the abort reached it", async (t) => {
   const w = await world();
   const actor = w.actor();
@@ -295,6 +307,20 @@ test("run-actor - recovery by a new owner: in_progress → incomplete (worker_ex
 /** A tool call's start or end as the agent runner reports it. */
 const toolEvent = (type: "tool_execution_start" | "tool_execution_end", toolCallId: string, toolName = "bash") => ({ type, data: type === "tool_execution_start" ? { toolCallId, toolName, args: { command: "curl -X POST …" } } : { toolCallId, toolName, result: { content: [] }, isError: false } });
 
+/**
+ * A turn started on one owner, whose agent reports `during` (its events), then lost with
+ * that owner; `before` prepares what the next owner meets; `recover` has the next owner recover the run.
+ */
+async function lostTurn(during: (report: TurnRunRequest["onEvent"]) => void, before: (w: ActorWorld) => void = () => undefined) {
+  const w = await world();
+  const first = w.actor(1);
+  okReply(await first.command(startCmd()));
+  during(w.turns.last.request.onEvent);
+  first.stop("partition lost");
+  before(w);
+  return { w, recover: () => w.actor(2).recover() };
+}
+
 for (const [name, calls, code] of [
   ["no tool call", [], "worker_execution_interrupted"],
   ["a call that started and ended", [["tool_execution_start", "c1"], ["tool_execution_end", "c1"]], "worker_execution_interrupted"],
@@ -302,13 +328,10 @@ for (const [name, calls, code] of [
   ["a read-only tool's call that never ended", [["tool_execution_start", "c1", "read"]], "worker_execution_interrupted"],
 ] as const) {
   test(`run-actor - recovery: a turn lost with ${name} ends ${code}`, async (t) => {
-    const w = await world();
-    const first = w.actor(1);
-    okReply(await first.command(startCmd()));
-    for (const [type, id, tool] of calls as ReadonlyArray<readonly [ "tool_execution_start" | "tool_execution_end", string, string?]>) w.turns.last.request.onEvent(toolEvent(type, id, tool));
-    first.stop("partition lost");
-    const second = w.actor(2);
-    await second.recover();
+    const { w, recover } = await lostTurn((report) => {
+      for (const [type, id, tool] of calls as ReadonlyArray<readonly ["tool_execution_start" | "tool_execution_end", string, string?]>) report(toolEvent(type, id, tool));
+    });
+    await recover();
     const lost = w.store.turns.get("turn_1")!;
     t.is(lost.status, "incomplete");
     t.is(lost.error?.code, code);
@@ -317,25 +340,15 @@ for (const [name, calls, code] of [
 }
 
 test("run-actor - recovery: a turn whose events cannot be read is taken as lost during an action (not retryable), never as a plain interruption", async (t) => {
-  const w = await world();
-  const first = w.actor(1);
-  okReply(await first.command(startCmd()));
-  first.stop("partition lost");
-  w.events.readFailure = new Error("stream unavailable");
-  const second = w.actor(2);
-  await second.recover();
+  const { w, recover } = await lostTurn(() => undefined, (w) => (w.events.readFailure = new Error("stream unavailable")));
+  await recover();
   t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
   t.false(w.store.turns.get("turn_1")!.error?.retryable);
 });
 
 test("run-actor - recovery: a transient failure to read the turn's events leaves the run for a later recovery instead of deciding blind; once readable, the turn ends as its events say", async (t) => {
-  const w = await world();
-  const first = w.actor(1);
-  okReply(await first.command(startCmd()));
-  first.stop("partition lost");
-  w.events.readFailure = unavailable(new natsErrors.TimeoutError());
-  const second = w.actor(2);
-  await t.throwsAsync(second.recover());
+  const { w, recover } = await lostTurn(() => undefined, (w) => (w.events.readFailure = unavailable(new natsErrors.TimeoutError())));
+  await t.throwsAsync(recover());
   t.is(w.store.turns.get("turn_1")!.status, "in_progress", "not settled on a guess");
   w.events.readFailure = undefined;
   await w.actor(3).recover();
@@ -355,30 +368,27 @@ test("run-actor - approvals: a denied call's id used again by a later call that 
 });
 
 test("run-actor - recovery: an event log whose clock is far behind the node's (its events dated before the turn's creation less the skew allowed) is read from the run's start, so a call left running is still found", async (t) => {
-  const w = await world();
-  const first = w.actor(1);
-  okReply(await first.command(startCmd()));
-  w.turns.last.request.onEvent(toolEvent("tool_execution_start", "c1"));
-  first.stop("partition lost");
   // The log stored every event of the turn 10 minutes before the node's time (5 are allowed).
-  for (const event of w.events.byRun.get(RUN)!) event.ms = (event.ms ?? 0) - 10 * 60_000;
-  await w.actor(2).recover();
+  const { w, recover } = await lostTurn(
+    (report) => report(toolEvent("tool_execution_start", "c1")),
+    (w) => w.events.byRun.get(RUN)!.forEach((event) => (event.ms = (event.ms ?? 0) - 10 * 60_000)),
+  );
+  await recover();
   t.is(w.store.turns.get("turn_1")!.error?.code, "worker_action_interrupted");
 });
 
 test("run-actor - recovery: a turn's calls are told apart over several pages of its events, and another turn's open call does not count", async (t) => {
-  const w = await world();
-  const first = w.actor(1);
-  okReply(await first.command(startCmd()));
-  // 2,500 text deltas between a call's start and its end: its end is on the third page.
-  w.turns.last.request.onEvent(toolEvent("tool_execution_start", "c1"));
-  for (let i = 0; i < 2_500; i++) w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "x" } });
-  w.turns.last.request.onEvent(toolEvent("tool_execution_end", "c1"));
-  // An event of another turn with an open call (as a stale log could hold) is not this turn's.
-  w.events.byRun.get(RUN)!.push({ sequence: 1_000_000, turn_id: "turn_other", source: "runtime", type: "tool_execution_start", data: { toolCallId: "c9" } });
-  first.stop("partition lost");
-  const second = w.actor(2);
-  await second.recover();
+  const { w, recover } = await lostTurn(
+    (report) => {
+      // 2,500 text deltas between a call's start and its end: its end is on the third page.
+      report(toolEvent("tool_execution_start", "c1"));
+      for (let i = 0; i < 2_500; i++) report({ type: "text_delta", data: { delta: "x" } });
+      report(toolEvent("tool_execution_end", "c1"));
+    },
+    // An event of another turn with an open call (as a stale log could hold) is not this turn's.
+    (w) => w.events.byRun.get(RUN)!.push({ sequence: 1_000_000, turn_id: "turn_other", source: "runtime", type: "tool_execution_start", data: { toolCallId: "c9" } }),
+  );
+  await recover();
   t.is(w.store.turns.get("turn_1")!.error?.code, "worker_execution_interrupted");
 });
 
