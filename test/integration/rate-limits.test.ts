@@ -132,15 +132,29 @@ test.serial("rate limits - a file upload is an expensive operation (decisions §
   t.deepEqual(statuses, [201, 201, 429], "RUNS_RATE_EXPENSIVE_SOLO is 2 here");
 });
 
-test.serial("keys - a key revoked through one node is refused by the other within 5 seconds", async (t) => {
+test.serial("keys - a key revoked through one node is refused by the other within 5 seconds, and its open event stream there ends", async (t) => {
   const [a, b] = t.context.nodes;
   await freshWindow();
   const ws = await newWorkspace(a!, "business");
   const created = (await ws.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).body;
   const viaB = new Api(b!.url!, created.key);
   t.is((await viaB.get("/api/v1/runs/run_none")).status, 404, "node b knows the key (and caches it)");
+  // An event stream the key holds open on node b ends too: the revocation names the key to every node.
+  const run = (await ws.api.post("/api/v1/runs", { agent: await ws.api.agentWith({ model: "faux/scripted" }), input: "watched" })).body;
+  const stream = await fetch(`${b!.url}/api/v1/runs/${run.id}/events?stream=true`, { headers: { authorization: `Bearer ${created.key}` }, signal: AbortSignal.timeout(15_000) });
+  t.is(stream.status, 200);
+  const streamed = (async () => {
+    let text = "";
+    const decoder = new TextDecoder();
+    for await (const chunk of stream.body as unknown as AsyncIterable<Uint8Array>) text += decoder.decode(chunk, { stream: true });
+    return text;
+  })();
   t.is((await ws.api.post(`/api/v1/api-keys/${created.id}/revoke`)).status, 200);
   const revokedAt = Date.now();
+  const text = await streamed;
+  // Well within the 5 s of its periodic key check: the announcement ended it.
+  t.true(Date.now() - revokedAt < 2_500, `the stream ended ${Date.now() - revokedAt} ms after the revocation`);
+  t.regex(text, /event: error\ndata: \{"error":\{[^\n]*"code":"unauthorized"/);
   let status = 0;
   while (Date.now() - revokedAt < 5_000) {
     status = (await viaB.get("/api/v1/runs/run_none")).status;
