@@ -801,7 +801,7 @@ export interface paths {
         };
         /**
          * Prometheus metrics
-         * @description Public: no API key.
+         * @description Without RUNS_METRICS_TOKEN set, public and naming no workspace. With it set, it answers only `Authorization: Bearer <that token>` (401 otherwise), and adds the usage series by workspace (runs_tokens_total, runs_cost_usd_total). Public: no API key.
          */
         get: operations["metrics"];
         put?: never;
@@ -6939,6 +6939,15 @@ export interface operations {
             };
             /** @description Invalid request. Codes: invalid_request. */
             400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };

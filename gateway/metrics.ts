@@ -1,7 +1,8 @@
 /**
  * /metrics (decisions §8): one prom-client registry per gateway (a process may hold several
  * in tests), so nothing here is global. Labels are bounded: the route template (never the
- * URL), the method and the status.
+ * URL), the method and the status. The usage series name workspaces, so they are kept in a
+ * registry of their own, shown only to a scrape that presents the operator's token.
  */
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { FastifyInstance } from "fastify";
@@ -21,6 +22,8 @@ const LATENCY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 
 export class GatewayMetrics {
   readonly registry = new Registry();
+  /** Series that name tenants (workspace ids and what they spent). */
+  private readonly tenantRegistry = new Registry();
   private readonly requests: Counter<"method" | "route" | "status">;
   private readonly latency: Histogram<"method" | "route" | "status">;
   private readonly tokens: Counter<"workspace" | "model" | "kind">;
@@ -39,8 +42,9 @@ export class GatewayMetrics {
     });
     // Usage of the turns this node's actors finished. Labels: workspaces × models, bounded
     // by the tenants a service has (a model label never holds a URL).
-    this.tokens = new Counter({ name: "runs_tokens_total", help: "Tokens used by finished turns, by workspace, model and kind (input, output, cache_read, cache_write).", labelNames: ["workspace", "model", "kind"], registers });
-    this.cost = new Counter({ name: "runs_cost_usd_total", help: "Cost in USD of finished turns on priced models, by workspace and model.", labelNames: ["workspace", "model"], registers });
+    const tenantRegisters = [this.tenantRegistry];
+    this.tokens = new Counter({ name: "runs_tokens_total", help: "Tokens used by finished turns, by workspace, model and kind (input, output, cache_read, cache_write).", labelNames: ["workspace", "model", "kind"], registers: tenantRegisters });
+    this.cost = new Counter({ name: "runs_cost_usd_total", help: "Cost in USD of finished turns on priced models, by workspace and model.", labelNames: ["workspace", "model"], registers: tenantRegisters });
     const turns = sources.turns;
     if (turns) {
       new Gauge({ name: "runs_active_turns", help: "Turns executing on this node.", registers, collect() { this.set(turns().active); } });
@@ -80,8 +84,10 @@ export class GatewayMetrics {
     if (record.cost_usd) this.cost.inc(labels, record.cost_usd);
   }
 
-  text(): Promise<string> {
-    return this.registry.metrics();
+  /** The exposition; `tenants`: with the series that name workspaces (a scrape with the operator's token). */
+  async text(tenants: boolean): Promise<string> {
+    const text = await this.registry.metrics();
+    return tenants ? `${text}${await this.tenantRegistry.metrics()}` : text;
   }
 
   get contentType(): string {

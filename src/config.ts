@@ -101,6 +101,12 @@ const EnvSchema = z.object({
   /** Multiplies the retry waits (5 s, 30 s, 2 min, …); tests shrink them. */
   RUNS_WEBHOOK_RETRY_SCALE: z.coerce.number().positive().max(100).default(1),
   RUNS_WEBHOOK_MAX_IN_FLIGHT: intFromEnv(4, 1),
+  // A bearer token for /metrics; long enough that guessing it is not a way in.
+  RUNS_METRICS_TOKEN: z
+    .string()
+    .optional()
+    .refine((token) => !token || token.length >= 16, "at least 16 characters (a random secret), or empty for a public /metrics without per-workspace series")
+    .transform((token) => token || undefined),
   LOG_LEVEL: z.enum(LOG_LEVELS, { error: (issue) => `${JSON.stringify(issue.input)} is not a log level; allowed: ${LOG_LEVELS.join(", ")}` }).default("info"),
 });
 
@@ -192,6 +198,12 @@ export interface Config {
    * (RUNS_AMBIENT_PROVIDERS); every tenant then uses those credentials.
    */
   ambientProviders: ReadonlySet<string>;
+  /**
+   * When set, /metrics answers only `Authorization: Bearer <token>`, and only then does it
+   * show the per-workspace usage series (RUNS_METRICS_TOKEN); unset, /metrics is public
+   * and names no workspace.
+   */
+  metricsToken?: string;
   logLevel: (typeof LOG_LEVELS)[number];
 }
 
@@ -214,7 +226,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigurationError(`${issue?.path.join(".")}: ${issue?.message}`);
   }
   const e = parsed.data;
-  for (const name of ["NATS_PASSWORD", "RUNS_MASTER_KEY", "MONGODB_URI"] as const) {
+  for (const name of ["NATS_PASSWORD", "RUNS_MASTER_KEY", "MONGODB_URI", "RUNS_METRICS_TOKEN"] as const) {
     if (PLACEHOLDER_SECRET.test(e[name] ?? "")) {
       throw new ConfigurationError(`${name}: holds a placeholder from an example file (change-me, REPLACE…); set a random secret`);
     }
@@ -279,6 +291,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxInFlight: e.RUNS_WEBHOOK_MAX_IN_FLIGHT,
     },
     ambientProviders: new Set(e.RUNS_AMBIENT_PROVIDERS.split(",").map((p) => p.trim()).filter(Boolean)),
+    metricsToken: e.RUNS_METRICS_TOKEN,
     logLevel: e.LOG_LEVEL,
   };
 }

@@ -1,4 +1,6 @@
+import { createHash, timingSafeEqual } from "node:crypto";
 import type { FastifyInstance } from "fastify";
+import { ApiError } from "../../src/index.js";
 import type { GatewayContext } from "../context.js";
 import { type Operation, route } from "../operation.js";
 import { HealthSchema, ReadinessSchema } from "../schemas.js";
@@ -35,13 +37,18 @@ export const HEALTH_OPERATIONS = {
     path: "/metrics",
     operationId: "metrics",
     summary: "Prometheus metrics",
+    description:
+      "Without RUNS_METRICS_TOKEN set, public and naming no workspace. With it set, it answers only `Authorization: Bearer <that token>` (401 otherwise), and adds the usage series by workspace (runs_tokens_total, runs_cost_usd_total).",
     tag: "operations",
     scope: "public",
-    // Only the HTTP layer refuses these (gateway/app.ts answerClientError).
-    errors: { 400: ["invalid_request"] },
+    // 400: only the HTTP layer refuses these (gateway/app.ts answerClientError).
+    errors: { 400: ["invalid_request"], 401: ["unauthorized"] },
     success: { 200: { description: "Prometheus text exposition format (Content-Type: text/plain; version=0.0.4): requests and latency by route template and status, active and queued turns, open event streams, NATS and store health, event-loop lag, process metrics.", text: "text/plain" } },
   },
 } satisfies Record<string, Operation>;
+
+/** Compared as digests: equal lengths for timingSafeEqual, whatever was sent. */
+const digest = (token: string) => createHash("sha256").update(token).digest();
 
 /** Liveness, readiness and the Prometheus endpoint (decisions §8; gateway/metrics.ts). */
 export function healthRoutes(ctx: GatewayContext) {
@@ -58,6 +65,16 @@ export function healthRoutes(ctx: GatewayContext) {
       return reply.status(ready ? 200 : 503).send({ status: ready ? "ready" : "unavailable", nats, store, actors, ...(sandbox ? { sandbox } : {}) });
     });
 
-    route(app, HEALTH_OPERATIONS.metrics, async (_request, reply) => reply.type(ctx.metrics.contentType).send(await ctx.metrics.text()));
+    const token = ctx.config.metricsToken;
+    const expected = token === undefined ? undefined : digest(token);
+    route(app, HEALTH_OPERATIONS.metrics, async (request, reply) => {
+      if (expected) {
+        const given = /^Bearer (\S+)$/i.exec(request.headers.authorization ?? "")?.[1];
+        if (given === undefined || !timingSafeEqual(digest(given), expected)) {
+          throw new ApiError("unauthorized", { message: "/metrics needs the operator's metrics token (Authorization: Bearer <RUNS_METRICS_TOKEN>)." });
+        }
+      }
+      return reply.type(ctx.metrics.contentType).send(await ctx.metrics.text(expected !== undefined));
+    });
   };
 }

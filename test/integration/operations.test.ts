@@ -80,6 +80,13 @@ test.serial("metrics - /api traffic by route template and status, latency, turns
   t.is(sample(after, "runs_active_turns"), 0);
   t.is(sample(after, "runs_queued_turns"), 0);
   t.is(sample(after, "runs_http_requests_total", { method: "GET", route: "/api/v1/runs/:runId/events", status: "200" }), 1);
+  // A turn that used tokens: its usage is counted, but not shown without RUNS_METRICS_TOKEN.
+  const counted = await ws.api.post("/api/v1/runs", { agent: await ws.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "counted", usage: { input: 7, output: 3 } }] }, "counted"), input: "x" });
+  t.is(counted.body.state, "idle", JSON.stringify(counted.body));
+  t.is(counted.body.usage?.input_tokens, 7, "the turn's usage was recorded");
+  const open = (await anon.get("/metrics")).body as string;
+  t.false(open.includes(ws.id), "the public scrape names no workspace");
+  t.notRegex(open, /runs_tokens_total|runs_cost_usd_total/);
 });
 
 test.serial("request ids - every answer carries x-request-id; a client's plain id is kept, anything else replaced; the request's log lines carry it", async (t) => {

@@ -16,9 +16,11 @@ function fakeProvider(): Server {
   });
 }
 
+const METRICS_TOKEN = "metrics-token-for-the-usage-tests";
+
 test.before(async (t) => {
   const servers = await startTestServers();
-  const service = await startTestService(servers, { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1" });
+  const service = await startTestService(servers, { RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: "1", RUNS_METRICS_TOKEN: METRICS_TOKEN });
   const provider = fakeProvider();
   await new Promise<void>((resolve) => provider.listen(0, "127.0.0.1", resolve));
   t.context = { servers, service, provider, baseUrl: `http://127.0.0.1:${(provider.address() as AddressInfo).port}/v1` };
@@ -297,12 +299,23 @@ test("usage ledger - cost: a priced model's records sum to dollars, the biggest 
   t.is((await ws.api.post("/api/v1/runs", { agent, input: "x" })).status, 200);
 });
 
-test("usage ledger - /metrics counts tokens by workspace, model and kind", async (t) => {
+test("usage ledger - /metrics counts tokens by workspace, model and kind, for the operator's token only (RUNS_METRICS_TOKEN)", async (t) => {
   const ws = await newWorkspace(t.context.service);
   const agent = await countingAgent(ws, 11, 4);
   await ws.api.post("/api/v1/runs", { agent, input: "x" });
   await ws.api.post("/api/v1/runs", { agent, input: "y" });
-  const text = (await ws.api.withKey(undefined).get("/metrics")).body as string;
+  const anon = ws.api.withKey(undefined);
+  const attempts: Array<Record<string, string>> = [{}, { authorization: `Bearer ${METRICS_TOKEN}x` }, { authorization: `Bearer ${METRICS_TOKEN.slice(1)}` }, { authorization: `Basic ${METRICS_TOKEN}` }, { authorization: `Bearer ${ws.key}` }];
+  for (const headers of attempts) {
+    const refused = await anon.request("GET", "/metrics", { headers });
+    t.is(refused.status, 401, JSON.stringify(headers));
+    t.is(refused.body.error.code, "unauthorized");
+    t.false(JSON.stringify(refused.body).includes(ws.id));
+  }
+  const scraped = await anon.request("GET", "/metrics", { headers: { authorization: `Bearer ${METRICS_TOKEN}` } });
+  t.is(scraped.status, 200);
+  const text = scraped.body as string;
+  t.regex(text, /^runs_sse_streams \d+$/m, "the node's own series too");
   const line = (kind: string) => text.split("\n").find((l) => l.startsWith("runs_tokens_total{") && l.includes(`workspace="${ws.id}"`) && l.includes(`kind="${kind}"`));
   t.regex(line("input") ?? "", /model="faux\/scripted".* 22$/);
   t.regex(line("output") ?? "", / 8$/);

@@ -41,6 +41,14 @@ test("config - RUNS_EVENT_ID_VERSION: 3 by default, 2 while upgrading, anything 
   t.regex(err!.message, /allowed: 2, 3/);
 });
 
+test("config - RUNS_METRICS_TOKEN: unset or empty leaves /metrics public; a short token or an example file's placeholder stops start-up naming the variable", (t) => {
+  t.is(loadConfig({}).metricsToken, undefined);
+  t.is(loadConfig({ RUNS_METRICS_TOKEN: "" }).metricsToken, undefined);
+  t.is(loadConfig({ RUNS_METRICS_TOKEN: "a".repeat(16) }).metricsToken, "a".repeat(16));
+  t.regex(refusal({ RUNS_METRICS_TOKEN: "short" }), /RUNS_METRICS_TOKEN: at least 16 characters/);
+  t.regex(refusal({ RUNS_METRICS_TOKEN: "change-me-change-me" }), /RUNS_METRICS_TOKEN: holds a placeholder/);
+});
+
 test("config - RUNS_USAGE_RETENTION_DAYS: 400 days by default, 0 for good, at least 32 otherwise (budgets sum the month so far)", (t) => {
   const DAY = 86_400_000;
   t.is(loadConfig({}).usageRetentionMs, 400 * DAY);

@@ -8,11 +8,21 @@ test("metrics - usage counts tokens by workspace, model and kind, and cost in do
   metrics.countUsage(record);
   metrics.countUsage({ ...record, _id: "turn_2", cost_usd: 0.5, input_tokens: 1 });
   metrics.countUsage({ ...record, _id: "turn_3", model: "faux/scripted", cost_usd: null });
-  const text = await metrics.text();
+  const text = await metrics.text(true);
   t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai\/gpt-x",kind="input"\} 101$/m);
   t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai\/gpt-x",kind="output"\} 40$/m);
   t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai\/gpt-x",kind="cache_read"\} 10$/m);
   t.notRegex(text, /kind="cache_write"/, "a kind never used is not a series");
   t.regex(text, /^runs_cost_usd_total\{workspace="ws_a",model="openai\/gpt-x"\} 0\.75$/m);
   t.notRegex(text, /runs_cost_usd_total\{workspace="ws_a",model="faux\/scripted"\}/);
+});
+
+test("metrics - the series that name workspaces are left out of a scrape without the operator's token", async (t) => {
+  const metrics = new GatewayMetrics({ sseStreams: () => 0, natsConnected: () => true, storeReachable: async () => true });
+  metrics.countUsage({ _id: "turn_1", workspace_id: "ws_secret", run_id: "run_1", agent_id: "agt_1", agent_version: 1, model: "openai/gpt-x", at: 0, input_tokens: 100, output_tokens: 20, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: 0.25 });
+  const open = await metrics.text(false);
+  t.regex(open, /^runs_sse_streams 0$/m, "the node's own series are there");
+  t.false(open.includes("ws_secret"));
+  t.notRegex(open, /runs_tokens_total|runs_cost_usd_total/);
+  t.regex(await metrics.text(true), /^runs_tokens_total\{workspace="ws_secret",model="openai\/gpt-x",kind="input"\} 100$/m);
 });
