@@ -46,8 +46,8 @@ export interface GatewayContext {
   actorsReady?: () => boolean;
   /** This node's tool sandbox (for /readyz); undefined for gateway-only nodes. */
   sandboxStatus?: () => SandboxStatus;
-  /** This node's executing and queued turns (for /metrics); undefined for gateway-only nodes. */
-  turnCounts?: () => { active: number; queued: number };
+  /** This node's executing and queued turns and its recoveries of gained partitions' busy runs (for /metrics); undefined for gateway-only nodes. */
+  turnCounts?: () => { active: number; queued: number; recovering: number; recoveriesWaiting: number };
   metrics: GatewayMetrics;
 }
 

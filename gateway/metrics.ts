@@ -11,7 +11,7 @@ import type { UsageRecordDoc } from "../src/index.js";
 /** Where the gauges read their values at scrape time. */
 export interface MetricSources {
   /** This node's executing and queued turns; absent on a gateway-only node. */
-  turns?: () => { active: number; queued: number };
+  turns?: () => { active: number; queued: number; recovering: number; recoveriesWaiting: number };
   sseStreams: () => number;
   natsConnected: () => boolean;
   /** Whether the store answers a ping (bounded in time by the caller). */
@@ -49,6 +49,8 @@ export class GatewayMetrics {
     if (turns) {
       new Gauge({ name: "runs_active_turns", help: "Turns executing on this node.", registers, collect() { this.set(turns().active); } });
       new Gauge({ name: "runs_queued_turns", help: "Turns queued behind an active turn of a run this node owns.", registers, collect() { this.set(turns().queued); } });
+      new Gauge({ name: "runs_recovering_runs", help: "Busy runs of partitions this node gained that it is recovering now (a few at a time).", registers, collect() { this.set(turns().recovering); } });
+      new Gauge({ name: "runs_recoveries_waiting", help: "Busy runs of partitions this node gained whose recovery waits its turn.", registers, collect() { this.set(turns().recoveriesWaiting); } });
     }
     new Gauge({ name: "runs_sse_streams", help: "Event streams open on this gateway.", registers, collect() { this.set(sources.sseStreams()); } });
     new Gauge({ name: "runs_nats_up", help: "1 when this node's NATS connection is up.", registers, collect() { this.set(sources.natsConnected() ? 1 : 0); } });
