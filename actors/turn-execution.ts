@@ -67,6 +67,14 @@ interface FinishedTurn {
   error: TurnError | null;
 }
 
+/**
+ * How stale a busy run's retention clock may get before its turn's progress restarts it:
+ * a hundredth of the retention, at least a second, at most 10 minutes (7 days: 10 minutes).
+ */
+export function retentionRefreshMs(retentionS: number): number {
+  return Math.min(10 * 60_000, Math.max(1_000, retentionS * 10));
+}
+
 export class TurnExecution {
   /** The turn whose agent runs on this node now. */
   active: ActiveExecution | undefined;
@@ -101,6 +109,9 @@ export class TurnExecution {
   private storedFinal: { turnId: string; turn: TurnDoc; now: number; finalEmitted?: boolean } | undefined;
   /** The turn this actor counts as executing in its workspace (see ActiveTurns). */
   private countedTurn: { workspaceId: string; turnId: string } | undefined;
+
+  /** A write restarting the run's retention clock is in the mailbox (madeProgress). */
+  private refreshingRetention = false;
 
   constructor(private readonly host: ExecutionHost) {}
 
@@ -196,7 +207,9 @@ export class TurnExecution {
       ambientProviders: this.r.config.ambientProviders,
       resume,
       onEvent: (event) => {
-        if (!this.host.stopped) this.host.emit(turn._id, "runtime", event.type, event.data);
+        if (this.host.stopped) return;
+        this.host.emit(turn._id, "runtime", event.type, event.data);
+        this.madeProgress(turn._id);
       },
       // A call's start is stored before it runs: a new owner then knows it may have run.
       // One whose start cannot be stored does not run (the model is told).
@@ -222,6 +235,31 @@ export class TurnExecution {
     const execution: ActiveExecution = { turn, running, limitTimer, model: modelLabel(deployment.config.model), approval: deployment.config.approval };
     this.active = execution;
     void running.result.then((result) => this.host.enqueue(() => this.onFinished(execution, result)));
+  }
+
+  /**
+   * A turn that makes progress restarts its run's retention clock (runs-api.md, "Retention
+   * rules"), as a turn's start and end do. Written through the mailbox, at most once per
+   * {@link retentionRefreshMs} and one at a time: a turn that streams for hours does not
+   * write its run per event.
+   */
+  private madeProgress(turnId: string): void {
+    const run = this.host.run;
+    if (!run || this.refreshingRetention || this.r.clock.nowMs() - run.last_activity_at < retentionRefreshMs(run.retention_s)) return;
+    this.refreshingRetention = true;
+    this.host
+      .enqueue(async () => {
+        const current = this.host.run;
+        if (this.host.stopped || current?.active_turn_id !== turnId || current.state !== RunState.busy) return;
+        const now = this.r.clock.nowMs();
+        const set = { last_activity_at: now, expires_at: now + current.retention_s * 1000 };
+        await this.r.store.updateRunFenced(current._id, this.host.epoch, set);
+        Object.assign(current, set);
+      })
+      .catch((err: unknown) => this.r.log.warn({ err, run_id: run._id, turn_id: turnId }, "could not restart the run's retention clock on its turn's progress; its turn's end restarts it"))
+      .finally(() => {
+        this.refreshingRetention = false;
+      });
   }
 
   private async onFinished(execution: ActiveExecution, result: TurnRunResult): Promise<void> {
