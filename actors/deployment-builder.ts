@@ -1,5 +1,5 @@
 import type { Logger } from "pino";
-import { type Clock, type DeploymentDoc, DeploymentStatus, type MongoStore } from "../src/index.js";
+import { type Clock, type DeploymentDoc, DeploymentStatus, finishBuild, type MongoStore } from "../src/index.js";
 import { resolveModel } from "./model-resolution.js";
 
 /**
@@ -32,7 +32,8 @@ export class DeploymentBuilder {
     for (const deployment of await this.store.listBuildingDeployments()) this.schedule(deployment);
   }
 
-  private async build(deployment: DeploymentDoc): Promise<void> {
+  /** Builds `deployment` now (schedule's work; tests call it directly). */
+  async build(deployment: DeploymentDoc): Promise<void> {
     const resolved = resolveModel(deployment.config.model);
     const now = this.clock.nowMs();
     if ("error" in resolved) {
@@ -44,14 +45,10 @@ export class DeploymentBuilder {
       this.log.info({ deployment: deployment._id, error: resolved.error }, "deployment failed");
       return;
     }
-    // Activate first, then mark ready: a client that saw `ready` can start on the active
-    // version at once. (Between the two writes a start without a version is briefly
-    // 409 agent_version_not_ready, which is retryable.) Read again: activation may have
-    // been requested while it was building.
-    const current = await this.store.getDeployment(deployment.agent_id, deployment.version);
-    if (current?.status !== DeploymentStatus.building) return;
-    if (current.activate) await this.store.setActiveVersion(deployment.agent_id, deployment.version);
-    const finished = await this.store.finishDeployment(deployment._id, { status: DeploymentStatus.ready, ready_at: now, error: null });
-    if (finished) this.log.info({ deployment: deployment._id, activated: current.activate }, "deployment ready");
+    // An activation asked for while it built is applied (src/deployments.ts). Between the
+    // activation and `ready` a start without a version is briefly 409
+    // agent_version_not_ready, which is retryable.
+    const finished = await finishBuild(this.store, deployment, now);
+    if (finished) this.log.info({ deployment: deployment._id, activated: finished === "activated" }, "deployment ready");
   }
 }

@@ -68,6 +68,49 @@ export function activationOf(deployment: Pick<DeploymentDoc, "status" | "version
   }
 }
 
+/** The store's deployment writes that activation and builds make (MongoStore's). */
+export interface ActivationStore {
+  getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null>;
+  setActiveVersion(agentId: string, version: number): Promise<unknown>;
+  requestActivation(id: string): Promise<unknown>;
+  finishDeployment(id: string, set: Partial<DeploymentDoc>, options?: { unlessActivating?: boolean }): Promise<boolean>;
+}
+
+/*
+ * A version activated while building becomes active when ready (decisions §3). The
+ * activation and the build's end are written by different nodes, so each side writes
+ * first and then reads what the other wrote: the activation asks (only while building)
+ * and then activates itself if it finds the build ready; the build marks it ready only
+ * while no activation was asked, and otherwise activates it first. Whichever order their
+ * writes land in, one of them activates it.
+ */
+
+/** Activates `deployment` (the activate route); throws for a failed one. */
+export async function activateVersion(store: ActivationStore, deployment: DeploymentDoc): Promise<void> {
+  if (activationOf(deployment) === "activate") {
+    await store.setActiveVersion(deployment.agent_id, deployment.version);
+    return;
+  }
+  await store.requestActivation(deployment._id);
+  const now = await store.getDeployment(deployment.agent_id, deployment.version);
+  if (now?.status === DeploymentStatus.ready) await store.setActiveVersion(deployment.agent_id, deployment.version);
+}
+
+/**
+ * Marks a built deployment ready, activating it first when activation was asked for (a
+ * client that saw `ready` can start on the active version at once). Returns what it did;
+ * null when the deployment had already left `building` (another node finished it).
+ */
+export async function finishBuild(store: ActivationStore, deployment: DeploymentDoc, readyAt: number): Promise<"ready" | "activated" | null> {
+  const ready = { status: DeploymentStatus.ready, ready_at: readyAt, error: null };
+  if (!deployment.activate && (await store.finishDeployment(deployment._id, ready, { unlessActivating: true }))) return "ready";
+  const current = await store.getDeployment(deployment.agent_id, deployment.version);
+  if (current?.status !== DeploymentStatus.building) return null;
+  // Asked for (an activation is never withdrawn): activate, then mark ready.
+  await store.setActiveVersion(deployment.agent_id, deployment.version);
+  return (await store.finishDeployment(deployment._id, ready)) ? "activated" : null;
+}
+
 /**
  * Ready deployments, least recently used first out: at most `capacity` configs are
  * held, however many agents and versions tenants create. Deployments not ready yet

@@ -253,9 +253,13 @@ export class MongoStore implements RunStore {
     return guard(() => this.deployments.updateOne({ _id: id, status: DeploymentStatus.building }, { $set: { activate: true } }));
   }
 
-  /** Moves a deployment out of `building`; false when it already left that state. */
-  async finishDeployment(id: string, set: Partial<DeploymentDoc>): Promise<boolean> {
-    const r = await guard(() => this.deployments.updateOne({ _id: id, status: DeploymentStatus.building }, { $set: set }));
+  /**
+   * Moves a deployment out of `building`; false when it already left that state, or, with
+   * `unlessActivating`, when activation was asked for (src/deployments.ts finishBuild).
+   */
+  async finishDeployment(id: string, set: Partial<DeploymentDoc>, options: { unlessActivating?: boolean } = {}): Promise<boolean> {
+    const filter: Filter<DeploymentDoc> = { _id: id, status: DeploymentStatus.building, ...(options.unlessActivating ? { activate: { $ne: true } } : {}) };
+    const r = await guard(() => this.deployments.updateOne(filter, { $set: set }));
     return r.modifiedCount === 1;
   }
 

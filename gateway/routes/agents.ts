@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import { activationOf, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, invalid, list, listModels, providerOffered, renderAgent, renderDeployment, toDeploymentRequest } from "../../src/index.js";
+import { activateVersion, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, invalid, list, listModels, providerOffered, renderAgent, renderDeployment, toDeploymentRequest } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { type Operation, page, route, agentId, version } from "../operation.js";
@@ -219,15 +219,8 @@ export function agentRoutes(ctx: GatewayContext) {
       async (request) => {
         const auth = authOf(request);
         const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
-        const deployment = await loadDeployment(ctx, agent, request.params.version);
-        if (activationOf(deployment) === "when_ready") {
-          // Becomes active when the build finishes; if it finished meanwhile, activate now.
-          await ctx.store.requestActivation(deployment._id);
-          const now = await ctx.store.getDeployment(agent._id, deployment.version);
-          if (now?.status === DeploymentStatus.ready) await ctx.store.setActiveVersion(agent._id, deployment.version);
-        } else {
-          await ctx.store.setActiveVersion(agent._id, deployment.version);
-        }
+        // A building version becomes active when its build finishes.
+        await activateVersion(ctx.store, await loadDeployment(ctx, agent, request.params.version));
         return renderAgent((await ctx.store.getAgent(auth.workspace._id, agent._id))!);
       },
     );
