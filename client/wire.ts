@@ -1294,6 +1294,8 @@ export interface components {
             label?: string | null;
             /** @description Unique; a write or reveal scope requires its read scope. */
             scopes: ("models:read" | "files:read" | "files:write" | "agents:read" | "agents:write" | "run:read" | "run:write" | "env_vars:read" | "env_vars:write" | "env_vars:reveal" | "api_keys:manage" | "webhooks:read" | "webhooks:write")[];
+            /** @constant */
+            mode?: "live";
         };
         ApiKeyRotateRequest: {
             label?: string | null;

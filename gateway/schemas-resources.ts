@@ -88,6 +88,7 @@ export const ApiKeyCreateRequestSchema = named(
   jsonBody({
     label: label.optional(),
     scopes: scopeList.describe("Unique; a write or reveal scope requires its read scope."),
+    mode: z.literal("live", { error: "Keys are live keys; mode may only be live." }).optional(),
   }),
 );
 

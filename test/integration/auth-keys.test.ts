@@ -183,6 +183,18 @@ for (const [name, scopes] of badScopes) {
   });
 }
 
+test("keys - create takes mode live and refuses any other mode naming it (decisions §2)", async (t) => {
+  const { api } = t.context;
+  const live = await api.post("/api/v1/api-keys", { scopes: ["run:read"], mode: "live" });
+  t.is(live.status, 201, JSON.stringify(live.body));
+  t.is(live.body.mode, "live");
+  for (const mode of ["test", "LIVE", "", null, 1]) {
+    const refused = await api.post("/api/v1/api-keys", { scopes: ["run:read"], mode });
+    t.is(refused.status, 400, JSON.stringify(mode));
+    t.is(refused.body.error.param, "mode", JSON.stringify(mode));
+  }
+});
+
 test("keys - rotation validation: label, mode, grace period, body, key id", async (t) => {
   const { api } = t.context;
   const key = await createKey(api, ["run:read"]);
