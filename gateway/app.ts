@@ -10,7 +10,7 @@ import { IdempotencyRecords } from "./idempotency.js";
 import { FinalTurnCache } from "./final-turns.js";
 import { RateLimiter } from "./rate-limits.js";
 import { UploadSlots } from "./upload-slots.js";
-import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, toApiError } from "./context.js";
+import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, showRateLimit, toApiError } from "./context.js";
 import { runRoutes } from "./routes/runs.js";
 import { turnRoutes } from "./routes/turns.js";
 import { tagRoutes } from "./routes/tags.js";
@@ -101,11 +101,27 @@ export async function buildApp(
   // Every /api route authenticates unless marked public, then checks its scope. Decided by
   // the route the request matched, never by its target as sent: an absolute-form target
   // (`GET http://host/api/v1/models`) reaches the same route without starting with /api.
+  // Every /api answer to a request with a valid key carries X-RateLimit-* (decisions §7):
+  // an unknown /api path is authenticated and counted as any route is (then 404), and a
+  // public /api route (the OpenAPI document) shows the key's state without counting.
   app.addHook("onRequest", async (request, reply) => {
     const config = request.routeOptions.config;
     const route = request.routeOptions.url;
-    if (route === undefined) return; // unknown path: answered 404 below
-    if (config?.public || !route.startsWith("/api")) return;
+    if (route === undefined) {
+      // An unknown path (answered 404 by the not-found handler).
+      if (request.headers.authorization !== undefined && API_TARGET.test(request.url)) {
+        request.auth = await context.auth.authenticate(request);
+        await applyRateLimit(context, request.auth, undefined, reply);
+      }
+      return;
+    }
+    if (!route.startsWith("/api")) return;
+    if (config?.public) {
+      if (request.headers.authorization === undefined) return;
+      const auth = await context.auth.authenticate(request).catch(() => undefined);
+      if (auth) showRateLimit(context, auth, reply);
+      return;
+    }
     request.auth = await context.auth.authenticate(request);
     // Limited before the scope check, so a 403 carries the rate-limit headers too.
     await applyRateLimit(context, request.auth, config?.rate, reply);
@@ -151,6 +167,9 @@ export async function buildApp(
   await app.register(consoleRoutes());
   return { app, context };
 }
+
+/** A request target under /api, in origin form (`/api/…`) or absolute form (`http://host/api/…`). */
+const API_TARGET = /^(?:[a-z][a-z0-9+.-]*:\/\/[^/?#]*)?\/api(?:[/?#]|$)/i;
 
 /**
  * A node that closes must not wait on connections: Node counts one that has not sent a

@@ -78,6 +78,38 @@ test.serial("rate limits - one limit per workspace across two nodes and two keys
   t.is((await viaB.withKey(ws.key).get("/api/v1/runs/run_none")).status, 404);
 });
 
+test.serial("rate limits - every /api answer to a valid key carries X-RateLimit-* (decisions §7): an unknown /api path is counted and answered 404 (401 for a bad key), the public OpenAPI document shows the state without counting", async (t) => {
+  const [a] = t.context.nodes;
+  const ws = await newWorkspace(a!);
+  await freshWindow();
+  const paths = ["/api/v1/no-such-route", "/api/nope", "/api"];
+  for (const path of paths) {
+    const res = await ws.api.get(path);
+    t.is(res.status, 404, path);
+    t.is(res.body.error.code, "not_found", path);
+    t.truthy(res.headers.get("x-ratelimit-limit"), path);
+  }
+  const patch = await ws.api.request("PATCH", "/api/v1/runs");
+  t.is(patch.status, 404);
+  t.is(patch.headers.get("x-ratelimit-limit"), "12");
+  // Four counted: 12 - 4 left, and the document's read counted nothing.
+  const doc = await ws.api.get("/api/v1/openapi.json");
+  t.is(doc.status, 200);
+  t.is(doc.headers.get("x-ratelimit-remaining"), "8");
+  t.is((await ws.api.get("/api/v1/openapi.json")).headers.get("x-ratelimit-remaining"), "8");
+  // Without a key: as before (no workspace to describe); with a bad one, 401 before 404.
+  const anon = ws.api.withKey(undefined);
+  const unknownAnon = await anon.get("/api/v1/no-such-route");
+  t.is(unknownAnon.status, 404);
+  t.is(unknownAnon.headers.get("x-ratelimit-limit"), null);
+  t.is((await anon.get("/api/v1/openapi.json")).status, 200);
+  const bad = await ws.api.withKey("rk_live_notakeynotakeynotakeynotakeynotakey0000").get("/api/v1/no-such-route");
+  t.is(bad.status, 401);
+  t.is((await ws.api.withKey("rk_live_notakeynotakeynotakeynotakeynotakey0000").get("/api/v1/openapi.json")).status, 200, "the public document is served to a bad key too");
+  // Not /api: untouched.
+  t.is((await ws.api.get("/no-such-page")).headers.get("x-ratelimit-limit"), null);
+});
+
 test.serial("rate limits - cancels are not held back by the standard limit, but a flood of them meets their own", async (t) => {
   const [a] = t.context.nodes;
   const ws = await newWorkspace(a!);
