@@ -8,7 +8,8 @@ import { fileURLToPath } from "node:url";
 
 /** The project root (where package.json, nats.conf and .tools live). */
 export const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-export const TOOLS_BIN = path.join(PROJECT_ROOT, ".tools", "bin");
+/** Where scripts/ensure-tools.sh builds the servers: RUNS_TOOLS_DIR (from the working directory, as the script reads it) or .tools. */
+export const TOOLS_BIN = path.join(process.env.RUNS_TOOLS_DIR ? path.resolve(process.env.RUNS_TOOLS_DIR) : path.join(PROJECT_ROOT, ".tools"), "bin");
 export const NATS_CONF = path.join(PROJECT_ROOT, "nats.conf");
 
 /** A tool binary is missing: the message says how to get it. */
