@@ -167,7 +167,9 @@ export function agentRoutes(ctx: GatewayContext) {
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       let created: DeploymentDoc | undefined;
       const { result } = await ctx.idempotency.once<{ version?: number }>(
-        { workspaceId: auth.workspace._id, operation: `deployments.create:${agent._id}`, key, fingerprint: body, fresh: () => ({}) },
+        // Scoped to the workspace and the operation (decisions §4), as cancel's and delete's
+        // keys are: the agent is part of the request, so a key reused on another agent is 409.
+        { workspaceId: auth.workspace._id, operation: "deployments.create", key, fingerprint: { agent_id: agent._id, ...body }, fresh: () => ({}) },
         async () => {
           created = await ctx.store.insertDeployment({
             workspace_id: auth.workspace._id,

@@ -174,6 +174,13 @@ test("deployments - the same Idempotency-Key returns the same deployment", async
   const c = await api.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted", instructions: "x" } }, "same-key");
   t.is(c.status, 409);
   t.is(c.body.error.code, "idempotency_conflict");
+  // Scoped to the workspace and the operation (decisions §4): the same key and body on
+  // another agent is another request, not a second deployment.
+  const other = (await api.post("/api/v1/agents", { name: "idem-other" })).body;
+  const elsewhere = await api.post(`/api/v1/agents/${other.id}/deployments`, body, "same-key");
+  t.is(elsewhere.status, 409, JSON.stringify(elsewhere.body));
+  t.is(elsewhere.body.error.code, "idempotency_conflict");
+  t.is((await api.get(`/api/v1/agents/${other.id}/deployments`)).body.data.length, 0);
 });
 
 test("models - the registry's models plus faux/scripted", async (t) => {
