@@ -64,9 +64,14 @@ async function main(): Promise<void> {
   if (stopping) return;
 
   let created: BannerFacts["created"];
-  if (embedded && (await service.store.countWorkspaces()) === 0) {
-    const made = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
-    created = { workspaceId: made.workspace.id, plan: made.workspace.plan, key: made.api_key.key as string };
+  // On an empty store, embedded or not (decisions §1); once, however many nodes start.
+  if ((await service.store.countWorkspaces()) === 0) {
+    if (await service.store.claimBootstrap(systemClock.nowMs())) {
+      const made = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
+      created = { workspaceId: made.workspace.id, plan: made.workspace.plan, key: made.api_key.key as string };
+    } else {
+      log.warn("the store has no workspace, but another start claimed making the development workspace; make one with `npx runs admin create-workspace` if none appears");
+    }
   }
   const app = service.app;
   // One write: the lines stay together, apart from the log lines around them.

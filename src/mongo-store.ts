@@ -186,6 +186,21 @@ export class MongoStore implements RunStore {
     return guard(() => this.workspaces.countDocuments({}, { limit: 1 }));
   }
 
+  /**
+   * Claims the making of the development workspace `npm start` makes on an empty store:
+   * true for the one node whose claim lands (a unique insert), false for every later one,
+   * so several nodes starting at once on an empty store make one.
+   */
+  async claimBootstrap(nowMs: number): Promise<boolean> {
+    try {
+      await guard(() => this.db.collection<{ _id: string; at: number }>("bootstrap").insertOne({ _id: "development_workspace", at: nowMs }));
+      return true;
+    } catch (err) {
+      if (isDuplicateKey(err)) return false;
+      throw err;
+    }
+  }
+
   // ---- agents and deployments -------------------------------------------------------
 
   insertAgent(doc: AgentDoc): Promise<unknown> {

@@ -8,7 +8,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { freePort, portIsFree, PROJECT_ROOT, startNatsServer } from "../../node/servers.js";
 import net from "node:net";
-import { Api } from "../helpers/servers.js";
+import { Api, startTestServers } from "../helpers/servers.js";
 import { SCOPES } from "../../src/index.js";
 
 const exec = promisify(execFile);
@@ -212,6 +212,51 @@ async function tcpListeners(pid: number): Promise<string[]> {
   }
   return listening;
 }
+
+test("external servers - two npm starts at once on an empty store make one development workspace, whose key one of them prints and both accept; a start that finds the making claimed makes none and says what to do", async (t) => {
+  t.timeout(180_000);
+  const servers = await startTestServers();
+  t.teardown(() => servers.stop());
+  const base = {
+    ...process.env,
+    NATS_URL: servers.natsUrl,
+    NATS_USER: "runs",
+    NATS_PASSWORD: servers.servicePassword,
+    MONGODB_URI: servers.mongoUri,
+    MONGODB_DB: servers.dbName,
+    RUNS_MASTER_KEY: Buffer.alloc(32, 9).toString("base64"),
+    RUNS_PARTITIONS: "8",
+    LOG_LEVEL: "warn",
+  };
+  const starts = [0, 1].map((i) => startMain({ ...base, PORT: "0", RUNS_NODE_ID: `external-${i}`, RUNS_DATA_DIR: path.join(servers.dir, `external-${i}`) }));
+  try {
+    const urls = await Promise.all(starts.map((start) => start.serving));
+    const keys = starts.map((start) => /\n {2}(rk_live_\S+)\n/.exec(start.output())?.[1]).filter((key): key is string => key !== undefined);
+    t.is(keys.length, 1, starts.map((start) => start.output()).join("\n----\n"));
+    const raw = (await servers.raw()).db;
+    t.is(await raw.collection("workspaces").countDocuments({}), 1);
+    for (const url of urls) t.is((await new Api(url, keys[0]).get("/api/v1/agents")).status, 200, url);
+  } finally {
+    for (const start of starts) await stopMain(start.child);
+  }
+  // A start that finds the making claimed (by a start that lost its way before making it)
+  // makes none and says what to do.
+  const claimed = `${servers.dbName}_claimed`;
+  const client = await new MongoClient(servers.mongoUri).connect();
+  try {
+    await client.db(claimed).collection("bootstrap").insertOne({ _id: "development_workspace", at: Date.now() } as any);
+  } finally {
+    await client.close();
+  }
+  const late = startMain({ ...base, MONGODB_DB: claimed, PORT: "0", RUNS_NODE_ID: "external-late", RUNS_DATA_DIR: path.join(servers.dir, "external-late") });
+  try {
+    await late.serving;
+    t.notRegex(late.output(), /rk_live_/);
+    t.regex(late.output(), /another start claimed making the development workspace; make one with `npx runs admin create-workspace`/);
+  } finally {
+    await stopMain(late.child);
+  }
+});
 
 test("cli - admin create-workspace rejects a bad plan with usage and exit 2", async (t) => {
   const err = await t.throwsAsync(exec(process.execPath, ["bin/runs.js", "admin", "create-workspace", "--plan", "gold"], { cwd: PROJECT_ROOT }));
