@@ -4,7 +4,7 @@
  * `openai-compatible` endpoint is summarised, never echoed.
  */
 import type { AssistantMessage } from "@mariozechner/pi-ai";
-import { providerErrorCode, TurnErrorCode } from "../src/index.js";
+import { providerErrorCode, scriptedErrorCode, TurnErrorCode } from "../src/index.js";
 import { OPENAI_COMPATIBLE } from "./model-resolution.js";
 import { scriptedErrorStatus } from "./scripted-model.js";
 
@@ -26,7 +26,7 @@ const TRANSPORT_PATTERN =
 export function providerFailure(message: AssistantMessage): { code: TurnErrorCode; message: string } {
   const text = sanitizeErrorText(message.errorMessage ?? "");
   const scripted = scriptedErrorStatus(message);
-  if (scripted !== undefined) return { code: providerErrorCode(scripted), message: text };
+  if (scripted !== undefined) return { code: scriptedErrorCode(scripted), message: text };
   const status = parseStatus(message.errorMessage ?? "");
   // A tenant's own endpoint: its answer is summarised, never echoed (it could carry
   // whatever the endpoint wants stored and shown, or reflect what it was sent).

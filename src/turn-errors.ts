@@ -276,6 +276,16 @@ export function providerErrorCode(status: number | undefined): TurnErrorCode {
   return TurnErrorCode.provider_failure;
 }
 
+/**
+ * The scripted model's `{error: {status}}` step, mapped as decisions §3 fixes it: 401/403
+ * authentication, 402 quota, 429 rate limited, 5xx unavailable, anything else (a 400
+ * too, which a real provider's answer maps to provider_request_rejected) provider_failure.
+ */
+export function scriptedErrorCode(status: number | undefined): TurnErrorCode {
+  const code = providerErrorCode(status);
+  return code === TurnErrorCode.provider_request_rejected ? TurnErrorCode.provider_failure : code;
+}
+
 /** A support reference: `ref_` and 20 random base62 characters (node:crypto, via ids.ts). */
 export function newReference(): string {
   return `ref_${randomBase62(20)}`;

@@ -180,7 +180,7 @@ test("webhooks - event types, the agent filter and the wildcard choose what is s
   t.deepEqual(all.accepted().map((m) => [m.type, m.data.run?.id ?? m.data.run_id]), [["turn.completed", ok.body.id], ["run.deleted", ok.body.id]]);
   t.deepEqual(failures.accepted().map((m) => m.type).sort(), ["run.deleted", "turn.failed"]);
   const failed = failures.accepted().find((m) => m.type === "turn.failed")!;
-  t.is(failed.data.run.turn.error.code, "provider_request_rejected");
+  t.is(failed.data.run.turn.error.code, "provider_failure");
   t.like(failures.accepted().find((m) => m.type === "run.deleted")!.data, { run_id: ok.body.id, agent_id: agent, reason: "deleted" });
 });
 

@@ -6,6 +6,7 @@ import {
   isTurnErrorCode,
   newReference,
   providerErrorCode,
+  scriptedErrorCode,
   turnError,
 } from "../../src/turn-errors.js";
 
@@ -109,6 +110,15 @@ test("turn-errors - providerErrorCode maps statuses", (t) => {
   for (const status of [500, 502, 503, 504, 529]) t.is(providerErrorCode(status), "provider_service_unavailable");
   for (const status of [400, 404, 413, 422]) t.is(providerErrorCode(status), "provider_request_rejected");
   for (const status of [undefined, 408, 409, 418, 200]) t.is(providerErrorCode(status), "provider_failure");
+});
+
+test("turn-errors - the scripted model's error step maps as decisions §3 says: no provider_request_rejected, anything unnamed is provider_failure", (t) => {
+  t.is(scriptedErrorCode(401), "provider_authentication_failed");
+  t.is(scriptedErrorCode(403), "provider_authentication_failed");
+  t.is(scriptedErrorCode(402), "provider_quota_exhausted");
+  t.is(scriptedErrorCode(429), "provider_rate_limited");
+  for (const status of [500, 503, 599]) t.is(scriptedErrorCode(status), "provider_service_unavailable");
+  for (const status of [undefined, 400, 404, 408, 413, 422, 418]) t.is(scriptedErrorCode(status), "provider_failure");
 });
 
 test("turn-errors - newReference is ref_ and 20 base62 characters, unique", (t) => {
