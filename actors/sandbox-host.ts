@@ -4,7 +4,7 @@
  * work (ownership of a workspace, its size, whether the sandbox's uid can reach it).
  */
 import { execFile, spawnSync } from "node:child_process";
-import { accessSync, constants as fsConstants, existsSync, lstatSync, statSync } from "node:fs";
+import { accessSync, closeSync, constants as fsConstants, existsSync, lstatSync, readdirSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import { chmod, chown, lchown, lstat, readdir, rm } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -149,6 +149,56 @@ export function isExecutable(file: string): boolean {
  * becomes 0711 when the node owns it: the sandbox's uid must pass through it to a
  * workspace, and nobody may list it. Secrets inside stay 0600, the store's folder 0700.
  */
+/** O_CLOEXEC in the flags /proc/self/fdinfo shows (octal; the same on x86_64 and arm64). */
+const O_CLOEXEC = 0o2000000;
+
+/**
+ * Closes the descriptors this process inherited without close-on-exec (a shell's or a
+ * supervisor's: an open file, a directory, a pipe), which every child would otherwise
+ * inherit in turn: bwrap passes whatever it is given on to the command, so one such
+ * descriptor is the host's file or root directory in a tenant's hands. Node and libuv
+ * open everything of their own close-on-exec, so what lacks the flag came from the
+ * parent; the IPC channel of a forked Node is kept. Returns what was
+ * closed, for the log.
+ */
+export function closeInheritedDescriptors(): string[] {
+  const keep = new Set([0, 1, 2]);
+  // Node marks it close-on-exec itself (and removes the variable); kept all the same.
+  const channel = (process as { channel?: { fd?: number } }).channel?.fd ?? Number(process.env.NODE_CHANNEL_FD);
+  if (Number.isInteger(channel)) keep.add(channel);
+  const closed: string[] = [];
+  let entries: string[];
+  try {
+    entries = readdirSync("/proc/self/fdinfo");
+  } catch {
+    return closed; // no /proc: nothing to read (not Linux)
+  }
+  for (const entry of entries) {
+    const fd = Number(entry);
+    if (!Number.isInteger(fd) || keep.has(fd)) continue;
+    let flags: number;
+    try {
+      flags = parseInt(/^flags:\s*([0-7]+)/m.exec(readFileSync(`/proc/self/fdinfo/${fd}`, "utf8"))?.[1] ?? "", 8);
+    } catch {
+      continue; // gone meanwhile (the directory listing's own descriptor)
+    }
+    if (Number.isNaN(flags) || flags & O_CLOEXEC) continue;
+    let target = "?";
+    try {
+      target = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      // shown as "?"
+    }
+    try {
+      closeSync(fd);
+      closed.push(`${fd} -> ${target}`);
+    } catch {
+      // closed meanwhile
+    }
+  }
+  return closed;
+}
+
 export async function searchableDataDir(dir: string, log: Logger): Promise<void> {
   const info = await lstat(dir);
   if (info.uid !== process.getuid?.() || (info.mode & 0o777) === 0o711) return;

@@ -30,7 +30,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, closeInheritedDescriptors, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
@@ -185,6 +185,9 @@ export class Sandbox {
    */
   static async start(options: SandboxOptions): Promise<Sandbox> {
     const { log } = options;
+    // Before any command: what this process inherited must not reach one.
+    const closed = closeInheritedDescriptors();
+    if (closed.length) log.warn({ descriptors: closed }, "sandbox: closed descriptors the service inherited (its parent left them open): a command would have inherited them");
     if (options.mode === "off") {
       log.warn(
         "RUNS_SANDBOX=off: tool commands run UNCONFINED as the service's own user, with its files, network and processes in reach. For local development only.",

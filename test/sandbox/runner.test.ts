@@ -14,7 +14,9 @@ import { ADDRESS_SPACE_RESERVE_BYTES } from "../../actors/sandbox-host.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { holdingBomb, hostProcesses, settledCount } from "../helpers/sandbox.js";
 import http from "node:http";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { closeSync, constants as fsConstants, openSync } from "node:fs";
+import { PROJECT_ROOT } from "../../node/servers.js";
 import type { AddressInfo } from "node:net";
 
 const log = pino({ level: process.env.RUNS_TEST_LOG_LEVEL ?? "silent" });
@@ -53,6 +55,44 @@ test_.before(async (t) => {
 
 test_.after.always(async (t) => {
   await rm(t.context.base, { recursive: true, force: true });
+});
+
+test_("sandbox - descriptors the service inherited without close-on-exec (a secret file, the host's /) do not reach a command: the sandbox closes them as it starts, and logs them", async (t) => {
+  t.timeout(60_000);
+  const dir = await tempBase();
+  const secretFile = path.join(dir, "secret");
+  const secret = `INHERITED-${Math.random().toString(36).slice(2)}`;
+  await writeFile(secretFile, secret, { mode: 0o600 });
+  const secretFd = openSync(secretFile, "r");
+  const rootFd = openSync("/", fsConstants.O_RDONLY | fsConstants.O_DIRECTORY);
+  try {
+    // The child's descriptors 200 and 201, without close-on-exec, as a shell leaves them.
+    const stdio: Array<"ignore" | "pipe" | number> = Array.from({ length: 202 }, () => "ignore");
+    stdio[1] = "pipe";
+    stdio[2] = "pipe";
+    stdio[200] = secretFd;
+    stdio[201] = rootFd;
+    const child = spawn(process.execPath, ["--import", "tsx", "test/helpers/inherited-fd-child.ts"], { cwd: PROJECT_ROOT, stdio });
+    let out = "";
+    let err = "";
+    child.stdout!.on("data", (d) => (out += d));
+    child.stderr!.on("data", (d) => (err += d));
+    const code = await new Promise<number | null>((resolve) => child.once("exit", resolve));
+    t.is(code, 0, err);
+    const { output, logs } = JSON.parse(out) as { output: string; logs: Array<{ msg: string; descriptors?: string[] }> };
+    const listed = output.split("\n")[0]!.trim().split(/\s+/);
+    t.false(listed.includes("200") || listed.includes("201"), `the command's descriptors: ${listed.join(" ")}`);
+    t.false(output.includes(secret), output);
+    t.regex(output, /Bad file descriptor/);
+    const closed = logs.find((line) => /closed descriptors the service inherited/.test(line.msg));
+    t.truthy(closed, JSON.stringify(logs));
+    t.true(closed!.descriptors!.includes(`200 -> ${secretFile}`), JSON.stringify(closed));
+    t.true(closed!.descriptors!.includes("201 -> /"), JSON.stringify(closed));
+  } finally {
+    closeSync(secretFd);
+    closeSync(rootFd);
+    await rm(dir, { recursive: true, force: true });
+  }
 });
 
 test_("sandbox - start-up reports bwrap, the limits mechanism, an unprivileged uid and the seccomp filter (on x86-64 and arm64)", (t) => {
