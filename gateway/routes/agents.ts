@@ -66,7 +66,8 @@ export const AGENT_OPERATIONS = {
     path: "/api/v1/agents/{agentId}/deployments",
     operationId: "createDeployment",
     summary: "Deploy a configuration as the next version",
-    description: "Answers at once with status building; the build makes it ready (activated when activate is true) or failed.",
+    description:
+      "Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model with api_key_env also needs env_vars:reveal (403, param config.model.api_key_env): the endpoint it names is sent that value.",
     tag: "agents",
     scope: "agents:write",
     rate: "expensive",
@@ -163,6 +164,14 @@ export function agentRoutes(ctx: GatewayContext) {
       const model = body.config.model;
       if (typeof model === "string" && !providerOffered(model.slice(0, model.indexOf("/")), ctx.config.ambientProviders)) {
         throw invalid("config.model", `Model provider "${model.slice(0, model.indexOf("/"))}" authenticates with the service's own credentials and is not enabled on this service (RUNS_AMBIENT_PROVIDERS).`);
+      }
+      // An endpoint the request itself names is sent the value api_key_env names: sending a
+      // value to an address of one's choosing is reading it, so it takes reading's scope.
+      if (typeof model === "object" && model.api_key_env !== undefined && !auth.scopes.has("env_vars:reveal")) {
+        throw new ApiError("permission_denied", {
+          param: "config.model.api_key_env",
+          message: `This API key lacks the scope env_vars:reveal: a deployment that sends the environment value ${model.api_key_env} to an endpoint it names needs it (the value could be read there).`,
+        });
       }
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       let created: DeploymentDoc | undefined;

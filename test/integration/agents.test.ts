@@ -109,6 +109,23 @@ test("deployments - a start sent after an activation answered runs on the new ve
   t.deepEqual(after.map((r) => [r.status, r.body.agent_version]), Array.from({ length: 16 }, () => [202, 2]));
 });
 
+test("deployments - abuse: a key without env_vars:reveal cannot deploy an endpoint of its choosing that is sent an environment value (api_key_env): 403 naming the field; nothing is deployed", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "exfil" })).body;
+  const custom = (apiKeyEnv?: string) => ({ config: { model: { provider: "openai-compatible", base_url: "https://203.0.113.7/v1", model: "m", ...(apiKeyEnv ? { api_key_env: apiKeyEnv } : {}) }, tools: [] } });
+  const lesser = (await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write", "run:read", "run:write", "env_vars:read"] })).body.key as string;
+  const refused = await api.withKey(lesser).post(`/api/v1/agents/${agent.id}/deployments`, custom("MY_SECRET"), "exfil-1");
+  t.is(refused.status, 403, JSON.stringify(refused.body));
+  t.is(refused.body.error.code, "permission_denied");
+  t.is(refused.body.error.param, "config.model.api_key_env");
+  t.regex(refused.body.error.message, /env_vars:reveal/);
+  t.is((await api.get(`/api/v1/agents/${agent.id}/deployments`)).body.data.length, 0, "nothing deployed");
+  // Without a value to send it is that key's to deploy; with the scope, the value too.
+  t.is((await api.withKey(lesser).post(`/api/v1/agents/${agent.id}/deployments`, custom(), "exfil-2")).status, 201);
+  const revealer = (await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write", "env_vars:read", "env_vars:reveal"] })).body.key as string;
+  t.is((await api.withKey(revealer).post(`/api/v1/agents/${agent.id}/deployments`, custom("MY_SECRET"), "exfil-3")).status, 201);
+});
+
 test("deployments - concurrent creates get distinct versions", async (t) => {
   const { api } = t.context;
   const agent = (await api.post("/api/v1/agents", { name: "race" })).body;
