@@ -129,7 +129,8 @@ async function writeFile(runner: ToolRunner, rel: string, shown: string, content
     const error = fileError(code, shown, outcome);
     throw note ? new Error(`${error.message}\n${note.trim()}`) : error;
   }
-  if (outcome.limits.includes("disk")) throw new Error(`Wrote ${shown}, but ${describeLimit("disk", runner.limits)}`);
+  const over = outcome.limits.find((hit) => hit === "disk" || hit === "files");
+  if (over) throw new Error(`Wrote ${shown}, but ${describeLimit(over, runner.limits)}`);
 }
 
 // ---------------------------------------------------------------------------------

@@ -240,23 +240,33 @@ async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
 }
 
 
+/** What a directory tree holds: bytes on disk, and entries (files, folders, links) below it. */
+export interface TreeUsage {
+  bytes: number;
+  entries: number;
+}
+
 /**
  * The disk a directory tree takes, in bytes (blocks of files and folders alike, the tree's
- * own folder included, a file of several links once; lstat, links not followed); stops
- * counting past `stopAt`. A tree a command made deeper than a path can name (PATH_MAX), or
- * with an entry this process cannot read, is measured by du(1), which walks by
- * descriptors, after {@link reopenTree} if it must; one that cannot be measured at all
- * counts as past `stopAt` (its writes refuse), never as empty. Folders take no blocks on
- * some filesystems (tmpfs, btrfs): there only files count.
+ * own folder included, a file of several links once; lstat, links not followed), and its
+ * entries, each link of a file counted (each takes a name and, but for the first, no
+ * inode; an empty file takes an inode and no block, so only the count bounds those); stops
+ * counting once either is past its `stopAt`. A tree a command made deeper than a path can
+ * name (PATH_MAX), or with an entry this process cannot read, is measured by du(1), which
+ * walks by descriptors, after {@link reopenTree} if it must; one that cannot be measured
+ * at all counts as past both (its writes refuse), never as empty. Folders take no blocks
+ * on some filesystems (tmpfs, btrfs): there only files count in bytes.
  */
-export async function treeBytes(dir: string, stopAt: number): Promise<number> {
+export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
   const stack = [dir];
   const linked = new Set<string>();
   try {
-    let total = (await lstat(dir)).blocks * 512;
+    let bytes = (await lstat(dir)).blocks * 512;
+    let entries = 0;
     while (stack.length > 0) {
       const current = stack.pop()!;
       for (const entry of await readdir(current, { withFileTypes: true })) {
+        entries++;
         const p = path.join(current, entry.name);
         const st = await lstat(p);
         if (st.isDirectory()) stack.push(p);
@@ -265,16 +275,17 @@ export async function treeBytes(dir: string, stopAt: number): Promise<number> {
           if (linked.has(inode)) continue;
           linked.add(inode);
         }
-        total += st.blocks * 512;
-        if (total > stopAt) return total;
+        bytes += st.blocks * 512;
+        if (bytes > stopAt.bytes || entries > stopAt.entries) return { bytes, entries };
       }
     }
-    return total;
+    return { bytes, entries };
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return 0;
-    return duBytes(dir).catch(async () => {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return { bytes: 0, entries: 0 };
+    const unmeasurable = { bytes: Infinity, entries: Infinity };
+    return duUsage(dir).catch(async () => {
       await reopenTree(dir);
-      return duBytes(dir).catch(() => Infinity);
+      return duUsage(dir).catch(() => unmeasurable);
     });
   }
 }
@@ -283,12 +294,15 @@ export async function treeBytes(dir: string, stopAt: number): Promise<number> {
 const TREE_COMMAND_TIMEOUT_MS = 600_000;
 const treeCommand = (file: string, args: string[]) => execFileAsync(file, args, { timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 });
 
-/** du(1)'s disk usage of a tree in bytes, as treeBytes counts it. */
-async function duBytes(dir: string): Promise<number> {
-  const { stdout } = await treeCommand("du", ["-s", "-x", "-B1", "--", dir]);
-  const bytes = Number(/^(\d+)\s/.exec(stdout)?.[1]);
-  if (!Number.isSafeInteger(bytes)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
-  return bytes;
+/** du(1)'s measure of a tree, as treeUsage counts it (its entries by inodes: a file of several links once, the tree's own folder not). */
+async function duUsage(dir: string): Promise<TreeUsage> {
+  const total = async (args: string[]) => {
+    const { stdout } = await treeCommand("du", ["-s", "-x", ...args, "--", dir]);
+    const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
+    if (!Number.isSafeInteger(n)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
+    return n;
+  };
+  return { bytes: await total(["-B1"]), entries: Math.max(0, (await total(["--inodes"])) - 1) };
 }
 
 /**

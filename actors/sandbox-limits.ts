@@ -44,8 +44,17 @@ export function limitsOf(config: Pick<AgentConfig, "limits">): SandboxLimits {
   };
 }
 
+/**
+ * Files and folders a workspace may hold: one per 4 KiB of its disk limit (262,144 at the
+ * default 1 GiB). An empty file takes an inode and no block, so bytes alone do not bound
+ * what a command can make the host's filesystem hold.
+ */
+export function maxEntries(limits: Pick<SandboxLimits, "diskBytes">): number {
+  return Math.max(1, Math.floor(limits.diskBytes / 4096));
+}
+
 /** A limit a command ran into. */
-export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "output";
+export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "files" | "output";
 
 /** One sentence for the agent, naming the limit and its value. */
 export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
@@ -64,6 +73,8 @@ export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
       return `a process was killed by SIGBUS, as a write through a memory mapping is when its filesystem is full: /tmp and /dev/shm hold ${formatBytes(limits.tmpBytes)} each`;
     case "disk":
       return `the workspace is over its disk limit (${formatBytes(limits.diskBytes)}): delete files before writing more`;
+    case "files":
+      return `the workspace holds more than ${maxEntries(limits)} files and folders (one per 4 KiB of its disk limit): delete some before writing more`;
     case "output":
       return `the output was cut to its last ${formatBytes(limits.outputBytes)}`;
   }

@@ -34,7 +34,7 @@ import { bwrapArgs, closeInheritedDescriptors, SANDBOX_INNER_ID, SANDBOX_WORKSPA
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
-export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeBytes } from "./sandbox-host.js";
+export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeUsage } from "./sandbox-host.js";
 export { OutputTail } from "./sandbox-process.js";
 
 /** Unprivileged uid/gid a root node runs sandboxes as (`RUNS_SANDBOX_UID`). */

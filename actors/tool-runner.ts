@@ -7,8 +7,8 @@ import { lstat, realpath } from "node:fs/promises";
 import path from "node:path";
 import type { AgentToolResult } from "@mariozechner/pi-agent-core";
 import type { EgressDenial } from "./egress-proxy.js";
-import { SandboxFailure, treeBytes, type Sandbox, type SandboxOutcome } from "./sandbox.js";
-import { DEFAULT_LIMITS, describeLimit, type LimitHit, type SandboxLimits } from "./sandbox-limits.js";
+import { SandboxFailure, treeUsage, type Sandbox, type SandboxOutcome } from "./sandbox.js";
+import { DEFAULT_LIMITS, describeLimit, type LimitHit, maxEntries, type SandboxLimits } from "./sandbox-limits.js";
 
 export interface WorkspaceToolsOptions {
   /** The node's sandbox runner. */
@@ -121,8 +121,8 @@ export function textResult<T>(text: string, details: T): AgentToolResult<T> {
 export class ToolRunner {
   readonly timeoutMs: number;
   readonly limits: SandboxLimits;
-  /** Set once a command left the workspace over its disk limit; writes refuse until it is under again. */
-  private overDisk = false;
+  /** Set once a command left the workspace over its disk or file limit; writes refuse until it is under again. */
+  private overDisk: "disk" | "files" | undefined;
 
   constructor(
     readonly workspace: Workspace,
@@ -162,15 +162,16 @@ export class ToolRunner {
     }
   }
 
-  /** After a command: a workspace over its disk limit is reported, and writes refuse until it is under. */
+  /** After a command: a workspace over its disk or file limit is reported, and writes refuse until it is under. */
   private async checkDisk(outcome: SandboxOutcome): Promise<void> {
-    const bytes = await treeBytes(this.workspace.root, this.limits.diskBytes);
-    this.overDisk = bytes > this.limits.diskBytes;
-    if (this.overDisk && !outcome.limits.includes("disk")) outcome.limits.push("disk");
+    const entries = maxEntries(this.limits);
+    const usage = await treeUsage(this.workspace.root, { bytes: this.limits.diskBytes, entries });
+    this.overDisk = usage.bytes > this.limits.diskBytes ? "disk" : usage.entries > entries ? "files" : undefined;
+    if (this.overDisk && !outcome.limits.includes(this.overDisk)) outcome.limits.push(this.overDisk);
   }
 
   refuseWhenOverDisk(): void {
-    if (this.overDisk) throw new Error(`Not written: ${describeLimit("disk", this.limits)}.`);
+    if (this.overDisk) throw new Error(`Not written: ${describeLimit(this.overDisk, this.limits)}.`);
   }
 
   /** The outcome's limit sentences, one per line, for the tool result (`bash` says a cut output its own way). */

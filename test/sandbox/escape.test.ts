@@ -612,6 +612,21 @@ test.serial("sandbox - files hidden below a path longer than PATH_MAX still coun
   t.false(gone, `${workspace} is still on the host`);
 });
 
+test.serial("sandbox - empty files, which take an inode and no block, are bounded too: past one file or folder per 4 KiB of disk_mb the command is told, and writes refuse", async (t) => {
+  const { api } = t.context;
+  // disk_mb 1: at most 256 files and folders; 2,000 empty files take next to no bytes.
+  const flood = "mkdir d && cd d && for i in $(seq 2000); do : > f$i; done; echo made";
+  const agent = await api.agentWith(scripted([bash(flood), tool("write", { path: "more.txt", content: "more" })], { limits: { disk_mb: 1 } }));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 60_000);
+  ranAll(t, outcome, 2);
+  const [made, write] = outcome.results;
+  t.regex(made!.text, /^made$/m, made!.text);
+  t.regex(made!.text, /the workspace holds more than 256 files and folders \(one per 4 KiB of its disk limit\)/, made!.text);
+  t.true(write!.isError, write!.text);
+  t.regex(write!.text, /Not written: the workspace holds more than 256 files and folders/, write!.text);
+});
+
 test.serial("sandbox - setsid and double-forked children are gone from the host's process table once the turn is final", async (t) => {
   const { api } = t.context;
   // A unique duration names the processes; bounded (under 100 s) even unconfined.

@@ -27,6 +27,7 @@ test("sandbox-limits - every limit hit names the limit and its value", (t) => {
     file_size: /file size limit \(2 MiB\)/,
     tmp: /SIGBUS.*\/tmp and \/dev\/shm hold 4 MiB each/,
     disk: /disk limit \(2 MiB\)/,
+    files: /more than 512 files and folders \(one per 4 KiB of its disk limit\)/,
     output: /last 8 KiB/,
   };
   for (const [hit, pattern] of Object.entries(expected)) t.regex(describeLimit(hit as LimitHit, limits), pattern, hit);

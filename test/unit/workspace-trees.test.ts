@@ -5,7 +5,7 @@ import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/pro
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { chownTree, removeTree, treeBytes } from "../../actors/sandbox-host.js";
+import { chownTree, removeTree, treeUsage } from "../../actors/sandbox-host.js";
 
 /**
  * Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character
@@ -16,6 +16,8 @@ function deepTree(base: string, bytes: number, outside: Outside): void {
   const made = spawnSync("bash", ["-c", `cd "$1" && for i in $(seq 25); do mkdir "$(printf %0200d $i)" && cd "$_" || exit 1; done && head -c ${bytes} /dev/urandom > hidden && ln -s "$2" file-link && ln -s "$3" folder-link`, "bash", base, outside.file, outside.folder], { encoding: "utf8", timeout: 30_000 });
   if (made.status !== 0) throw new Error(`could not make the deep tree: ${made.stderr}`);
 }
+
+const unbounded = { bytes: Infinity, entries: Infinity };
 
 interface Outside {
   file: string;
@@ -48,7 +50,8 @@ test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and r
     await mkdir(dir);
     const outside = await outsideOf(base);
     deepTree(dir, 4 * 1024 * 1024, outside);
-    const bytes = await treeBytes(dir, 64 * 1024 * 1024);
+    const { bytes, entries } = await treeUsage(dir, { bytes: 64 * 1024 * 1024, entries: Infinity });
+    t.is(entries, 28, "25 folders, a file and two links, counted by du");
     t.true(bytes >= 4 * 1024 * 1024 && bytes < 8 * 1024 * 1024, `${bytes} bytes`);
     // Node's rm cannot remove it (the reason removeTree falls back to rm(1)).
     const direct = await rm(dir, { recursive: true, force: true }).then(() => "removed", (err: NodeJS.ErrnoException) => err.code);
@@ -70,7 +73,7 @@ test("workspace trees - sizes as du(1) gives them: folders with their blocks (a 
     const names = path.join(base, "names");
     await mkdir(names);
     for (let i = 0; i < 2_000; i++) await writeFile(path.join(names, `${String(i).padStart(240, "x")}`), "");
-    const folder = await treeBytes(names, Infinity);
+    const folder = (await treeUsage(names, unbounded)).bytes;
     t.is(folder, du(names));
     t.log(`a folder of 2,000 names of 240 characters: ${folder} bytes (folders take no blocks on some filesystems, tmpfs and btrfs)`);
     const files = path.join(base, "files");
@@ -78,12 +81,30 @@ test("workspace trees - sizes as du(1) gives them: folders with their blocks (a 
     await writeFile(path.join(files, "data"), Buffer.alloc(1024 * 1024, 1));
     for (let i = 0; i < 5; i++) spawnSync("ln", [path.join(files, "data"), path.join(files, `link${i}`)]);
     spawnSync("truncate", ["-s", "512M", path.join(files, "hole")]);
-    const counted = await treeBytes(files, Infinity);
+    const counted = (await treeUsage(files, unbounded)).bytes;
     t.is(counted, du(files));
     t.true(counted >= 1024 * 1024 && counted < 2 * 1024 * 1024, `${counted}`);
-    t.is(await treeBytes(path.join(base, "missing"), 100), 0);
-    const stopped = await treeBytes(base, 1);
+    t.deepEqual(await treeUsage(path.join(base, "missing"), { bytes: 100, entries: 100 }), { bytes: 0, entries: 0 });
+    const stopped = (await treeUsage(base, { bytes: 1, entries: Infinity })).bytes;
     t.true(stopped > 1 && stopped < du(base), `${stopped}`);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test("workspace trees - entries are counted whatever their size (10,000 empty files take no block), each name of a linked file once; counting stops past the entries' stopAt", async (t) => {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const empty = path.join(base, "empty");
+    await mkdir(empty);
+    await mkdir(path.join(empty, "sub"));
+    for (let i = 0; i < 10_000; i++) await writeFile(path.join(empty, i % 2 ? "sub" : "", `f${i}`), "");
+    spawnSync("ln", [path.join(empty, "f0"), path.join(empty, "f0-again")]);
+    const whole = await treeUsage(empty, unbounded);
+    t.is(whole.entries, 10_002, "10,000 files, a folder and a second name");
+    t.true(whole.bytes < 2 * 1024 * 1024, `${whole.bytes} bytes: the folders' blocks only`);
+    const stopped = await treeUsage(empty, { bytes: Infinity, entries: 100 });
+    t.is(stopped.entries, 101, "stopped at the first entry past the bound");
   } finally {
     await rm(base, { recursive: true, force: true });
   }
@@ -118,7 +139,7 @@ test("workspace trees - a folder its owner made unreadable (chmod 000) is measur
     await symlink(outside.folder, path.join(dir, "closed", "folder-link"));
     await chmod(path.join(dir, "closed"), 0o000);
     const module = pathToFileURL(path.resolve("actors/sandbox-host.ts")).href;
-    const script = `const { treeBytes, removeTree } = await import(${JSON.stringify(module)}); const dir = ${JSON.stringify(dir)}; const bytes = await treeBytes(dir, 1 << 30); await removeTree(dir); console.log(JSON.stringify({ bytes }));`;
+    const script = `const { treeUsage, removeTree } = await import(${JSON.stringify(module)}); const dir = ${JSON.stringify(dir)}; const { bytes } = await treeUsage(dir, { bytes: 1 << 30, entries: Infinity }); await removeTree(dir); console.log(JSON.stringify({ bytes }));`;
     // Root without capabilities reads and removes only what its modes allow, as any other uid.
     const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
     t.is(child.status, 0, child.stderr);
