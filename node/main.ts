@@ -64,13 +64,15 @@ async function main(): Promise<void> {
   if (stopping) return;
 
   let created: BannerFacts["created"];
-  // On an empty store, embedded or not (decisions §1); once, however many nodes start.
-  if ((await service.store.countWorkspaces()) === 0) {
+  // `npm start` on an empty store, embedded or not (decisions §1); once, however many
+  // nodes start. Not the image's entry point (RUNS_DEV_WORKSPACE unset): an all-scopes
+  // key printed into a deployment's collected logs is a key anyone reading them holds.
+  if ((embedded || config.devWorkspace) && (await service.store.countWorkspaces()) === 0) {
     if (await service.store.claimBootstrap(systemClock.nowMs())) {
       const made = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
       created = { workspaceId: made.workspace.id, plan: made.workspace.plan, key: made.api_key.key as string };
     } else {
-      log.warn("the store has no workspace, but another start claimed making the development workspace; make one with `npx runs admin create-workspace` if none appears");
+      log.info("another start is making the development workspace and prints its key (if none appears, make one with `npx runs admin create-workspace`)");
     }
   }
   const app = service.app;

@@ -101,6 +101,7 @@ const EnvSchema = z.object({
   /** Multiplies the retry waits (5 s, 30 s, 2 min, …); tests shrink them. */
   RUNS_WEBHOOK_RETRY_SCALE: z.coerce.number().positive().max(100).default(1),
   RUNS_WEBHOOK_MAX_IN_FLIGHT: intFromEnv(4, 1),
+  RUNS_DEV_WORKSPACE: z.enum(["", "0", "1", "true", "false"]).default(""),
   // A bearer token for /metrics; long enough that guessing it is not a way in.
   RUNS_METRICS_TOKEN: z
     .string()
@@ -204,6 +205,11 @@ export interface Config {
    * and names no workspace.
    */
   metricsToken?: string;
+  /**
+   * Against external servers too, an empty store gets a development workspace whose key
+   * is printed (RUNS_DEV_WORKSPACE; `npm start` sets it, the image does not).
+   */
+  devWorkspace: boolean;
   logLevel: (typeof LOG_LEVELS)[number];
 }
 
@@ -292,6 +298,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     ambientProviders: new Set(e.RUNS_AMBIENT_PROVIDERS.split(",").map((p) => p.trim()).filter(Boolean)),
     metricsToken: e.RUNS_METRICS_TOKEN,
+    devWorkspace: e.RUNS_DEV_WORKSPACE === "1" || e.RUNS_DEV_WORKSPACE === "true",
     logLevel: e.LOG_LEVEL,
   };
 }

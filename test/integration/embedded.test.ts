@@ -213,7 +213,7 @@ async function tcpListeners(pid: number): Promise<string[]> {
   return listening;
 }
 
-test("external servers - two npm starts at once on an empty store make one development workspace, whose key one of them prints and both accept; a start that finds the making claimed makes none and says what to do", async (t) => {
+test("external servers - two npm starts at once on an empty store make one development workspace, whose key one of them prints and both accept; a start that finds the making claimed makes none and says what to do; the image's entry point makes none", async (t) => {
   t.timeout(180_000);
   const servers = await startTestServers();
   t.teardown(() => servers.stop());
@@ -226,7 +226,9 @@ test("external servers - two npm starts at once on an empty store make one devel
     MONGODB_DB: servers.dbName,
     RUNS_MASTER_KEY: Buffer.alloc(32, 9).toString("base64"),
     RUNS_PARTITIONS: "8",
-    LOG_LEVEL: "warn",
+    LOG_LEVEL: "info",
+    // As `npm start` sets it (startMain runs node/main.ts itself).
+    RUNS_DEV_WORKSPACE: "1",
   };
   const starts = [0, 1].map((i) => startMain({ ...base, PORT: "0", RUNS_NODE_ID: `external-${i}`, RUNS_DATA_DIR: path.join(servers.dir, `external-${i}`) }));
   try {
@@ -251,10 +253,26 @@ test("external servers - two npm starts at once on an empty store make one devel
   const late = startMain({ ...base, MONGODB_DB: claimed, PORT: "0", RUNS_NODE_ID: "external-late", RUNS_DATA_DIR: path.join(servers.dir, "external-late") });
   try {
     await late.serving;
+    // The log line may follow the banner (the logger writes asynchronously).
+    for (let i = 0; i < 100 && !late.output().includes("another start is making the development workspace"); i++) await new Promise((r) => setTimeout(r, 100));
     t.notRegex(late.output(), /rk_live_/);
-    t.regex(late.output(), /another start claimed making the development workspace; make one with `npx runs admin create-workspace`/);
+    t.regex(late.output(), /another start is making the development workspace and prints its key \(if none appears, make one with `npx runs admin create-workspace`\)/);
   } finally {
     await stopMain(late.child);
+  }
+  // The image's entry point (no RUNS_DEV_WORKSPACE) makes none and prints no key.
+  const image = startMain({ ...base, RUNS_DEV_WORKSPACE: "", MONGODB_DB: `${servers.dbName}_image`, PORT: "0", RUNS_NODE_ID: "external-image", RUNS_DATA_DIR: path.join(servers.dir, "external-image") });
+  try {
+    await image.serving;
+    t.notRegex(image.output(), /rk_live_/);
+    const client = await new MongoClient(servers.mongoUri).connect();
+    try {
+      t.is(await client.db(`${servers.dbName}_image`).collection("workspaces").countDocuments({}), 0);
+    } finally {
+      await client.close();
+    }
+  } finally {
+    await stopMain(image.child);
   }
 });
 
