@@ -95,8 +95,8 @@ export async function prepareRunWorkspace(
       return { failure };
     }
   }
-  // Searchable, not listable, for the sandbox's uid; the workspace itself becomes its own.
-  await mkdir(path.dirname(workspaceDir), { recursive: true, mode: 0o711 });
+  // Passable by the sandbox's group alone (Sandbox.prepareWorkspace: closedToOthers); the workspace itself becomes the sandbox uid's.
+  await mkdir(path.dirname(workspaceDir), { recursive: true, mode: 0o710 });
   await mkdir(workspaceDir, { recursive: true, mode: 0o700 });
   try {
     await r.sandbox.prepareWorkspace(workspaceDir);

@@ -4,8 +4,8 @@
  * work (ownership of a workspace, its size, whether the sandbox's uid can reach it).
  */
 import { execFile, spawnSync } from "node:child_process";
-import { accessSync, closeSync, constants as fsConstants, existsSync, lstatSync, readdirSync, readFileSync, readlinkSync, statSync } from "node:fs";
-import { chmod, chown, lchown, lstat, readdir, rm } from "node:fs/promises";
+import { type Stats, accessSync, closeSync, constants as fsConstants, existsSync, lstatSync, readdirSync, readFileSync, readlinkSync, statSync } from "node:fs";
+import { chmod, chown, lchown, lstat, opendir, readdir, rm } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "pino";
@@ -149,6 +149,20 @@ export function isExecutable(file: string): boolean {
  * becomes 0711 when the node owns it: the sandbox's uid must pass through it to a
  * workspace, and nobody may list it. Secrets inside stay 0600, the store's folder 0700.
  */
+/**
+ * The folder that holds the workspaces: the service's, passable by the sandboxes' group
+ * alone (0710), so no other host user reaches a workspace whatever modes a command gave
+ * it (`chmod 755 /workspace`) or a file it left there. bwrap, as the sandbox's uid,
+ * resolves the path of the workspace it binds, through the group's bit.
+ */
+export async function closedToOthers(dir: string, gid: number): Promise<void> {
+  const info = await lstat(dir);
+  const uid = process.getuid?.() ?? info.uid;
+  if (info.uid === uid && info.gid === gid && (info.mode & 0o777) === 0o710) return;
+  await chown(dir, uid, gid);
+  await chmod(dir, 0o710);
+}
+
 /** O_CLOEXEC in the flags /proc/self/fdinfo shows (octal; the same on x86_64 and arm64). */
 const O_CLOEXEC = 0o2000000;
 
@@ -207,9 +221,10 @@ export async function searchableDataDir(dir: string, log: Logger): Promise<void>
 }
 
 /**
- * chowns every entry of `dir` not yet owned by uid (lstat: links are not followed). Bounded
- * by the tree. One deeper than a path can name (PATH_MAX) is chowned by chown(1), which
- * walks by descriptors (links not followed either).
+ * chowns every entry of `dir` not yet owned by uid (lstat: links are not followed) and
+ * clears set-user-ID and set-group-ID bits. Bounded by the tree. One deeper than a path
+ * can name (PATH_MAX) is done by chown(1) and chmod(1), which walk by descriptors (links
+ * not followed either).
  */
 export async function chownTree(dir: string, uid: number, gid: number): Promise<void> {
   try {
@@ -217,28 +232,44 @@ export async function chownTree(dir: string, uid: number, gid: number): Promise<
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== "ENAMETOOLONG") throw err;
     await treeCommand("chown", ["-R", "-P", "-h", `${uid}:${gid}`, "--", dir]);
+    await treeCommand("chmod", ["-R", "ug-s", "--", dir]);
   }
 }
 
 async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
+  const own = async (p: Buffer | string, st: Stats) => {
+    // A symbolic link is chowned itself, never its target.
+    if (st.uid !== uid || st.gid !== gid) await lchown(p, uid, gid);
+    // No set-user-ID or set-group-ID file of a tenant's stays on the host (a checkpoint
+    // restored as root keeps the modes it was saved with): run by another host user, it
+    // would be the sandboxes' uid. (Inside, /workspace is mounted nosuid.)
+    if (!st.isSymbolicLink() && st.mode & 0o6000) await chmod(p, st.mode & 0o1777);
+  };
   const info = await lstat(dir);
-  if (info.uid !== uid || info.gid !== gid) await chown(dir, uid, gid);
-  if (!info.isDirectory()) return;
-  const stack = [dir];
+  await own(dir, info);
+  if (info.isDirectory()) await walkTree(dir, own);
+}
+
+/**
+ * Visits every entry below `dir` with its lstat (links not followed), folders before what
+ * they hold, until `visit` answers false. Each folder is read as a stream (a folder of
+ * millions of names is never held whole) and entries are named by their bytes: a name
+ * that is not UTF-8 (a command may make one) is reached as it is, not as its U+FFFD
+ * replacement, which names nothing. A path past PATH_MAX throws ENAMETOOLONG.
+ */
+async function walkTree(dir: string, visit: (p: Buffer, st: Stats) => Promise<boolean | void>): Promise<void> {
+  const stack: Buffer[] = [Buffer.from(dir)];
+  const slash = Buffer.from("/");
   while (stack.length > 0) {
     const current = stack.pop()!;
-    for (const entry of await readdir(current, { withFileTypes: true })) {
-      const p = path.join(current, entry.name);
+    for await (const entry of await opendir(current, { encoding: "buffer" } as unknown as Parameters<typeof opendir>[1])) {
+      const p = Buffer.concat([current, slash, entry.name as unknown as Buffer]);
       const st = await lstat(p);
-      if (st.uid !== uid || st.gid !== gid) {
-        // A symbolic link is chowned itself, never its target.
-        await lchown(p, uid, gid);
-      }
+      if ((await visit(p, st)) === false) return;
       if (st.isDirectory()) stack.push(p);
     }
   }
 }
-
 
 /** What a directory tree holds: bytes on disk, and entries (files, folders, links) below it. */
 export interface TreeUsage {
@@ -258,51 +289,57 @@ export interface TreeUsage {
  * on some filesystems (tmpfs, btrfs): there only files count in bytes.
  */
 export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
-  const stack = [dir];
   const linked = new Set<string>();
+  const usage = { bytes: 0, entries: 0 };
   try {
-    let bytes = (await lstat(dir)).blocks * 512;
-    let entries = 0;
-    while (stack.length > 0) {
-      const current = stack.pop()!;
-      for (const entry of await readdir(current, { withFileTypes: true })) {
-        entries++;
-        const p = path.join(current, entry.name);
-        const st = await lstat(p);
-        if (st.isDirectory()) stack.push(p);
-        else if (st.nlink > 1) {
-          const inode = `${st.dev}:${st.ino}`;
-          if (linked.has(inode)) continue;
-          linked.add(inode);
-        }
-        bytes += st.blocks * 512;
-        if (bytes > stopAt.bytes || entries > stopAt.entries) return { bytes, entries };
-      }
-    }
-    return { bytes, entries };
+    usage.bytes = (await lstat(dir)).blocks * 512;
+    await walkTree(dir, async (_p, st) => {
+      usage.entries++;
+      // A further name of a file counted already adds no blocks.
+      const counted = !st.isDirectory() && st.nlink > 1 && linked.size < MAX_LINKED_TRACKED && !trackOnce(linked, `${st.dev}:${st.ino}`);
+      if (!counted) usage.bytes += st.blocks * 512;
+      return usage.bytes <= stopAt.bytes && usage.entries <= stopAt.entries;
+    });
+    return usage;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return { bytes: 0, entries: 0 };
     const unmeasurable = { bytes: Infinity, entries: Infinity };
-    return duUsage(dir).catch(async () => {
+    return duUsage(dir, stopAt).catch(async () => {
       await reopenTree(dir);
-      return duUsage(dir).catch(() => unmeasurable);
+      return duUsage(dir, stopAt).catch(() => unmeasurable);
     });
   }
+}
+
+/** Linked files whose inodes a measurement remembers (past it, each name's blocks count: more, never less). */
+const MAX_LINKED_TRACKED = 1_000_000;
+
+/** Adds `key` to `seen`; false when it was there already. */
+function trackOnce(seen: Set<string>, key: string): boolean {
+  if (seen.has(key)) return false;
+  seen.add(key);
+  return true;
 }
 
 /** How long du(1), chmod(1) or rm(1) may take over a tree (a workspace of millions of files). */
 const TREE_COMMAND_TIMEOUT_MS = 600_000;
 const treeCommand = (file: string, args: string[]) => execFileAsync(file, args, { timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 });
 
-/** du(1)'s measure of a tree, as treeUsage counts it (its entries by inodes: a file of several links once, the tree's own folder not). */
-async function duUsage(dir: string): Promise<TreeUsage> {
+/**
+ * du(1)'s measure of a tree, as treeUsage counts it (its entries by inodes: a file of
+ * several links once, the tree's own folder not); its entries only when its bytes are
+ * within `stopAt` (each pass walks the whole tree).
+ */
+async function duUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
   const total = async (args: string[]) => {
     const { stdout } = await treeCommand("du", ["-s", "-x", ...args, "--", dir]);
     const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
     if (!Number.isSafeInteger(n)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
     return n;
   };
-  return { bytes: await total(["-B1"]), entries: Math.max(0, (await total(["--inodes"])) - 1) };
+  const bytes = await total(["-B1"]);
+  if (bytes > stopAt.bytes) return { bytes, entries: 0 };
+  return { bytes, entries: Math.max(0, (await total(["--inodes"])) - 1) };
 }
 
 /**

@@ -19,6 +19,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { chmod, mkdir, readdir, readFile, stat, writeFile } from "node:fs/promises";
 import http from "node:http";
+import { spawnSync } from "node:child_process";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
@@ -625,6 +626,36 @@ test.serial("sandbox - empty files, which take an inode and no block, are bounde
   t.regex(made!.text, /the workspace holds more than 256 files and folders \(one per 4 KiB of its disk limit\)/, made!.text);
   t.true(write!.isError, write!.text);
   t.regex(write!.text, /Not written: the workspace holds more than 256 files and folders/, write!.text);
+});
+
+test.serial("sandbox - a set-user-ID copy of a shell and an opened-up workspace (chmod 755) give no other host user a way in: the workspaces' folder is passable by the sandboxes' group alone, and the next turn clears the bit", async (t) => {
+  if (process.getuid?.() !== 0) return t.pass("only a service running as root gives sandboxes a uid of their own");
+  if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");
+  const { api, dataDir } = t.context;
+  // The first turn plants; the next one (the same script) shows what its preparation left.
+  const plant = "if [ -e planted ]; then echo \"found $(stat -c %a planted)\"; else cp /bin/sh planted && chmod 4755 planted && chmod 755 /workspace && stat -c %a planted; fi";
+  const agent = await api.agentWith(scripted([bash(plant)]));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 30_000);
+  ranAll(t, outcome, 1);
+  t.regex(outcome.results[0]!.text, /^4755$/m, "the command could set the bit inside");
+  const folder = path.join(dataDir, "workspaces");
+  const info = await stat(folder);
+  t.is(info.mode & 0o777, 0o710);
+  t.is(info.gid, 65534);
+  // Another host user (uid and gid 4242, no groups) can neither list the workspace nor run what was planted.
+  const asOther = (command: string) => spawnSync("setpriv", ["--reuid=4242", "--regid=4242", "--clear-groups", "sh", "-c", command], { encoding: "utf8", timeout: 10_000 });
+  const listed = asOther(`ls ${path.join(folder, runId)}`);
+  t.not(listed.status, 0, listed.stdout);
+  t.regex(listed.stderr, /Permission denied/);
+  const ran = asOther(`${path.join(folder, runId, "planted")} -p -c id`);
+  t.not(ran.status, 0, ran.stdout);
+  // The next turn's preparation clears the bit on the host.
+  const next = await api.post("/api/v1/runs", { run_id: runId, input: "again" });
+  t.is(next.status, 200, JSON.stringify(next.body));
+  t.is((await stat(path.join(folder, runId, "planted"))).mode & 0o7777, 0o755);
+  const seen = toolResultsOf(await eventsOf(api, runId)).at(-1)!;
+  t.regex(seen.text, /^found 755$/m, seen.text);
 });
 
 test.serial("sandbox - setsid and double-forked children are gone from the host's process table once the turn is final", async (t) => {

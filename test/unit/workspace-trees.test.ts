@@ -1,7 +1,7 @@
 import test, { type ExecutionContext } from "ava";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -105,6 +105,37 @@ test("workspace trees - entries are counted whatever their size (10,000 empty fi
     t.true(whole.bytes < 2 * 1024 * 1024, `${whole.bytes} bytes: the folders' blocks only`);
     const stopped = await treeUsage(empty, { bytes: Infinity, entries: 100 });
     t.is(stopped.entries, 101, "stopped at the first entry past the bound");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test("workspace trees - names that are not UTF-8 are measured and chowned by their bytes (a U+FFFD stand-in names nothing); set-user-ID and set-group-ID bits are cleared, links left alone", async (t) => {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const dir = path.join(base, "workspace");
+    await mkdir(dir);
+    const bad = Buffer.concat([Buffer.from(`${dir}/bad`), Buffer.from([0xff])]);
+    await mkdir(bad);
+    const inner = Buffer.concat([bad, Buffer.from("/data\xfe", "latin1")]);
+    await writeFile(inner, Buffer.alloc(64 * 1024, 1));
+    const usage = await treeUsage(dir, unbounded);
+    t.is(usage.entries, 2);
+    t.true(usage.bytes >= 64 * 1024, `${usage.bytes}`);
+    if (process.getuid?.() !== 0) return;
+    const setuid = path.join(dir, "sh");
+    await writeFile(setuid, "#!/bin/sh\n", { mode: 0o755 });
+    await chmod(setuid, 0o4755);
+    await chmod(bad, 0o2775);
+    const outside = await outsideOf(base);
+    await chmod(outside.file, 0o4640);
+    await symlink(outside.file, path.join(dir, "link"));
+    await chownTree(dir, 65534, 65534);
+    t.is((await lstat(inner)).uid, 65534, "the file below a name that is not UTF-8");
+    t.is((await lstat(bad)).uid, 65534);
+    t.is((await lstat(setuid)).mode & 0o7777, 0o755, "set-user-ID cleared");
+    t.is((await lstat(bad)).mode & 0o7777, 0o775, "set-group-ID cleared");
+    t.is((await lstat(outside.file)).mode & 0o7777, 0o4640, "a link's target is not touched");
   } finally {
     await rm(base, { recursive: true, force: true });
   }
