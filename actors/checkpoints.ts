@@ -34,13 +34,30 @@ export class CheckpointCorruptError extends Error {
   }
 }
 
-/** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
-function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
-  // The C locale: its messages are read ("Permission denied"), whatever the service's LANG.
-  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"], env: { ...process.env, LC_ALL: "C" } });
+/**
+ * Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. With
+ * `onListed` (and `-v`), each name it lists is passed on; its own messages ("tar: …") are
+ * kept for its failure.
+ */
+function runTar(args: string[], stdin: "pipe" | "ignore", onListed?: (name: string) => void): { child: ChildProcess; done: Promise<void> } {
+  // English messages, read below ("Permission denied"), whatever the service's LANG; UTF-8
+  // so that a listed name shows its UTF-8 characters as they are (others are escaped).
+  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"], env: { ...process.env, LC_ALL: "C.UTF-8" } });
   let err = "";
-  child.stderr!.on("data", (d: Buffer) => {
-    if (err.length < 4_000) err += d.toString().slice(0, 4_000 - err.length);
+  let partial = "";
+  child.stderr!.setEncoding("utf8");
+  const take = (line: string) => {
+    if (onListed && !line.startsWith("tar: ")) onListed(line);
+    else if (err.length < 4_000) err += `${line.slice(0, 4_000 - err.length)}\n`;
+  };
+  child.stderr!.on("data", (text: string) => {
+    const lines = (partial + text).split("\n");
+    partial = lines.pop()!;
+    for (const line of lines) take(line);
+  });
+  child.stderr!.on("end", () => {
+    if (partial) take(partial);
+    partial = "";
   });
   const done = new Promise<void>((resolve, reject) => {
     child.on("error", reject);
@@ -48,6 +65,9 @@ function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess
   });
   return { child, done };
 }
+
+/** Names tar lists as long as this (PATH_MAX, the terminating NUL's byte included) cannot be extracted. */
+const RESTORABLE_NAME_BYTES = 4_096;
 
 /**
  * `tar`'s output, failing at its end if tar failed (so a bad archive never replaces a good one).
@@ -57,10 +77,20 @@ function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess
  * disk to restore.
  */
 async function* archiveOf(dir: string): AsyncGenerator<Uint8Array> {
-  const { child, done } = runTar(["--sparse", "-czf", "-", "-C", dir, "."], "ignore");
+  // A name tar cannot create on extraction (PATH_MAX, with its `./`) fails the save: a
+  // checkpoint that saves but cannot be restored would replace the last good one, and the
+  // run would lose its whole workspace the next time it moves. (Listed escaped, a name
+  // shows longer than it is: at worst such a save is refused too.)
+  let longest = 0;
+  const { child, done } = runTar(["--sparse", "-czvf", "-", "-C", dir, "."], "ignore", (name) => {
+    longest = Math.max(longest, Buffer.byteLength(name));
+  });
   try {
     for await (const chunk of child.stdout as AsyncIterable<Buffer>) yield chunk;
     await done;
+    if (longest >= RESTORABLE_NAME_BYTES) {
+      throw new CheckpointError(`the workspace holds a path of ${longest} bytes, which a restore cannot create (at most ${RESTORABLE_NAME_BYTES - 1}): not saved, its last checkpoint is kept`);
+    }
   } finally {
     // The store stopped reading (it failed): tar must not linger.
     if (child.exitCode === null && child.signalCode === null) {

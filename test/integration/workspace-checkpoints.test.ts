@@ -1,4 +1,4 @@
-import test from "ava";
+import test, { type ExecutionContext } from "ava";
 import { existsSync } from "node:fs";
 import { chmod, cp, mkdir, open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { spawnSync } from "node:child_process";
@@ -142,6 +142,47 @@ test("checkpoints - a save expecting an older revision is refused and stores not
     await nc.close();
     await t.throwsAsync(checkpoints.remove(runId), { instanceOf: CheckpointError });
   }));
+
+test("checkpoints - a workspace holding a path a restore cannot create (past PATH_MAX) is not saved, so its last checkpoint stays the one a new owner restores; names just under the bound, of UTF-8 characters or not, save and restore", (t) =>
+  withCheckpoints("deep", async ({ servers, checkpoints }) => {
+    const runId = "run_checkpointdeep00000001";
+    const dir = path.join(servers.dir, "deep", runId);
+    await mkdir(dir, { recursive: true });
+    // Node's rm stops at PATH_MAX: rm(1) removes these trees before the servers' folder goes.
+    try {
+      await deepSaves(t, servers, checkpoints, runId, dir);
+    } finally {
+      spawnSync("rm", ["-rf", ...["deep", "fits", "restored"].map((name) => path.join(servers.dir, name))]);
+    }
+  }));
+
+async function deepSaves(t: ExecutionContext, servers: TestServers, checkpoints: WorkspaceCheckpoints, runId: string, dir: string): Promise<void> {
+  await writeFile(path.join(dir, "note.txt"), "before");
+  const first = (await checkpoints.save(runId, dir, false, "ws_x", 0))!;
+  // ./ and 4,093 bytes: the longest name tar extracts (4,095 bytes with its NUL).
+  const nested = (top: string, bytes: number, last: string) =>
+    spawnSync("python3", ["-c", `
+import os, sys
+top, bytes, last = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+os.mkdir(top); cur = os.open(top, os.O_RDONLY); rel = len(top)
+while rel + 1 + 200 + 1 + len(last) < bytes:
+    os.mkdir("d" * 200, dir_fd=cur); cur = os.open("d" * 200, os.O_RDONLY, dir_fd=cur); rel += 201
+name = b"f" * (bytes - rel - 1 - len(last)) + last
+os.close(os.open(name, os.O_CREAT | os.O_WRONLY, dir_fd=cur))
+`, top, String(bytes), last], { cwd: dir, encoding: "utf8" });
+  t.is(nested("fits", 4_093, "é").status, 0);
+  const fits = (await checkpoints.save(runId, dir, true, "ws_x", first))!;
+  t.true(fits > first);
+  t.is(await checkpoints.restore(runId, path.join(servers.dir, "fits", runId), "ws_x"), fits, "a name of 4,093 bytes (and a UTF-8 character) restores");
+  t.is(nested("too-deep", 4_094, "").status, 0);
+  await writeFile(path.join(dir, "note.txt"), "after");
+  const refused = await t.throwsAsync(checkpoints.save(runId, dir, true, "ws_x", fits), { instanceOf: CheckpointError });
+  t.regex(refused!.message, /a path of 4096 bytes, which a restore cannot create \(at most 4095\): not saved, its last checkpoint is kept/);
+  t.is(await checkpoints.revision(runId), fits, "nothing replaced the restorable checkpoint");
+  const restored = path.join(servers.dir, "restored", runId);
+  t.is(await checkpoints.restore(runId, restored, "ws_x"), fits);
+  t.is(await readFile(path.join(restored, "note.txt"), "utf8"), "before");
+}
 
 test("checkpoints - files with holes are saved and restored with their holes: a command's truncate-made files cost neither the archive nor the restoring node's disk their length", (t) =>
   withCheckpoints("sparse", async ({ servers, bucket, checkpoints }) => {
