@@ -182,8 +182,7 @@ export class ActorHost {
         for (const run of await this.r.store.expiredRunsIn(held, now)) {
           const epoch = this.leases.epochOf(run.partition);
           if (epoch === undefined) continue;
-          await this.actorFor(run._id, run.partition, epoch).expire();
-          this.actors.delete(run._id);
+          if (await this.actorFor(run._id, run.partition, epoch).expire()) this.actors.delete(run._id);
         }
       }
       // Each apart: one that cannot be swept now must not stop the sweeps after it.

@@ -1,4 +1,4 @@
-import { type ActionDoc, ApiError, decide, eventRunOf, isTransientFailure, READ_ONLY_TOOLS, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
+import { runExpired, type ActionDoc, ApiError, decide, eventRunOf, isTransientFailure, READ_ONLY_TOOLS, hasUsage, renderAction, admissionOutcome, nextVersionFor, onVersion, cancelOutcome, cancelTarget, type CommandReply, Disposition, editTags, type EventAppender, FencedError, finalEventType, type InputPart, interruptedStatus, isFinalStatus, MAX_TAGS, renderRun, type RunCommand, type RunDoc, type RunEvent, RunState, Subjects, type TurnDoc, turnError, TurnStatus } from "../src/index.js";
 import { SteeringTargetEndedError } from "./agent-runner.js";
 import { inputText } from "./turn-input.js";
 import { PARTS_CHECK_AFTER_MS, removeRunParts } from "./run-removal.js";
@@ -157,21 +157,17 @@ export class RunActor {
     });
   }
 
-  /** Deletes the run's data once its retention ran out (sweeper). */
-  expire(): Promise<void> {
+  /** Deletes the run's data once its retention ran out (sweeper); whether it did. */
+  expire(): Promise<boolean> {
+    let removed = false;
     return this.guarded(async () => {
       const run = await this.activate();
-      if (!run || run.expires_at > this.r.clock.nowMs()) return;
-      if (this.turns.active) {
-        this.turns.active.abortReason = "shutdown";
-        this.turns.active.running.abort();
-        this.turns.active = undefined;
-      }
-      this.turns.waiting?.timer.cancel();
-      this.turns.waiting = undefined;
+      // Never a busy run (runExpired): no turn of it executes or waits here.
+      if (!run || !runExpired(run, this.r.clock.nowMs())) return;
       // The sweeper expires runs one after another, each removed whole.
       await (await this.removeRun(run, "expired")).parts;
-    });
+      removed = true;
+    }).then(() => removed);
   }
 
   private guarded(work: () => Promise<void>): Promise<void> {
@@ -222,7 +218,7 @@ export class RunActor {
     const run = await this.activate();
     // The body names the run of a continuation; the path names it for the other commands.
     if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, cmd.op === "continue" ? "run_id" : "runId");
-    if (run.expires_at <= this.r.clock.nowMs()) return fail("run_expired");
+    if (runExpired(run, this.r.clock.nowMs())) return fail("run_expired");
     switch (cmd.op) {
       case "continue":
         return this.continueRun(run, cmd);

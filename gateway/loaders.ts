@@ -1,5 +1,5 @@
 /** Reading a route's run and turn, with the contract's 404 and 410 answers. */
-import { ApiError, type RunDoc, type TurnDoc } from "../src/index.js";
+import { ApiError, type RunDoc, runExpired, type TurnDoc } from "../src/index.js";
 import type { GatewayContext } from "./context.js";
 
 /** The run of the workspace; 404 naming `param` (the path's `runId`, or the body's `run_id`). */
@@ -7,7 +7,7 @@ export async function loadRun(ctx: Pick<GatewayContext, "store" | "clock">, work
   const run = await ctx.store.getRun(runId);
   if (run && run.workspace_id === workspaceId) {
     // Past retention the run is gone even before the sweeper deleted it.
-    if (run.expires_at <= ctx.clock.nowMs()) throw new ApiError("run_expired");
+    if (runExpired(run, ctx.clock.nowMs())) throw new ApiError("run_expired");
     return run;
   }
   const tombstone = await ctx.store.getTombstone(runId);

@@ -28,6 +28,15 @@ export function isFinalStatus(status: TurnStatus): boolean {
 export const RunState = { idle: "idle", busy: "busy" } as const;
 export type RunState = (typeof RunState)[keyof typeof RunState];
 
+/**
+ * Whether a run is past its retention (runs-api.md: then 410 run_expired, and swept). A
+ * busy run is not: its turn's progress restarts the clock, and one working silently (a
+ * long command, a wait for a decision) is still at work; its end restarts the clock.
+ */
+export function runExpired(run: { state: RunState; expires_at: number }, nowMs: number): boolean {
+  return run.state !== RunState.busy && run.expires_at <= nowMs;
+}
+
 export const Disposition = {
   created: "created",
   continued: "continued",

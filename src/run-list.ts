@@ -1,5 +1,6 @@
 import type { Filter } from "mongodb";
 import type { RunDoc } from "./documents.js";
+import { runExpired } from "./domain.js";
 import { ApiError, invalid } from "./errors.js";
 import type { MongoStore } from "./mongo-store.js";
 import { z } from "zod";
@@ -144,7 +145,7 @@ export async function listReadableRuns(
   store: MongoStore,
   input: Parameters<typeof listRuns>[1] & { nowMs: number },
 ): Promise<RunListPage & { lastRead?: RunDoc }> {
-  const readable = (runs: RunDoc[]) => runs.filter((run) => run.expires_at > input.nowMs);
+  const readable = (runs: RunDoc[]) => runs.filter((run) => !runExpired(run, input.nowMs));
   let page = await listRuns(store, input);
   let lastRead = page.runs.at(-1);
   const shown = readable(page.runs);

@@ -55,6 +55,25 @@ test("retention - a turn that makes progress for longer than the retention keeps
   t.is((await api.get(`/api/v1/runs/${started.id}`)).status, 410);
 });
 
+test("retention - a turn at work without a sign of progress (a silent command longer than the retention) keeps its run readable, listed and unswept; from its end the clock runs as usual", async (t) => {
+  t.timeout(60_000);
+  const { api, service } = t.context;
+  const agent = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: "sleep 7" } } }, { text: "slept" }] });
+  const started = (await api.post("/api/v1/runs", { agent, input: "sleep", background: true, tags: ["silent"] })).body;
+  t.is(started.state, "busy", JSON.stringify(started));
+  await sleep((RETENTION_S + 2) * 1000);
+  const during = await api.get(`/api/v1/runs/${started.id}`);
+  t.is(during.status, 200, JSON.stringify(during.body));
+  t.is(during.body.state, "busy");
+  t.true((await service.store.getRun(started.id))!.expires_at < Date.now(), "its clock ran out while the command said nothing");
+  t.deepEqual((await api.get("/api/v1/runs?tag=silent")).body.data.map((run: { id: string }) => run.id), [started.id]);
+  const ended = await api.waitRun(started.id, (run) => run.state === "idle", 30_000);
+  t.is(ended.turn.status, "completed");
+  t.is((await api.get(`/api/v1/runs/${started.id}`)).status, 200);
+  await sleep(RETENTION_S * 1000 + 1_000);
+  t.is((await api.get(`/api/v1/runs/${started.id}`)).status, 410);
+});
+
 test("retention - the progress refresh is a hundredth of the retention, between 1 s and 10 min", (t) => {
   t.is(retentionRefreshMs(3), 1_000);
   t.is(retentionRefreshMs(3_600), 36_000);
