@@ -317,7 +317,12 @@ export class ActorHost {
           if (this.leases.epochOf(partition) !== epoch) return;
           await this.actorFor(run._id, partition, epoch).recover();
         })
-        .catch((err) => this.r.log.error({ err, run_id: run._id }, "recovery failed"));
+        .then(
+          (taken) => {
+            if (!taken && this.admitting) this.r.log.warn({ run_id: run._id, partition }, "recoveries queue full: the run is left to the orphan check");
+          },
+          (err) => this.r.log.error({ err, run_id: run._id }, "recovery failed"),
+        );
     }
     if (busy.length) this.r.log.info({ partition, runs: busy.length }, "recovering busy runs");
     this.goneChecks.add(partition);

@@ -145,11 +145,6 @@ export function isExecutable(file: string): boolean {
 }
 
 /**
- * The service's data folder (the parent of the runtime folder and the workspaces)
- * becomes 0711 when the node owns it: the sandbox's uid must pass through it to a
- * workspace, and nobody may list it. Secrets inside stay 0600, the store's folder 0700.
- */
-/**
  * The folder that holds the workspaces: the service's, passable by the sandboxes' group
  * alone (0710), so no other host user reaches a workspace whatever modes a command gave
  * it (`chmod 755 /workspace`) or a file it left there. bwrap, as the sandbox's uid,
@@ -213,6 +208,11 @@ export function closeInheritedDescriptors(): string[] {
   return closed;
 }
 
+/**
+ * The service's data folder (the parent of the runtime folder and the workspaces)
+ * becomes 0711 when the node owns it: the sandbox's uid must pass through it to a
+ * workspace, and nobody may list it. Secrets inside stay 0600, the store's folder 0700.
+ */
 export async function searchableDataDir(dir: string, log: Logger): Promise<void> {
   const info = await lstat(dir);
   if (info.uid !== process.getuid?.() || (info.mode & 0o777) === 0o711) return;

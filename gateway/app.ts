@@ -69,7 +69,7 @@ export async function buildApp(
       sseStreams: () => openStreamCount(context),
       natsConnected: () => connection.connected && !ctx.nc.isClosed(),
       storeReachable: () => Promise.race([ctx.store.ping(), ctx.clock.sleep(STORE_PING_BOUND_MS).then(() => false)]),
-    }),
+    }, ctx.config.metricsToken !== undefined),
   };
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,

@@ -96,12 +96,15 @@ function setRateHeaders(reply: FastifyReply, decision: RateDecision): void {
   reply.header("x-ratelimit-reset", String(decision.resetS));
 }
 
-/** Per-workspace limits (decisions §7); every authenticated /api answer carries the headers. */
-/** The rate-limit headers of a request not counted against the limit (a public /api route's). */
+/**
+ * The rate-limit headers of a request not counted against the limit (a public /api
+ * route's): the standard limit as this node last counted it.
+ */
 export function showRateLimit(ctx: GatewayContext, auth: AuthContext, reply: FastifyReply): void {
   setRateHeaders(reply, ctx.rateLimiter.peek(auth.workspace._id, auth.workspace.plan, RateClass.standard));
 }
 
+/** Per-workspace limits (decisions §7); every authenticated /api answer carries the headers. */
 export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rate: "exempt" | "expensive" | undefined, reply: FastifyReply): Promise<void> {
   const ws = auth.workspace;
   if (rate === "exempt") {

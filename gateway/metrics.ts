@@ -29,7 +29,14 @@ export class GatewayMetrics {
   private readonly tokens: Counter<"workspace" | "model" | "kind">;
   private readonly cost: Counter<"workspace" | "model">;
 
-  constructor(sources: MetricSources) {
+  /**
+   * `tenants`: the usage series are kept (RUNS_METRICS_TOKEN set); otherwise nobody may see
+   * them, and a label a tenant names (its model) would only grow this node's memory.
+   */
+  constructor(
+    sources: MetricSources,
+    private readonly tenants = true,
+  ) {
     const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: "runs_" });
     this.requests = new Counter({ name: "runs_http_requests_total", help: "HTTP answers by method, route template and status.", labelNames: ["method", "route", "status"], registers });
@@ -45,7 +52,14 @@ export class GatewayMetrics {
     const tenantRegisters = [this.tenantRegistry];
     this.tokens = new Counter({ name: "runs_tokens_total", help: "Tokens used by finished turns, by workspace, model and kind (input, output, cache_read, cache_write).", labelNames: ["workspace", "model", "kind"], registers: tenantRegisters });
     this.cost = new Counter({ name: "runs_cost_usd_total", help: "Cost in USD of finished turns on priced models, by workspace and model.", labelNames: ["workspace", "model"], registers: tenantRegisters });
-    const turns = sources.turns;
+    // One walk of the node's actors per scrape, whatever the gauges that read it.
+    const counts = sources.turns;
+    let last: { at: number; value: ReturnType<NonNullable<MetricSources["turns"]>> } | undefined;
+    const turns = counts && (() => {
+      const now = Date.now();
+      if (!last || now - last.at > 100) last = { at: now, value: counts() };
+      return last.value;
+    });
     if (turns) {
       new Gauge({ name: "runs_active_turns", help: "Turns executing on this node.", registers, collect() { this.set(turns().active); } });
       new Gauge({ name: "runs_queued_turns", help: "Turns queued behind an active turn of a run this node owns.", registers, collect() { this.set(turns().queued); } });
@@ -78,6 +92,7 @@ export class GatewayMetrics {
 
   /** Counts one finished turn's usage (called once per usage record this process wrote). */
   countUsage(record: UsageRecordDoc): void {
+    if (!this.tenants) return;
     const labels = { workspace: record.workspace_id, model: record.model };
     for (const kind of ["input", "output", "cache_read", "cache_write"] as const) {
       const n = record[`${kind}_tokens`];
@@ -86,10 +101,10 @@ export class GatewayMetrics {
     if (record.cost_usd) this.cost.inc(labels, record.cost_usd);
   }
 
-  /** The exposition; `tenants`: with the series that name workspaces (a scrape with the operator's token). */
-  async text(tenants: boolean): Promise<string> {
+  /** The exposition: with the series that name workspaces when they are kept (a scrape with the operator's token). */
+  async text(): Promise<string> {
     const text = await this.registry.metrics();
-    return tenants ? `${text}${await this.tenantRegistry.metrics()}` : text;
+    return this.tenants ? `${text}${await this.tenantRegistry.metrics()}` : text;
   }
 
   get contentType(): string {

@@ -33,7 +33,7 @@ export const AgentConfigSchema = z
         .object({
           provider: z.literal("openai-compatible"),
           base_url: z.url(),
-          model: z.string().min(1),
+          model: z.string().min(1).max(256),
           api_key_env: z
             .string()
             .regex(ENV_NAME_PATTERN, "api_key_env must be the name of an environment value")

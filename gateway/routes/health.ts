@@ -74,7 +74,7 @@ export function healthRoutes(ctx: GatewayContext) {
           throw new ApiError("unauthorized", { message: "/metrics needs the operator's metrics token (Authorization: Bearer <RUNS_METRICS_TOKEN>)." });
         }
       }
-      return reply.type(ctx.metrics.contentType).send(await ctx.metrics.text(expected !== undefined));
+      return reply.type(ctx.metrics.contentType).send(await ctx.metrics.text());
     });
   };
 }
