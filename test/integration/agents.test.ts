@@ -163,6 +163,7 @@ test("deployments - config validation: unknown fields, tools, script only for fa
   const cases: Array<[unknown, string]> = [
     [{ config: { model: "faux/scripted", temperature: 1 } }, "config.temperature"],
     [{ config: { model: "faux/scripted", tools: ["rm"] } }, "config.tools.0"],
+    [{ config: { model: { provider: "openai-compatible", base_url: "https://203.0.113.7/v1", model: "m".repeat(257) } } }, "config.model.model"],
     [{ config: { model: "faux/scripted", tools: ["bash", "bash"] } }, "config.tools"],
     [{ config: { model: "openai/gpt-4.1-mini", script: [{ text: "x" }] } }, "config.script"],
     [{ config: { model: "faux/scripted", script: [{ say: "x" }] } }, "config.script.0"],
