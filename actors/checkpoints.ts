@@ -27,6 +27,14 @@ export class CheckpointConflictError extends CheckpointError {
 }
 
 /** A checkpoint was read but is not an archive that can be extracted. */
+/** A workspace a checkpoint could not restore (a path past PATH_MAX): not saved; its message is the turn's to show. */
+export class CheckpointUnrestorableError extends CheckpointError {
+  constructor(message: string) {
+    super(message);
+    this.name = "CheckpointUnrestorableError";
+  }
+}
+
 export class CheckpointCorruptError extends Error {
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
@@ -34,30 +42,13 @@ export class CheckpointCorruptError extends Error {
   }
 }
 
-/**
- * Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. With
- * `onListed` (and `-v`), each name it lists is passed on; its own messages ("tar: …") are
- * kept for its failure.
- */
-function runTar(args: string[], stdin: "pipe" | "ignore", onListed?: (name: string) => void): { child: ChildProcess; done: Promise<void> } {
-  // English messages, read below ("Permission denied"), whatever the service's LANG; UTF-8
-  // so that a listed name shows its UTF-8 characters as they are (others are escaped).
-  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"], env: { ...process.env, LC_ALL: "C.UTF-8" } });
+/** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
+function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
+  // The C locale: its messages are read ("Permission denied"), whatever the service's LANG.
+  const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"], env: { ...process.env, LC_ALL: "C" } });
   let err = "";
-  let partial = "";
-  child.stderr!.setEncoding("utf8");
-  const take = (line: string) => {
-    if (onListed && !line.startsWith("tar: ")) onListed(line);
-    else if (err.length < 4_000) err += `${line.slice(0, 4_000 - err.length)}\n`;
-  };
-  child.stderr!.on("data", (text: string) => {
-    const lines = (partial + text).split("\n");
-    partial = lines.pop()!;
-    for (const line of lines) take(line);
-  });
-  child.stderr!.on("end", () => {
-    if (partial) take(partial);
-    partial = "";
+  child.stderr!.on("data", (d: Buffer) => {
+    if (err.length < 4_000) err += d.toString().slice(0, 4_000 - err.length);
   });
   const done = new Promise<void>((resolve, reject) => {
     child.on("error", reject);
@@ -66,7 +57,32 @@ function runTar(args: string[], stdin: "pipe" | "ignore", onListed?: (name: stri
   return { child, done };
 }
 
-/** Names tar lists as long as this (PATH_MAX, the terminating NUL's byte included) cannot be extracted. */
+/**
+ * The first name below `dir` that tar could archive but not extract (PATH_MAX), as tar
+ * names it (`./…`), or undefined. find(1) walks by descriptors, off the event loop, and
+ * stops at the first; in the C locale its pattern counts bytes. A folder is counted with
+ * the slash tar gives its name.
+ */
+async function unrestorableName(dir: string): Promise<string | undefined> {
+  const found = await new Promise<string>((resolve) => {
+    const longer = (bytes: number) => ["-regex", `.{${bytes},}`];
+    const child = spawn("find", [".", "-regextype", "posix-extended", "(", "-type", "d", ...longer(RESTORABLE_NAME_BYTES - 1), "-o", ...longer(RESTORABLE_NAME_BYTES), ")", "-print", "-quit"], {
+      cwd: dir,
+      stdio: ["ignore", "pipe", "ignore"],
+      env: { ...process.env, LC_ALL: "C" },
+    });
+    let out = "";
+    child.stdout.on("data", (d: Buffer) => {
+      if (out.length < 16_384) out += d.toString("latin1");
+    });
+    child.on("error", () => resolve(""));
+    // Whatever find could not read (a folder made unreadable) tar reports in its turn.
+    child.on("close", () => resolve(out));
+  });
+  return found ? found.replace(/\n$/, "") : undefined;
+}
+
+/** Names (`./…`) as long as this (PATH_MAX, the terminating NUL's byte included) tar cannot extract. */
 const RESTORABLE_NAME_BYTES = 4_096;
 
 /**
@@ -77,20 +93,10 @@ const RESTORABLE_NAME_BYTES = 4_096;
  * disk to restore.
  */
 async function* archiveOf(dir: string): AsyncGenerator<Uint8Array> {
-  // A name tar cannot create on extraction (PATH_MAX, with its `./`) fails the save: a
-  // checkpoint that saves but cannot be restored would replace the last good one, and the
-  // run would lose its whole workspace the next time it moves. (Listed escaped, a name
-  // shows longer than it is: at worst such a save is refused too.)
-  let longest = 0;
-  const { child, done } = runTar(["--sparse", "-czvf", "-", "-C", dir, "."], "ignore", (name) => {
-    longest = Math.max(longest, Buffer.byteLength(name));
-  });
+  const { child, done } = runTar(["--sparse", "-czf", "-", "-C", dir, "."], "ignore");
   try {
     for await (const chunk of child.stdout as AsyncIterable<Buffer>) yield chunk;
     await done;
-    if (longest >= RESTORABLE_NAME_BYTES) {
-      throw new CheckpointError(`the workspace holds a path of ${longest} bytes, which a restore cannot create (at most ${RESTORABLE_NAME_BYTES - 1}): not saved, its last checkpoint is kept`);
-    }
   } finally {
     // The store stopped reading (it failed): tar must not linger.
     if (child.exitCode === null && child.signalCode === null) {
@@ -162,6 +168,14 @@ export class WorkspaceCheckpoints {
       entries = [];
     }
     if (entries.length === 0 && !savedBefore) return undefined;
+    // A checkpoint that saves but cannot be restored would replace the last good one, and
+    // the run would lose its whole workspace the next time it moves: such a tree is not saved.
+    const unrestorable = await unrestorableName(dir);
+    if (unrestorable !== undefined) {
+      throw new CheckpointUnrestorableError(
+        `The workspace holds a path of ${Buffer.byteLength(unrestorable, "latin1") - 2} bytes or more, longer than a checkpoint can restore (at most ${RESTORABLE_NAME_BYTES - 3}), below ${JSON.stringify(unrestorable.slice(2, 42))}: it was not saved, and its last checkpoint is kept. Shorten or remove that path.`,
+      );
+    }
     const put = () => {
       const archive = archiveOf(dir);
       const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;

@@ -10,7 +10,7 @@ import { existsSync } from "node:fs";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, onVersion, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure, BUILTIN_TOOLS } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
-import { CheckpointConflictError, CheckpointError } from "./checkpoints.js";
+import { CheckpointConflictError, CheckpointError, CheckpointUnrestorableError } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
 import type { ActorResources } from "./actor-resources.js";
 import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
@@ -367,9 +367,10 @@ export class TurnExecution {
     }
     // Once per turn: a retried final write (store away for a moment) does not save it again.
     if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false && this.checkpointedTurnId !== turn._id) {
-      if (!(await this.saveCheckpoint(turn)) && status === TurnStatus.completed) {
+      const failure = await this.saveCheckpoint(turn);
+      if (failure && status === TurnStatus.completed) {
         status = TurnStatus.failed;
-        error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
+        error = this.checkpointFailed(failure);
       }
     }
     // The turn document must stay under the store's limit: a transcript too large even
@@ -398,10 +399,16 @@ export class TurnExecution {
     if (run) await this.afterTurn(run, { ...turn, ...final }, now);
   }
 
-  /** Saves the run's workspace; false when that failed (logged). */
-  private async saveCheckpoint(turn: TurnDoc): Promise<boolean> {
+  /** The turn's error for a save that failed: the default words, or what the tenant can mend. */
+  private checkpointFailed(failure: CheckpointError): TurnError {
+    const message = failure instanceof CheckpointUnrestorableError ? failure.message : undefined;
+    return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference(), message });
+  }
+
+  /** Saves the run's workspace; the failure when that failed (logged), else null. */
+  private async saveCheckpoint(turn: TurnDoc): Promise<CheckpointError | null> {
     // Not prepared by this actor (the turn ended before, or had no tools): not its to save.
-    if (!this.workspaceChecked) return true;
+    if (!this.workspaceChecked) return null;
     try {
       const run = this.host.run;
       if (run) {
@@ -432,11 +439,13 @@ export class TurnExecution {
         }
       }
       this.checkpointedTurnId = turn._id;
-      return true;
+      return null;
     } catch (err) {
       if (!(err instanceof CheckpointError)) throw err;
-      this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
-      return false;
+      // A tree the tenant made unsavable is its to mend, not the service's failure.
+      const level = err instanceof CheckpointUnrestorableError ? "warn" : "error";
+      this.r.log[level]({ err, run_id: this.host.runId, turn_id: turn._id }, "workspace checkpoint failed");
+      return err;
     }
   }
 
@@ -452,8 +461,9 @@ export class TurnExecution {
     const turn = execution.turn;
     const used = { usage: result.usage, model: execution.model };
     try {
-      if (!(await this.whileTransient(turn, () => this.saveCheckpoint(turn)))) {
-        const error = turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
+      const failure = await this.whileTransient(turn, () => this.saveCheckpoint(turn));
+      if (failure) {
+        const error = this.checkpointFailed(failure);
         return await this.finishTurn(turn, TurnStatus.failed, [], closeToolCalls(result.transcript, "The call did not run: the turn failed first."), error, { ...used, checkpoint: false });
       }
       const now = this.r.clock.nowMs();

@@ -593,14 +593,17 @@ test.serial("sandbox - system calls no tool needs, and any numbered past the las
   if (!withoutMemoryCgroup) t.regex(text, /^exit 137$/m, text);
 });
 
-test.serial("sandbox - files hidden below a path longer than PATH_MAX still count against disk_mb (writes refuse), and the run's deletion removes them from the host", async (t) => {
+test.serial("sandbox - files hidden below a path longer than PATH_MAX still count against disk_mb (writes refuse), the turn fails saying the workspace cannot be checkpointed (its last checkpoint kept), and the run's deletion removes them from the host", async (t) => {
   const { api, dataDir } = t.context;
   // 12 MiB in two files (each under the 8 MiB file size limit) at the bottom of 25 folders of 200-character names.
   const hide = 'for i in $(seq 25); do mkdir "$(printf %0200d $i)" && cd "$_" || exit 1; done; head -c 6291456 /dev/zero > a; head -c 6291456 /dev/zero > b; echo hidden';
   const agent = await api.agentWith(scripted([bash(hide), tool("write", { path: "more.txt", content: "more" })], { limits: { disk_mb: 8 } }));
   const { runId, turnId } = await startRun(api, agent);
   const outcome = await finish(api, runId, turnId, 60_000);
-  ranAll(t, outcome, 2);
+  t.is(outcome.results.length, 2, shown(outcome));
+  t.is(outcome.turn.status, "failed", shown(outcome));
+  t.is(outcome.turn.error.code, "workspace_checkpoint_failed");
+  t.regex(outcome.turn.error.message, /longer than a checkpoint can restore .*: it was not saved, and its last checkpoint is kept\. Shorten or remove that path\./);
   const [made, write] = outcome.results;
   t.regex(made!.text, /^hidden$/m, made!.text);
   t.regex(made!.text, /the workspace is over its disk limit \(8 MiB\)/, made!.text);
