@@ -224,7 +224,8 @@ export class WorkspaceCheckpoints {
     } catch (err) {
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     }
-    await mkdir(dir, { recursive: true });
+    // Closed (its parent, the workspaces' folder, too, if it makes it: see closedToOthers).
+    await mkdir(dir, { recursive: true, mode: 0o700 });
     const keyFor = (keyId: number) => (this.keys && keyId === this.keys.keyId ? this.keys.keyFor("checkpoints", workspaceId) : undefined);
     // Checkpoints saved before encryption are read as they are.
     const archive = isSealedBlob(first.head) ? openBlob(keyFor, first.all) : first.all;

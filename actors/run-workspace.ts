@@ -56,7 +56,7 @@ function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>):
  * otherwise it is replaced by that checkpoint (another node saved the run since).
  */
 export async function prepareRunWorkspace(
-  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace">; log: Logger; clock: Pick<Clock, "sleep"> },
+  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace" | "closeWorkspacesFolder">; log: Logger; clock: Pick<Clock, "sleep"> },
   run: RunDoc,
   workspaceDir: string,
   verify = false,
@@ -95,10 +95,11 @@ export async function prepareRunWorkspace(
       return { failure };
     }
   }
-  // Passable by the sandbox's group alone (Sandbox.prepareWorkspace: closedToOthers); the workspace itself becomes the sandbox uid's.
-  await mkdir(path.dirname(workspaceDir), { recursive: true, mode: 0o710 });
+  // The workspaces' folder closed to other host users; the workspace itself becomes the sandbox uid's.
+  await mkdir(path.dirname(workspaceDir), { recursive: true, mode: 0o700 });
   await mkdir(workspaceDir, { recursive: true, mode: 0o700 });
   try {
+    await r.sandbox.closeWorkspacesFolder(path.dirname(workspaceDir));
     await r.sandbox.prepareWorkspace(workspaceDir);
   } catch (err) {
     r.log.error({ err, run_id: run._id }, "could not prepare the run's workspace for its sandbox");

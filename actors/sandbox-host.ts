@@ -145,17 +145,23 @@ export function isExecutable(file: string): boolean {
 }
 
 /**
- * The folder that holds the workspaces: the service's, passable by the sandboxes' group
- * alone (0710), so no other host user reaches a workspace whatever modes a command gave
- * it (`chmod 755 /workspace`) or a file it left there. bwrap, as the sandbox's uid,
- * resolves the path of the workspace it binds, through the group's bit.
+ * The folder that holds the workspaces, closed to every host user but the sandboxes' (and
+ * the service's): 0710 with the sandboxes' group where the service owns it (bwrap, as the
+ * sandbox's uid, resolves the path of the workspace it binds, through the group's bit), or
+ * 0700 where it belongs to the sandboxes' uid itself (a service sharing that uid, or a
+ * filesystem that gives root's files to nobody). So no other user reaches a workspace,
+ * whatever modes a command gave it (`chmod 755 /workspace`) or a file it left there. False
+ * when the filesystem kept others' access all the same (it ignores modes).
  */
-export async function closedToOthers(dir: string, gid: number): Promise<void> {
+export async function closedToOthers(dir: string, sandbox: { uid: number; gid: number }): Promise<boolean> {
   const info = await lstat(dir);
-  const uid = process.getuid?.() ?? info.uid;
-  if (info.uid === uid && info.gid === gid && (info.mode & 0o777) === 0o710) return;
-  await chown(dir, uid, gid);
-  await chmod(dir, 0o710);
+  const byOwner = info.uid === sandbox.uid;
+  const wanted = byOwner ? 0o700 : 0o710;
+  if ((info.mode & 0o777) === wanted && (byOwner || info.gid === sandbox.gid)) return true;
+  // -1: the owner stays (the service, or a filesystem's own choice).
+  if (!byOwner && info.gid !== sandbox.gid) await chown(dir, -1, sandbox.gid);
+  await chmod(dir, wanted);
+  return ((await lstat(dir)).mode & 0o007) === 0;
 }
 
 /** O_CLOEXEC in the flags /proc/self/fdinfo shows (octal; the same on x86_64 and arm64). */

@@ -151,6 +151,8 @@ export const SANDBOX_NICENESS = 19;
  */
 export class Sandbox {
   private running = 0;
+  /** The workspaces' folder was found open to others once (logged once). */
+  private warnedOpenWorkspaces = false;
   /**
    * What the launcher execs bwrap through: without a CPU cgroup, `nice` by what brings
    * commands from the service's own value to {@link SANDBOX_NICENESS} (`nice -n` adds to
@@ -283,14 +285,33 @@ export class Sandbox {
     return this.options.mode === "off" ? undefined : SANDBOX_WORKSPACE;
   }
 
-  /**
-   * Makes the workspace usable by the sandbox's uid (files restored from a checkpoint
-   * or written by the node belong to the node's user). Cheap when nothing changed.
+    /**
+   * Makes `dir` the sandbox uid's (a service running as root chowns it) and clears the
+   * set-user-ID and set-group-ID bits a command or a restored checkpoint left in it (a
+   * service sharing the sandboxes' uid too): run by another host user, such a file would
+   * be that uid. Before each turn with tools.
    */
   async prepareWorkspace(dir: string): Promise<void> {
-    if (this.options.mode === "off" || !this.owner) return;
-    await closedToOthers(path.dirname(dir), this.owner.gid);
-    await chownTree(dir, this.owner.uid, this.owner.gid);
+    if (this.options.mode === "off") return;
+    const sandbox = this.sandboxIds();
+    await chownTree(dir, sandbox.uid, sandbox.gid);
+  }
+
+  /**
+   * Closes the folder that holds the workspaces (and nothing else) to other host users
+   * (closedToOthers); logs once when its filesystem keeps their access whatever its mode.
+   */
+  async closeWorkspacesFolder(folder: string): Promise<void> {
+    if (this.options.mode === "off") return;
+    if (!(await closedToOthers(folder, this.sandboxIds())) && !this.warnedOpenWorkspaces) {
+      this.warnedOpenWorkspaces = true;
+      this.options.log.warn({ folder }, "sandbox: the workspaces' folder keeps other users' access whatever its mode (a filesystem that ignores modes): other host users may reach the workspaces");
+    }
+  }
+
+  /** The uid and gid sandboxes run as: their own when the service is root, else the service's. */
+  private sandboxIds(): { uid: number; gid: number } {
+    return this.owner ?? { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 };
   }
 
   /**

@@ -95,6 +95,22 @@ test_("sandbox - descriptors the service inherited without close-on-exec (a secr
   }
 });
 
+test_("sandbox - preparing a workspace changes nothing above it (only the run's workspaces' folder is closed, by closeWorkspacesFolder): a folder like /tmp keeps its mode", async (t) => {
+  const { sandbox } = t.context;
+  const parent = await tempBase();
+  try {
+    await chmod(parent, 0o1777);
+    const dir = path.join(parent, "ws");
+    await mkdir(dir);
+    await sandbox.prepareWorkspace(dir);
+    const info = await stat(parent);
+    t.is(info.mode & 0o7777, 0o1777);
+    t.is(info.gid, process.getgid!());
+  } finally {
+    await rm(parent, { recursive: true, force: true });
+  }
+});
+
 test_("sandbox - start-up reports bwrap, the limits mechanism, an unprivileged uid and the seccomp filter (on x86-64 and arm64)", (t) => {
   const status = t.context.sandbox.status();
   t.is(status.mode, "bwrap");

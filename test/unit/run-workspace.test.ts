@@ -46,7 +46,7 @@ function resources(matches: () => Promise<boolean>) {
           return 9;
         },
       },
-      sandbox: { prepareWorkspace: async () => undefined },
+      sandbox: { prepareWorkspace: async () => undefined, closeWorkspacesFolder: async () => undefined },
       log: pino({ level: "silent" }),
     },
   };

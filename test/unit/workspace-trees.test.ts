@@ -5,7 +5,7 @@ import { chmod, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { chownTree, removeTree, treeUsage } from "../../actors/sandbox-host.js";
+import { chownTree, closedToOthers, removeTree, treeUsage } from "../../actors/sandbox-host.js";
 
 /**
  * Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character
@@ -136,6 +136,30 @@ test("workspace trees - names that are not UTF-8 are measured and chowned by the
     t.is((await lstat(setuid)).mode & 0o7777, 0o755, "set-user-ID cleared");
     t.is((await lstat(bad)).mode & 0o7777, 0o775, "set-group-ID cleared");
     t.is((await lstat(outside.file)).mode & 0o7777, 0o4640, "a link's target is not touched");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test("workspace trees - the workspaces' folder is closed to others: 0710 with the sandboxes' group where the service owns it, 0700 where the sandboxes' uid does (a service sharing it), left alone when already so", async (t) => {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const own = { uid: process.getuid!(), gid: process.getgid!() };
+    const shared = path.join(base, "shared");
+    await mkdir(shared, { mode: 0o755 });
+    await chmod(shared, 0o755);
+    t.true(await closedToOthers(shared, own), "the sandboxes' uid owns it");
+    t.is((await stat(shared)).mode & 0o777, 0o700);
+    t.true(await closedToOthers(shared, own));
+    if (own.uid !== 0) return;
+    const served = path.join(base, "served");
+    await mkdir(served);
+    await chmod(served, 0o711);
+    t.true(await closedToOthers(served, { uid: 65534, gid: 65534 }));
+    const info = await stat(served);
+    t.is(info.mode & 0o777, 0o710);
+    t.is(info.uid, 0, "the service keeps it");
+    t.is(info.gid, 65534);
   } finally {
     await rm(base, { recursive: true, force: true });
   }
