@@ -179,7 +179,7 @@ export class ActorHost {
       // Gained partitions whose kept directories could not all be looked at: again now.
       if (this.goneChecks.size) void this.checkGoneWorkspaces();
       if (held.length) {
-        for (const run of await this.r.store.expiredRunsIn(held, now)) {
+        for (const run of await this.r.store.expiredRunsIn(held, now, this.r.config.turnLimitMs)) {
           const epoch = this.leases.epochOf(run.partition);
           if (epoch === undefined) continue;
           if (await this.actorFor(run._id, run.partition, epoch).expire()) this.actors.delete(run._id);

@@ -162,8 +162,15 @@ export class RunActor {
     let removed = false;
     return this.guarded(async () => {
       const run = await this.activate();
-      // Never a busy run (runExpired): no turn of it executes or waits here.
-      if (!run || !runExpired(run, this.r.clock.nowMs())) return;
+      if (!run || !runExpired(run, this.r.clock.nowMs(), this.r.config.turnLimitMs)) return;
+      // Busy past the turn limit too (runExpired): nothing of it is left to go on.
+      if (this.turns.active) {
+        this.turns.active.abortReason = "shutdown";
+        this.turns.active.running.abort();
+        this.turns.active = undefined;
+      }
+      this.turns.waiting?.timer.cancel();
+      this.turns.waiting = undefined;
       // The sweeper expires runs one after another, each removed whole.
       await (await this.removeRun(run, "expired")).parts;
       removed = true;
@@ -218,7 +225,7 @@ export class RunActor {
     const run = await this.activate();
     // The body names the run of a continuation; the path names it for the other commands.
     if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, cmd.op === "continue" ? "run_id" : "runId");
-    if (runExpired(run, this.r.clock.nowMs())) return fail("run_expired");
+    if (runExpired(run, this.r.clock.nowMs(), this.r.config.turnLimitMs)) return fail("run_expired");
     switch (cmd.op) {
       case "continue":
         return this.continueRun(run, cmd);

@@ -3,11 +3,11 @@ import { ApiError, type RunDoc, runExpired, type TurnDoc } from "../src/index.js
 import type { GatewayContext } from "./context.js";
 
 /** The run of the workspace; 404 naming `param` (the path's `runId`, or the body's `run_id`). */
-export async function loadRun(ctx: Pick<GatewayContext, "store" | "clock">, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
+export async function loadRun(ctx: Pick<GatewayContext, "store" | "clock" | "config">, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
   const run = await ctx.store.getRun(runId);
   if (run && run.workspace_id === workspaceId) {
     // Past retention the run is gone even before the sweeper deleted it.
-    if (runExpired(run, ctx.clock.nowMs())) throw new ApiError("run_expired");
+    if (runExpired(run, ctx.clock.nowMs(), ctx.config.turnLimitMs)) throw new ApiError("run_expired");
     return run;
   }
   const tombstone = await ctx.store.getTombstone(runId);

@@ -30,11 +30,19 @@ export type RunState = (typeof RunState)[keyof typeof RunState];
 
 /**
  * Whether a run is past its retention (runs-api.md: then 410 run_expired, and swept). A
- * busy run is not: its turn's progress restarts the clock, and one working silently (a
- * long command, a wait for a decision) is still at work; its end restarts the clock.
+ * busy run is not while its turn can still be at work: its progress restarts the clock, a
+ * silent one (a long command, a wait for a decision) is still working, and its end
+ * restarts the clock. No turn outlasts the turn limit (`turnLimitMs`), so a run busy a
+ * minute past its retention and that limit is one no turn will settle (its recovery
+ * keeps failing): it expires then.
  */
-export function runExpired(run: { state: RunState; expires_at: number }, nowMs: number): boolean {
-  return run.state !== RunState.busy && run.expires_at <= nowMs;
+export function runExpired(run: { state: RunState; expires_at: number }, nowMs: number, turnLimitMs: number): boolean {
+  return run.expires_at + (run.state === RunState.busy ? busyGraceMs(turnLimitMs) : 0) <= nowMs;
+}
+
+/** How long past its retention a busy run stays (runExpired). */
+export function busyGraceMs(turnLimitMs: number): number {
+  return turnLimitMs + 60_000;
 }
 
 export const Disposition = {

@@ -9,7 +9,7 @@ import {
   type TurnDoc,
   type WorkspaceDoc,
 } from "./documents.js";
-import { RunState } from "./domain.js";
+import { busyGraceMs, RunState } from "./domain.js";
 import { InsertBatcher } from "./insert-batcher.js";
 import { UpdateBatcher } from "./update-batcher.js";
 import { FreshReads } from "./fresh-reads.js";
@@ -453,11 +453,16 @@ export class MongoStore implements RunStore {
     await guard(() => this.turns.deleteMany({ run_id: runId }));
   }
 
-  /** Runs of these partitions whose retention ran out (never a busy one: domain.ts runExpired). */
-  expiredRunsIn(partitions: number[], nowMs: number, limit = 500): Promise<Array<Pick<RunDoc, "_id" | "partition">>> {
+  /** Runs of these partitions whose retention ran out (a busy one only past its grace: domain.ts runExpired). */
+  expiredRunsIn(partitions: number[], nowMs: number, turnLimitMs: number, limit = 500): Promise<Array<Pick<RunDoc, "_id" | "partition">>> {
+    const filter: Filter<RunDoc> = {
+      partition: { $in: partitions },
+      expires_at: { $lte: nowMs },
+      $or: [{ state: { $ne: RunState.busy } }, { expires_at: { $lte: nowMs - busyGraceMs(turnLimitMs) } }],
+    };
     return guard(() =>
       this.runs
-        .find({ partition: { $in: partitions }, expires_at: { $lte: nowMs }, state: { $ne: RunState.busy } }, { projection: { _id: 1, partition: 1 } })
+        .find(filter, { projection: { _id: 1, partition: 1 } })
         .limit(limit)
         .toArray(),
     );

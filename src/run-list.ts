@@ -143,9 +143,9 @@ export async function listRuns(
  */
 export async function listReadableRuns(
   store: MongoStore,
-  input: Parameters<typeof listRuns>[1] & { nowMs: number },
+  input: Parameters<typeof listRuns>[1] & { nowMs: number; turnLimitMs: number },
 ): Promise<RunListPage & { lastRead?: RunDoc }> {
-  const readable = (runs: RunDoc[]) => runs.filter((run) => !runExpired(run, input.nowMs));
+  const readable = (runs: RunDoc[]) => runs.filter((run) => !runExpired(run, input.nowMs, input.turnLimitMs));
   let page = await listRuns(store, input);
   let lastRead = page.runs.at(-1);
   const shown = readable(page.runs);

@@ -189,7 +189,7 @@ export function runRoutes(ctx: GatewayContext) {
         const cursor = decodeCursor(query.after, "runs", workspaceId);
         after = { lastActivityAt: Number(cursor.k), id: cursor.id };
       }
-      const page = await listReadableRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit, nowMs: ctx.clock.nowMs() });
+      const page = await listReadableRuns(ctx.store, { workspaceId, filters, limit, after, scanLimit: ctx.config.tagScanLimit, nowMs: ctx.clock.nowMs(), turnLimitMs: ctx.config.turnLimitMs });
       const last = page.lastRead;
       const next = last ? encodeCursor({ s: "runs", o: workspaceId, k: String(last.last_activity_at), id: last._id }) : null;
       return list(page.runs.map(renderRunSummary), page.hasMore, next);
@@ -399,7 +399,7 @@ async function deliver(
  * released the key, and a later repeat would then have been a first claim: 404.
  */
 export async function deleteRunOnce(
-  ctx: Pick<GatewayContext, "store" | "router" | "clock">,
+  ctx: Pick<GatewayContext, "store" | "router" | "clock" | "config">,
   workspaceId: string,
   runId: string,
   firstClaim: boolean,

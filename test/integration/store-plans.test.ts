@@ -3,6 +3,7 @@ import { MongoClient, type Document } from "mongodb";
 import { startTestServers, type TestServers } from "../helpers/servers.js";
 import { MongoStore, STORE_CLIENT_OPTIONS } from "../../src/mongo-store.js";
 import { FencedError } from "../../src/contracts.js";
+import { busyGraceMs } from "../../src/domain.js";
 import { listRuns, type RunListFilters } from "../../src/run-list.js";
 import type { RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
 import { FileStore } from "../../src/file-store.js";
@@ -210,11 +211,18 @@ test.serial("store plans - expiry sweep and orphan check seek their partitions",
   const { store } = t.context;
   let expired!: Array<Pick<RunDoc, "_id" | "partition">>;
   const sweepPlans = await plansOf(t, async () => {
-    expired = await store.expiredRunsIn([0, 3], T0 + 1);
+    expired = await store.expiredRunsIn([0, 3], T0 + 1, 12 * 3600_000);
   });
-  // Past retention and not busy (a busy run never expires: domain.ts runExpired).
-  const want = [WS, OTHER].flatMap((ws) => [...Array(RUNS).keys()].filter((i) => i % 7 === 0 && i % 10 !== 0 && [0, 3].includes(i % 8)).map((i) => run(i, ws)._id));
-  t.deepEqual(expired.map((r) => r._id).sort(), want.sort());
+  // Past retention and not busy (a busy run expires only past the turn limit too: domain.ts runExpired).
+  const past = (busyToo: boolean) => [WS, OTHER].flatMap((ws) => [...Array(RUNS).keys()].filter((i) => i % 7 === 0 && (busyToo || i % 10 !== 0) && [0, 3].includes(i % 8)).map((i) => run(i, ws)._id));
+  t.deepEqual(expired.map((r) => r._id).sort(), past(false).sort());
+  let all!: Array<Pick<RunDoc, "_id" | "partition">>;
+  const graceTurnLimit = 1_000_000; // the grace ends before the other runs' retention (T0 + 10,000,000)
+  const lateSweepPlans = await plansOf(t, async () => {
+    all = await store.expiredRunsIn([0, 3], T0 + busyGraceMs(graceTurnLimit), graceTurnLimit);
+  });
+  t.deepEqual(all.map((r) => r._id).sort(), past(true).sort());
+  assertIndexBacked(t, lateSweepPlans, "partition_expires", false);
   let busy!: Array<Pick<RunDoc, "_id" | "partition" | "epoch">>;
   const orphanPlans = await plansOf(t, async () => {
     busy = await store.busyRunsIn([0, 5]);
