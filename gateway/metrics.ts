@@ -93,7 +93,9 @@ export class GatewayMetrics {
   /** Counts one finished turn's usage (called once per usage record this process wrote). */
   countUsage(record: UsageRecordDoc): void {
     if (!this.tenants) return;
-    const labels = { workspace: record.workspace_id, model: record.model };
+    // A tenant names its own endpoint's model ids, as many as it likes: one label for them all.
+    const model = record.model.startsWith("openai-compatible/") ? "openai-compatible" : record.model;
+    const labels = { workspace: record.workspace_id, model };
     for (const kind of ["input", "output", "cache_read", "cache_write"] as const) {
       const n = record[`${kind}_tokens`];
       if (n > 0) this.tokens.inc({ ...labels, kind }, n);

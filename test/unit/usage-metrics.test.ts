@@ -39,3 +39,13 @@ test("metrics - the turn gauges read the node's actors once per scrape", async (
   t.regex(text, /^runs_recoveries_waiting 4$/m);
   t.is(walks, 1);
 });
+
+test("metrics - a tenant's own endpoint's models are one label (openai-compatible), however many ids it names", async (t) => {
+  const metrics = new GatewayMetrics({ sseStreams: () => 0, natsConnected: () => true, storeReachable: async () => true }, true);
+  for (let i = 0; i < 50; i++) {
+    metrics.countUsage({ _id: `turn_${i}`, workspace_id: "ws_a", run_id: "run_1", agent_id: "agt_1", agent_version: 1, model: `openai-compatible/model-${i}`, at: 0, input_tokens: 1, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: null });
+  }
+  const text = await metrics.text();
+  t.regex(text, /^runs_tokens_total\{workspace="ws_a",model="openai-compatible",kind="input"\} 50$/m);
+  t.notRegex(text, /model-\d/);
+});
