@@ -105,6 +105,10 @@ export async function buildApp(
   // an unknown /api path is authenticated and counted as any route is (then 404), and a
   // public /api route (the OpenAPI document) shows the key's state without counting.
   app.addHook("onRequest", async (request, reply) => {
+    // What the API answers may carry a secret (a revealed value, a new key) or a tenant's
+    // data: no cache keeps it, and no browser takes an answer for another type.
+    reply.header("x-content-type-options", "nosniff");
+    if (API_TARGET.test(request.url)) reply.header("cache-control", "no-store");
     const config = request.routeOptions.config;
     const route = request.routeOptions.url;
     if (route === undefined) {

@@ -89,6 +89,26 @@ test.serial("metrics - /api traffic by route template and status, latency, turns
   t.notRegex(open, /runs_tokens_total|runs_cost_usd_total/);
 });
 
+test.serial("headers - every /api answer says no-store (a revealed value, a new key, a run's data are kept by no cache) and nosniff; the console's pages keep their own", async (t) => {
+  const { service } = t.context;
+  const ws = await newWorkspace(service);
+  await ws.api.request("PUT", "/api/v1/environment-values/CACHED_NOT", { body: { value: "v" } });
+  const answers = [
+    await ws.api.get("/api/v1/environment-values/CACHED_NOT?reveal=true"),
+    await ws.api.post("/api/v1/api-keys", { scopes: ["run:read"] }),
+    await ws.api.get("/api/v1/runs"),
+    await ws.api.get("/api/v1/runs/run_none"),
+    await ws.api.withKey(undefined).get("/api/v1/runs"),
+    await ws.api.get("/api/v1/openapi.json"),
+  ];
+  for (const answer of answers) {
+    t.is(answer.headers.get("cache-control"), "no-store", String(answer.status));
+    t.is(answer.headers.get("x-content-type-options"), "nosniff");
+  }
+  t.is((await ws.api.get("/")).headers.get("cache-control"), "no-cache", "the console page as before");
+  t.is((await ws.api.get("/healthz")).headers.get("x-content-type-options"), "nosniff");
+});
+
 test.serial("request ids - every answer carries x-request-id; a client's plain id is kept, anything else replaced; the request's log lines carry it", async (t) => {
   const { service, logs } = t.context;
   const ws = await newWorkspace(service);
