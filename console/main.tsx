@@ -156,7 +156,9 @@ function App() {
   const [problem, setProblem] = useState<ApiFailure | Error | null>(null);
   const report: Report = (err) => setProblem(err instanceof Error ? err : new Error(String(err)));
   useEffect(() => setProblem(null), [route]);
-  const runMatch = /^#\/runs\/([^/]+)$/.exec(route);
+  // Only a run id (run_ and base62): the id goes into API paths, so a link whose fragment
+  // names another path (`#/runs/..%2Fenvironment-values%2FX%3Freveal%3Dtrue`) opens nothing.
+  const runMatch = /^#\/runs\/(run_[0-9A-Za-z]{1,64})$/.exec(route);
   const hasKey = storedKey() !== "";
   return (
     <>
@@ -187,7 +189,7 @@ function App() {
         {!hasKey ? (
           <p>Give an API key above to see this workspace.</p>
         ) : runMatch ? (
-          <RunView key={runMatch[1]} runId={decodeURIComponent(runMatch[1]!)} report={report} />
+          <RunView key={runMatch[1]} runId={runMatch[1]!} report={report} />
         ) : route === "#/start" ? (
           <StartForm report={report} />
         ) : route === "#/agents" ? (

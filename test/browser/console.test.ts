@@ -242,4 +242,18 @@ if (missing) {
     await t.context.api.request("DELETE", "/api/v1/usage/budget");
     clean();
   });
+
+  test.serial("console - abuse: a link whose run id names another API path (../environment-values/X?reveal=true) makes no request with the key outside a run's paths; the list is shown instead", async (t) => {
+    t.timeout(60_000);
+    await t.context.api.request("PUT", "/api/v1/environment-values/CONSOLE_SECRET", { body: { value: "not-for-links" } });
+    const { page, clean } = await openConsole(t);
+    const asked: string[] = [];
+    page.on("request", (request) => asked.push(new URL(request.url()).pathname + new URL(request.url()).search));
+    await page.goto(`${t.context.service.url}/#/runs/..%2Fenvironment-values%2FCONSOLE_SECRET%3Freveal%3Dtrue%26x%3D`);
+    await page.waitForSelector("[data-testid=runs-table]");
+    await page.waitForTimeout(3_500); // past a run view's 3 s poll
+    t.deepEqual(asked.filter((url) => url.includes("environment-values")), []);
+    t.false((await page.content()).includes("not-for-links"));
+    clean();
+  });
 }
