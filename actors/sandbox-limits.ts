@@ -44,13 +44,17 @@ export function limitsOf(config: Pick<AgentConfig, "limits">): SandboxLimits {
   };
 }
 
+/** The most files and folders any workspace may hold, whatever its disk limit. */
+export const MAX_WORKSPACE_ENTRIES = 1_000_000;
+
 /**
  * Files and folders a workspace may hold: one per 4 KiB of its disk limit (262,144 at the
- * default 1 GiB). An empty file takes an inode and no block, so bytes alone do not bound
- * what a command can make the host's filesystem hold.
+ * default 1 GiB), at most {@link MAX_WORKSPACE_ENTRIES} (a deployment names its disk
+ * limit). An empty file takes an inode and no block, so bytes alone do not bound what a
+ * command can make the host's filesystem hold.
  */
 export function maxEntries(limits: Pick<SandboxLimits, "diskBytes">): number {
-  return Math.max(1, Math.floor(limits.diskBytes / 4096));
+  return Math.max(1, Math.min(MAX_WORKSPACE_ENTRIES, Math.floor(limits.diskBytes / 4096)));
 }
 
 /** A limit a command ran into. */
@@ -74,7 +78,7 @@ export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
     case "disk":
       return `the workspace is over its disk limit (${formatBytes(limits.diskBytes)}): delete files before writing more`;
     case "files":
-      return `the workspace holds more than ${maxEntries(limits)} files and folders (one per 4 KiB of its disk limit): delete some before writing more`;
+      return `the workspace holds more than ${maxEntries(limits)} files and folders (one per 4 KiB of its disk limit, at most ${MAX_WORKSPACE_ENTRIES}): delete some before writing more`;
     case "output":
       return `the output was cut to its last ${formatBytes(limits.outputBytes)}`;
   }

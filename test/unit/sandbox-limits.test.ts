@@ -1,5 +1,5 @@
 import test from "ava";
-import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit } from "../../actors/sandbox-limits.js";
+import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit, maxEntries } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { inRootCpuCgroup, setupFailed } from "../../actors/sandbox.js";
 import { shellReported, NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
@@ -27,10 +27,17 @@ test("sandbox-limits - every limit hit names the limit and its value", (t) => {
     file_size: /file size limit \(2 MiB\)/,
     tmp: /SIGBUS.*\/tmp and \/dev\/shm hold 4 MiB each/,
     disk: /disk limit \(2 MiB\)/,
-    files: /more than 512 files and folders \(one per 4 KiB of its disk limit\)/,
+    files: /more than 512 files and folders \(one per 4 KiB of its disk limit, at most 1000000\)/,
     output: /last 8 KiB/,
   };
   for (const [hit, pattern] of Object.entries(expected)) t.regex(describeLimit(hit as LimitHit, limits), pattern, hit);
+});
+
+test("sandbox-limits - a workspace's files and folders: one per 4 KiB of disk_mb, at least one, at most a million whatever disk_mb a deployment names", (t) => {
+  t.is(maxEntries(limitsOf({})), 262_144);
+  t.is(maxEntries(limitsOf({ limits: { disk_mb: 1 } })), 256);
+  t.is(maxEntries({ diskBytes: 100 }), 1);
+  t.is(maxEntries(limitsOf({ limits: { disk_mb: 1_048_576 } })), 1_000_000);
 });
 
 test("sandbox-limits - formatBytes picks the largest exact unit", (t) => {
