@@ -15,6 +15,7 @@ function ctx(options: { run: boolean; tombstone: "deleted" | "expired" | null; s
   const sent: unknown[] = [];
   const fake = {
     clock: { nowMs: () => 1_000 },
+    config: { turnLimitMs: 60_000 },
     store: {
       getRun: async () => (options.run ? { _id: RUN, workspace_id: WS, expires_at: 10_000 } : null),
       getTombstone: async () => (options.tombstone ? { _id: RUN, workspace_id: WS, reason: options.tombstone } : null),
