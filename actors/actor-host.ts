@@ -182,7 +182,12 @@ export class ActorHost {
         for (const run of await this.r.store.expiredRunsIn(held, now, this.r.config.turnLimitMs)) {
           const epoch = this.leases.epochOf(run.partition);
           if (epoch === undefined) continue;
-          if (await this.actorFor(run._id, run.partition, epoch).expire()) this.actors.delete(run._id);
+          // Each apart: one that cannot be removed now must not stop the sweep after it.
+          try {
+            if (await this.actorFor(run._id, run.partition, epoch).expire()) this.actors.delete(run._id);
+          } catch (err) {
+            this.r.log.warn({ err, run_id: run._id }, "could not remove an expired run; retrying at the next sweep");
+          }
         }
       }
       // Each apart: one that cannot be swept now must not stop the sweeps after it.

@@ -161,8 +161,19 @@ export class RunActor {
   expire(): Promise<boolean> {
     let removed = false;
     return this.guarded(async () => {
-      const run = await this.activate();
-      if (!run || !runExpired(run, this.r.clock.nowMs(), this.r.config.turnLimitMs)) return;
+      const now = this.r.clock.nowMs();
+      const expired = (run: RunDoc) => runExpired(run, now, this.r.config.turnLimitMs);
+      let run = this.run;
+      if (!run) {
+        // Read, not activated: activating a busy run past its grace would recover its lost
+        // turn first (what may keep failing), only for the run to be removed.
+        const stored = await this.r.store.getRun(this.runId);
+        if (!stored || !expired(stored)) return;
+        run = await this.r.store.claimRun(this.runId, this.epoch);
+        if (!run) throw new FencedError(this.runId);
+        this.hold(run);
+      }
+      if (!expired(run)) return;
       // Busy past the turn limit too (runExpired): nothing of it is left to go on.
       if (this.turns.active) {
         this.turns.active.abortReason = "shutdown";

@@ -18,6 +18,7 @@ import { Ids } from "../../src/ids.js";
 import { Sandbox } from "../../actors/sandbox.js";
 import { CheckpointConflictError } from "../../actors/checkpoints.js";
 import { FencedError, type RunStore } from "../../src/contracts.js";
+import { runExpired } from "../../src/domain.js";
 import type { DeploymentDoc, RunDoc, TombstoneDoc, TurnDoc } from "../../src/documents.js";
 import type { UsageRecordDoc } from "../../src/usage.js";
 import type { WebhookStore } from "../../src/webhooks.js";
@@ -125,8 +126,8 @@ export class MemoryRunStore implements RunStore {
   async busyRunsIn(partitions: number[]): Promise<Array<Pick<RunDoc, "_id" | "partition" | "epoch">>> {
     return [...this.runs.values()].filter((run) => partitions.includes(run.partition) && run.state === "busy");
   }
-  async expiredRunsIn(partitions: number[], nowMs: number): Promise<Array<Pick<RunDoc, "_id" | "partition">>> {
-    return [...this.runs.values()].filter((run) => partitions.includes(run.partition) && run.expires_at <= nowMs);
+  async expiredRunsIn(partitions: number[], nowMs: number, turnLimitMs: number): Promise<Array<Pick<RunDoc, "_id" | "partition">>> {
+    return [...this.runs.values()].filter((run) => partitions.includes(run.partition) && runExpired(run, nowMs, turnLimitMs));
   }
   async sweepRecords(): Promise<void> {}
 

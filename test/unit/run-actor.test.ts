@@ -11,6 +11,7 @@ import { PARTS_CHECK_AFTER_MS } from "../../actors/run-removal.js";
 import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
 import { unavailable } from "../../src/event-envelope.js";
+import { busyGraceMs } from "../../src/domain.js";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { BoundedWork } from "../../src/bounded-work.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
@@ -555,6 +556,30 @@ test("run-actor - an expired run answers run_expired and the sweeper removes it 
   await actor.expire();
   t.false(w.store.runs.has(RUN));
   t.is(w.store.tombstones.get(RUN)?.reason, "expired");
+});
+
+test("run-actor - expiry of a busy run: not while its turn can be at work (the actor keeps the turn); past the turn limit too, removed without recovering its lost turn, even one whose recovery keeps failing", async (t) => {
+  // A turn at work on this actor, past the run's retention but within the grace.
+  const w = await world();
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const run = w.store.runs.get(RUN)!;
+  w.clock.now = run.expires_at + 1;
+  t.false(await actor.expire());
+  t.true(w.store.runs.has(RUN));
+  t.is(w.store.runs.get(RUN)!.state, "busy");
+  t.true(actor.hasActiveTurn, "its turn goes on");
+
+  // A turn lost with its owner, whose events cannot be read for now: recovery throws.
+  const lost = await lostTurn(() => undefined, (w) => (w.events.readFailure = unavailable(new natsErrors.TimeoutError())));
+  const stuck = lost.w.store.runs.get(RUN)!;
+  lost.w.clock.now = stuck.expires_at + 1;
+  t.false(await lost.w.actor(2).expire(), "within the grace: left, and nothing thrown (it was not activated)");
+  t.is(lost.w.store.turns.get("turn_1")!.status, "in_progress");
+  lost.w.clock.now = stuck.expires_at + busyGraceMs(lost.w.resources.config.turnLimitMs);
+  t.true(await lost.w.actor(3).expire());
+  t.false(lost.w.store.runs.has(RUN));
+  t.is(lost.w.store.tombstones.get(RUN)?.reason, "expired");
 });
 
 test("run-actor - race: a paused owner whose partition moved cannot store its finished turn: the new owner's claim fences the turn too, and the turn ends once", async (t) => {
