@@ -26,7 +26,6 @@ export class CheckpointConflictError extends CheckpointError {
   }
 }
 
-/** A checkpoint was read but is not an archive that can be extracted. */
 /** A workspace a checkpoint could not restore (a path past PATH_MAX): not saved; its message is the turn's to show. */
 export class CheckpointUnrestorableError extends CheckpointError {
   constructor(message: string) {
@@ -35,6 +34,7 @@ export class CheckpointUnrestorableError extends CheckpointError {
   }
 }
 
+/** A checkpoint was read but is not an archive that can be extracted. */
 export class CheckpointCorruptError extends Error {
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
@@ -59,27 +59,37 @@ function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess
 
 /**
  * The first name below `dir` that tar could archive but not extract (PATH_MAX), as tar
- * names it (`./…`), or undefined. find(1) walks by descriptors, off the event loop, and
- * stops at the first; in the C locale its pattern counts bytes. A folder is counted with
- * the slash tar gives its name.
+ * names it (`./…`, as bytes in a latin1 string), or undefined. find(1) walks by
+ * descriptors, off the event loop, and stops at the first; in the C locale each `?` of its
+ * pattern is one byte (a glob: a regular expression costs seconds per thousand long
+ * paths). Throws when find fails without an answer (a folder it could not read: the
+ * caller opens the tree and asks again), so a tree it did not see whole is never passed.
  */
 async function unrestorableName(dir: string): Promise<string | undefined> {
-  const found = await new Promise<string>((resolve) => {
-    const longer = (bytes: number) => ["-regex", `.{${bytes},}`];
-    const child = spawn("find", [".", "-regextype", "posix-extended", "(", "-type", "d", ...longer(RESTORABLE_NAME_BYTES - 1), "-o", ...longer(RESTORABLE_NAME_BYTES), ")", "-print", "-quit"], {
-      cwd: dir,
-      stdio: ["ignore", "pipe", "ignore"],
-      env: { ...process.env, LC_ALL: "C" },
-    });
+  const pattern = `${"?".repeat(RESTORABLE_NAME_BYTES)}*`;
+  return new Promise<string | undefined>((resolve, reject) => {
+    const child = spawn("find", [".", "-path", pattern, "-print", "-quit"], { cwd: dir, stdio: ["ignore", "pipe", "ignore"], env: { ...process.env, LC_ALL: "C" } });
     let out = "";
     child.stdout.on("data", (d: Buffer) => {
       if (out.length < 16_384) out += d.toString("latin1");
     });
-    child.on("error", () => resolve(""));
-    // Whatever find could not read (a folder made unreadable) tar reports in its turn.
-    child.on("close", () => resolve(out));
+    child.on("error", (err) => reject(new CheckpointError(`could not check the workspace's paths: ${err.message}`, { cause: err })));
+    child.on("close", (code) => {
+      if (out) resolve(out.replace(/\n$/, ""));
+      else if (code === 0) resolve(undefined);
+      else reject(new CheckpointError(`could not check the workspace's paths: find exited ${code}`));
+    });
   });
-  return found ? found.replace(/\n$/, "") : undefined;
+}
+
+/** Throws {@link CheckpointUnrestorableError} when `dir` holds a name tar could not extract. */
+async function requireRestorable(dir: string): Promise<void> {
+  const name = await unrestorableName(dir);
+  if (name === undefined) return;
+  const excerpt = Buffer.from(name.slice(2, 42), "latin1").toString("utf8");
+  throw new CheckpointUnrestorableError(
+    `The workspace holds a path of ${name.length - 2} bytes or more, longer than a checkpoint can restore (at most ${RESTORABLE_NAME_BYTES - 3}), below ${JSON.stringify(excerpt)}: it was not saved, and its last checkpoint is kept. Shorten or remove that path.`,
+  );
 }
 
 /** Names (`./…`) as long as this (PATH_MAX, the terminating NUL's byte included) tar cannot extract. */
@@ -170,11 +180,13 @@ export class WorkspaceCheckpoints {
     if (entries.length === 0 && !savedBefore) return undefined;
     // A checkpoint that saves but cannot be restored would replace the last good one, and
     // the run would lose its whole workspace the next time it moves: such a tree is not saved.
-    const unrestorable = await unrestorableName(dir);
-    if (unrestorable !== undefined) {
-      throw new CheckpointUnrestorableError(
-        `The workspace holds a path of ${Buffer.byteLength(unrestorable, "latin1") - 2} bytes or more, longer than a checkpoint can restore (at most ${RESTORABLE_NAME_BYTES - 3}), below ${JSON.stringify(unrestorable.slice(2, 42))}: it was not saved, and its last checkpoint is kept. Shorten or remove that path.`,
-      );
+    try {
+      await requireRestorable(dir);
+    } catch (err) {
+      if (err instanceof CheckpointUnrestorableError) throw err;
+      // find could not read a folder a command closed (`chmod 000`): opened, as below, and asked again.
+      await reopenTree(dir);
+      await requireRestorable(dir);
     }
     const put = () => {
       const archive = archiveOf(dir);
@@ -193,6 +205,8 @@ export class WorkspaceCheckpoints {
         // the disk check does), then saves once more.
         if (!(err instanceof CheckpointError && err.message.includes("Permission denied"))) throw err;
         await reopenTree(dir);
+        // What the closed folder held was not looked at above.
+        await requireRestorable(dir);
         info = await put();
       }
       await writeMarker(dir, info.nuid);

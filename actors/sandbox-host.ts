@@ -146,7 +146,7 @@ export function isExecutable(file: string): boolean {
 
 /**
  * The folder that holds the workspaces, closed to every host user but the sandboxes' (and
- * the service's): 0710 with the sandboxes' group where the service owns it (bwrap, as the
+ * the service's): the service's, 0710 with the sandboxes' group (bwrap, as the
  * sandbox's uid, resolves the path of the workspace it binds, through the group's bit), or
  * 0700 where it belongs to the sandboxes' uid itself (a service sharing that uid, or a
  * filesystem that gives root's files to nobody). So no other user reaches a workspace,
@@ -158,8 +158,9 @@ export async function closedToOthers(dir: string, sandbox: { uid: number; gid: n
   const byOwner = info.uid === sandbox.uid;
   const wanted = byOwner ? 0o700 : 0o710;
   if ((info.mode & 0o777) === wanted && (byOwner || info.gid === sandbox.gid)) return true;
-  // -1: the owner stays (the service, or a filesystem's own choice).
-  if (!byOwner && info.gid !== sandbox.gid) await chown(dir, -1, sandbox.gid);
+  // The service's (an operator's uid would keep its access), with the sandboxes' group.
+  const service = process.getuid?.() ?? info.uid;
+  if (!byOwner && (info.uid !== service || info.gid !== sandbox.gid)) await chown(dir, service, sandbox.gid);
   await chmod(dir, wanted);
   return ((await lstat(dir)).mode & 0o007) === 0;
 }

@@ -401,8 +401,9 @@ export class TurnExecution {
 
   /** The turn's error for a save that failed: the default words, or what the tenant can mend. */
   private checkpointFailed(failure: CheckpointError): TurnError {
-    const message = failure instanceof CheckpointUnrestorableError ? failure.message : undefined;
-    return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference(), message });
+    // A tree the turn's commands made (the runtime's), not the platform's failure.
+    if (failure instanceof CheckpointUnrestorableError) return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference(), message: failure.message, source: "runtime" });
+    return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
   }
 
   /** Saves the run's workspace; the failure when that failed (logged), else null. */

@@ -238,7 +238,8 @@ async function serveStream(
   res.writeHead(200, {
     ...headers,
     "content-type": "text/event-stream; charset=utf-8",
-    "cache-control": "no-cache",
+    // What a stream carries (tool output, a run's data) is kept by no cache.
+    "cache-control": "no-store",
     "x-accel-buffering": "no",
     connection: "keep-alive",
   });

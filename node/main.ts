@@ -72,7 +72,7 @@ async function main(): Promise<void> {
       const made = await createWorkspace(service.store, { plan: "business", name: "development", nowMs: systemClock.nowMs() });
       created = { workspaceId: made.workspace.id, plan: made.workspace.plan, key: made.api_key.key as string };
     } else {
-      log.info("another start is making the development workspace and prints its key (if none appears, make one with `npx runs admin create-workspace --create`)");
+      log.info("another start is making the development workspace and prints its key (if none appears, make one with `npx runs admin create-workspace --plan business --create`)");
     }
   }
   const app = service.app;

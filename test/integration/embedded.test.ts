@@ -256,7 +256,7 @@ test("external servers - two npm starts at once on an empty store make one devel
     // The log line may follow the banner (the logger writes asynchronously).
     for (let i = 0; i < 100 && !late.output().includes("another start is making the development workspace"); i++) await new Promise((r) => setTimeout(r, 100));
     t.notRegex(late.output(), /rk_live_/);
-    t.regex(late.output(), /another start is making the development workspace and prints its key \(if none appears, make one with `npx runs admin create-workspace --create`\)/);
+    t.regex(late.output(), /another start is making the development workspace and prints its key \(if none appears, make one with `npx runs admin create-workspace --plan business --create`\)/);
   } finally {
     await stopMain(late.child);
   }

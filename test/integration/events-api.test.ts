@@ -597,7 +597,7 @@ test("events - stream: SSE framing and headers, history then live events, ids us
   t.teardown(() => stream.close());
   t.is(stream.status, 200);
   t.is(stream.headers["content-type"], "text/event-stream; charset=utf-8");
-  t.is(stream.headers["cache-control"], "no-cache");
+  t.is(stream.headers["cache-control"], "no-store");
   t.is(stream.headers["x-accel-buffering"], "no");
   await stream.waitFrames(2);
   const late = await f.append([{ turn: 0, type: "text_delta", data: { delta: "line\nbreak: and \"quotes\"" } }, { turn: 0, source: "platform", type: "turn.completed", data: { run: {} } }]);

@@ -603,6 +603,7 @@ test.serial("sandbox - files hidden below a path longer than PATH_MAX still coun
   t.is(outcome.results.length, 2, shown(outcome));
   t.is(outcome.turn.status, "failed", shown(outcome));
   t.is(outcome.turn.error.code, "workspace_checkpoint_failed");
+  t.is(outcome.turn.error.source, "runtime", "the turn's own tree, not the platform's failure");
   t.regex(outcome.turn.error.message, /longer than a checkpoint can restore .*: it was not saved, and its last checkpoint is kept\. Shorten or remove that path\./);
   const [made, write] = outcome.results;
   t.regex(made!.text, /^hidden$/m, made!.text);

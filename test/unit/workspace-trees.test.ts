@@ -1,7 +1,7 @@
 import test, { type ExecutionContext } from "ava";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, chown, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -155,6 +155,7 @@ test("workspace trees - the workspaces' folder is closed to others: 0710 with th
     const served = path.join(base, "served");
     await mkdir(served);
     await chmod(served, 0o711);
+    await chown(served, 4242, 4242); // an operator's uid would keep its access: the service's
     t.true(await closedToOthers(served, { uid: 65534, gid: 65534 }));
     const info = await stat(served);
     t.is(info.mode & 0o777, 0o710);
