@@ -243,6 +243,30 @@ export async function chownTree(dir: string, uid: number, gid: number): Promise<
   }
 }
 
+/**
+ * Clears the set-user-ID and set-group-ID bits in `dir` (links left alone), where a
+ * service sharing the sandboxes' uid may: a file it cannot change (another uid's) stays as
+ * it is, and a folder a command closed (`chmod 000`) is opened first. Best effort: what
+ * fails is returned for the log, never thrown (the workspace is the tenant's to use).
+ */
+export async function clearSetIdBits(dir: string): Promise<Error | undefined> {
+  const clear = () =>
+    walkTree(dir, async (p, st) => {
+      if (!st.isSymbolicLink() && st.mode & 0o6000) await chmod(p, st.mode & 0o1777).catch(() => undefined);
+    });
+  try {
+    await clear();
+    return undefined;
+  } catch {
+    if (!existsSync(dir)) return undefined;
+    await reopenTree(dir);
+    return treeCommand("chmod", ["-R", "ug-s", "--", dir]).then(
+      () => undefined,
+      (err: Error) => err,
+    );
+  }
+}
+
 async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
   const own = async (p: Buffer | string, st: Stats) => {
     // A symbolic link is chowned itself, never its target.

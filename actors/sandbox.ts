@@ -30,7 +30,7 @@ import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
-import { bwrapArgs, closeInheritedDescriptors, closedToOthers, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
+import { bwrapArgs, clearSetIdBits, closeInheritedDescriptors, closedToOthers, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
@@ -293,8 +293,10 @@ export class Sandbox {
    */
   async prepareWorkspace(dir: string): Promise<void> {
     if (this.options.mode === "off") return;
-    const sandbox = this.sandboxIds();
-    await chownTree(dir, sandbox.uid, sandbox.gid);
+    if (this.owner) return chownTree(dir, this.owner.uid, this.owner.gid);
+    // Sharing the sandboxes' uid: nothing to chown, and what cannot be cleared is logged.
+    const failed = await clearSetIdBits(dir);
+    if (failed) this.options.log.warn({ err: failed, dir }, "sandbox: could not clear set-user-ID bits in a workspace");
   }
 
   /**

@@ -5,7 +5,7 @@ import { chmod, chown, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } fro
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { chownTree, closedToOthers, removeTree, treeUsage } from "../../actors/sandbox-host.js";
+import { chownTree, clearSetIdBits, closedToOthers, removeTree, treeUsage } from "../../actors/sandbox-host.js";
 
 /**
  * Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character
@@ -136,6 +136,26 @@ test("workspace trees - names that are not UTF-8 are measured and chowned by the
     t.is((await lstat(setuid)).mode & 0o7777, 0o755, "set-user-ID cleared");
     t.is((await lstat(bad)).mode & 0o7777, 0o775, "set-group-ID cleared");
     t.is((await lstat(outside.file)).mode & 0o7777, 0o4640, "a link's target is not touched");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test("workspace trees - a service sharing the sandboxes' uid clears set-ID bits (links left alone) without chowning, and never throws", async (t) => {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const dir = path.join(base, "workspace");
+    await mkdir(path.join(dir, "sub"), { recursive: true });
+    const file = path.join(dir, "sub", "tool");
+    await writeFile(file, "#!/bin/sh\n");
+    await chmod(file, 0o6755);
+    const outside = await outsideOf(base);
+    await chmod(outside.file, 0o4640);
+    await symlink(outside.file, path.join(dir, "link"));
+    t.is(await clearSetIdBits(dir), undefined);
+    t.is((await stat(file)).mode & 0o7777, 0o755);
+    t.is((await stat(outside.file)).mode & 0o7777, 0o4640);
+    t.is(await clearSetIdBits(path.join(base, "missing")), undefined, "nothing there: nothing to do, nothing thrown");
   } finally {
     await rm(base, { recursive: true, force: true });
   }
