@@ -68,16 +68,20 @@ function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess
 async function unrestorableName(dir: string): Promise<string | undefined> {
   const pattern = `${"?".repeat(RESTORABLE_NAME_BYTES)}*`;
   return new Promise<string | undefined>((resolve, reject) => {
-    const child = spawn("find", [".", "-path", pattern, "-print", "-quit"], { cwd: dir, stdio: ["ignore", "pipe", "ignore"], env: { ...process.env, LC_ALL: "C" } });
+    const child = spawn("find", [".", "-path", pattern, "-print", "-quit"], { cwd: dir, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LC_ALL: "C" } });
     let out = "";
+    let err = "";
     child.stdout.on("data", (d: Buffer) => {
       if (out.length < 16_384) out += d.toString("latin1");
     });
-    child.on("error", (err) => reject(new CheckpointError(`could not check the workspace's paths: ${err.message}`, { cause: err })));
+    child.stderr.on("data", (d: Buffer) => {
+      if (err.length < 1_000) err += d.toString().slice(0, 1_000 - err.length);
+    });
+    child.on("error", (e) => reject(new CheckpointError(`could not check the workspace's paths: ${e.message}`, { cause: e })));
     child.on("close", (code) => {
       if (out) resolve(out.replace(/\n$/, ""));
       else if (code === 0) resolve(undefined);
-      else reject(new CheckpointError(`could not check the workspace's paths: find exited ${code}`));
+      else reject(new CheckpointError(`could not check the workspace's paths: find exited ${code}: ${err.trim()}`));
     });
   });
 }
@@ -88,7 +92,7 @@ async function requireRestorable(dir: string): Promise<void> {
   if (name === undefined) return;
   const excerpt = Buffer.from(name.slice(2, 42), "latin1").toString("utf8");
   throw new CheckpointUnrestorableError(
-    `The workspace holds a path of ${name.length - 2} bytes or more, longer than a checkpoint can restore (at most ${RESTORABLE_NAME_BYTES - 3}), below ${JSON.stringify(excerpt)}: it was not saved, and its last checkpoint is kept. Shorten or remove that path.`,
+    `The workspace holds a path of ${name.length - 2} bytes or more, longer than a checkpoint can restore (at most ${RESTORABLE_NAME_BYTES - 3}), below ${JSON.stringify(excerpt)}: it was not saved, and its last checkpoint is kept. Shorten or remove that path: until then every turn with tools ends so.`,
   );
 }
 

@@ -171,6 +171,9 @@ export class RunActor {
         if (!stored || !expired(stored)) return;
         run = await this.r.store.claimRun(this.runId, this.epoch);
         if (!run) throw new FencedError(this.runId);
+        // Moved on meanwhile (a stale owner's late write): not held, so the next command
+        // or recovery activates it whole (its events opened, a lost turn recovered).
+        if (!expired(run)) return;
         this.hold(run);
       }
       if (!expired(run)) return;

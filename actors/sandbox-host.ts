@@ -155,12 +155,13 @@ export function isExecutable(file: string): boolean {
  */
 export async function closedToOthers(dir: string, sandbox: { uid: number; gid: number }): Promise<boolean> {
   const info = await lstat(dir);
+  const service = process.getuid?.() ?? info.uid;
   const byOwner = info.uid === sandbox.uid;
   const wanted = byOwner ? 0o700 : 0o710;
-  if ((info.mode & 0o777) === wanted && (byOwner || info.gid === sandbox.gid)) return true;
   // The service's (an operator's uid would keep its access), with the sandboxes' group.
-  const service = process.getuid?.() ?? info.uid;
-  if (!byOwner && (info.uid !== service || info.gid !== sandbox.gid)) await chown(dir, service, sandbox.gid);
+  const owned = byOwner || (info.uid === service && info.gid === sandbox.gid);
+  if ((info.mode & 0o777) === wanted && owned) return true;
+  if (!owned) await chown(dir, service, sandbox.gid);
   await chmod(dir, wanted);
   return ((await lstat(dir)).mode & 0o007) === 0;
 }

@@ -187,6 +187,11 @@ export class Sandbox {
    */
   static async start(options: SandboxOptions): Promise<Sandbox> {
     const { log } = options;
+    // Workspaces are checkpointed with tar and checked with find before (checkpoints.ts):
+    // without them every turn with tools would fail at its end, so the node does not start.
+    for (const [tool, pkg] of [["tar", "tar"], ["find", "findutils"]] as const) {
+      if (!findOnPath(tool)) throw new SandboxUnavailableError(`${tool} is not installed: workspaces are checkpointed with GNU tar and checked with find. Install it (Debian/Ubuntu: apt-get install ${pkg}).`);
+    }
     // Before any command: what this process inherited must not reach one.
     const closed = closeInheritedDescriptors();
     if (closed.length) log.warn({ descriptors: closed }, "sandbox: closed descriptors the service inherited (its parent left them open): a command would have inherited them");

@@ -401,8 +401,8 @@ export class TurnExecution {
 
   /** The turn's error for a save that failed: the default words, or what the tenant can mend. */
   private checkpointFailed(failure: CheckpointError): TurnError {
-    // A tree the turn's commands made (the runtime's), not the platform's failure.
-    if (failure instanceof CheckpointUnrestorableError) return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference(), message: failure.message, source: "runtime" });
+    // A tree the turn's tool commands made (the extension's), not the platform's failure.
+    if (failure instanceof CheckpointUnrestorableError) return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference(), message: failure.message, source: "extension" });
     return turnError("workspace_checkpoint_failed", { reference: this.r.ids.reference() });
   }
 

@@ -47,8 +47,7 @@ export interface RunStore {
   getDeployment(agentId: string, version: number): Promise<DeploymentDoc | null>;
   /** Busy runs of these partitions (recovery after a partition is gained). */
   busyRunsIn(partitions: number[]): Promise<Array<Pick<RunDoc, "_id" | "partition" | "epoch">>>;
-  /** Runs of these partitions whose retention ran out (the expiry sweeper). */
-  /** Runs past retention (a busy one only past the turn limit too: domain.ts runExpired). */
+  /** Runs of these partitions whose retention ran out, for the expiry sweeper (a busy one only past the turn limit too: domain.ts runExpired). */
   expiredRunsIn(partitions: number[], nowMs: number, turnLimitMs: number, limit?: number): Promise<Array<Pick<RunDoc, "_id" | "partition">>>;
   /** Removes expired idempotency records and tombstones. */
   sweepRecords(nowMs: number): Promise<void>;

@@ -177,7 +177,7 @@ os.close(os.open(name, os.O_CREAT | os.O_WRONLY, dir_fd=cur))
   t.is(nested("too-deep", 4_094, "").status, 0);
   await writeFile(path.join(dir, "note.txt"), "after");
   const refused = await t.throwsAsync(checkpoints.save(runId, dir, true, "ws_x", fits), { instanceOf: CheckpointUnrestorableError });
-  t.regex(refused!.message, /^The workspace holds a path of 4094 bytes or more, longer than a checkpoint can restore \(at most 4093\), below "too-deep\/d{31}": it was not saved, and its last checkpoint is kept\. Shorten or remove that path\.$/);
+  t.regex(refused!.message, /^The workspace holds a path of 4094 bytes or more, longer than a checkpoint can restore \(at most 4093\), below "too-deep\/d{31}": it was not saved, and its last checkpoint is kept\. Shorten or remove that path: until then every turn with tools ends so\.$/);
   t.is(await checkpoints.revision(runId), fits, "nothing replaced the restorable checkpoint");
   const restored = path.join(servers.dir, "restored", runId);
   t.is(await checkpoints.restore(runId, restored, "ws_x"), fits);

@@ -603,8 +603,8 @@ test.serial("sandbox - files hidden below a path longer than PATH_MAX still coun
   t.is(outcome.results.length, 2, shown(outcome));
   t.is(outcome.turn.status, "failed", shown(outcome));
   t.is(outcome.turn.error.code, "workspace_checkpoint_failed");
-  t.is(outcome.turn.error.source, "runtime", "the turn's own tree, not the platform's failure");
-  t.regex(outcome.turn.error.message, /longer than a checkpoint can restore .*: it was not saved, and its last checkpoint is kept\. Shorten or remove that path\./);
+  t.is(outcome.turn.error.source, "extension", "the tree its tool commands made, not the platform's failure");
+  t.regex(outcome.turn.error.message, /longer than a checkpoint can restore .*: it was not saved, and its last checkpoint is kept\. Shorten or remove that path: until then every turn with tools ends so\./);
   const [made, write] = outcome.results;
   t.regex(made!.text, /^hidden$/m, made!.text);
   t.regex(made!.text, /the workspace is over its disk limit \(8 MiB\)/, made!.text);

@@ -582,6 +582,25 @@ test("run-actor - expiry of a busy run: not while its turn can be at work (the a
   t.is(lost.w.store.tombstones.get(RUN)?.reason, "expired");
 });
 
+test("run-actor - expiry race: a run that moved on between the sweeper's read and its claim is not held half-activated; the same actor's recovery then ends the lost turn", async (t) => {
+  const { w } = await lostTurn(() => undefined);
+  const stored = w.store.runs.get(RUN)!;
+  // The read the sweep acts on is stale: it shows the run long past its retention and grace.
+  const read = w.store.getRun.bind(w.store);
+  w.store.getRun = async (id: string) => {
+    const run = await read(id);
+    return run && { ...run, expires_at: 0 };
+  };
+  w.clock.now = stored.expires_at - 1;
+  const actor = w.actor(2);
+  t.false(await actor.expire());
+  w.store.getRun = read;
+  t.true(w.store.runs.has(RUN));
+  await actor.recover();
+  t.is(w.store.turns.get("turn_1")!.status, "incomplete", "recovered whole by the actor that did not expire it");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
 test("run-actor - race: a paused owner whose partition moved cannot store its finished turn: the new owner's claim fences the turn too, and the turn ends once", async (t) => {
   const w = await world();
   const stale = w.actor(1);

@@ -174,8 +174,9 @@ test("workspace trees - the workspaces' folder is closed to others: 0710 with th
     if (own.uid !== 0) return;
     const served = path.join(base, "served");
     await mkdir(served);
-    await chmod(served, 0o711);
-    await chown(served, 4242, 4242); // an operator's uid would keep its access: the service's
+    await chmod(served, 0o710);
+    // As an earlier version left it: the right mode and group, but an operator's uid (which would keep its access).
+    await chown(served, 4242, 65534);
     t.true(await closedToOthers(served, { uid: 65534, gid: 65534 }));
     const info = await stat(served);
     t.is(info.mode & 0o777, 0o710);
