@@ -251,10 +251,7 @@ export async function chownTree(dir: string, uid: number, gid: number): Promise<
  * fails is returned for the log, never thrown (the workspace is the tenant's to use).
  */
 export async function clearSetIdBits(dir: string): Promise<Error | undefined> {
-  const clear = () =>
-    walkTree(dir, async (p, st) => {
-      if (!st.isSymbolicLink() && st.mode & 0o6000) await chmod(p, st.mode & 0o1777).catch(() => undefined);
-    });
+  const clear = () => walkTree(dir, (p, st) => dropSetIdBits(p, st).catch(() => undefined));
   try {
     await clear();
     return undefined;
@@ -268,14 +265,20 @@ export async function clearSetIdBits(dir: string): Promise<Error | undefined> {
   }
 }
 
+/**
+ * No set-user-ID or set-group-ID file of a tenant's stays on the host (a checkpoint
+ * restored as root keeps the modes it was saved with): run by another host user, it would
+ * be the sandboxes' uid. (Inside, /workspace is mounted nosuid.) A link is left alone.
+ */
+async function dropSetIdBits(p: Buffer | string, st: Stats): Promise<void> {
+  if (!st.isSymbolicLink() && st.mode & 0o6000) await chmod(p, st.mode & 0o1777);
+}
+
 async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
   const own = async (p: Buffer | string, st: Stats) => {
     // A symbolic link is chowned itself, never its target.
     if (st.uid !== uid || st.gid !== gid) await lchown(p, uid, gid);
-    // No set-user-ID or set-group-ID file of a tenant's stays on the host (a checkpoint
-    // restored as root keeps the modes it was saved with): run by another host user, it
-    // would be the sandboxes' uid. (Inside, /workspace is mounted nosuid.)
-    if (!st.isSymbolicLink() && st.mode & 0o6000) await chmod(p, st.mode & 0o1777);
+    await dropSetIdBits(p, st);
   };
   const info = await lstat(dir);
   await own(dir, info);
