@@ -161,6 +161,22 @@ test("workspace trees - a service sharing the sandboxes' uid clears set-ID bits 
   }
 });
 
+test("workspace trees - set-ID bits below a path longer than PATH_MAX are cleared too (chmod -R takes over from the walk)", async (t) => {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const dir = path.join(base, "workspace");
+    await mkdir(dir);
+    deepTree(dir, 1024, await outsideOf(base));
+    const inDeep = (command: string) => spawnSync("bash", ["-c", `cd "$1" && for i in $(seq 25); do cd "$(printf %0200d $i)" || exit 1; done && ${command}`, "bash", dir], { encoding: "utf8" });
+    t.is(inDeep("chmod 4755 hidden").status, 0);
+    t.is(inDeep("stat -c %a hidden").stdout, "4755\n");
+    t.is(await clearSetIdBits(dir), undefined);
+    t.is(inDeep("stat -c %a hidden").stdout, "755\n");
+  } finally {
+    spawnSync("rm", ["-rf", base]);
+  }
+});
+
 test("workspace trees - the workspaces' folder is closed to others: 0710 with the sandboxes' group where the service owns it, 0700 where the sandboxes' uid does (a service sharing it), left alone when already so", async (t) => {
   const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
   try {
