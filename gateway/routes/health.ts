@@ -1,6 +1,6 @@
-import { createHash, timingSafeEqual } from "node:crypto";
+import { timingSafeEqual } from "node:crypto";
 import type { FastifyInstance } from "fastify";
-import { ApiError } from "../../src/index.js";
+import { ApiError, hashSecret } from "../../src/index.js";
 import type { GatewayContext } from "../context.js";
 import { type Operation, route } from "../operation.js";
 import { HealthSchema, ReadinessSchema } from "../schemas.js";
@@ -47,8 +47,8 @@ export const HEALTH_OPERATIONS = {
   },
 } satisfies Record<string, Operation>;
 
-/** Compared as digests: equal lengths for timingSafeEqual, whatever was sent. */
-const digest = (token: string) => createHash("sha256").update(token).digest();
+/** Compared as digests (as API keys are hashed): equal lengths for timingSafeEqual, whatever was sent. */
+const digest = (token: string) => Buffer.from(hashSecret(token));
 
 /** Liveness, readiness and the Prometheus endpoint (decisions §8; gateway/metrics.ts). */
 export function healthRoutes(ctx: GatewayContext) {

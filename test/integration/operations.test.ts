@@ -3,6 +3,7 @@ import net from "node:net";
 import pino from "pino";
 import { Api, collectedLogs, newWorkspace, startTestServers, testConfig, type TestServers } from "../helpers/servers.js";
 import { startService, type RunningService } from "../../node/service.js";
+import { sample } from "../helpers/metrics.js";
 
 /** /metrics, request ids and the log lines of a request and of a run, on a real service. */
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; logs: Array<Record<string, unknown>> }>;
@@ -21,17 +22,6 @@ test.after.always(async (t) => {
 });
 
 const sleeper = (seconds: number) => ({ model: "faux/scripted", tools: ["bash"], script: [{ tool_call: { name: "bash", arguments: { command: `sleep ${seconds}` } } }, { text: "slept" }] });
-
-/** The value of a sample line `name{labels} value` of the exposition text, or undefined. */
-function sample(text: string, name: string, labels: Record<string, string> = {}): number | undefined {
-  const wanted = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
-  for (const line of text.split("\n")) {
-    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
-    const labelText = line.slice(name.length).match(/^\{([^}]*)\}/)?.[1] ?? "";
-    if (wanted.every((w) => labelText.split(",").includes(w))) return Number(line.slice(line.lastIndexOf(" ") + 1));
-  }
-  return undefined;
-}
 
 test.serial("metrics - /api traffic by route template and status, latency, turns, streams, NATS and store health, event loop, process", async (t) => {
   const { service } = t.context;

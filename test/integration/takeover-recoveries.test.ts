@@ -2,13 +2,8 @@ import test from "ava";
 import { collectedLogs, newWorkspace, startTestServers, startTestService, testConfig } from "../helpers/servers.js";
 import { startService } from "../../node/service.js";
 import { Ids, partitionOf } from "../../src/index.js";
+import { sample } from "../helpers/metrics.js";
 
-/** A sample of one unlabelled series of a Prometheus text exposition. */
-function sample(text: string, name: string): number {
-  const line = text.split("\n").find((l) => l.startsWith(`${name} `));
-  if (!line) throw new Error(`no ${name} in /metrics`);
-  return Number(line.slice(name.length + 1));
-}
 
 const BUSY_RUNS = 600;
 
@@ -57,6 +52,7 @@ test("takeover - a node gaining partitions with 600 busy runs recovers every one
     const text = (await second.app!.inject({ method: "GET", url: "/metrics" })).body;
     const recovering = sample(text, "runs_recovering_runs");
     const waiting = sample(text, "runs_recoveries_waiting");
+    if (recovering === undefined || waiting === undefined) throw new Error(`no recovery gauges in /metrics:\n${text}`);
     maxRecovering = Math.max(maxRecovering, recovering);
     if (waiting > 0) sawWaiting = true;
     if (recovering + waiting === 0) break;
