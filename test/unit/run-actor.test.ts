@@ -12,6 +12,7 @@ import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
 import { unavailable } from "../../src/event-envelope.js";
 import { busyGraceMs } from "../../src/domain.js";
+import { retentionRefreshMs } from "../../actors/turn-execution.js";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { BoundedWork } from "../../src/bounded-work.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
@@ -580,6 +581,26 @@ test("run-actor - expiry of a busy run: not while its turn can be at work (the a
   t.true(await lost.w.actor(3).expire());
   t.false(lost.w.store.runs.has(RUN));
   t.is(lost.w.store.tombstones.get(RUN)?.reason, "expired");
+});
+
+test("run-actor - abuse: a turn streaming an event a second for hours writes its run once per refresh interval (a hundredth of the retention, at most 10 min), not per event", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const before = w.store.runs.get(RUN)!.last_activity_at;
+  const refreshes = () => w.store.writes.filter((write) => write === "update run expires_at,last_activity_at").length;
+  // 5,000 events, one a second: a model told to stream as much as it can.
+  for (let i = 0; i < 5_000; i++) {
+    w.clock.now += 1_000;
+    w.turns.last.request.onEvent({ type: "message_update", data: { delta: "x" } } as never);
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+  const interval = retentionRefreshMs(w.store.runs.get(RUN)!.retention_s);
+  t.is(interval, 600_000);
+  const written = refreshes();
+  t.true(written >= 1 && written <= Math.ceil(5_000_000 / interval), `${written} writes of the run for 5,000 events over 5,000 s`);
+  t.true(w.store.runs.get(RUN)!.last_activity_at > before, "the clock restarted");
+  t.true(actor.hasActiveTurn);
 });
 
 test("run-actor - expiry race: a run that moved on between the sweeper's read and its claim is not held half-activated; the same actor's recovery then ends the lost turn", async (t) => {
