@@ -292,16 +292,27 @@ async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
  * that is not UTF-8 (a command may make one) is reached as it is, not as its U+FFFD
  * replacement, which names nothing. A path past PATH_MAX throws ENAMETOOLONG.
  */
-async function walkTree(dir: string, visit: (p: Buffer, st: Stats) => Promise<boolean | void>): Promise<void> {
+async function walkTree(dir: string, visit: (p: Buffer, st: Stats) => Promise<boolean | void>, options: { skipUnreadable?: boolean } = {}): Promise<void> {
   const stack: Buffer[] = [Buffer.from(dir)];
   const slash = Buffer.from("/");
+  // Skipping: what vanished, or cannot be read or named, while a command changes the tree.
+  const skipped = (err: unknown): undefined => {
+    if (!options.skipUnreadable) throw err;
+  };
   while (stack.length > 0) {
     const current = stack.pop()!;
-    for await (const entry of await opendir(current, { encoding: "buffer" } as unknown as Parameters<typeof opendir>[1])) {
-      const p = Buffer.concat([current, slash, entry.name as unknown as Buffer]);
-      const st = await lstat(p);
-      if ((await visit(p, st)) === false) return;
-      if (st.isDirectory()) stack.push(p);
+    const folder = await opendir(current, { encoding: "buffer" } as unknown as Parameters<typeof opendir>[1]).catch(skipped);
+    if (!folder) continue;
+    try {
+      for await (const entry of folder) {
+        const p = Buffer.concat([current, slash, entry.name as unknown as Buffer]);
+        const st = await lstat(p).catch(skipped);
+        if (!st) continue;
+        if ((await visit(p, st)) === false) return;
+        if (st.isDirectory()) stack.push(p);
+      }
+    } catch (err) {
+      skipped(err);
     }
   }
 }
@@ -324,18 +335,8 @@ export interface TreeUsage {
  * on some filesystems (tmpfs, btrfs): there only files count in bytes.
  */
 export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
-  const linked = new Set<string>();
-  const usage = { bytes: 0, entries: 0 };
   try {
-    usage.bytes = (await lstat(dir)).blocks * 512;
-    await walkTree(dir, async (_p, st) => {
-      usage.entries++;
-      // A further name of a file counted already adds no blocks.
-      const counted = !st.isDirectory() && st.nlink > 1 && linked.size < MAX_LINKED_TRACKED && !trackOnce(linked, `${st.dev}:${st.ino}`);
-      if (!counted) usage.bytes += st.blocks * 512;
-      return usage.bytes <= stopAt.bytes && usage.entries <= stopAt.entries;
-    });
-    return usage;
+    return await countTree(dir, stopAt, {});
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return { bytes: 0, entries: 0 };
     const unmeasurable = { bytes: Infinity, entries: Infinity };
@@ -344,6 +345,34 @@ export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsa
       return duUsage(dir, stopAt).catch(() => unmeasurable);
     });
   }
+}
+
+/**
+ * {@link treeUsage} of a tree a command is changing, for the checks while it runs: what
+ * vanishes, cannot be read, or lies past PATH_MAX is left out (less, never more, than the
+ * tree holds), and nothing is changed to measure it. The measurement after the command is
+ * the exact one.
+ */
+export async function liveTreeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
+  return countTree(dir, stopAt, { skipUnreadable: true }).catch(() => ({ bytes: 0, entries: 0 }));
+}
+
+/** The walk of {@link treeUsage} and {@link liveTreeUsage}. */
+async function countTree(dir: string, stopAt: TreeUsage, options: { skipUnreadable?: boolean }): Promise<TreeUsage> {
+  const linked = new Set<string>();
+  const usage = { bytes: (await lstat(dir)).blocks * 512, entries: 0 };
+  await walkTree(
+    dir,
+    async (_p, st) => {
+      usage.entries++;
+      // A further name of a file counted already adds no blocks.
+      const counted = !st.isDirectory() && st.nlink > 1 && linked.size < MAX_LINKED_TRACKED && !trackOnce(linked, `${st.dev}:${st.ino}`);
+      if (!counted) usage.bytes += st.blocks * 512;
+      return usage.bytes <= stopAt.bytes && usage.entries <= stopAt.entries;
+    },
+    options,
+  );
+  return usage;
 }
 
 /** Linked files whose inodes a measurement remembers (past it, each name's blocks count: more, never less). */

@@ -58,7 +58,7 @@ export function maxEntries(limits: Pick<SandboxLimits, "diskBytes">): number {
 }
 
 /** A limit a command ran into. */
-export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "files" | "output";
+export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "files" | "host_disk" | "output";
 
 /** One sentence for the agent, naming the limit and its value. */
 export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
@@ -79,6 +79,9 @@ export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
       return `the workspace is over its disk limit (${formatBytes(limits.diskBytes)}): delete files before writing more`;
     case "files":
       return `the workspace holds more than ${maxEntries(limits)} files and folders (one per 4 KiB of its disk limit, at most ${MAX_WORKSPACE_ENTRIES}): delete some before writing more`;
+    case "host_disk":
+      // The node's reserve (RUNS_DISK_RESERVE_MB), not the run's: its figure is the operator's, not the agent's.
+      return "the node's disk is almost full: running commands are stopped and writes refuse until there is room again";
     case "output":
       return `the output was cut to its last ${formatBytes(limits.outputBytes)}`;
   }

@@ -28,6 +28,8 @@ export interface SpawnRequest {
   stdin?: Buffer;
   timeoutMs: number;
   signal?: AbortSignal;
+  /** Aborted when the command ran into a limit only a measurement shows: it is SIGKILLed, and settles as killed by that signal. */
+  limitSignal?: AbortSignal;
   outputBytes: number;
   /** Keep stderr apart (bwrap's own messages); otherwise it is ignored (the shell merges it). */
   captureStderr: boolean;
@@ -52,7 +54,7 @@ export function spawnAndWait(req: SpawnRequest): Promise<RawOutcome> {
       detached: req.processGroup === true,
       stdio: [req.stdin ? "pipe" : "ignore", "pipe", req.captureStderr ? "pipe" : "ignore", ...req.extraFds],
     });
-    let stoppedBy: "timed_out" | "aborted" | undefined;
+    let stoppedBy: "timed_out" | "aborted" | "limit" | undefined;
     let exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
     let settled = false;
     let drainTimer: NodeJS.Timeout | undefined;
@@ -67,14 +69,16 @@ export function spawnAndWait(req: SpawnRequest): Promise<RawOutcome> {
         // already gone
       }
     };
-    const stop = (reason: "timed_out" | "aborted") => {
+    const stop = (reason: "timed_out" | "aborted" | "limit") => {
       if (stoppedBy || settled || exit) return;
       stoppedBy = reason;
       kill();
     };
     const onAbort = () => stop("aborted");
+    const onLimit = () => stop("limit");
     const timeout = setTimeout(() => stop("timed_out"), req.timeoutMs);
     req.signal?.addEventListener("abort", onAbort, { once: true });
+    req.limitSignal?.addEventListener("abort", onLimit, { once: true });
     // Aborted while the sandbox was being set up: the listener above will not fire.
     if (req.signal?.aborted) stop("aborted");
 
@@ -84,10 +88,12 @@ export function spawnAndWait(req: SpawnRequest): Promise<RawOutcome> {
       clearTimeout(timeout);
       clearTimeout(drainTimer);
       req.signal?.removeEventListener("abort", onAbort);
+      req.limitSignal?.removeEventListener("abort", onLimit);
       child.stdout?.destroy();
       child.stderr?.destroy();
       const base = { ...output.result(), stderr: stderr.result().output };
       if (spawnError) return resolve({ kind: "error", message: spawnError.message, ...base });
+      if (stoppedBy === "limit") return resolve({ kind: "signalled", signal: "SIGKILL", ...base });
       if (stoppedBy) return resolve({ kind: stoppedBy, ...base });
       if (exit!.code !== null) return resolve({ kind: "exited", exitCode: exit!.code, ...base });
       return resolve({ kind: "signalled", signal: exit!.signal ?? "unknown", ...base });

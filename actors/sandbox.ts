@@ -22,7 +22,7 @@
 import { spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { constants as fsConstants, openSync, closeSync, existsSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { chown, mkdir, readFile, rm } from "node:fs/promises";
+import { chown, mkdir, readFile, rm, statfs } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
@@ -34,7 +34,7 @@ import { bwrapArgs, clearSetIdBits, closeInheritedDescriptors, closedToOthers, S
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
-export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, setupFailed, treeUsage } from "./sandbox-host.js";
+export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, liveTreeUsage, setupFailed, treeUsage } from "./sandbox-host.js";
 export { OutputTail } from "./sandbox-process.js";
 
 /** Unprivileged uid/gid a root node runs sandboxes as (`RUNS_SANDBOX_UID`). */
@@ -86,6 +86,11 @@ export interface SandboxCommand {
   /** Called once per connection the egress proxy refused. */
   onNetworkDenied?: (denial: EgressDenial) => void;
   /**
+   * A measurement of what the command has made so far (its workspace's size), taken while
+   * it runs ({@link watchCommand}): a limit it names stops the command, reported as hit.
+   */
+  watch?: () => Promise<LimitHit | undefined>;
+  /**
    * Read the command's output for the limits it met that no exit status shows: without
    * cgroups the memory and process limits a failed command reports ({@link rlimitHits}),
    * and in any mode the shell's report of a process killed by SIGXFSZ or SIGBUS
@@ -131,6 +136,41 @@ export interface SandboxOptions {
   egress?: EgressProxy;
   /** A cgroup mount other than /sys/fs/cgroup, or false to use rlimits only. */
   cgroupRoot?: string | false;
+  /**
+   * Bytes kept free on the filesystem of the workspaces (`RUNS_DISK_RESERVE_MB`): a command
+   * running while less is left is stopped, and writes refuse, whatever its run's own limit. 0: none.
+   */
+  diskReserveBytes?: number;
+}
+
+/**
+ * How often a running command is measured ({@link SandboxCommand.watch} and the node's free
+ * disk): at least this far apart, and four times as far as the last measurement took, so a
+ * large workspace costs the host at most a fifth of one thread's time. A command shorter
+ * than this is measured only after it ends.
+ */
+export const WATCH_INTERVAL_MS = 1_000;
+
+/**
+ * Runs `check` while a command runs, one measurement at a time, until it names a limit
+ * (then `stop`) or the returned function is called. A measurement that fails names none:
+ * the one after the command decides.
+ */
+function watchCommand(check: () => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void): () => void {
+  let timer: NodeJS.Timeout | undefined;
+  let over = false;
+  const tick = async () => {
+    const started = performance.now();
+    const hit = await check().catch(() => undefined);
+    if (over) return;
+    if (hit) return stop(hit);
+    timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, 4 * (performance.now() - started)));
+  };
+  timer = setTimeout(tick, WATCH_INTERVAL_MS);
+  return () => {
+    over = true;
+    clearTimeout(timer);
+  };
 }
 
 /**
@@ -410,6 +450,15 @@ export class Sandbox {
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
       const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), [...this.niced, this.bwrap!, ...args]);
       const startedMs = Date.now();
+      const limitStop = new AbortController();
+      let watchHit: LimitHit | undefined;
+      const unwatch = watchCommand(
+        async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : cmd.watch?.()),
+        (hit) => {
+          watchHit = hit;
+          limitStop.abort();
+        },
+      );
       const outcome = await spawnAndWait({
         file: "/bin/sh",
         args: launcher,
@@ -421,9 +470,11 @@ export class Sandbox {
         stdin: cmd.stdin,
         timeoutMs: cmd.timeoutMs,
         signal: cmd.signal,
+        limitSignal: limitStop.signal,
         outputBytes: cmd.limits.outputBytes,
         captureStderr: true,
-      });
+      }).finally(unwatch);
+      if (watchHit) this.logWatchStop(watchHit, cmd);
       for (const fd of fds.splice(0)) closeSync(fd);
       const report = cgroup ? await cgroup.release() : undefined;
       cgroup = undefined;
@@ -432,7 +483,7 @@ export class Sandbox {
         // bwrap, the launcher or the limit's wrapper failed before the command ran and said why on stderr.
         throw new SandboxStartError(outcome.stderr.toString("utf8").trim().slice(0, 500));
       }
-      const limits: LimitHit[] = [];
+      const limits: LimitHit[] = watchHit ? [watchHit] : [];
       if (report?.oomKilled) limits.push("memory");
       if (report?.processLimitHit) limits.push("processes");
       const failed = outcome.kind === "exited" ? outcome.exitCode !== 0 : outcome.kind === "signalled" || outcome.kind === "timed_out";
@@ -444,7 +495,7 @@ export class Sandbox {
       // the OOM killer's, after at least the CPU limit of wall time, is that limit (with one
       // core per command, CPU time cannot run ahead of wall time; without cgroups, two cores can).
       const wallS = (Date.now() - startedMs) / 1000;
-      const cpuKill = (code === 128 + 9 || signal === "SIGKILL") && !report?.oomKilled && wallS >= cmd.limits.cpuSeconds / (this.cgroups ? 1 : os.availableParallelism());
+      const cpuKill = (code === 128 + 9 || signal === "SIGKILL") && !report?.oomKilled && !watchHit && wallS >= cmd.limits.cpuSeconds / (this.cgroups ? 1 : os.availableParallelism());
       if (code === 128 + 24 || signal === "SIGXCPU" || cpuKill) limits.push("cpu");
       // A process of the command killed by SIGXFSZ while the command went on: bash says so.
       if (code === 128 + 25 || signal === "SIGXFSZ" || (cmd.limitsFromOutput && shellReported(outcome.output, "File size limit exceeded"))) limits.push("file_size");
@@ -458,6 +509,27 @@ export class Sandbox {
       if (egress) await egress.close().catch(() => undefined);
       if (egressDir) await rm(egressDir, { recursive: true, force: true }).catch(() => undefined);
     }
+  }
+
+  /**
+   * Whether the filesystem holding `dir` has less free than the node keeps
+   * (`diskReserveBytes`). One statfs; a filesystem that cannot say counts as not low.
+   */
+  async hostDiskLow(dir: string): Promise<boolean> {
+    const reserve = this.options.diskReserveBytes ?? 0;
+    if (reserve <= 0) return false;
+    try {
+      const fs = await statfs(dir);
+      return fs.bavail * fs.bsize < reserve;
+    } catch {
+      return false;
+    }
+  }
+
+  private logWatchStop(hit: LimitHit, cmd: SandboxCommand): void {
+    const fields = { hit, workspace: path.basename(cmd.workspaceDir) };
+    if (hit === "host_disk") this.options.log.warn({ ...fields, reserveBytes: this.options.diskReserveBytes }, "sandbox: a command was stopped: the workspaces' filesystem has less free than RUNS_DISK_RESERVE_MB keeps");
+    else this.options.log.info(fields, "sandbox: a command was stopped at its run's disk limit");
   }
 
   private async runUnconfined(cmd: SandboxCommand): Promise<SandboxOutcome> {

@@ -7,7 +7,7 @@ import { lstat, realpath } from "node:fs/promises";
 import path from "node:path";
 import type { AgentToolResult } from "@mariozechner/pi-agent-core";
 import type { EgressDenial } from "./egress-proxy.js";
-import { SandboxFailure, treeUsage, type Sandbox, type SandboxOutcome } from "./sandbox.js";
+import { liveTreeUsage, SandboxFailure, treeUsage, type Sandbox, type SandboxOutcome } from "./sandbox.js";
 import { DEFAULT_LIMITS, describeLimit, type LimitHit, maxEntries, type SandboxLimits } from "./sandbox-limits.js";
 
 export interface WorkspaceToolsOptions {
@@ -122,7 +122,7 @@ export class ToolRunner {
   readonly timeoutMs: number;
   readonly limits: SandboxLimits;
   /** Set once a command left the workspace over its disk or file limit; writes refuse until it is under again. */
-  private overDisk: "disk" | "files" | undefined;
+  private overDisk: "disk" | "files" | "host_disk" | undefined;
 
   constructor(
     readonly workspace: Workspace,
@@ -153,6 +153,7 @@ export class ToolRunner {
         networkAllow: this.options.networkAllow,
         onNetworkDenied: this.options.onNetworkDenied,
         limitsFromOutput: options.limitsFromOutput,
+        watch: this.workspace.sandboxRoot !== undefined ? () => this.overLimits(liveTreeUsage) : undefined,
       });
       if (this.workspace.sandboxRoot !== undefined) await this.checkDisk(outcome);
       return outcome;
@@ -162,12 +163,20 @@ export class ToolRunner {
     }
   }
 
-  /** After a command: a workspace over its disk or file limit is reported, and writes refuse until it is under. */
+  /**
+   * After a command: a workspace over its disk or file limit, or a node short of disk, is
+   * reported, and writes refuse until it is under (and there is room).
+   */
   private async checkDisk(outcome: SandboxOutcome): Promise<void> {
-    const entries = maxEntries(this.limits);
-    const usage = await treeUsage(this.workspace.root, { bytes: this.limits.diskBytes, entries });
-    this.overDisk = usage.bytes > this.limits.diskBytes ? "disk" : usage.entries > entries ? "files" : undefined;
+    this.overDisk = (await this.options.sandbox.hostDiskLow(this.workspace.root)) ? "host_disk" : await this.overLimits(treeUsage);
     if (this.overDisk && !outcome.limits.includes(this.overDisk)) outcome.limits.push(this.overDisk);
+  }
+
+  /** The workspace's limit it is past, by `measure`: exact after a command, what can be read while one runs. */
+  private async overLimits(measure: typeof treeUsage): Promise<"disk" | "files" | undefined> {
+    const entries = maxEntries(this.limits);
+    const usage = await measure(this.workspace.root, { bytes: this.limits.diskBytes, entries });
+    return usage.bytes > this.limits.diskBytes ? "disk" : usage.entries > entries ? "files" : undefined;
   }
 
   refuseWhenOverDisk(): void {

@@ -164,6 +164,7 @@ async function startSandbox(config: Config, log: Logger): Promise<Sandbox> {
     processesTotal: config.sandbox.processesTotal,
     ...(config.sandbox.limits === "rlimit" ? { cgroupRoot: false as const } : {}),
     uid: config.sandbox.uid,
+    diskReserveBytes: config.sandbox.diskReserveBytes,
     runtimeDir: path.join(config.dataDir, "sandbox"),
     nodeId: config.nodeId,
     log: sandboxLog,

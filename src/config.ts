@@ -92,6 +92,7 @@ const EnvSchema = z.object({
   // The kernel's largest pid_max (and pids.max).
   RUNS_SANDBOX_PROCESSES: intFromEnv(DEFAULT_SANDBOX_PROCESSES, 64, 4_194_304),
   RUNS_SANDBOX_UID: intFromEnv(65534, 1),
+  RUNS_DISK_RESERVE_MB: intFromEnv(256, 0),
   RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
   RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS: z.enum(["0", "1", "true", "false"]).default("0"),
   RUNS_AMBIENT_PROVIDERS: z.string().default(""),
@@ -178,6 +179,8 @@ export interface Config {
     processesTotal: number;
     /** Host uid sandboxes run as when the node runs as root (never 0). */
     uid: number;
+    /** Bytes kept free on the workspaces' filesystem: commands are stopped and writes refuse below it (0: none). */
+    diskReserveBytes: number;
     /** TEST ONLY: host names the egress proxy maps to loopback servers (RUNS_EGRESS_TEST_HOSTS). */
     egressTestHosts?: string;
   };
@@ -286,6 +289,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxConcurrent: e.RUNS_SANDBOX_MAX,
       processesTotal: e.RUNS_SANDBOX_PROCESSES,
       uid: e.RUNS_SANDBOX_UID,
+      diskReserveBytes: e.RUNS_DISK_RESERVE_MB * 1024 * 1024,
       egressTestHosts: e.RUNS_EGRESS_TEST_HOSTS,
     },
     allowPrivateModelEndpoints: e.RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS === "1" || e.RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS === "true",

@@ -632,6 +632,30 @@ test.serial("sandbox - empty files, which take an inode and no block, are bounde
   t.regex(write!.text, /Not written: the workspace holds more than 256 files and folders/, write!.text);
 });
 
+test.serial("sandbox - a command that keeps writing is stopped while it runs once its workspace is past disk_mb (in bytes, or in files and folders), long before its timeout; the tool says so, and writes refuse", async (t) => {
+  const { api, dataDir } = t.context;
+  // disk_mb 8: 8 MiB and 2,048 files and folders. Each loop would take 10 s and more and
+  // write 25 times the limit (a 1 MiB file is within the file size limit); the command may run 60 s.
+  const bytes = "for i in $(seq 200); do head -c 1048576 /dev/zero > big$i || exit 3; sleep 0.05; done; echo wrote all";
+  const files = "mkdir d && for i in $(seq 400); do for j in $(seq 50); do : > d/f$i-$j; done; sleep 0.05; done; echo made all";
+  const steps = [bash(bytes), bash("rm -f big*; echo cleared"), bash(files), tool("write", { path: "more.txt", content: "more" })];
+  const agent = await api.agentWith(scripted(steps, { limits: { disk_mb: 8, command_timeout_s: 60 } }));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 120_000);
+  ranAll(t, outcome, 4);
+  const [wrote, cleared, made, write] = outcome.results;
+  t.true(wrote!.isError, wrote!.text);
+  t.regex(wrote!.text, /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace is over its disk limit \(8 MiB\): delete files before writing more\]/, wrote!.text);
+  t.notRegex(wrote!.text, /wrote all|timed out/, wrote!.text);
+  t.regex(cleared!.text, /^cleared$/m, cleared!.text);
+  t.regex(made!.text, /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace holds more than 2048 files and folders/, made!.text);
+  t.notRegex(made!.text, /made all|timed out/, made!.text);
+  t.regex(write!.text, /Not written: the workspace holds more than 2048 files and folders/, write!.text);
+  // Stopped within a few of the command's seconds, not at the end of its loop.
+  const left = await readdir(path.join(dataDir, "workspaces", runId, "d"));
+  t.true(left.length < 10_000, `${left.length} of the loop's 20,000 files`);
+});
+
 test.serial("sandbox - a set-user-ID copy of a shell and an opened-up workspace (chmod 755) give no other host user a way in: the workspaces' folder is passable by the sandboxes' group alone, and the next turn clears the bit", async (t) => {
   if (process.getuid?.() !== 0) return t.pass("only a service running as root gives sandboxes a uid of their own");
   if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");

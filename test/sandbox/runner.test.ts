@@ -15,7 +15,9 @@ import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
 import { holdingBomb, hostProcesses, settledCount } from "../helpers/sandbox.js";
 import http from "node:http";
 import { spawn, spawnSync } from "node:child_process";
-import { closeSync, constants as fsConstants, openSync } from "node:fs";
+import { closeSync, constants as fsConstants, existsSync, openSync } from "node:fs";
+import { createWorkspaceTools } from "../../actors/workspace-tools.js";
+import { BUILTIN_TOOLS } from "../../src/domain.js";
 import { PROJECT_ROOT } from "../../node/servers.js";
 import type { AddressInfo } from "node:net";
 
@@ -444,6 +446,56 @@ test_.serial("sandbox - memory, process, CPU and file-size limits are reported b
   const file = await sandbox.run(bash(dir, "head -c 3000000 /dev/zero > big; echo wrote", { limits: small, limitsFromOutput: true }));
   t.true(file.limits.includes("file_size"), JSON.stringify(file));
   t.true((await stat(path.join(dir, "big"))).size <= 1024 * 1024);
+});
+
+test_.serial("sandbox - a running command is measured about once a second: a limit its watch names stops it (SIGKILL, that limit reported, not the CPU limit's kill); a command that ends first is not measured", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  let measured = 0;
+  const watch = async () => {
+    measured++;
+    return (await readdir(dir)).includes("over") ? ("disk" as const) : undefined;
+  };
+  const started = Date.now();
+  const stopped = await sandbox.run(bash(dir, "sleep 1.5; touch over; sleep 30; echo never", { watch, limits: { ...DEFAULT_LIMITS, cpuSeconds: 1 } }));
+  t.is(stopped.kind, "signalled", JSON.stringify(stopped));
+  t.deepEqual(stopped.limits, ["disk"]);
+  t.true(Date.now() - started < 10_000, `${Date.now() - started} ms`);
+  t.true(measured >= 2, `${measured}`);
+  measured = 0;
+  const quick = await sandbox.run(bash(dir, "echo quick", { watch }));
+  t.is(quick.kind, "exited");
+  t.is(quick.output.toString(), "quick\n");
+  t.deepEqual(quick.limits, []);
+  t.is(measured, 0);
+});
+
+test_.serial("sandbox - below RUNS_DISK_RESERVE_MB free on the workspaces' filesystem a running command is stopped (host_disk) and the node says so in its log; with no reserve nothing is", async (t) => {
+  const base = await tempBase();
+  const lines: string[] = [];
+  const logged = pino({ level: "info" }, { write: (line: string) => void lines.push(line) });
+  // More than any disk has free: the node is always short.
+  const short = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "reserve-test", log: logged, diskReserveBytes: 2 ** 52 });
+  try {
+    const dir = await workspace(short, base);
+    t.true(await short.hostDiskLow(dir));
+    const started = Date.now();
+    const outcome = await short.run(bash(dir, "sleep 30; echo never"));
+    t.is(outcome.kind, "signalled", JSON.stringify(outcome));
+    t.deepEqual(outcome.limits, ["host_disk"]);
+    t.true(Date.now() - started < 10_000, `${Date.now() - started} ms`);
+    t.true(lines.some((line) => line.includes("less free than RUNS_DISK_RESERVE_MB keeps") && line.includes('"hit":"host_disk"')), lines.join(""));
+    // Through the tools: a command that ends first is told after it, and writes refuse.
+    const tools = Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox: short }).map((tool) => [tool.name, tool]));
+    const said = await tools.bash!.execute("b", { command: "echo hi" });
+    t.is(said.content.map((c: any) => c.text).join(""), "[sandbox: the node's disk is almost full: running commands are stopped and writes refuse until there is room again]\nhi\n");
+    const refused = await t.throwsAsync(tools.write!.execute("w", { path: "more.txt", content: "more" }));
+    t.is(refused?.message, "Not written: the node's disk is almost full: running commands are stopped and writes refuse until there is room again.");
+    t.false(existsSync(path.join(dir, "more.txt")));
+    t.false(await t.context.sandbox.hostDiskLow(dir), "no reserve: never short");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
 });
 
 test_.serial("sandbox - with an allow list, commands reach an allowed host through the egress proxy and nothing else", async (t) => {

@@ -5,7 +5,7 @@ import { chmod, chown, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } fro
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { chownTree, clearSetIdBits, closedToOthers, removeTree, treeUsage } from "../../actors/sandbox-host.js";
+import { chownTree, clearSetIdBits, closedToOthers, liveTreeUsage, removeTree, treeUsage } from "../../actors/sandbox-host.js";
 
 /**
  * Makes, below `base`, a tree deeper than a path can name (25 folders of 200-character
@@ -216,6 +216,40 @@ test("workspace trees - a tree deeper than PATH_MAX is chowned whole (chown), wh
     t.is(owners.stdout, "65534\n65534\n65534\n", owners.stderr);
     await untouched(t, outside);
   } finally {
+    spawnSync("rm", ["-rf", base]);
+  }
+});
+
+test("workspace trees - measured while a command runs (liveTreeUsage), a tree is counted as far as it can be read: what lies past PATH_MAX or in a folder made unreadable is left out, nothing is changed to read it, and it never throws", async (t) => {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    const dir = path.join(base, "workspace");
+    await mkdir(dir);
+    const outside = await outsideOf(base);
+    deepTree(dir, 4 * 1024 * 1024, outside);
+    await writeFile(path.join(dir, "seen"), Buffer.alloc(1024 * 1024, 1));
+    const live = await liveTreeUsage(dir, unbounded);
+    const exact = await treeUsage(dir, unbounded);
+    t.true(live.entries > 1 && live.entries < exact.entries, `${live.entries} of ${exact.entries}`);
+    t.true(live.bytes >= 1024 * 1024 && live.bytes < 4 * 1024 * 1024, `${live.bytes}: the file it can name, not the one past PATH_MAX`);
+    t.deepEqual(await liveTreeUsage(path.join(base, "missing"), unbounded), { bytes: 0, entries: 0 });
+    await untouched(t, outside);
+    if (spawnSync("setpriv", ["--version"]).status !== 0) return;
+    const closed = path.join(base, "closed-tree");
+    await mkdir(path.join(closed, "closed"), { recursive: true });
+    await writeFile(path.join(closed, "closed", "data"), Buffer.alloc(2 * 1024 * 1024, 1));
+    await chmod(path.join(closed, "closed"), 0o000);
+    const module = pathToFileURL(path.resolve("actors/sandbox-host.ts")).href;
+    const script = `const { liveTreeUsage } = await import(${JSON.stringify(module)}); console.log(JSON.stringify(await liveTreeUsage(${JSON.stringify(closed)}, { bytes: Infinity, entries: Infinity })));`;
+    // Root without capabilities reads only what its modes allow, as any other uid.
+    const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+    t.is(child.status, 0, child.stderr);
+    const unreadable = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+    t.is(unreadable.entries, 1, "the closed folder itself, not what it holds");
+    t.true(unreadable.bytes < 2 * 1024 * 1024, `${unreadable.bytes}`);
+    t.is((await stat(path.join(closed, "closed"))).mode & 0o777, 0, "left as the command made it");
+  } finally {
+    spawnSync("chmod", ["-R", "u+rwX", base]);
     spawnSync("rm", ["-rf", base]);
   }
 });
