@@ -111,7 +111,7 @@ export function writeTool(runner: ToolRunner): AgentTool<typeof writeParameters>
     description: "Create or overwrite a file in the workspace with the given content.",
     parameters: writeParameters,
     async execute(_id, params: Static<typeof writeParameters>, signal) {
-      runner.refuseWhenOverDisk();
+      await runner.refuseWhenOverDisk();
       const rel = await runner.path(params.path);
       if (rel === ".") throw new Error(`${params.path} is the workspace directory`);
       const content = Buffer.from(params.content, "utf8");
@@ -129,7 +129,7 @@ async function writeFile(runner: ToolRunner, rel: string, shown: string, content
     const error = fileError(code, shown, outcome);
     throw note ? new Error(`${error.message}\n${note.trim()}`) : error;
   }
-  const over = outcome.limits.find((hit) => hit === "disk" || hit === "files");
+  const over = outcome.limits.find((hit) => hit === "disk" || hit === "files" || hit === "host_disk");
   if (over) throw new Error(`Wrote ${shown}, but ${describeLimit(over, runner.limits)}`);
 }
 
@@ -161,7 +161,7 @@ export function editTool(runner: ToolRunner): AgentTool<typeof editParameters> {
     parameters: editParameters,
     async execute(_id, params: Static<typeof editParameters>, signal) {
       if (params.old_text.length === 0) throw new Error("old_text must not be empty");
-      runner.refuseWhenOverDisk();
+      await runner.refuseWhenOverDisk();
       const rel = await runner.path(params.path);
       const read = await runner.run(["/bin/sh", "-c", CAT_SCRIPT, "sh", rel, String(MAX_EDIT_BYTES)], {
         signal,

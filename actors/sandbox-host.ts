@@ -292,27 +292,16 @@ async function chownWalk(dir: string, uid: number, gid: number): Promise<void> {
  * that is not UTF-8 (a command may make one) is reached as it is, not as its U+FFFD
  * replacement, which names nothing. A path past PATH_MAX throws ENAMETOOLONG.
  */
-async function walkTree(dir: string, visit: (p: Buffer, st: Stats) => Promise<boolean | void>, options: { skipUnreadable?: boolean } = {}): Promise<void> {
+async function walkTree(dir: string, visit: (p: Buffer, st: Stats) => Promise<boolean | void>): Promise<void> {
   const stack: Buffer[] = [Buffer.from(dir)];
   const slash = Buffer.from("/");
-  // Skipping: what vanished, or cannot be read or named, while a command changes the tree.
-  const skipped = (err: unknown): undefined => {
-    if (!options.skipUnreadable) throw err;
-  };
   while (stack.length > 0) {
     const current = stack.pop()!;
-    const folder = await opendir(current, { encoding: "buffer" } as unknown as Parameters<typeof opendir>[1]).catch(skipped);
-    if (!folder) continue;
-    try {
-      for await (const entry of folder) {
-        const p = Buffer.concat([current, slash, entry.name as unknown as Buffer]);
-        const st = await lstat(p).catch(skipped);
-        if (!st) continue;
-        if ((await visit(p, st)) === false) return;
-        if (st.isDirectory()) stack.push(p);
-      }
-    } catch (err) {
-      skipped(err);
+    for await (const entry of await opendir(current, { encoding: "buffer" } as unknown as Parameters<typeof opendir>[1])) {
+      const p = Buffer.concat([current, slash, entry.name as unknown as Buffer]);
+      const st = await lstat(p);
+      if ((await visit(p, st)) === false) return;
+      if (st.isDirectory()) stack.push(p);
     }
   }
 }
@@ -335,8 +324,18 @@ export interface TreeUsage {
  * on some filesystems (tmpfs, btrfs): there only files count in bytes.
  */
 export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
+  const linked = new Set<string>();
+  const usage = { bytes: 0, entries: 0 };
   try {
-    return await countTree(dir, stopAt, {});
+    usage.bytes = (await lstat(dir)).blocks * 512;
+    await walkTree(dir, async (_p, st) => {
+      usage.entries++;
+      // A further name of a file counted already adds no blocks.
+      const counted = !st.isDirectory() && st.nlink > 1 && linked.size < MAX_LINKED_TRACKED && !trackOnce(linked, `${st.dev}:${st.ino}`);
+      if (!counted) usage.bytes += st.blocks * 512;
+      return usage.bytes <= stopAt.bytes && usage.entries <= stopAt.entries;
+    });
+    return usage;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "ENOENT" && !existsSync(dir)) return { bytes: 0, entries: 0 };
     const unmeasurable = { bytes: Infinity, entries: Infinity };
@@ -348,31 +347,31 @@ export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsa
 }
 
 /**
- * {@link treeUsage} of a tree a command is changing, for the checks while it runs: what
- * vanishes, cannot be read, or lies past PATH_MAX is left out (less, never more, than the
- * tree holds), and nothing is changed to measure it. The measurement after the command is
- * the exact one.
+ * What a tree a command is changing holds, for the checks while it runs: du(1), in two
+ * passes (bytes, then entries by inodes, as {@link duUsage} counts them). du walks by
+ * descriptors, so a folder swapped for a link mid-walk is not followed, and a path past
+ * PATH_MAX is no obstacle; its total is read even when entries vanished under it (it then
+ * exits 1). What it cannot read (a folder made unreadable where the service shares the
+ * sandboxes' uid), or a folder renamed from where it has not been to where it has, is left
+ * out: the measurement after the command is the exact one. `signal` stops both passes;
+ * a measurement that fails or is stopped rejects.
  */
-export async function liveTreeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
-  return countTree(dir, stopAt, { skipUnreadable: true }).catch(() => ({ bytes: 0, entries: 0 }));
-}
-
-/** The walk of {@link treeUsage} and {@link liveTreeUsage}. */
-async function countTree(dir: string, stopAt: TreeUsage, options: { skipUnreadable?: boolean }): Promise<TreeUsage> {
-  const linked = new Set<string>();
-  const usage = { bytes: (await lstat(dir)).blocks * 512, entries: 0 };
-  await walkTree(
-    dir,
-    async (_p, st) => {
-      usage.entries++;
-      // A further name of a file counted already adds no blocks.
-      const counted = !st.isDirectory() && st.nlink > 1 && linked.size < MAX_LINKED_TRACKED && !trackOnce(linked, `${st.dev}:${st.ino}`);
-      if (!counted) usage.bytes += st.blocks * 512;
-      return usage.bytes <= stopAt.bytes && usage.entries <= stopAt.entries;
-    },
-    options,
-  );
-  return usage;
+export async function liveTreeUsage(dir: string, signal?: AbortSignal): Promise<TreeUsage> {
+  const total = async (args: string[]) => {
+    const stdout = await execFileAsync("du", ["-s", "-x", ...args, "--", dir], { timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024, signal }).then(
+      (done) => done.stdout,
+      (err: { code?: unknown; stdout?: string }) => {
+        if (err.code === 1 && err.stdout && !signal?.aborted) return err.stdout;
+        throw err;
+      },
+    );
+    const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
+    if (!Number.isSafeInteger(n)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
+    return n;
+  };
+  // One pass after the other: a measurement then takes one core at a time.
+  const bytes = await total(["-B1"]);
+  return { bytes, entries: Math.max(0, (await total(["--inodes"])) - 1) };
 }
 
 /** Linked files whose inodes a measurement remembers (past it, each name's blocks count: more, never less). */

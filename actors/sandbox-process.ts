@@ -9,7 +9,8 @@ const PIPE_DRAIN_MS = 200;
 
 export type RawOutcome = (
   | { kind: "exited"; exitCode: number }
-  | { kind: "signalled"; signal: string }
+  /** `limited`: killed because `limitSignal` was aborted while it ran (not when it had ended already). */
+  | { kind: "signalled"; signal: string; limited?: true }
   | { kind: "timed_out" }
   | { kind: "aborted" }
   | { kind: "error"; message: string }
@@ -93,7 +94,7 @@ export function spawnAndWait(req: SpawnRequest): Promise<RawOutcome> {
       child.stderr?.destroy();
       const base = { ...output.result(), stderr: stderr.result().output };
       if (spawnError) return resolve({ kind: "error", message: spawnError.message, ...base });
-      if (stoppedBy === "limit") return resolve({ kind: "signalled", signal: "SIGKILL", ...base });
+      if (stoppedBy === "limit") return resolve({ kind: "signalled", signal: "SIGKILL", limited: true, ...base });
       if (stoppedBy) return resolve({ kind: stoppedBy, ...base });
       if (exit!.code !== null) return resolve({ kind: "exited", exitCode: exit!.code, ...base });
       return resolve({ kind: "signalled", signal: exit!.signal ?? "unknown", ...base });

@@ -34,7 +34,7 @@ import { bwrapArgs, clearSetIdBits, closeInheritedDescriptors, closedToOthers, S
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
 
-export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, liveTreeUsage, setupFailed, treeUsage } from "./sandbox-host.js";
+export { SANDBOX_INNER_ID, SANDBOX_PROXY, SANDBOX_WORKSPACE, liveTreeUsage, setupFailed, treeUsage, type TreeUsage } from "./sandbox-host.js";
 export { OutputTail } from "./sandbox-process.js";
 
 /** Unprivileged uid/gid a root node runs sandboxes as (`RUNS_SANDBOX_UID`). */
@@ -87,9 +87,10 @@ export interface SandboxCommand {
   onNetworkDenied?: (denial: EgressDenial) => void;
   /**
    * A measurement of what the command has made so far (its workspace's size), taken while
-   * it runs ({@link watchCommand}): a limit it names stops the command, reported as hit.
+   * it runs ({@link watchCommand}; `signal` is aborted when it ends): a limit it names stops
+   * the command, reported as hit.
    */
-  watch?: () => Promise<LimitHit | undefined>;
+  watch?: (signal: AbortSignal) => Promise<LimitHit | undefined>;
   /**
    * Read the command's output for the limits it met that no exit status shows: without
    * cgroups the memory and process limits a failed command reports ({@link rlimitHits}),
@@ -144,31 +145,32 @@ export interface SandboxOptions {
 }
 
 /**
- * How often a running command is measured ({@link SandboxCommand.watch} and the node's free
- * disk): at least this far apart, and four times as far as the last measurement took, so a
- * large workspace costs the host at most a fifth of one thread's time. A command shorter
- * than this is measured only after it ends.
+ * How often a running command is measured ({@link SandboxCommand.watch}, and apart from
+ * it the node's free disk): at least this far apart, and four times as far as the last
+ * measurement took, so measuring a large workspace costs the host at most a fifth of its
+ * time (one statfs of the free disk never waits for it). A command shorter than this is
+ * measured only after it ends.
  */
 export const WATCH_INTERVAL_MS = 1_000;
 
 /**
  * Runs `check` while a command runs, one measurement at a time, until it names a limit
- * (then `stop`) or the returned function is called. A measurement that fails names none:
- * the one after the command decides.
+ * (then `stop`) or the returned function is called (which also aborts a measurement under
+ * way). A measurement that fails names none: the one after the command decides.
  */
-function watchCommand(check: () => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void): () => void {
+function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void): () => void {
+  const ended = new AbortController();
   let timer: NodeJS.Timeout | undefined;
-  let over = false;
   const tick = async () => {
     const started = performance.now();
-    const hit = await check().catch(() => undefined);
-    if (over) return;
+    const hit = await check(ended.signal).catch(() => undefined);
+    if (ended.signal.aborted) return;
     if (hit) return stop(hit);
     timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, 4 * (performance.now() - started)));
   };
   timer = setTimeout(tick, WATCH_INTERVAL_MS);
   return () => {
-    over = true;
+    ended.abort();
     clearTimeout(timer);
   };
 }
@@ -191,6 +193,8 @@ export const SANDBOX_NICENESS = 19;
  */
 export class Sandbox {
   private running = 0;
+  /** The last {@link hostDiskLow} answer, for its log line when it changes. */
+  private diskShort = false;
   /** The workspaces' folder was found open to others once (logged once). */
   private warnedOpenWorkspaces = false;
   /**
@@ -450,15 +454,16 @@ export class Sandbox {
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
       const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), [...this.niced, this.bwrap!, ...args]);
       const startedMs = Date.now();
+      // While it runs: the node's free disk and the command's own measure (not for the start's probe).
       const limitStop = new AbortController();
       let watchHit: LimitHit | undefined;
-      const unwatch = watchCommand(
-        async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : cmd.watch?.()),
-        (hit) => {
-          watchHit = hit;
-          limitStop.abort();
-        },
-      );
+      const stopFor = (hit: LimitHit) => {
+        watchHit ??= hit;
+        limitStop.abort();
+      };
+      const watches = processLimit ? [watchCommand(async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : undefined), stopFor)] : [];
+      if (processLimit && cmd.watch) watches.push(watchCommand(cmd.watch, stopFor));
+      const unwatch = () => watches.forEach((stop) => stop());
       const outcome = await spawnAndWait({
         file: "/bin/sh",
         args: launcher,
@@ -474,7 +479,9 @@ export class Sandbox {
         outputBytes: cmd.limits.outputBytes,
         captureStderr: true,
       }).finally(unwatch);
-      if (watchHit) this.logWatchStop(watchHit, cmd);
+      // The limit counts only where it stopped the command (not one that had ended already).
+      const stoppedFor = outcome.kind === "signalled" && outcome.limited ? watchHit : undefined;
+      if (stoppedFor) this.options.log.info({ hit: stoppedFor, workspace: path.basename(cmd.workspaceDir) }, "sandbox: a running command was stopped at a limit");
       for (const fd of fds.splice(0)) closeSync(fd);
       const report = cgroup ? await cgroup.release() : undefined;
       cgroup = undefined;
@@ -483,7 +490,7 @@ export class Sandbox {
         // bwrap, the launcher or the limit's wrapper failed before the command ran and said why on stderr.
         throw new SandboxStartError(outcome.stderr.toString("utf8").trim().slice(0, 500));
       }
-      const limits: LimitHit[] = watchHit ? [watchHit] : [];
+      const limits: LimitHit[] = stoppedFor ? [stoppedFor] : [];
       if (report?.oomKilled) limits.push("memory");
       if (report?.processLimitHit) limits.push("processes");
       const failed = outcome.kind === "exited" ? outcome.exitCode !== 0 : outcome.kind === "signalled" || outcome.kind === "timed_out";
@@ -495,7 +502,7 @@ export class Sandbox {
       // the OOM killer's, after at least the CPU limit of wall time, is that limit (with one
       // core per command, CPU time cannot run ahead of wall time; without cgroups, two cores can).
       const wallS = (Date.now() - startedMs) / 1000;
-      const cpuKill = (code === 128 + 9 || signal === "SIGKILL") && !report?.oomKilled && !watchHit && wallS >= cmd.limits.cpuSeconds / (this.cgroups ? 1 : os.availableParallelism());
+      const cpuKill = (code === 128 + 9 || signal === "SIGKILL") && !report?.oomKilled && !stoppedFor && wallS >= cmd.limits.cpuSeconds / (this.cgroups ? 1 : os.availableParallelism());
       if (code === 128 + 24 || signal === "SIGXCPU" || cpuKill) limits.push("cpu");
       // A process of the command killed by SIGXFSZ while the command went on: bash says so.
       if (code === 128 + 25 || signal === "SIGXFSZ" || (cmd.limitsFromOutput && shellReported(outcome.output, "File size limit exceeded"))) limits.push("file_size");
@@ -513,23 +520,26 @@ export class Sandbox {
 
   /**
    * Whether the filesystem holding `dir` has less free than the node keeps
-   * (`diskReserveBytes`). One statfs; a filesystem that cannot say counts as not low.
+   * (`diskReserveBytes`). One statfs; a filesystem that cannot say counts as not low. The
+   * log says when the node becomes short, and when it has room again.
    */
   async hostDiskLow(dir: string): Promise<boolean> {
     const reserve = this.options.diskReserveBytes ?? 0;
     if (reserve <= 0) return false;
+    let free: number;
     try {
       const fs = await statfs(dir);
-      return fs.bavail * fs.bsize < reserve;
+      free = fs.bavail * fs.bsize;
     } catch {
       return false;
     }
-  }
-
-  private logWatchStop(hit: LimitHit, cmd: SandboxCommand): void {
-    const fields = { hit, workspace: path.basename(cmd.workspaceDir) };
-    if (hit === "host_disk") this.options.log.warn({ ...fields, reserveBytes: this.options.diskReserveBytes }, "sandbox: a command was stopped: the workspaces' filesystem has less free than RUNS_DISK_RESERVE_MB keeps");
-    else this.options.log.info(fields, "sandbox: a command was stopped at its run's disk limit");
+    const short = free < reserve;
+    if (short !== this.diskShort) {
+      this.diskShort = short;
+      if (short) this.options.log.warn({ freeBytes: free, reserveBytes: reserve }, "sandbox: the workspaces' filesystem has less free than RUNS_DISK_RESERVE_MB keeps: running commands are stopped and writes refuse until there is room");
+      else this.options.log.info({ freeBytes: free, reserveBytes: reserve }, "sandbox: the workspaces' filesystem has room again");
+    }
+    return short;
   }
 
   private async runUnconfined(cmd: SandboxCommand): Promise<SandboxOutcome> {
@@ -581,6 +591,7 @@ class SandboxStartError extends Error {}
 
 function stripStderr(outcome: Exclude<RawOutcome, { kind: "error" }>): Omit<SandboxOutcome, "limits"> {
   const { stderr: _stderr, ...rest } = outcome;
+  if (rest.kind === "signalled") delete rest.limited;
   return rest;
 }
 

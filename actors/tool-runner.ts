@@ -7,7 +7,7 @@ import { lstat, realpath } from "node:fs/promises";
 import path from "node:path";
 import type { AgentToolResult } from "@mariozechner/pi-agent-core";
 import type { EgressDenial } from "./egress-proxy.js";
-import { liveTreeUsage, SandboxFailure, treeUsage, type Sandbox, type SandboxOutcome } from "./sandbox.js";
+import { liveTreeUsage, SandboxFailure, treeUsage, type Sandbox, type SandboxOutcome, type TreeUsage } from "./sandbox.js";
 import { DEFAULT_LIMITS, describeLimit, type LimitHit, maxEntries, type SandboxLimits } from "./sandbox-limits.js";
 
 export interface WorkspaceToolsOptions {
@@ -122,7 +122,9 @@ export class ToolRunner {
   readonly timeoutMs: number;
   readonly limits: SandboxLimits;
   /** Set once a command left the workspace over its disk or file limit; writes refuse until it is under again. */
-  private overDisk: "disk" | "files" | "host_disk" | undefined;
+  private overDisk: "disk" | "files" | undefined;
+  /** What the workspace held after the last command (measured exactly), if one ran. */
+  private lastUsage: TreeUsage | undefined;
 
   constructor(
     readonly workspace: Workspace,
@@ -153,7 +155,7 @@ export class ToolRunner {
         networkAllow: this.options.networkAllow,
         onNetworkDenied: this.options.onNetworkDenied,
         limitsFromOutput: options.limitsFromOutput,
-        watch: this.workspace.sandboxRoot !== undefined ? () => this.overLimits(liveTreeUsage) : undefined,
+        watch: this.workspace.sandboxRoot !== undefined ? this.watchGrowth() : undefined,
       });
       if (this.workspace.sandboxRoot !== undefined) await this.checkDisk(outcome);
       return outcome;
@@ -164,23 +166,37 @@ export class ToolRunner {
   }
 
   /**
-   * After a command: a workspace over its disk or file limit, or a node short of disk, is
-   * reported, and writes refuse until it is under (and there is room).
+   * After a command: a workspace over its disk or file limit is reported, and writes refuse
+   * until it is under; so is a node short of disk (writes then refuse while it is).
    */
   private async checkDisk(outcome: SandboxOutcome): Promise<void> {
-    this.overDisk = (await this.options.sandbox.hostDiskLow(this.workspace.root)) ? "host_disk" : await this.overLimits(treeUsage);
-    if (this.overDisk && !outcome.limits.includes(this.overDisk)) outcome.limits.push(this.overDisk);
-  }
-
-  /** The workspace's limit it is past, by `measure`: exact after a command, what can be read while one runs. */
-  private async overLimits(measure: typeof treeUsage): Promise<"disk" | "files" | undefined> {
     const entries = maxEntries(this.limits);
-    const usage = await measure(this.workspace.root, { bytes: this.limits.diskBytes, entries });
-    return usage.bytes > this.limits.diskBytes ? "disk" : usage.entries > entries ? "files" : undefined;
+    this.lastUsage = await treeUsage(this.workspace.root, { bytes: this.limits.diskBytes, entries });
+    this.overDisk = overLimit(this.lastUsage, this.limits);
+    const hits = [this.overDisk, (await this.options.sandbox.hostDiskLow(this.workspace.root)) ? ("host_disk" as const) : undefined];
+    for (const hit of hits) if (hit && !outcome.limits.includes(hit)) outcome.limits.push(hit);
   }
 
-  refuseWhenOverDisk(): void {
-    if (this.overDisk) throw new Error(`Not written: ${describeLimit(this.overDisk, this.limits)}.`);
+  /**
+   * The measure of a running command: past a limit *and* grown since it started (since the
+   * last command's measure, or else its own first), so a command that cleans up a workspace
+   * already over its limit (`rm -rf node_modules`, `git gc`) is not stopped for it.
+   */
+  private watchGrowth(): (signal: AbortSignal) => Promise<LimitHit | undefined> {
+    let from = this.lastUsage;
+    return async (signal) => {
+      const usage = await liveTreeUsage(this.workspace.root, signal);
+      const start = (from ??= usage);
+      if (usage.bytes > this.limits.diskBytes && usage.bytes > start.bytes) return "disk";
+      if (usage.entries > maxEntries(this.limits) && usage.entries > start.entries) return "files";
+      return undefined;
+    };
+  }
+
+  /** Throws, naming the limit, while the workspace is over one or the node is short of disk. */
+  async refuseWhenOverDisk(): Promise<void> {
+    const over = this.overDisk ?? ((await this.options.sandbox.hostDiskLow(this.workspace.root)) ? "host_disk" : undefined);
+    if (over) throw new Error(`Not written: ${describeLimit(over, this.limits)}.`);
   }
 
   /** The outcome's limit sentences, one per line, for the tool result (`bash` says a cut output its own way). */
@@ -189,6 +205,11 @@ export class ToolRunner {
     if (options.output && outcome.totalBytes > outcome.output.length) hits.push("output");
     return hits.map((hit) => `[sandbox: ${describeLimit(hit, this.limits)}]\n`).join("");
   }
+}
+
+/** The limit `usage` is past, bytes first. */
+function overLimit(usage: TreeUsage, limits: SandboxLimits): "disk" | "files" | undefined {
+  return usage.bytes > limits.diskBytes ? "disk" : usage.entries > maxEntries(limits) ? "files" : undefined;
 }
 
 /** A file script's failure exit codes, shared by the scripts and their callers. */

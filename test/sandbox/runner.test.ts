@@ -452,7 +452,7 @@ test_.serial("sandbox - a running command is measured about once a second: a lim
   const { sandbox, base } = t.context;
   const dir = await workspace(sandbox, base);
   let measured = 0;
-  const watch = async () => {
+  const watch = async (_signal: AbortSignal) => {
     measured++;
     return (await readdir(dir)).includes("over") ? ("disk" as const) : undefined;
   };
@@ -467,7 +467,24 @@ test_.serial("sandbox - a running command is measured about once a second: a lim
   t.is(quick.kind, "exited");
   t.is(quick.output.toString(), "quick\n");
   t.deepEqual(quick.limits, []);
-  t.is(measured, 0);
+  await new Promise((resolve) => setTimeout(resolve, 1_500));
+  t.is(measured, 0, "nor after it ended");
+});
+
+test_.serial("sandbox - through the tools, a running command is stopped for disk_mb only while it makes the workspace grow: one that cleans up a workspace over its limit runs to its end", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const limits = { ...DEFAULT_LIMITS, diskBytes: 2 * 1024 * 1024 };
+  const tools = Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox, limits }).map((tool) => [tool.name, tool]));
+  const text = (result: { content: { type: string; text?: string }[] }) => result.content.map((c) => c.text ?? "").join("");
+  // 3 MB in three files, each under the 2 MiB file size limit: over, told after the command.
+  const over = await tools.bash!.execute("a", { command: "for i in 1 2 3; do head -c 1000000 /dev/zero > f$i; done; echo wrote" });
+  t.regex(text(over), /^\[sandbox: the workspace is over its disk limit \(2 MiB\)[^\n]*\]\nwrote\n$/);
+  // Measured at least twice while over its limit, never stopped: it only shrinks the workspace.
+  const cleaned = await tools.bash!.execute("b", { command: "sleep 2.5; rm f1 f2 f3; sleep 1.2; echo cleaned" });
+  t.is(text(cleaned), "cleaned\n");
+  const grown = await t.throwsAsync(tools.bash!.execute("c", { command: "for i in 1 2 3; do head -c 1000000 /dev/zero > g$i; done; sleep 20; echo never" }));
+  t.regex(grown?.message ?? "", /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace is over its disk limit \(2 MiB\)/);
 });
 
 test_.serial("sandbox - below RUNS_DISK_RESERVE_MB free on the workspaces' filesystem a running command is stopped (host_disk) and the node says so in its log; with no reserve nothing is", async (t) => {
@@ -484,7 +501,8 @@ test_.serial("sandbox - below RUNS_DISK_RESERVE_MB free on the workspaces' files
     t.is(outcome.kind, "signalled", JSON.stringify(outcome));
     t.deepEqual(outcome.limits, ["host_disk"]);
     t.true(Date.now() - started < 10_000, `${Date.now() - started} ms`);
-    t.true(lines.some((line) => line.includes("less free than RUNS_DISK_RESERVE_MB keeps") && line.includes('"hit":"host_disk"')), lines.join(""));
+    t.is(lines.filter((line) => line.includes("less free than RUNS_DISK_RESERVE_MB keeps")).length, 1, "said once, when it became short");
+    t.true(lines.some((line) => line.includes("a running command was stopped at a limit") && line.includes('"hit":"host_disk"')), lines.join(""));
     // Through the tools: a command that ends first is told after it, and writes refuse.
     const tools = Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox: short }).map((tool) => [tool.name, tool]));
     const said = await tools.bash!.execute("b", { command: "echo hi" });
