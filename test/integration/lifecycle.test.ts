@@ -628,6 +628,22 @@ test("list - filters, ordering by activity, summaries without turns, cursors", a
   t.deepEqual([...seen].sort(), [...ids].sort());
 });
 
+test("list - created_after and created_before include a run created at that very second; a tag filter matches exactly, case and all", async (t) => {
+  const { api } = t.context;
+  const agent = await api.agentWith({ model: "faux/scripted" }, "list-edges");
+  const run = (await api.post("/api/v1/runs", { agent, input: "x", tags: ["Case"] })).body;
+  const at = run.created_at as number;
+  t.true(Number.isInteger(at));
+  const ids = async (query: string) => (await api.get(`/api/v1/runs?agent_id=${agent}&${query}`)).body.data.map((r: any) => r.id);
+  t.deepEqual(await ids(`created_after=${at}&created_before=${at}`), [run.id]);
+  t.deepEqual(await ids(`created_after=${at + 1}`), []);
+  t.deepEqual(await ids(`created_before=${at - 1}`), []);
+  t.deepEqual(await ids("tag=Case"), [run.id]);
+  t.deepEqual(await ids("tag=case"), []);
+  t.deepEqual(await ids("tag=CASE"), []);
+  t.deepEqual(await ids(`tag=${encodeURIComponent(" Case")}`), []);
+});
+
 test("list - validation: six tags, bad tag, limit, state, version, another workspace's cursor", async (t) => {
   const { api, other } = t.context;
   const six = Array.from({ length: 6 }, (_, i) => `tag=t${i}`).join("&");

@@ -33,12 +33,12 @@ function postStream(baseUrl: string, key: string, body: unknown): Promise<{ stat
 }
 
 /** A request answered with an event stream, over a raw socket: the SSE frames until the server ends. */
-function sseRequest(baseUrl: string, key: string, method: "GET" | "POST", path: string, body?: unknown): Promise<{ status: number; headers: http.IncomingHttpHeaders; frames: Frame[] }> {
+function sseRequest(baseUrl: string, key: string, method: "GET" | "POST", path: string, body?: unknown, idempotencyKey = `s-${Math.random()}`): Promise<{ status: number; headers: http.IncomingHttpHeaders; frames: Frame[] }> {
   return new Promise((resolve, reject) => {
     const url = new URL(path, baseUrl);
     const req = http.request(url, {
       method,
-      headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { "content-type": "application/json", "idempotency-key": `s-${Math.random()}` }) },
+      headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { "content-type": "application/json", "idempotency-key": idempotencyKey }) },
     });
     req.setTimeout(60_000, () => req.destroy(new Error("stream timed out")));
     req.on("response", (res) => {
@@ -108,6 +108,24 @@ test("stream - a streamed turn's SSE events equal the stored events (ids, order,
     all.body.data.map((_: unknown, i: number) => i + 1),
   );
   t.is(all.body.data[0].type, "run.created");
+});
+
+test("stream - a streamed start repeated with its Idempotency-Key streams the same turn again (the same events, ids and all): one run, one turn", async (t) => {
+  const { api, key } = t.context;
+  const agent = await api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "only once" }] });
+  const body = { agent, input: "once", stream: true };
+  const first = await sseRequest(api.baseUrl, key, "POST", "/api/v1/runs", body, "streamed-repeat-1");
+  const again = await sseRequest(api.baseUrl, key, "POST", "/api/v1/runs", body, "streamed-repeat-1");
+  t.is(first.status, 200);
+  t.is(again.status, 200);
+  t.regex(String(again.headers["content-type"]), /^text\/event-stream/);
+  t.is(first.frames.at(-1)?.event, "turn.completed");
+  t.deepEqual(again.frames, first.frames);
+  const runId = JSON.parse(first.frames[0]!.data!).run_id;
+  const turns = await api.get(`/api/v1/runs/${runId}/turns`);
+  t.is(turns.body.data.length, 1);
+  const runs = await api.get(`/api/v1/runs?agent_id=${agent}`);
+  t.deepEqual(runs.body.data.map((r: any) => r.id), [runId]);
 });
 
 test("stream - model output shaped like SSE frames stays inside its event's data, live and replayed from the stored bytes", async (t) => {
