@@ -3,7 +3,7 @@
  * read-only system it sees, the egress relay's environment, and the host-side file
  * work (ownership of a workspace, its size, whether the sandbox's uid can reach it).
  */
-import { execFile, spawnSync } from "node:child_process";
+import { execFile, spawn, spawnSync } from "node:child_process";
 import { type Stats, accessSync, closeSync, constants as fsConstants, existsSync, lstatSync, readdirSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import { chmod, chown, lchown, lstat, opendir, readdir, rm } from "node:fs/promises";
 import path from "node:path";
@@ -357,21 +357,9 @@ export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsa
  * a measurement that fails or is stopped rejects.
  */
 export async function liveTreeUsage(dir: string, signal?: AbortSignal): Promise<TreeUsage> {
-  const total = async (args: string[]) => {
-    const stdout = await execFileAsync("du", ["-s", "-x", ...args, "--", dir], { timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024, signal }).then(
-      (done) => done.stdout,
-      (err: { code?: unknown; stdout?: string }) => {
-        if (err.code === 1 && err.stdout && !signal?.aborted) return err.stdout;
-        throw err;
-      },
-    );
-    const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
-    if (!Number.isSafeInteger(n)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
-    return n;
-  };
   // One pass after the other: a measurement then takes one core at a time.
-  const bytes = await total(["-B1"]);
-  return { bytes, entries: Math.max(0, (await total(["--inodes"])) - 1) };
+  const bytes = await duTotal(dir, ["-B1"], { partial: true, signal });
+  return { bytes, entries: Math.max(0, (await duTotal(dir, ["--inodes"], { partial: true, signal })) - 1) };
 }
 
 /** Linked files whose inodes a measurement remembers (past it, each name's blocks count: more, never less). */
@@ -394,15 +382,31 @@ const treeCommand = (file: string, args: string[]) => execFileAsync(file, args, 
  * within `stopAt` (each pass walks the whole tree).
  */
 async function duUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
-  const total = async (args: string[]) => {
-    const { stdout } = await treeCommand("du", ["-s", "-x", ...args, "--", dir]);
-    const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
-    if (!Number.isSafeInteger(n)) throw new Error(`du answered ${JSON.stringify(stdout.slice(0, 200))}`);
-    return n;
-  };
-  const bytes = await total(["-B1"]);
+  const bytes = await duTotal(dir, ["-B1"]);
   if (bytes > stopAt.bytes) return { bytes, entries: 0 };
-  return { bytes, entries: Math.max(0, (await total(["--inodes"])) - 1) };
+  return { bytes, entries: Math.max(0, (await duTotal(dir, ["--inodes"])) - 1) };
+}
+
+/**
+ * `du -s -x <args> -- dir`'s total. Its complaints are not kept (a tree can make it say
+ * millions of them); `partial`: a total is taken from a du that met entries it could not
+ * read (exit 1: they vanished, or are closed to the service), otherwise that rejects.
+ */
+function duTotal(dir: string, args: string[], options: { partial?: boolean; signal?: AbortSignal } = {}): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const du = spawn("du", ["-s", "-x", ...args, "--", dir], { stdio: ["ignore", "pipe", "ignore"], timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", signal: options.signal });
+    let stdout = "";
+    du.stdout.setEncoding("utf8");
+    du.stdout.on("data", (chunk: string) => {
+      if (stdout.length < 4096) stdout += chunk;
+    });
+    du.on("error", reject);
+    du.on("close", (code, signal) => {
+      const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
+      if ((code === 0 || (code === 1 && options.partial)) && Number.isSafeInteger(n)) resolve(n);
+      else reject(new Error(`du ended with ${code ?? signal} and answered ${JSON.stringify(stdout.slice(0, 200))}`));
+    });
+  });
 }
 
 /**

@@ -154,11 +154,18 @@ export interface SandboxOptions {
 export const WATCH_INTERVAL_MS = 1_000;
 
 /**
+ * Measures of running commands' workspaces a node takes per second, all together: with
+ * more commands running, each is measured less often (every 5 s with 50), so the du
+ * processes they spawn stay a small share of the node's time.
+ */
+export const MEASUREMENTS_PER_SECOND = 10;
+
+/**
  * Runs `check` while a command runs, one measurement at a time, until it names a limit
  * (then `stop`) or the returned function is called (which also aborts a measurement under
  * way). A measurement that fails names none: the one after the command decides.
  */
-function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void): () => void {
+function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void, minGapMs: () => number = () => 0): () => void {
   const ended = new AbortController();
   let timer: NodeJS.Timeout | undefined;
   const tick = async () => {
@@ -166,9 +173,9 @@ function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefin
     const hit = await check(ended.signal).catch(() => undefined);
     if (ended.signal.aborted) return;
     if (hit) return stop(hit);
-    timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, 4 * (performance.now() - started)));
+    timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, 4 * (performance.now() - started), minGapMs()));
   };
-  timer = setTimeout(tick, WATCH_INTERVAL_MS);
+  timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, minGapMs()));
   return () => {
     ended.abort();
     clearTimeout(timer);
@@ -195,6 +202,8 @@ export class Sandbox {
   private running = 0;
   /** The last {@link hostDiskLow} answer, for its log line when it changes. */
   private diskShort = false;
+  /** Running commands whose own measure is watched. */
+  private measured = 0;
   /** The workspaces' folder was found open to others once (logged once). */
   private warnedOpenWorkspaces = false;
   /**
@@ -283,7 +292,7 @@ export class Sandbox {
       const outcome = await sandbox.runOnce(
         { workspaceDir: probeDir, argv: ["/bin/sh", "-c", "id -u 2>&1"], timeoutMs: 30_000, limits: probeLimits },
         `probe-${randomBytes(6).toString("hex")}`,
-        false,
+        true,
       );
       const text = outcome.output.toString("utf8").trim();
       if (outcome.kind !== "exited" || outcome.exitCode !== 0 || text !== String(SANDBOX_INNER_ID)) {
@@ -401,13 +410,13 @@ export class Sandbox {
   }
 
   /**
-   * `processLimit: false` (the start's probe only) sets no RLIMIT_NPROC where no cgroup
-   * limits processes: on kernels before 5.14 that limit counts every process of the
-   * sandboxes' uid on the host, so a probe limited to a handful would fail while other
-   * sandboxes run (a node restarting beside another one's commands), and the node would
-   * not start.
+   * `probe` (the start's probe only): no RLIMIT_NPROC where no cgroup limits processes (on
+   * kernels before 5.14 that limit counts every process of the sandboxes' uid on the host,
+   * so a probe limited to a handful would fail while other sandboxes run, a node restarting
+   * beside another one's commands, and the node would not start); and no watch (a node
+   * short of disk still starts, and says so at its first command).
    */
-  private async runOnce(cmd: SandboxCommand, id: string, processLimit = true): Promise<SandboxOutcome> {
+  private async runOnce(cmd: SandboxCommand, id: string, probe = false): Promise<SandboxOutcome> {
     if (cmd.signal?.aborted) return { kind: "aborted", output: Buffer.alloc(0), totalBytes: 0, limits: [] };
     if (this.options.mode === "off") return this.runUnconfined(cmd);
 
@@ -447,23 +456,21 @@ export class Sandbox {
       }
       const seccompFd = this.seccomp ? childFd(fds.push(openSeccompFilter(this.seccomp))) : undefined;
       // Without cgroups, processes are limited by rlimits: the command's inside its sandbox, every sandbox's together by the launcher.
-      const byRlimits = !this.cgroups && processLimit;
+      const byRlimits = !this.cgroups && !probe;
       const relayed = wantsNetwork ? withEgressRelay(cmd.argv) : cmd.argv;
       const argv = byRlimits ? withProcessLimit(this.nprocFlag, Math.min(cmd.limits.processes, this.processesTotal), relayed) : relayed;
       const args = bwrapArgs(this.hostLayout, { env: cmd.env, tmpBytes: cmd.limits.tmpBytes }, argv, { network: networkFd, seccomp: seccompFd });
       const total = byRlimits ? { flag: this.nprocFlag, processes: this.processesTotal } : undefined;
       const launcher = launcherArgs(cgroup?.procsFiles ?? [], rlimitArgs(cmd.limits, !this.cgroups, total, this.zeroRealtime), [...this.niced, this.bwrap!, ...args]);
       const startedMs = Date.now();
-      // While it runs: the node's free disk and the command's own measure (not for the start's probe).
+      // While it runs: the node's free disk and the command's own measure.
       const limitStop = new AbortController();
       let watchHit: LimitHit | undefined;
       const stopFor = (hit: LimitHit) => {
         watchHit ??= hit;
         limitStop.abort();
       };
-      const watches = processLimit ? [watchCommand(async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : undefined), stopFor)] : [];
-      if (processLimit && cmd.watch) watches.push(watchCommand(cmd.watch, stopFor));
-      const unwatch = () => watches.forEach((stop) => stop());
+      const unwatch = probe ? () => undefined : this.watch(cmd, stopFor);
       const outcome = await spawnAndWait({
         file: "/bin/sh",
         args: launcher,
@@ -519,9 +526,29 @@ export class Sandbox {
   }
 
   /**
+   * Starts the watches of a running command ({@link watchCommand}): the node's free disk,
+   * where it keeps a reserve, and the command's own measure. The measures of all running
+   * commands together are spread to at most {@link MEASUREMENTS_PER_SECOND} (each spawns
+   * two du). Returns what ends them.
+   */
+  private watch(cmd: SandboxCommand, stop: (hit: LimitHit) => void): () => void {
+    const ends: (() => void)[] = [];
+    if ((this.options.diskReserveBytes ?? 0) > 0) {
+      ends.push(watchCommand(async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : undefined), stop));
+    }
+    if (cmd.watch) {
+      this.measured++;
+      ends.push(watchCommand(cmd.watch, stop, () => (this.measured * 1000) / MEASUREMENTS_PER_SECOND));
+      ends.push(() => this.measured--);
+    }
+    return () => ends.forEach((end) => end());
+  }
+
+  /**
    * Whether the filesystem holding `dir` has less free than the node keeps
-   * (`diskReserveBytes`). One statfs; a filesystem that cannot say counts as not low. The
-   * log says when the node becomes short, and when it has room again.
+   * (`diskReserveBytes`); once short, until it has an eighth more than that again (so it
+   * does not go back and forth at the line). One statfs; a filesystem that cannot say
+   * counts as not short. The log says when the node becomes short, and when it has room again.
    */
   async hostDiskLow(dir: string): Promise<boolean> {
     const reserve = this.options.diskReserveBytes ?? 0;
@@ -533,7 +560,7 @@ export class Sandbox {
     } catch {
       return false;
     }
-    const short = free < reserve;
+    const short = free < (this.diskShort ? reserve + reserve / 8 : reserve);
     if (short !== this.diskShort) {
       this.diskShort = short;
       if (short) this.options.log.warn({ freeBytes: free, reserveBytes: reserve }, "sandbox: the workspaces' filesystem has less free than RUNS_DISK_RESERVE_MB keeps: running commands are stopped and writes refuse until there is room");

@@ -123,8 +123,8 @@ export class ToolRunner {
   readonly limits: SandboxLimits;
   /** Set once a command left the workspace over its disk or file limit; writes refuse until it is under again. */
   private overDisk: "disk" | "files" | undefined;
-  /** What the workspace held after the last command (measured exactly), if one ran. */
-  private lastUsage: TreeUsage | undefined;
+  /** Whether a command ran (and the workspace was measured after it). */
+  private checked = false;
 
   constructor(
     readonly workspace: Workspace,
@@ -170,20 +170,21 @@ export class ToolRunner {
    * until it is under; so is a node short of disk (writes then refuse while it is).
    */
   private async checkDisk(outcome: SandboxOutcome): Promise<void> {
-    const entries = maxEntries(this.limits);
-    this.lastUsage = await treeUsage(this.workspace.root, { bytes: this.limits.diskBytes, entries });
-    this.overDisk = overLimit(this.lastUsage, this.limits);
-    const hits = [this.overDisk, (await this.options.sandbox.hostDiskLow(this.workspace.root)) ? ("host_disk" as const) : undefined];
-    for (const hit of hits) if (hit && !outcome.limits.includes(hit)) outcome.limits.push(hit);
+    const usage = await treeUsage(this.workspace.root, { bytes: this.limits.diskBytes, entries: maxEntries(this.limits) });
+    this.overDisk = overLimit(usage, this.limits);
+    this.checked = true;
+    for (const hit of [this.overDisk, await this.reserveHit()]) if (hit && !outcome.limits.includes(hit)) outcome.limits.push(hit);
   }
 
   /**
-   * The measure of a running command: past a limit *and* grown since it started (since the
-   * last command's measure, or else its own first), so a command that cleans up a workspace
-   * already over its limit (`rm -rf node_modules`, `git gc`) is not stopped for it.
+   * The measure of a running command: past a limit *and* grown since it started, so a
+   * command that cleans up a workspace already over its limit (`rm -rf node_modules`,
+   * `git gc`) is not stopped for it. Under its limits after the last command, anything past
+   * them is growth; over them (the measure after a command stops counting there), or before
+   * the turn's first command, growth is from the command's own first measure.
    */
   private watchGrowth(): (signal: AbortSignal) => Promise<LimitHit | undefined> {
-    let from = this.lastUsage;
+    let from: TreeUsage | undefined = this.checked && !this.overDisk ? { bytes: 0, entries: 0 } : undefined;
     return async (signal) => {
       const usage = await liveTreeUsage(this.workspace.root, signal);
       const start = (from ??= usage);
@@ -195,8 +196,13 @@ export class ToolRunner {
 
   /** Throws, naming the limit, while the workspace is over one or the node is short of disk. */
   async refuseWhenOverDisk(): Promise<void> {
-    const over = this.overDisk ?? ((await this.options.sandbox.hostDiskLow(this.workspace.root)) ? "host_disk" : undefined);
+    const over = this.overDisk ?? (await this.reserveHit());
     if (over) throw new Error(`Not written: ${describeLimit(over, this.limits)}.`);
+  }
+
+  /** `host_disk` while the node is short of disk (its reserve). */
+  private async reserveHit(): Promise<"host_disk" | undefined> {
+    return (await this.options.sandbox.hostDiskLow(this.workspace.root)) ? "host_disk" : undefined;
   }
 
   /** The outcome's limit sentences, one per line, for the tool result (`bash` says a cut output its own way). */

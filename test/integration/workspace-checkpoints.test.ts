@@ -88,12 +88,14 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
 /** Real servers and an object store bucket of its own for `body`'s checkpoints; all closed after it. */
 async function withCheckpoints(name: string, body: (c: { servers: TestServers; nc: NatsConnection; bucket: ObjectStore; checkpoints: WorkspaceCheckpoints }) => Promise<void>): Promise<void> {
   const servers = await startTestServers();
-  const nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: `checkpoint-${name}-test` });
+  let nc: NatsConnection | undefined;
   try {
+    // In the try: a connection that fails (an authentication timeout on a loaded machine) still stops the servers, or the file's worker never exits.
+    nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: `checkpoint-${name}-test` });
     const bucket = await new Objm(jetstream(nc)).create(`checkpoint_${name}_test`);
     await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket) });
   } finally {
-    await nc.close();
+    await nc?.close();
     await servers.stop();
   }
 }

@@ -467,8 +467,32 @@ test_.serial("sandbox - a running command is measured about once a second: a lim
   t.is(quick.kind, "exited");
   t.is(quick.output.toString(), "quick\n");
   t.deepEqual(quick.limits, []);
+  const atEnd = measured;
+  t.true(atEnd <= 1, `${atEnd}: a command of a few ms is measured only if its start took a second`);
   await new Promise((resolve) => setTimeout(resolve, 1_500));
-  t.is(measured, 0, "nor after it ended");
+  t.is(measured, atEnd, "not after it ended");
+});
+
+test_.serial("sandbox - the measures of a node's running commands together stay within ten a second: with 30 commands running, each is measured every 3 s, not every second", async (t) => {
+  const base = await tempBase();
+  const many = await Sandbox.start({ mode: "bwrap", maxConcurrent: 32, runtimeDir: path.join(base, "rt"), nodeId: "measures-test", log });
+  try {
+    let measured = 0;
+    const watch = async (_signal: AbortSignal) => {
+      measured++;
+      return undefined;
+    };
+    const started = Date.now();
+    const dirs = await Promise.all(Array.from({ length: 30 }, () => workspace(many, base)));
+    const outcomes = await Promise.all(dirs.map((dir) => many.run(bash(dir, "sleep 4.5; echo done", { watch }))));
+    const seconds = (Date.now() - started) / 1000;
+    t.true(outcomes.every((o) => o.kind === "exited" && o.exitCode === 0), JSON.stringify(outcomes.find((o) => o.kind !== "exited")));
+    // One second apart each, they would be ~120; ten a second over the whole time is the bound.
+    t.true(measured <= Math.ceil(10 * seconds), `${measured} measures in ${seconds} s`);
+    t.true(measured >= 30, `${measured}: each measured at least once`);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
 });
 
 test_.serial("sandbox - through the tools, a running command is stopped for disk_mb only while it makes the workspace grow: one that cleans up a workspace over its limit runs to its end", async (t) => {
@@ -477,11 +501,12 @@ test_.serial("sandbox - through the tools, a running command is stopped for disk
   const limits = { ...DEFAULT_LIMITS, diskBytes: 2 * 1024 * 1024 };
   const tools = Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox, limits }).map((tool) => [tool.name, tool]));
   const text = (result: { content: { type: string; text?: string }[] }) => result.content.map((c) => c.text ?? "").join("");
-  // 3 MB in three files, each under the 2 MiB file size limit: over, told after the command.
-  const over = await tools.bash!.execute("a", { command: "for i in 1 2 3; do head -c 1000000 /dev/zero > f$i; done; echo wrote" });
+  // 6 MB in six files, each under the 2 MiB file size limit: over, told after the command.
+  const over = await tools.bash!.execute("a", { command: "for i in 1 2 3 4 5 6; do head -c 1000000 /dev/zero > f$i; done; echo wrote" });
   t.regex(text(over), /^\[sandbox: the workspace is over its disk limit \(2 MiB\)[^\n]*\]\nwrote\n$/);
-  // Measured at least twice while over its limit, never stopped: it only shrinks the workspace.
-  const cleaned = await tools.bash!.execute("b", { command: "sleep 2.5; rm f1 f2 f3; sleep 1.2; echo cleaned" });
+  // Measured several times while still over its limit (and over what the measure after the
+  // last command counted, which stops just past the limit), never stopped: it only shrinks it.
+  const cleaned = await tools.bash!.execute("b", { command: "for i in 1 2 3 4 5 6; do rm f$i; sleep 0.6; done; echo cleaned" });
   t.is(text(cleaned), "cleaned\n");
   const grown = await t.throwsAsync(tools.bash!.execute("c", { command: "for i in 1 2 3; do head -c 1000000 /dev/zero > g$i; done; sleep 20; echo never" }));
   t.regex(grown?.message ?? "", /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace is over its disk limit \(2 MiB\)/);
@@ -502,6 +527,7 @@ test_.serial("sandbox - below RUNS_DISK_RESERVE_MB free on the workspaces' files
     t.deepEqual(outcome.limits, ["host_disk"]);
     t.true(Date.now() - started < 10_000, `${Date.now() - started} ms`);
     t.is(lines.filter((line) => line.includes("less free than RUNS_DISK_RESERVE_MB keeps")).length, 1, "said once, when it became short");
+    t.false(lines.some((line) => line.includes("has room again")), lines.join(""));
     t.true(lines.some((line) => line.includes("a running command was stopped at a limit") && line.includes('"hit":"host_disk"')), lines.join(""));
     // Through the tools: a command that ends first is told after it, and writes refuse.
     const tools = Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox: short }).map((tool) => [tool.name, tool]));
