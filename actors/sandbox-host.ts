@@ -359,6 +359,7 @@ export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsa
 export async function liveTreeUsage(dir: string, signal?: AbortSignal): Promise<TreeUsage> {
   // One pass after the other: a measurement then takes one core at a time.
   const bytes = await duTotal(dir, ["-B1"], { partial: true, signal });
+  signal?.throwIfAborted();
   return { bytes, entries: Math.max(0, (await duTotal(dir, ["--inodes"], { partial: true, signal })) - 1) };
 }
 
@@ -395,12 +396,14 @@ async function duUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
 function duTotal(dir: string, args: string[], options: { partial?: boolean; signal?: AbortSignal } = {}): Promise<number> {
   return new Promise((resolve, reject) => {
     const du = spawn("du", ["-s", "-x", ...args, "--", dir], { stdio: ["ignore", "pipe", "ignore"], timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", signal: options.signal });
+    // First: a spawn that failed for want of descriptors (EMFILE) has no stdout, and says so only here.
+    du.on("error", reject);
+    if (!du.stdout) return;
     let stdout = "";
     du.stdout.setEncoding("utf8");
     du.stdout.on("data", (chunk: string) => {
       if (stdout.length < 4096) stdout += chunk;
     });
-    du.on("error", reject);
     du.on("close", (code, signal) => {
       const n = Number(/^(\d+)\s/.exec(stdout)?.[1]);
       if ((code === 0 || (code === 1 && options.partial)) && Number.isSafeInteger(n)) resolve(n);

@@ -57,6 +57,14 @@ export function maxEntries(limits: Pick<SandboxLimits, "diskBytes">): number {
   return Math.max(1, Math.min(MAX_WORKSPACE_ENTRIES, Math.floor(limits.diskBytes / 4096)));
 }
 
+/**
+ * Whether a node with `free` bytes on its workspaces' filesystem is short of its `reserve`:
+ * below it; once short (`wasShort`), until an eighth more than it is free.
+ */
+export function diskShort(free: number, reserve: number, wasShort: boolean): boolean {
+  return free < (wasShort ? reserve + reserve / 8 : reserve);
+}
+
 /** A limit a command ran into. */
 export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "files" | "host_disk" | "output";
 

@@ -28,7 +28,7 @@ import path from "node:path";
 import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
-import type { LimitHit, SandboxLimits } from "./sandbox-limits.js";
+import { diskShort, type LimitHit, type SandboxLimits } from "./sandbox-limits.js";
 import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
 import { bwrapArgs, clearSetIdBits, closeInheritedDescriptors, closedToOthers, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
@@ -145,37 +145,35 @@ export interface SandboxOptions {
 }
 
 /**
- * How often a running command is measured ({@link SandboxCommand.watch}, and apart from
- * it the node's free disk): at least this far apart, and four times as far as the last
- * measurement took, so measuring a large workspace costs the host at most a fifth of its
- * time (one statfs of the free disk never waits for it). A command shorter than this is
- * measured only after it ends.
+ * How often a running command is checked ({@link SandboxCommand.watch}, and apart from it
+ * the node's free disk): this long after the last check ended. A command shorter than this
+ * is measured only after it ends.
  */
 export const WATCH_INTERVAL_MS = 1_000;
 
 /**
- * Measures of running commands' workspaces a node takes per second, all together: with
- * more commands running, each is measured less often (every 5 s with 50), so the du
- * processes they spawn stay a small share of the node's time.
+ * The least pause after one measure of a running command's workspace before the node
+ * takes the next (of any command): measures are taken one at a time, each followed by a
+ * pause four times as long as it took, so together they use at most a fifth of one core
+ * however many commands run (each is then measured less often).
  */
-export const MEASUREMENTS_PER_SECOND = 10;
+export const MEASURE_PAUSE_MS = 25;
 
 /**
- * Runs `check` while a command runs, one measurement at a time, until it names a limit
- * (then `stop`) or the returned function is called (which also aborts a measurement under
- * way). A measurement that fails names none: the one after the command decides.
+ * Runs `check` while a command runs, one check at a time, until it names a limit (then
+ * `stop`) or the returned function is called (which also aborts a check under way). A
+ * check that fails names none: the measurement after the command decides.
  */
-function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void, minGapMs: () => number = () => 0): () => void {
+function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefined>, stop: (hit: LimitHit) => void): () => void {
   const ended = new AbortController();
   let timer: NodeJS.Timeout | undefined;
   const tick = async () => {
-    const started = performance.now();
     const hit = await check(ended.signal).catch(() => undefined);
     if (ended.signal.aborted) return;
     if (hit) return stop(hit);
-    timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, 4 * (performance.now() - started), minGapMs()));
+    timer = setTimeout(tick, WATCH_INTERVAL_MS);
   };
-  timer = setTimeout(tick, Math.max(WATCH_INTERVAL_MS, minGapMs()));
+  timer = setTimeout(tick, WATCH_INTERVAL_MS);
   return () => {
     ended.abort();
     clearTimeout(timer);
@@ -202,8 +200,8 @@ export class Sandbox {
   private running = 0;
   /** The last {@link hostDiskLow} answer, for its log line when it changes. */
   private diskShort = false;
-  /** Running commands whose own measure is watched. */
-  private measured = 0;
+  /** The end of the last measure's turn and its pause ({@link measureInTurn}). */
+  private measuring: Promise<void> = Promise.resolve();
   /** The workspaces' folder was found open to others once (logged once). */
   private warnedOpenWorkspaces = false;
   /**
@@ -527,28 +525,45 @@ export class Sandbox {
 
   /**
    * Starts the watches of a running command ({@link watchCommand}): the node's free disk,
-   * where it keeps a reserve, and the command's own measure. The measures of all running
-   * commands together are spread to at most {@link MEASUREMENTS_PER_SECOND} (each spawns
-   * two du). Returns what ends them.
+   * where it keeps a reserve, and the command's own measure, taken in the node's turn
+   * ({@link measureInTurn}). Returns what ends them.
    */
   private watch(cmd: SandboxCommand, stop: (hit: LimitHit) => void): () => void {
     const ends: (() => void)[] = [];
     if ((this.options.diskReserveBytes ?? 0) > 0) {
       ends.push(watchCommand(async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : undefined), stop));
     }
-    if (cmd.watch) {
-      this.measured++;
-      ends.push(watchCommand(cmd.watch, stop, () => (this.measured * 1000) / MEASUREMENTS_PER_SECOND));
-      ends.push(() => this.measured--);
-    }
+    const measure = cmd.watch;
+    if (measure) ends.push(watchCommand((signal) => this.measureInTurn(() => measure(signal), signal), stop));
     return () => ends.forEach((end) => end());
+  }
+
+  /**
+   * Runs one measure of a running command when the node's turn comes: one at a time, each
+   * followed by a pause four times as long as it took ({@link MEASURE_PAUSE_MS} at least).
+   * Each command has at most one waiting; one whose command ended meanwhile is skipped.
+   */
+  private measureInTurn<T>(measure: () => Promise<T>, signal: AbortSignal): Promise<T> {
+    let tookMs = 0;
+    const result = this.measuring.then(async () => {
+      signal.throwIfAborted();
+      const started = performance.now();
+      try {
+        return await measure();
+      } finally {
+        tookMs = performance.now() - started;
+      }
+    });
+    const settled = () => new Promise<void>((resolve) => setTimeout(resolve, Math.max(MEASURE_PAUSE_MS, 4 * tookMs)));
+    this.measuring = result.then(settled, settled);
+    return result;
   }
 
   /**
    * Whether the filesystem holding `dir` has less free than the node keeps
    * (`diskReserveBytes`); once short, until it has an eighth more than that again (so it
-   * does not go back and forth at the line). One statfs; a filesystem that cannot say
-   * counts as not short. The log says when the node becomes short, and when it has room again.
+   * does not go back and forth at the line). One statfs; when the filesystem cannot say,
+   * the last answer stands. The log says when the node becomes short, and when it has room again.
    */
   async hostDiskLow(dir: string): Promise<boolean> {
     const reserve = this.options.diskReserveBytes ?? 0;
@@ -558,9 +573,9 @@ export class Sandbox {
       const fs = await statfs(dir);
       free = fs.bavail * fs.bsize;
     } catch {
-      return false;
+      return this.diskShort;
     }
-    const short = free < (this.diskShort ? reserve + reserve / 8 : reserve);
+    const short = diskShort(free, reserve, this.diskShort);
     if (short !== this.diskShort) {
       this.diskShort = short;
       if (short) this.options.log.warn({ freeBytes: free, reserveBytes: reserve }, "sandbox: the workspaces' filesystem has less free than RUNS_DISK_RESERVE_MB keeps: running commands are stopped and writes refuse until there is room");

@@ -634,9 +634,10 @@ test.serial("sandbox - empty files, which take an inode and no block, are bounde
 
 test.serial("sandbox - a command that keeps writing is stopped while it runs once its workspace is past disk_mb (in bytes, or in files and folders), long before its timeout; the tool says so, and writes refuse", async (t) => {
   const { api, dataDir } = t.context;
-  // disk_mb 8: 8 MiB and 2,048 files and folders. Each loop would take 10 s and more and
-  // write 25 times the limit (a 1 MiB file is within the file size limit); the command may run 60 s.
-  const bytes = "for i in $(seq 200); do head -c 1048576 /dev/zero > big$i || exit 3; sleep 0.05; done; echo wrote all";
+  // disk_mb 8: 8 MiB and 2,048 files and folders. Each loop would take 20 s and more and
+  // write 12 times the limit, ~5 MB a second (a 256 KiB file is within the file size limit,
+  // and the pace spares the other tests' disk); the command may run 60 s.
+  const bytes = "for i in $(seq 400); do head -c 262144 /dev/zero > big$i || exit 3; sleep 0.05; done; echo wrote all";
   const files = "mkdir d && for i in $(seq 400); do for j in $(seq 50); do : > d/f$i-$j; done; sleep 0.05; done; echo made all";
   const steps = [bash(bytes), bash("rm -f big*; echo cleared"), bash(files), tool("write", { path: "more.txt", content: "more" })];
   const agent = await api.agentWith(scripted(steps, { limits: { disk_mb: 8, command_timeout_s: 60 } }));

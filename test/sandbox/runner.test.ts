@@ -473,23 +473,60 @@ test_.serial("sandbox - a running command is measured about once a second: a lim
   t.is(measured, atEnd, "not after it ended");
 });
 
-test_.serial("sandbox - the measures of a node's running commands together stay within ten a second: with 30 commands running, each is measured every 3 s, not every second", async (t) => {
+test_.serial("sandbox - a node measures its running commands one at a time, each measure followed by a pause four times as long: 30 commands at once never overlap, take at most a fifth of the time, and each is measured", async (t) => {
   const base = await tempBase();
   const many = await Sandbox.start({ mode: "bwrap", maxConcurrent: 32, runtimeDir: path.join(base, "rt"), nodeId: "measures-test", log });
   try {
-    let measured = 0;
-    const watch = async (_signal: AbortSignal) => {
-      measured++;
+    const dirs = await Promise.all(Array.from({ length: 30 }, () => workspace(many, base)));
+    const spans: { dir: string; from: number; to: number }[] = [];
+    let inside = 0;
+    let most = 0;
+    // A measure that takes 40 ms, as du of a mid-sized workspace does.
+    const watchOf = (dir: string) => async (_signal: AbortSignal) => {
+      const from = performance.now();
+      most = Math.max(most, ++inside);
+      await new Promise((resolve) => setTimeout(resolve, 40));
+      inside--;
+      spans.push({ dir, from, to: performance.now() });
       return undefined;
     };
-    const started = Date.now();
-    const dirs = await Promise.all(Array.from({ length: 30 }, () => workspace(many, base)));
-    const outcomes = await Promise.all(dirs.map((dir) => many.run(bash(dir, "sleep 4.5; echo done", { watch }))));
-    const seconds = (Date.now() - started) / 1000;
+    const started = performance.now();
+    const outcomes = await Promise.all(dirs.map((dir) => many.run(bash(dir, "sleep 5; echo done", { watch: watchOf(dir) }))));
+    const elapsed = performance.now() - started;
     t.true(outcomes.every((o) => o.kind === "exited" && o.exitCode === 0), JSON.stringify(outcomes.find((o) => o.kind !== "exited")));
-    // One second apart each, they would be ~120; ten a second over the whole time is the bound.
-    t.true(measured <= Math.ceil(10 * seconds), `${measured} measures in ${seconds} s`);
-    t.true(measured >= 30, `${measured}: each measured at least once`);
+    t.is(most, 1, "one measure at a time");
+    const busy = spans.reduce((sum, s) => sum + (s.to - s.from), 0);
+    t.true(busy <= elapsed / 5 + 250, `measuring took ${Math.round(busy)} of ${Math.round(elapsed)} ms`);
+    // Every second each, they would be ~120 measures; a fifth of 5 s at 40 ms each is ~25.
+    t.true(spans.length <= 30, `${spans.length} measures`);
+    const measuredDirs = new Set(spans.map((s) => s.dir));
+    t.true(measuredDirs.size >= 15, `${measuredDirs.size} of 30 commands measured in 5 s: in turn, not the same few`);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_.serial("sandbox - the node's free disk is checked while a command runs only where it keeps a reserve", async (t) => {
+  const base = await tempBase();
+  const kept = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "reserve-kept", log, diskReserveBytes: 1 });
+  try {
+    for (const [sandbox, checks] of [[t.context.sandbox, false], [kept, true]] as const) {
+      const dir = await workspace(sandbox, base);
+      let calls = 0;
+      const real = sandbox.hostDiskLow.bind(sandbox);
+      sandbox.hostDiskLow = async (d: string) => {
+        calls++;
+        return real(d);
+      };
+      try {
+        const outcome = await sandbox.run(bash(dir, "sleep 2.5; echo done"));
+        t.is(outcome.kind, "exited");
+        if (checks) t.true(calls >= 1, `${calls}`);
+        else t.is(calls, 0);
+      } finally {
+        sandbox.hostDiskLow = real;
+      }
+    }
   } finally {
     await rm(base, { recursive: true, force: true });
   }

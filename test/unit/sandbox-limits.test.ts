@@ -1,5 +1,5 @@
 import test from "ava";
-import { DEFAULT_LIMITS, describeLimit, formatBytes, limitsOf, type LimitHit, maxEntries } from "../../actors/sandbox-limits.js";
+import { DEFAULT_LIMITS, describeLimit, diskShort, formatBytes, limitsOf, type LimitHit, maxEntries } from "../../actors/sandbox-limits.js";
 import { counter } from "../../actors/sandbox-cgroups.js";
 import { inRootCpuCgroup, setupFailed } from "../../actors/sandbox.js";
 import { shellReported, NODE_PROCESS_RESERVE, rlimitHits, rlimitOf, rlimitProcessesTotal, SCANNED_OUTPUT_BYTES } from "../../actors/sandbox-host.js";
@@ -168,4 +168,14 @@ test("sandbox - a process killed by SIGBUS or SIGXFSZ is read from the shell's o
   t.false(shellReported(out("bash: line 1: 4711 Bus error\n"), "File size limit exceeded"), "another signal");
   // Only the tail is read: a report far before it is not the command's end.
   t.false(shellReported(Buffer.concat([out("bash: line 1: 1 Bus error x\n"), Buffer.alloc(64 * 1024, 0x61)]), "Bus error"));
+});
+
+test("sandbox-limits - a node is short of disk below its reserve, and once short until an eighth more is free (no back and forth at the line)", (t) => {
+  const reserve = 800;
+  t.false(diskShort(800, reserve, false));
+  t.true(diskShort(799, reserve, false));
+  t.true(diskShort(800, reserve, true));
+  t.true(diskShort(899, reserve, true));
+  t.false(diskShort(900, reserve, true));
+  t.false(diskShort(900, reserve, false));
 });
