@@ -220,7 +220,7 @@ test("workspace trees - a tree deeper than PATH_MAX is chowned whole (chown), wh
   }
 });
 
-test("workspace trees - measured while a command runs (liveTreeUsage, du by descriptors), a tree past PATH_MAX is counted whole and what a folder made unreadable holds is left out, nothing is changed to read it; a missing tree is 0; a stopped measurement rejects", async (t) => {
+test("workspace trees - measured while a command runs (liveTreeUsage, du by descriptors), a tree past PATH_MAX is counted whole and what a folder made unreadable holds is left out, nothing is changed to read it; a missing tree or a stopped measurement rejects", async (t) => {
   const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
   try {
     const dir = path.join(base, "workspace");
