@@ -139,7 +139,8 @@ export interface SandboxOptions {
   cgroupRoot?: string | false;
   /**
    * Bytes kept free on the filesystem of the workspaces (`RUNS_DISK_RESERVE_MB`): a command
-   * running while less is left is stopped, and writes refuse, whatever its run's own limit. 0: none.
+   * running while less is left is stopped, and the file tools' writes refuse, whatever its
+   * run's own limit. 0: none.
    */
   diskReserveBytes?: number;
 }
