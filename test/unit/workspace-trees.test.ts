@@ -17,6 +17,26 @@ function deepTree(base: string, bytes: number, outside: Outside): void {
   if (made.status !== 0) throw new Error(`could not make the deep tree: ${made.stderr}`);
 }
 
+/** Runs `body` with a fresh folder below the system's temporary one, removed after whatever the body left (closed folders, paths past PATH_MAX). */
+async function inTempBase(body: (base: string) => Promise<void>): Promise<void> {
+  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
+  try {
+    await body(base);
+  } finally {
+    spawnSync("chmod", ["-R", "u+rwX", base]);
+    spawnSync("rm", ["-rf", base]);
+  }
+}
+
+/** `base/workspace` holding {@link deepTree} (with `bytes` at its bottom), and the outside its links point at. */
+async function deepWorkspace(base: string, bytes: number): Promise<{ dir: string; outside: Outside }> {
+  const dir = path.join(base, "workspace");
+  await mkdir(dir);
+  const outside = await outsideOf(base);
+  deepTree(dir, bytes, outside);
+  return { dir, outside };
+}
+
 const unbounded = { bytes: Infinity, entries: Infinity };
 
 interface Outside {
@@ -44,12 +64,8 @@ async function untouched(t: ExecutionContext, outside: Outside): Promise<void> {
 }
 
 test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and removed (rm), where Node's own walk and rm stop at the path's length", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
-    const dir = path.join(base, "workspace");
-    await mkdir(dir);
-    const outside = await outsideOf(base);
-    deepTree(dir, 4 * 1024 * 1024, outside);
+  await inTempBase(async (base) => {
+    const { dir, outside } = await deepWorkspace(base, 4 * 1024 * 1024);
     const { bytes, entries } = await treeUsage(dir, { bytes: 64 * 1024 * 1024, entries: Infinity });
     t.is(entries, 28, "25 folders, a file and two links, counted by du");
     t.true(bytes >= 4 * 1024 * 1024 && bytes < 8 * 1024 * 1024, `${bytes} bytes`);
@@ -61,15 +77,12 @@ test("workspace trees - a tree deeper than PATH_MAX is measured whole (du) and r
     t.false(existsSync(dir));
     await removeTree(dir); // gone already: nothing to do
     await untouched(t, outside);
-  } finally {
-    spawnSync("rm", ["-rf", base]);
-  }
+  });
 });
 
 test("workspace trees - sizes as du(1) gives them: folders with their blocks (a folder of many long names is not free where folders take blocks), files by blocks not length, a file of several links once; a missing tree is 0; counting stops past stopAt", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
   const du = (dir: string) => Number(spawnSync("du", ["-s", "-B1", dir], { encoding: "utf8" }).stdout.split(/\s/)[0]);
-  try {
+  await inTempBase(async (base) => {
     const names = path.join(base, "names");
     await mkdir(names);
     for (let i = 0; i < 2_000; i++) await writeFile(path.join(names, `${String(i).padStart(240, "x")}`), "");
@@ -87,14 +100,11 @@ test("workspace trees - sizes as du(1) gives them: folders with their blocks (a 
     t.deepEqual(await treeUsage(path.join(base, "missing"), { bytes: 100, entries: 100 }), { bytes: 0, entries: 0 });
     const stopped = (await treeUsage(base, { bytes: 1, entries: Infinity })).bytes;
     t.true(stopped > 1 && stopped < du(base), `${stopped}`);
-  } finally {
-    await rm(base, { recursive: true, force: true });
-  }
+  });
 });
 
 test("workspace trees - entries are counted whatever their size (10,000 empty files take no block), each name of a linked file once; counting stops past the entries' stopAt", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
+  await inTempBase(async (base) => {
     const empty = path.join(base, "empty");
     await mkdir(empty);
     await mkdir(path.join(empty, "sub"));
@@ -105,14 +115,11 @@ test("workspace trees - entries are counted whatever their size (10,000 empty fi
     t.true(whole.bytes < 2 * 1024 * 1024, `${whole.bytes} bytes: the folders' blocks only`);
     const stopped = await treeUsage(empty, { bytes: Infinity, entries: 100 });
     t.is(stopped.entries, 101, "stopped at the first entry past the bound");
-  } finally {
-    await rm(base, { recursive: true, force: true });
-  }
+  });
 });
 
 test("workspace trees - names that are not UTF-8 are measured and chowned by their bytes (a U+FFFD stand-in names nothing); set-user-ID and set-group-ID bits are cleared, links left alone", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
+  await inTempBase(async (base) => {
     const dir = path.join(base, "workspace");
     await mkdir(dir);
     const bad = Buffer.concat([Buffer.from(`${dir}/bad`), Buffer.from([0xff])]);
@@ -136,14 +143,11 @@ test("workspace trees - names that are not UTF-8 are measured and chowned by the
     t.is((await lstat(setuid)).mode & 0o7777, 0o755, "set-user-ID cleared");
     t.is((await lstat(bad)).mode & 0o7777, 0o775, "set-group-ID cleared");
     t.is((await lstat(outside.file)).mode & 0o7777, 0o4640, "a link's target is not touched");
-  } finally {
-    await rm(base, { recursive: true, force: true });
-  }
+  });
 });
 
 test("workspace trees - a service sharing the sandboxes' uid clears set-ID bits (links left alone) without chowning, and never throws", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
+  await inTempBase(async (base) => {
     const dir = path.join(base, "workspace");
     await mkdir(path.join(dir, "sub"), { recursive: true });
     const file = path.join(dir, "sub", "tool");
@@ -156,30 +160,22 @@ test("workspace trees - a service sharing the sandboxes' uid clears set-ID bits 
     t.is((await stat(file)).mode & 0o7777, 0o755);
     t.is((await stat(outside.file)).mode & 0o7777, 0o4640);
     t.is(await clearSetIdBits(path.join(base, "missing")), undefined, "nothing there: nothing to do, nothing thrown");
-  } finally {
-    await rm(base, { recursive: true, force: true });
-  }
+  });
 });
 
 test("workspace trees - set-ID bits below a path longer than PATH_MAX are cleared too (chmod -R takes over from the walk)", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
-    const dir = path.join(base, "workspace");
-    await mkdir(dir);
-    deepTree(dir, 1024, await outsideOf(base));
+  await inTempBase(async (base) => {
+    const { dir } = await deepWorkspace(base, 1024);
     const inDeep = (command: string) => spawnSync("bash", ["-c", `cd "$1" && for i in $(seq 25); do cd "$(printf %0200d $i)" || exit 1; done && ${command}`, "bash", dir], { encoding: "utf8" });
     t.is(inDeep("chmod 4755 hidden").status, 0);
     t.is(inDeep("stat -c %a hidden").stdout, "4755\n");
     t.is(await clearSetIdBits(dir), undefined);
     t.is(inDeep("stat -c %a hidden").stdout, "755\n");
-  } finally {
-    spawnSync("rm", ["-rf", base]);
-  }
+  });
 });
 
 test("workspace trees - the workspaces' folder is closed to others: 0710 with the sandboxes' group where the service owns it, 0700 where the sandboxes' uid does (a service sharing it), left alone when already so", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
+  await inTempBase(async (base) => {
     const own = { uid: process.getuid!(), gid: process.getgid!() };
     const shared = path.join(base, "shared");
     await mkdir(shared, { mode: 0o755 });
@@ -198,35 +194,23 @@ test("workspace trees - the workspaces' folder is closed to others: 0710 with th
     t.is(info.mode & 0o777, 0o710);
     t.is(info.uid, 0, "the service keeps it");
     t.is(info.gid, 65534);
-  } finally {
-    await rm(base, { recursive: true, force: true });
-  }
+  });
 });
 
 test("workspace trees - a tree deeper than PATH_MAX is chowned whole (chown), where Node's walk stops at the path's length", async (t) => {
   if (process.getuid?.() !== 0) return t.pass("only root chowns a workspace");
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
-    const dir = path.join(base, "workspace");
-    await mkdir(dir);
-    const outside = await outsideOf(base);
-    deepTree(dir, 1024, outside);
+  await inTempBase(async (base) => {
+    const { dir, outside } = await deepWorkspace(base, 1024);
     await chownTree(dir, 65534, 65534);
     const owners = spawnSync("bash", ["-c", 'cd "$1" && for i in $(seq 25); do cd "$(printf %0200d $i)" || exit 1; done && stat -c %u hidden . && cd "$1" && stat -c %u .', "bash", dir], { encoding: "utf8" });
     t.is(owners.stdout, "65534\n65534\n65534\n", owners.stderr);
     await untouched(t, outside);
-  } finally {
-    spawnSync("rm", ["-rf", base]);
-  }
+  });
 });
 
 test("workspace trees - measured while a command runs (liveTreeUsage, du by descriptors), a tree past PATH_MAX is counted whole and what a folder made unreadable holds is left out, nothing is changed to read it; a missing tree or a stopped measurement rejects", async (t) => {
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
-    const dir = path.join(base, "workspace");
-    await mkdir(dir);
-    const outside = await outsideOf(base);
-    deepTree(dir, 4 * 1024 * 1024, outside);
+  await inTempBase(async (base) => {
+    const { dir, outside } = await deepWorkspace(base, 4 * 1024 * 1024);
     await writeFile(path.join(dir, "seen"), Buffer.alloc(1024 * 1024, 1));
     const live = await liveTreeUsage(dir);
     const exact = await treeUsage(dir, unbounded);
@@ -253,16 +237,12 @@ test("workspace trees - measured while a command runs (liveTreeUsage, du by desc
     // The open file and the folders' own blocks (none on tmpfs), not the closed folder's 2 MiB.
     t.true(unreadable.bytes >= 1024 * 1024 && unreadable.bytes < 1024 * 1024 + 1_502 * 4096 + 512 * 1024, `${unreadable.bytes}`);
     t.is((await stat(path.join(closed, "closed"))).mode & 0o777, 0, "left as the command made it");
-  } finally {
-    spawnSync("chmod", ["-R", "u+rwX", base]);
-    spawnSync("rm", ["-rf", base]);
-  }
+  });
 });
 
 test("workspace trees - a folder its owner made unreadable (chmod 000) is measured and removed all the same, as a service that shares the sandboxes' uid (here root without its capabilities) must", async (t) => {
   if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");
-  const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
-  try {
+  await inTempBase(async (base) => {
     const dir = path.join(base, "workspace");
     await mkdir(path.join(dir, "closed", "inner"), { recursive: true });
     await writeFile(path.join(dir, "closed", "inner", "data"), Buffer.alloc(2 * 1024 * 1024, 1));
@@ -279,8 +259,5 @@ test("workspace trees - a folder its owner made unreadable (chmod 000) is measur
     t.true(bytes >= 2 * 1024 * 1024 && bytes < 3 * 1024 * 1024, `${bytes}`);
     t.false(existsSync(dir));
     await untouched(t, outside);
-  } finally {
-    spawnSync("chmod", ["-R", "u+rwX", base]);
-    await rm(base, { recursive: true, force: true });
-  }
+  });
 });
