@@ -150,7 +150,7 @@ export interface SandboxOptions {
  * the node's free disk): this long after the last check ended. A command shorter than this
  * is measured only after it ends.
  */
-export const WATCH_INTERVAL_MS = 1_000;
+const WATCH_INTERVAL_MS = 1_000;
 
 /**
  * The least pause after one measure of a running command's workspace before the node
@@ -158,7 +158,7 @@ export const WATCH_INTERVAL_MS = 1_000;
  * pause four times as long as it took, so together they use at most a fifth of one core
  * however many commands run (each is then measured less often).
  */
-export const MEASURE_PAUSE_MS = 25;
+const MEASURE_PAUSE_MS = 25;
 
 /**
  * Runs `check` while a command runs, one check at a time, until it names a limit (then
