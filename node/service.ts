@@ -34,124 +34,145 @@ export async function startService(config: Config, options: ServiceOptions = {})
   // First, before any connection: a node that cannot sandbox tools must not take runs.
   const sandbox = config.roles.actors ? await startSandbox(config, log) : undefined;
 
-  const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
-  await store.provision();
-  const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
-  const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs, config.storeBytes);
-  if (!config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
-  useCursorKey(config.masterKey);
-  useEventIdVersion(config.eventIdVersion);
-  const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock, streamRetentionS: config.retention.eventS });
-  const blobKeys = new BlobKeyring(config.masterKey);
-  const files = new FileStore(store.db, nats.files, clock, Ids, blobKeys);
-  await files.provision();
-  const envValues = new EnvValues(store.db, config.masterKey, clock);
-  await envValues.provision();
-  const usage = new UsageLedger(store.db, clock);
-  await usage.provision();
-  const webhooks = new WebhookStore(store.db, config.masterKey, clock, Ids);
-  await webhooks.provision();
+  // What the node has opened, closed in reverse by `close`, or by a start that fails part
+  // way: its connections and timers would otherwise keep the process (a test's, an
+  // embedding program's) alive, and its partitions claimed until their leases lapse.
+  const opened: Array<() => Promise<unknown> | void> = [];
+  const closeOpened = async () => {
+    for (const close of opened.splice(0).reverse()) {
+      try {
+        await close();
+      } catch (err) {
+        log.warn({ err }, "stopping: a part of the node did not close cleanly");
+      }
+    }
+  };
+  try {
+    const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
+    opened.push(() => store.close());
+    await store.provision();
+    const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
+    opened.push(() => nc.drain().catch(() => undefined));
+    const nats = await provisionNats(nc, config.retention, config.natsReplicas, config.rateLimits.windowMs, config.turnLimitMs, config.storeBytes);
+    if (!config.masterKey) throw new ConfigurationError("RUNS_MASTER_KEY: required (32 bytes, base64)");
+    useCursorKey(config.masterKey);
+    useEventIdVersion(config.eventIdVersion);
+    const events = new JetStreamEventLog({ nc: nats.nc, js: nats.js, jsm: nats.jsm, keyring: new EventKeyring(config.masterKey), clock, streamRetentionS: config.retention.eventS });
+    const blobKeys = new BlobKeyring(config.masterKey);
+    const files = new FileStore(store.db, nats.files, clock, Ids, blobKeys);
+    await files.provision();
+    const envValues = new EnvValues(store.db, config.masterKey, clock);
+    await envValues.provision();
+    const usage = new UsageLedger(store.db, clock);
+    await usage.provision();
+    const webhooks = new WebhookStore(store.db, config.masterKey, clock, Ids);
+    await webhooks.provision();
 
-  const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
-  const deployments = new DeploymentCache(store);
-  let host: ActorHost | undefined;
-  const partRemovals = new BoundedWork(PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING);
-  let activeTurns: ActiveTurns | undefined;
-  let deliverer: WebhookDeliverer | undefined;
-  if (config.roles.actors) {
-    activeTurns = new ActiveTurns(nats.activeTurns, config.nodeId, clock, log.child({ component: "active-turns" }), config.leaseTtlMs);
-    activeTurns.start();
-    host = new ActorHost(
-      {
+    const builder = new DeploymentBuilder(store, clock, log.child({ component: "builder" }));
+    const deployments = new DeploymentCache(store);
+    let host: ActorHost | undefined;
+    const partRemovals = new BoundedWork(PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING);
+    if (config.roles.actors) {
+      const activeTurns = new ActiveTurns(nats.activeTurns, config.nodeId, clock, log.child({ component: "active-turns" }), config.leaseTtlMs);
+      activeTurns.start();
+      opened.push(() => activeTurns.stop());
+      const actors = new ActorHost(
+        {
+          config,
+          clock,
+          ids: Ids,
+          store,
+          nc,
+          events,
+          log: log.child({ component: "actors" }),
+          deployments,
+          checkpoints: new WorkspaceCheckpoints(nats.checkpoints, blobKeys),
+          activeTurns,
+          files,
+          envValues,
+          usage,
+          webhooks,
+          sandbox: sandbox!,
+          node: { draining: false },
+          partRemovals,
+          objectChunks: {
+            js: nats.js,
+            jsm: nats.jsm,
+            buckets: [
+              { name: FILES_BUCKET, graceMs: orphanGraceMs(config.files.timeLimitMs) },
+              { name: CHECKPOINTS_BUCKET, graceMs: CHECKPOINT_WRITE_GRACE_MS },
+            ],
+          },
+        },
+        { leases: nats.leases, nodes: nats.nodes },
+      );
+      host = actors;
+      // Stopped even when its start fails part way: what it claimed by then is released.
+      opened.push(() => actors.stop());
+      opened.push(() => {
+        const waiting = partRemovals.size.waiting;
+        partRemovals.close();
+        if (waiting) log.info({ runs: waiting }, "stopping: deleted runs' parts still waiting for removal are left to their partition owner's check");
+      });
+      await actors.start();
+      await builder.resumePending();
+      const deliverer = new WebhookDeliverer({ store: webhooks, clock, log: log.child({ component: "webhooks" }), held: () => actors.heldPartitions(), ...config.webhooks });
+      deliverer.start();
+      opened.push(() => deliverer.stop());
+    }
+
+    let app: FastifyInstance | undefined;
+    let url: string | undefined;
+    if (config.roles.gateway) {
+      const built = await buildApp({
         config,
         clock,
         ids: Ids,
         store,
         nc,
-        events,
-        log: log.child({ component: "actors" }),
+        log,
+        builder,
         deployments,
-        checkpoints: new WorkspaceCheckpoints(nats.checkpoints, blobKeys),
-        activeTurns,
+        events,
+        rateLimits: nats.rateLimits,
         files,
         envValues,
         usage,
         webhooks,
-        sandbox: sandbox!,
-        node: { draining: false },
-        partRemovals,
-        objectChunks: {
-          js: nats.js,
-          jsm: nats.jsm,
-          buckets: [
-            { name: FILES_BUCKET, graceMs: orphanGraceMs(config.files.timeLimitMs) },
-            { name: CHECKPOINTS_BUCKET, graceMs: CHECKPOINT_WRITE_GRACE_MS },
-          ],
-        },
-      },
-      { leases: nats.leases, nodes: nats.nodes },
-    );
-    await host.start();
-    await builder.resumePending();
-    const actors = host;
-    deliverer = new WebhookDeliverer({ store: webhooks, clock, log: log.child({ component: "webhooks" }), held: () => actors.heldPartitions(), ...config.webhooks });
-    deliverer.start();
-  }
+        actorsReady: host ? () => host.heldCount > 0 : undefined,
+        sandboxStatus: sandbox ? () => sandbox.status() : undefined,
+        turnCounts: host ? () => host.turnCounts() : undefined,
+      });
+      const gateway = built.app;
+      app = gateway;
+      opened.push(() => gateway.close());
+      await gateway.listen({ port: config.port, host: config.host });
+      const address = gateway.server.address();
+      const port = typeof address === "object" && address ? address.port : config.port;
+      url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
+    }
+    // Opening stored events is ~3× faster with libsodium (src/secretbox-open.ts); a node that
+    // could not load it still works, and says so.
+    await secretboxReady;
+    if (secretboxBackend() === "tweetnacl") log.warn("libsodium could not be loaded: stored events are opened with tweetnacl (same format, slower)");
+    log.info({ node: config.nodeId, url, roles: config.roles, secretbox: secretboxBackend() }, "runs node started");
 
-  let app: FastifyInstance | undefined;
-  let url: string | undefined;
-  if (config.roles.gateway) {
-    const built = await buildApp({
-      config,
-      clock,
-      ids: Ids,
+    let closing: Promise<void> | undefined;
+    return {
+      url,
+      app,
       store,
-      nc,
-      log,
-      builder,
-      deployments,
-      events,
-      rateLimits: nats.rateLimits,
-      files,
-      envValues,
-      usage,
-      webhooks,
-      actorsReady: host ? () => host.heldCount > 0 : undefined,
-      sandboxStatus: sandbox ? () => sandbox.status() : undefined,
-      turnCounts: host ? () => host.turnCounts() : undefined,
-    });
-    app = built.app;
-    await app.listen({ port: config.port, host: config.host });
-    const address = app.server.address();
-    const port = typeof address === "object" && address ? address.port : config.port;
-    url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
+      close() {
+        closing ??= closeOpened();
+        return closing;
+      },
+    };
+  } catch (err) {
+    // The caller reports the error itself (main.ts says what to do about it).
+    if (opened.length) log.info("the node could not start: closing what it had opened");
+    await closeOpened();
+    throw err;
   }
-  // Opening stored events is ~3× faster with libsodium (src/secretbox-open.ts); a node that
-  // could not load it still works, and says so.
-  await secretboxReady;
-  if (secretboxBackend() === "tweetnacl") log.warn("libsodium could not be loaded: stored events are opened with tweetnacl (same format, slower)");
-  log.info({ node: config.nodeId, url, roles: config.roles, secretbox: secretboxBackend() }, "runs node started");
-
-  let closing: Promise<void> | undefined;
-  return {
-    url,
-    app,
-    store,
-    close() {
-      closing ??= (async () => {
-        await app?.close();
-        await deliverer?.stop();
-        const waiting = partRemovals.size.waiting;
-        partRemovals.close();
-        if (waiting) log.info({ runs: waiting }, "stopping: deleted runs' parts still waiting for removal are left to their partition owner's check");
-        await host?.stop();
-        await activeTurns?.stop();
-        await nc.drain().catch(() => undefined);
-        await store.close();
-      })();
-      return closing;
-    },
-  };
 }
 
 /** The node's sandbox runner and its egress proxy (README "Sandbox"). */

@@ -121,8 +121,15 @@ export class MongoStore implements RunStore {
   static async over(client: MongoClient, dbName: string, assume: { tagFiltersInStore?: boolean; batchUpdates?: boolean } = {}): Promise<MongoStore> {
     const raw = client.bsonOptions.fieldsAsRaw;
     if (!raw || Object.getPrototypeOf(raw) !== null) throw new Error("the store's MongoClient must be made with STORE_CLIENT_OPTIONS (fieldsAsRaw without a prototype)");
-    await client.connect();
-    const info = await client.db("admin").command({ buildInfo: 1 });
+    let info;
+    try {
+      await client.connect();
+      info = await client.db("admin").command({ buildInfo: 1 });
+    } catch (err) {
+      // A client left open keeps monitoring its servers, and the process alive.
+      await client.close().catch(() => undefined);
+      throw err;
+    }
     const ferretDb = typeof info.ferretdbVersion === "string";
     const features = info.ferretdbFeatures ?? {};
     return new MongoStore(
