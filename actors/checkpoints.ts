@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
+import type { Writable } from "node:stream";
 import type { ObjectStore } from "@nats-io/obj";
 import { removeTree, reopenTree } from "./sandbox-host.js";
 import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
@@ -34,12 +35,40 @@ export class CheckpointUnrestorableError extends CheckpointError {
   }
 }
 
+/**
+ * A restore stopped because the node's disk is full or below its reserve: the checkpoint
+ * itself is fine, and another node, or this one later, can restore it.
+ */
+export class CheckpointNoRoomError extends CheckpointError {
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "CheckpointNoRoomError";
+  }
+}
+
 /** A checkpoint was read but is not an archive that can be extracted. */
 export class CheckpointCorruptError extends Error {
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
     this.name = "CheckpointCorruptError";
   }
+}
+
+/** tar's words (C locale) for a disk that is full, or a quota that is spent. */
+const NO_ROOM = /No space left on device|Disk quota exceeded/;
+
+/** Until `stream` takes more, or will take nothing more (its reader is gone: tar exited). */
+function drainedOrClosed(stream: Writable): Promise<void> {
+  if (stream.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      stream.off("drain", done);
+      stream.off("close", done);
+      resolve();
+    };
+    stream.on("drain", done);
+    stream.on("close", done);
+  });
 }
 
 /** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
@@ -231,8 +260,13 @@ export class WorkspaceCheckpoints {
     }
   }
 
-  /** Restores the latest checkpoint into `dir`: its revision, or null when the run has none. */
-  async restore(runId: string, dir: string, workspaceId = ""): Promise<number | null> {
+  /**
+   * Restores the latest checkpoint into `dir`: its revision, or null when the run has none.
+   * A restore that finds the disk full, or whose `noRoom` is aborted (the node's disk fell
+   * below its reserve), stops: tar is killed, what it wrote is removed, and
+   * {@link CheckpointNoRoomError} thrown.
+   */
+  async restore(runId: string, dir: string, workspaceId = "", noRoom?: AbortSignal): Promise<number | null> {
     let object: Awaited<ReturnType<ObjectStore["get"]>>;
     let first: { head: Uint8Array; all: AsyncIterable<Uint8Array> };
     try {
@@ -250,9 +284,14 @@ export class WorkspaceCheckpoints {
     const { child, done } = runTar(["-xzf", "-", "-C", dir], "pipe");
     const stdin = child.stdin!;
     stdin.on("error", () => undefined);
+    const stopTar = () => child.kill("SIGKILL");
+    noRoom?.addEventListener("abort", stopTar, { once: true });
     try {
+      if (noRoom?.aborted) stopTar();
       for await (const chunk of archive) {
-        if (!stdin.write(chunk)) await new Promise((resolve) => stdin.once("drain", resolve));
+        // tar ended early (it failed, or was stopped): its exit says why.
+        if (stdin.destroyed) break;
+        if (!stdin.write(chunk)) await drainedOrClosed(stdin);
       }
       stdin.end();
       await done;
@@ -262,6 +301,10 @@ export class WorkspaceCheckpoints {
       stdin.destroy();
       child.kill("SIGKILL");
       await done.catch(() => undefined);
+      if (noRoom?.aborted || (err instanceof CheckpointError && NO_ROOM.test(err.message))) {
+        await removeTree(dir);
+        throw new CheckpointNoRoomError(`no room on the node's disk to restore the workspace of ${runId}`, { cause: err });
+      }
       // The object store stopped answering partway (a NATS server restarting): worth
       // reading again, into an empty directory.
       if (isTransientFailure(err)) {
@@ -270,6 +313,8 @@ export class WorkspaceCheckpoints {
       }
       // Read, but not a workspace this service can open: no retry brings it back.
       throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
+    } finally {
+      noRoom?.removeEventListener("abort", stopTar);
     }
     await writeMarker(dir, object.info.nuid);
     return object.info.revision;

@@ -9,7 +9,7 @@ import { mkdir, readdir, rm, stat, utimes } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import { type Clock, isTransientFailure, type RunDoc, type TurnErrorCode } from "../src/index.js";
-import { CheckpointCorruptError, CheckpointError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { CheckpointCorruptError, CheckpointError, CheckpointNoRoomError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
 import { withRetries } from "./turn-input.js";
 import { removeTree } from "./sandbox-host.js";
 import type { Sandbox } from "./sandbox.js";
@@ -24,7 +24,7 @@ export async function removeRunWorkspace(workspaceDir: string): Promise<void> {
   await rm(checkpointMarkerOf(workspaceDir), { force: true });
 }
 
-type PreparationFailure = Extract<TurnErrorCode, "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | "sandbox_operation_failed">;
+type PreparationFailure = Extract<TurnErrorCode, "sandbox_snapshot_activation_failed" | "sandbox_snapshot_unavailable" | "sandbox_operation_failed" | "sandbox_capacity_exceeded">;
 
 /**
  * The workspace's preparation: `failure`, the turn's failure code when it cannot be made
@@ -56,7 +56,7 @@ function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>):
  * otherwise it is replaced by that checkpoint (another node saved the run since).
  */
 export async function prepareRunWorkspace(
-  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace" | "closeWorkspacesFolder">; log: Logger; clock: Pick<Clock, "sleep"> },
+  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace" | "closeWorkspacesFolder" | "hostDiskLow" | "watchDisk">; log: Logger; clock: Pick<Clock, "sleep"> },
   run: RunDoc,
   workspaceDir: string,
   verify = false,
@@ -80,14 +80,28 @@ export async function prepareRunWorkspace(
     }
   }
   if (run.checkpointed && !present) {
+    // A restore can take what disk the node has left (RUNS_DISK_RESERVE_MB): none begins
+    // while the node is short, and one under way stops when it becomes short. The turn
+    // fails retryably; the checkpoint is untouched.
+    const workspaces = path.dirname(workspaceDir);
+    await mkdir(workspaces, { recursive: true, mode: 0o700 });
+    if (await r.sandbox.hostDiskLow(workspaces)) {
+      r.log.warn({ run_id: run._id }, "the node's disk is almost full: the run's workspace is not restored now");
+      return { failure: "sandbox_capacity_exceeded" };
+    }
     let failure: PreparationFailure | undefined;
+    const noRoom = new AbortController();
+    const unwatch = r.sandbox.watchDisk(workspaces, () => noRoom.abort());
     try {
-      const restored = await readCheckpoint(r.clock, () => r.checkpoints.restore(run._id, workspaceDir, run.workspace_id));
+      const restored = await readCheckpoint(r.clock, () => r.checkpoints.restore(run._id, workspaceDir, run.workspace_id, noRoom.signal));
       if (restored === null) failure = "sandbox_snapshot_unavailable";
       else revision = restored;
     } catch (err) {
       r.log.error({ err, run_id: run._id }, "could not restore the run's workspace");
-      failure = err instanceof CheckpointCorruptError ? "sandbox_snapshot_unavailable" : "sandbox_snapshot_activation_failed";
+      failure =
+        err instanceof CheckpointNoRoomError ? "sandbox_capacity_exceeded" : err instanceof CheckpointCorruptError ? "sandbox_snapshot_unavailable" : "sandbox_snapshot_activation_failed";
+    } finally {
+      unwatch();
     }
     if (failure) {
       // Nothing half-restored is left to pass for the workspace on the next try.

@@ -530,10 +530,7 @@ export class Sandbox {
    * ({@link measureInTurn}). Returns what ends them.
    */
   private watch(cmd: SandboxCommand, stop: (hit: LimitHit) => void): () => void {
-    const ends: (() => void)[] = [];
-    if ((this.options.diskReserveBytes ?? 0) > 0) {
-      ends.push(watchCommand(async () => ((await this.hostDiskLow(cmd.workspaceDir)) ? "host_disk" : undefined), stop));
-    }
+    const ends = [this.watchDisk(cmd.workspaceDir, () => stop("host_disk"))];
     const measure = cmd.watch;
     if (measure) ends.push(watchCommand((signal) => this.measureInTurn(() => measure(signal), signal), stop));
     return () => ends.forEach((end) => end());
@@ -558,6 +555,16 @@ export class Sandbox {
     const settled = () => new Promise<void>((resolve) => setTimeout(resolve, Math.max(MEASURE_PAUSE_MS, 4 * tookMs)));
     this.measuring = result.then(settled, settled);
     return result;
+  }
+
+  /**
+   * Calls `short` once the filesystem holding `dir` has less free than the node keeps
+   * ({@link hostDiskLow}, a second after the start and after each check), until the
+   * returned function is called. Nothing is checked where the node keeps no reserve.
+   */
+  watchDisk(dir: string, short: () => void): () => void {
+    if ((this.options.diskReserveBytes ?? 0) <= 0) return () => undefined;
+    return watchCommand(async () => ((await this.hostDiskLow(dir)) ? "host_disk" : undefined), short);
   }
 
   /**

@@ -1,5 +1,6 @@
 import test, { type ExecutionContext } from "ava";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync } from "node:fs";
+import { randomBytes } from "node:crypto";
 import { chmod, cp, mkdir, open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { spawnSync } from "node:child_process";
 import path from "node:path";
@@ -8,7 +9,7 @@ import { bashThen } from "../helpers/agent-configs.js";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm, type ObjectStore } from "@nats-io/obj";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { CheckpointConflictError, CheckpointError, CheckpointUnrestorableError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { CheckpointConflictError, CheckpointError, CheckpointNoRoomError, CheckpointUnrestorableError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { connectNats } from "../../src/nats.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
@@ -246,4 +247,107 @@ test("checkpoints - a file and a folder a command made unreadable (chmod 000) ar
     t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
     t.is(await readFile(path.join(restored, "file.txt"), "utf8"), "closed file\n");
     t.is(await readFile(path.join(restored, "folder", "inner", "deep.txt"), "utf8"), "closed folder\n");
+  }));
+
+/**
+ * A restore takes disk the node may not have: one begun while the node is below its
+ * reserve (RUNS_DISK_RESERVE_MB) is not begun, and the turn fails retryably
+ * (sandbox_capacity_exceeded), not as an environment that is gone; the checkpoint is
+ * untouched, and a node with room restores it. Real service, store, object store, tar.
+ */
+test("checkpoints - a node below its disk reserve does not restore a run's workspace: the turn fails retryably (sandbox_capacity_exceeded) and a node with room restores it", async (t) => {
+  const servers = await startTestServers();
+  let service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000" });
+  try {
+    const ws = await newWorkspace(service);
+    let api = ws.api;
+    const agent = await api.agentWith({ model: "faux/scripted", tools: ["bash"], script: bashThen("echo one > note.txt", "one") });
+    const first = await api.post("/api/v1/runs", { agent, input: "go" });
+    t.is(first.body.turn?.status, "completed", JSON.stringify(first.body));
+    const runId = first.body.id as string;
+    const d = await api.deploy(agent, { model: "faux/scripted", tools: ["bash"], script: bashThen("cat note.txt", "done") });
+    await api.waitDeployment(agent, d.version);
+
+    // Another node (its own data folder: nothing kept) whose disk has less free than it keeps.
+    await service.close();
+    service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_DISK_RESERVE_MB: String(2 ** 40) });
+    api = new Api(service.url!, api.key);
+    const short = await api.post("/api/v1/runs", { run_id: runId, input: "go" });
+    t.is(short.body.turn?.status, "failed", JSON.stringify(short.body));
+    t.like(short.body.turn.error, { code: "sandbox_capacity_exceeded", retryable: true, source: "platform" });
+
+    // A node with room: the checkpoint is as it was.
+    await service.close();
+    service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000" });
+    api = new Api(service.url!, api.key);
+    const after = await api.post("/api/v1/runs", { run_id: runId, input: "go" });
+    t.is(after.body.turn?.status, "completed", JSON.stringify(after.body));
+    const evs = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data as any[];
+    t.is(evs.filter((e) => e.type === "tool_execution_end").at(-1).data.result.content[0].text.trim(), "one");
+  } finally {
+    await service.close();
+    await servers.stop();
+  }
+});
+
+/** A workspace of `mib` MiB that gzip cannot shrink, in four files. */
+async function incompressible(dir: string, mib: number): Promise<void> {
+  await mkdir(dir, { recursive: true });
+  for (let i = 0; i < 4; i++) await writeFile(path.join(dir, `part-${i}.bin`), randomBytes((mib * 1024 * 1024) / 4));
+}
+
+test("checkpoints - a restore stopped for want of disk kills tar and leaves nothing of the workspace, before tar starts or while it writes", (t) =>
+  withCheckpoints("noroom", async ({ servers, checkpoints }) => {
+    const runId = "run_checkpointnoroom000001";
+    const dir = path.join(servers.dir, "saved", runId);
+    await incompressible(dir, 8);
+    await checkpoints.save(runId, dir, false, "ws_x", 0);
+
+    const before = path.join(servers.dir, "before", runId);
+    await t.throwsAsync(checkpoints.restore(runId, before, "ws_x", AbortSignal.abort()), { instanceOf: CheckpointNoRoomError });
+    t.false(existsSync(before), "nothing of the workspace is left");
+
+    // Stopped once tar has written a file of it.
+    const during = path.join(servers.dir, "during", runId);
+    const stop = new AbortController();
+    let sawFile = false;
+    const poll = setInterval(() => {
+      if (existsSync(during) && readdirSync(during).length > 0) {
+        sawFile = true;
+        stop.abort();
+      }
+    }, 1);
+    try {
+      await t.throwsAsync(checkpoints.restore(runId, during, "ws_x", stop.signal), { instanceOf: CheckpointNoRoomError });
+    } finally {
+      clearInterval(poll);
+    }
+    t.true(sawFile, "tar had begun writing when it was stopped");
+    t.false(existsSync(during), "nothing of the workspace is left");
+
+    // The checkpoint itself is untouched.
+    const whole = path.join(servers.dir, "whole", runId);
+    t.true((await checkpoints.restore(runId, whole, "ws_x")) !== null);
+    t.deepEqual(await readFile(path.join(whole, "part-3.bin")), await readFile(path.join(dir, "part-3.bin")));
+  }));
+
+// A full disk, made as a 1 MiB tmpfs (mounting needs root; CI runs as root).
+(process.getuid?.() === 0 ? test : test.skip)("checkpoints - a restore onto a full disk fails as no room (retryable elsewhere), not as a checkpoint that cannot be extracted, and leaves nothing", (t) =>
+  withCheckpoints("full", async ({ servers, checkpoints }) => {
+    const runId = "run_checkpointfulldisk0001";
+    const dir = path.join(servers.dir, "saved", runId);
+    await incompressible(dir, 4);
+    await checkpoints.save(runId, dir, false, "ws_x", 0);
+    const small = path.join(servers.dir, "small");
+    await mkdir(small);
+    const mounted = spawnSync("mount", ["-t", "tmpfs", "-o", "size=1m", "runs-test-full", small], { encoding: "utf8" });
+    t.is(mounted.status, 0, mounted.stderr);
+    try {
+      const target = path.join(small, runId);
+      const error = await t.throwsAsync(checkpoints.restore(runId, target, "ws_x"), { instanceOf: CheckpointNoRoomError });
+      t.regex(String((error!.cause as Error).message), /No space left on device/);
+      t.false(existsSync(target), "nothing of the workspace is left");
+    } finally {
+      spawnSync("umount", ["-l", small]);
+    }
   }));

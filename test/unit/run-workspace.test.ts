@@ -5,7 +5,7 @@ import os from "node:os";
 import path from "node:path";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import pino from "pino";
-import { CheckpointError, checkpointMarkerOf } from "../../actors/checkpoints.js";
+import { CheckpointError, CheckpointNoRoomError, checkpointMarkerOf } from "../../actors/checkpoints.js";
 import { prepareRunWorkspace, removeRunWorkspace, sweepKeptWorkspaces } from "../../actors/run-workspace.js";
 import type { RunDoc } from "../../src/index.js";
 
@@ -46,7 +46,7 @@ function resources(matches: () => Promise<boolean>) {
           return 9;
         },
       },
-      sandbox: { prepareWorkspace: async () => undefined, closeWorkspacesFolder: async () => undefined },
+      sandbox: { prepareWorkspace: async () => undefined, closeWorkspacesFolder: async () => undefined, hostDiskLow: async () => false, watchDisk: () => () => undefined },
       log: pino({ level: "silent" }),
     },
   };
@@ -124,6 +124,65 @@ test("run-workspace - an object store that fails for a moment is asked again (th
   });
   t.deepEqual(await prepareRunWorkspace(broken.r, run, dir, true), { failure: "sandbox_snapshot_activation_failed" });
   t.deepEqual(broken.calls, { matches: 1, restores: 0, pauses: [] }, "not a moment's failure: not asked again");
+});
+
+test("run-workspace - a node below its disk reserve restores nothing: the turn fails retryably (sandbox_capacity_exceeded) and the checkpoint is not read", async (t) => {
+  const dir = await kept(t);
+  await removeRunWorkspace(dir);
+  const { r, calls } = resources(async () => true);
+  const asked: string[] = [];
+  const short = { ...r, sandbox: { ...r.sandbox, hostDiskLow: async (at: string) => (asked.push(at), true) } };
+  t.deepEqual(await prepareRunWorkspace(short, run, dir, true), { failure: "sandbox_capacity_exceeded" });
+  t.deepEqual(asked, [path.dirname(dir)], "the workspaces' filesystem is the one asked about");
+  t.is(calls.restores, 0);
+  t.false(existsSync(dir));
+  // A kept directory that is current needs no room: it is used.
+  const keptAgain = await kept(t);
+  t.deepEqual(await prepareRunWorkspace(short, run, keptAgain, true), { failure: null, revision: 7 });
+});
+
+test("run-workspace - a restore under way when the node falls below its reserve is stopped: retryable (sandbox_capacity_exceeded), nothing of it left, the watch ended", async (t) => {
+  const dir = await kept(t);
+  await removeRunWorkspace(dir);
+  const { r } = resources(async () => true);
+  let watching = 0;
+  const restores: AbortSignal[] = [];
+  const filling = {
+    ...r,
+    sandbox: {
+      ...r.sandbox,
+      // The node becomes short 20 ms into the restore.
+      watchDisk: (_dir: string, short: () => void) => {
+        watching++;
+        const timer = setTimeout(short, 20);
+        return () => {
+          watching--;
+          clearTimeout(timer);
+        };
+      },
+    },
+    checkpoints: {
+      ...r.checkpoints,
+      restore: async (_runId: string, into: string, _ws?: string, noRoom?: AbortSignal) => {
+        restores.push(noRoom!);
+        await mkdir(into, { recursive: true });
+        await writeFile(path.join(into, "half.bin"), "half written");
+        await new Promise((resolve) => noRoom!.addEventListener("abort", resolve, { once: true }));
+        throw new CheckpointNoRoomError("no room");
+      },
+    },
+  };
+  t.deepEqual(await prepareRunWorkspace(filling, run, dir, true), { failure: "sandbox_capacity_exceeded" });
+  t.is(restores.length, 1, "not a moment's failure: not asked again");
+  t.true(restores[0]!.aborted);
+  t.false(existsSync(dir), "nothing half-restored is left");
+  t.is(watching, 0, "the disk's watch ended with the restore");
+
+  // A restore that ends well ends its watch too.
+  const { r: fine } = resources(async () => true);
+  const watched = { ...fine, sandbox: { ...fine.sandbox, watchDisk: filling.sandbox.watchDisk } };
+  t.deepEqual(await prepareRunWorkspace(watched, run, dir, true), { failure: null, revision: 9 });
+  t.is(watching, 0);
 });
 
 test("run-workspace - removing a run's workspace removes its marker too", async (t) => {
