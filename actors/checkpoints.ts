@@ -1,9 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
-import type { Writable } from "node:stream";
 import type { ObjectStore } from "@nats-io/obj";
 import { removeTree, reopenTree } from "./sandbox-host.js";
-import { type BlobKeyring, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
+import { type BlobKeyring, drained, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
@@ -56,20 +55,6 @@ export class CheckpointCorruptError extends Error {
 
 /** tar's words (C locale) for a disk that is full, or a quota that is spent. */
 const NO_ROOM = /No space left on device|Disk quota exceeded/;
-
-/** Until `stream` takes more, or will take nothing more (its reader is gone: tar exited). */
-function drainedOrClosed(stream: Writable): Promise<void> {
-  if (stream.destroyed) return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      stream.off("drain", done);
-      stream.off("close", done);
-      resolve();
-    };
-    stream.on("drain", done);
-    stream.on("close", done);
-  });
-}
 
 /** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
 function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
@@ -291,7 +276,7 @@ export class WorkspaceCheckpoints {
       for await (const chunk of archive) {
         // tar ended early (it failed, or was stopped): its exit says why.
         if (stdin.destroyed) break;
-        if (!stdin.write(chunk)) await drainedOrClosed(stdin);
+        if (!stdin.write(chunk)) await drained(stdin);
       }
       stdin.end();
       await done;

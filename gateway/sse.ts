@@ -1,7 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { Subscription } from "@nats-io/transport-node";
-import { ApiError, eventRunOf, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
+import { ApiError, drained, eventRunOf, EventSource, isFinalStatus, type Plan, type RunDoc, type StreamedEvent, Subjects, type Timer } from "../src/index.js";
 import { FrameBuffer, oneLine } from "./sse-frames.js";
 import type { GatewayContext } from "./context.js";
 import { loadRun } from "./loaders.js";
@@ -449,22 +449,6 @@ function toStreamError(ctx: GatewayContext, err: unknown, request: FastifyReques
   const reference = ctx.ids.reference();
   ctx.log.error({ err, reference, reqId: request.id, url: request.url }, "event stream failed");
   return new ApiError("internal_error", { reference });
-}
-
-/** Resolves when `res` can take more, or the stream is over. */
-function drained(res: ServerResponse, signal: AbortSignal): Promise<void> {
-  if (signal.aborted || res.destroyed) return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      res.off("drain", done);
-      res.off("close", done);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    res.on("drain", done);
-    res.on("close", done);
-    signal.addEventListener("abort", done, { once: true });
-  });
 }
 
 /** The event log names its cursor `after`; a cursor sent as Last-Event-ID is named so. */

@@ -1,4 +1,5 @@
-/** Web streams of bytes and async iterables of bytes, each as the other (files and checkpoints). */
+/** Web streams of bytes and async iterables of bytes, each as the other (files and checkpoints); writing with back-pressure. */
+import type { Writable } from "node:stream";
 
 /** A web stream as an async iterable (read to its end or until the consumer stops). */
 export async function* fromStream(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
@@ -26,5 +27,25 @@ export function toStream(source: AsyncIterable<Uint8Array>): ReadableStream<Uint
     async cancel(reason) {
       await it.throw?.(reason).catch(() => undefined);
     },
+  });
+}
+
+/**
+ * Resolves when `stream` can take more, or will take nothing more: closed (its reader
+ * gone), or `signal` aborted. Waiting for `drain` alone would wait forever on a stream
+ * whose reader went away with writes still queued.
+ */
+export function drained(stream: Writable, signal?: AbortSignal): Promise<void> {
+  if (signal?.aborted || stream.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      stream.off("drain", done);
+      stream.off("close", done);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    stream.on("drain", done);
+    stream.on("close", done);
+    signal?.addEventListener("abort", done, { once: true });
   });
 }
