@@ -170,10 +170,15 @@ export class ToolRunner {
    * until it is under; so is a node short of disk (writes then refuse while it is).
    */
   private async checkDisk(outcome: SandboxOutcome): Promise<void> {
+    await this.measure();
+    for (const hit of [this.overDisk, await this.reserveHit()]) if (hit && !outcome.limits.includes(hit)) outcome.limits.push(hit);
+  }
+
+  /** The workspace against its disk and file limits (the measure stops counting just past them). */
+  private async measure(): Promise<void> {
     const usage = await treeUsage(this.workspace.root, { bytes: this.limits.diskBytes, entries: maxEntries(this.limits) });
     this.overDisk = overLimit(usage, this.limits);
     this.checked = true;
-    for (const hit of [this.overDisk, await this.reserveHit()]) if (hit && !outcome.limits.includes(hit)) outcome.limits.push(hit);
   }
 
   /**
@@ -194,10 +199,24 @@ export class ToolRunner {
     };
   }
 
-  /** Throws, naming the limit, while the workspace is over one or the node is short of disk. */
+  /**
+   * Throws, naming the limit, while the workspace is over one or the node is short of disk.
+   * Before the turn's first command the workspace is measured first: an earlier turn may
+   * have left it over its limit.
+   */
   async refuseWhenOverDisk(): Promise<void> {
+    if (!this.checked && this.workspace.sandboxRoot !== undefined) await this.measure();
     const over = this.overDisk ?? (await this.reserveHit());
     if (over) throw new Error(`Not written: ${describeLimit(over, this.limits)}.`);
+  }
+
+  /**
+   * Throws while the node is short of disk: a command started then would run until the
+   * next check (a second) with nothing left to write into.
+   */
+  async refuseWhenShort(): Promise<void> {
+    const hit = await this.reserveHit();
+    if (hit) throw new Error(`Not run: ${describeLimit(hit, this.limits)}.`);
   }
 
   /** `host_disk` while the node is short of disk (its reserve). */

@@ -70,6 +70,7 @@ function bashTool(runner: ToolRunner): AgentTool<typeof bashParameters, BashDeta
     parameters: bashParameters,
     executionMode: "sequential",
     async execute(_toolCallId, params, signal) {
+      await runner.refuseWhenShort();
       const outcome = await runner.run(["/bin/bash", "-c", MERGED_STDERR, "/bin/bash", params.command], { signal, limitsFromOutput: true });
       const body = outcome.output.toString("utf8");
       const notes = runner.limitNotes(outcome, { output: false });

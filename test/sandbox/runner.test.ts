@@ -549,6 +549,30 @@ test_.serial("sandbox - through the tools, a running command is stopped for disk
   t.regex(grown?.message ?? "", /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace is over its disk limit \(2 MiB\)/);
 });
 
+test_.serial("sandbox - through the tools, a workspace an earlier turn left over its disk limit refuses the next turn's first write, before any command has run", async (t) => {
+  const { sandbox, base } = t.context;
+  const dir = await workspace(sandbox, base);
+  const limits = { ...DEFAULT_LIMITS, diskBytes: 2 * 1024 * 1024 };
+  // A turn's tools: each turn makes its own.
+  const turnTools = () => Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox, limits }).map((tool) => [tool.name, tool]));
+  const text = (result: { content: { type: string; text?: string }[] }) => result.content.map((c) => c.text ?? "").join("");
+  const over = await turnTools().bash!.execute("a", { command: "for i in 1 2 3; do head -c 1000000 /dev/zero > f$i; done; echo wrote" });
+  t.regex(text(over), /^\[sandbox: the workspace is over its disk limit \(2 MiB\)/);
+
+  for (const tool of ["write", "edit"] as const) {
+    const next = turnTools();
+    const args = tool === "write" ? { path: "more.txt", content: "more" } : { path: "f1", old_text: "x", new_text: "y" };
+    const refused = await t.throwsAsync(next[tool]!.execute("w", args));
+    t.regex(refused?.message ?? "", /^Not written: the workspace is over its disk limit \(2 MiB\)/, tool);
+  }
+  t.false(existsSync(path.join(dir, "more.txt")));
+
+  // Under its limits again: the next turn's first write is written.
+  await Promise.all(["f1", "f2", "f3"].map((name) => rm(path.join(dir, name))));
+  await turnTools().write!.execute("w", { path: "more.txt", content: "more" });
+  t.is(await readFile(path.join(dir, "more.txt"), "utf8"), "more");
+});
+
 test_.serial("sandbox - below RUNS_DISK_RESERVE_MB free on the workspaces' filesystem a running command is stopped (host_disk) and the node says so in its log; with no reserve nothing is", async (t) => {
   const base = await tempBase();
   const lines: string[] = [];
@@ -566,10 +590,21 @@ test_.serial("sandbox - below RUNS_DISK_RESERVE_MB free on the workspaces' files
     t.is(lines.filter((line) => line.includes("less free than RUNS_DISK_RESERVE_MB keeps")).length, 1, "said once, when it became short");
     t.false(lines.some((line) => line.includes("has room again")), lines.join(""));
     t.true(lines.some((line) => line.includes("a running command was stopped at a limit") && line.includes('"hit":"host_disk"')), lines.join(""));
-    // Through the tools: a command that ends first is told after it, and writes refuse.
+    // Through the tools: no command starts while the node is short, and writes refuse.
     const tools = Object.fromEntries(createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox: short }).map((tool) => [tool.name, tool]));
-    const said = await tools.bash!.execute("b", { command: "echo hi" });
-    t.is(said.content.map((c: any) => c.text).join(""), "[sandbox: the node's disk is almost full: running commands are stopped and writes refuse until there is room again]\nhi\n");
+    const notRun = await t.throwsAsync(tools.bash!.execute("a", { command: "echo ran > ran.txt" }));
+    t.is(notRun?.message, "Not run: the node's disk is almost full: running commands are stopped and writes refuse until there is room again.");
+    t.false(existsSync(path.join(dir, "ran.txt")));
+    // A command that began with room and ended before the next check is told after it.
+    const real = short.hostDiskLow.bind(short);
+    let asked = 0;
+    short.hostDiskLow = async (d: string) => (asked++ === 0 ? false : real(d));
+    try {
+      const said = await tools.bash!.execute("b", { command: "echo hi" });
+      t.is(said.content.map((c: any) => c.text).join(""), "[sandbox: the node's disk is almost full: running commands are stopped and writes refuse until there is room again]\nhi\n");
+    } finally {
+      short.hostDiskLow = real;
+    }
     const refused = await t.throwsAsync(tools.write!.execute("w", { path: "more.txt", content: "more" }));
     t.is(refused?.message, "Not written: the node's disk is almost full: running commands are stopped and writes refuse until there is room again.");
     t.false(existsSync(path.join(dir, "more.txt")));
