@@ -348,7 +348,7 @@ export async function treeUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsa
 
 /**
  * What a tree a command is changing holds, for the checks while it runs: du(1), in two
- * passes (bytes, then entries by inodes, as {@link duUsage} counts them). du walks by
+ * passes (bytes, then entries by name, as {@link duUsage} counts them). du walks by
  * descriptors, so a folder swapped for a link mid-walk is not followed, and a path past
  * PATH_MAX is no obstacle; its total is read even when entries vanished under it (it then
  * exits 1). What it cannot read (a folder made unreadable where the service shares the
@@ -360,7 +360,7 @@ export async function liveTreeUsage(dir: string, signal?: AbortSignal): Promise<
   // One pass after the other: a measurement then takes one core at a time.
   const bytes = await duTotal(dir, ["-B1"], { partial: true, signal });
   signal?.throwIfAborted();
-  return { bytes, entries: Math.max(0, (await duTotal(dir, ["--inodes"], { partial: true, signal })) - 1) };
+  return { bytes, entries: Math.max(0, (await duTotal(dir, ENTRIES_BY_NAME, { partial: true, signal })) - 1) };
 }
 
 /** Linked files whose inodes a measurement remembers (past it, each name's blocks count: more, never less). */
@@ -378,14 +378,20 @@ const TREE_COMMAND_TIMEOUT_MS = 600_000;
 const treeCommand = (file: string, args: string[]) => execFileAsync(file, args, { timeout: TREE_COMMAND_TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 });
 
 /**
- * du(1)'s measure of a tree, as treeUsage counts it (its entries by inodes: a file of
- * several links once, the tree's own folder not); its entries only when its bytes are
+ * du(1)'s count of a tree's entries as treeUsage counts them: by name, each link of a
+ * file (`-l`: else a flood of hard links, a name each and no inode, would count as one).
+ */
+const ENTRIES_BY_NAME = ["--inodes", "-l"];
+
+/**
+ * du(1)'s measure of a tree, as treeUsage counts it (bytes of a file of several links
+ * once, entries by name, the tree's own folder not); its entries only when its bytes are
  * within `stopAt` (each pass walks the whole tree).
  */
 async function duUsage(dir: string, stopAt: TreeUsage): Promise<TreeUsage> {
   const bytes = await duTotal(dir, ["-B1"]);
   if (bytes > stopAt.bytes) return { bytes, entries: 0 };
-  return { bytes, entries: Math.max(0, (await duTotal(dir, ["--inodes"])) - 1) };
+  return { bytes, entries: Math.max(0, (await duTotal(dir, ENTRIES_BY_NAME)) - 1) };
 }
 
 /**

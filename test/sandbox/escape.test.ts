@@ -639,12 +639,14 @@ test.serial("sandbox - a command that keeps writing is stopped while it runs onc
   // and the pace spares the other tests' disk); the command may run 60 s.
   const bytes = "for i in $(seq 400); do head -c 262144 /dev/zero > big$i || exit 3; sleep 0.05; done; echo wrote all";
   const files = "mkdir d && for i in $(seq 400); do for j in $(seq 50); do : > d/f$i-$j; done; sleep 0.05; done; echo made all";
-  const steps = [bash(bytes), bash("rm -f big*; echo cleared"), bash(files), tool("write", { path: "more.txt", content: "more" })];
+  // Hard links: a name each, and no inode or block.
+  const links = ": > f && mkdir l && for i in $(seq 400); do for j in $(seq 50); do ln f l/$i-$j; done; sleep 0.05; done; echo linked all";
+  const steps = [bash(bytes), bash("rm -f big*; echo cleared"), bash(files), tool("write", { path: "more.txt", content: "more" }), bash('echo "$(ls d | wc -l) files"; rm -rf d; echo cleared'), bash(links)];
   const agent = await api.agentWith(scripted(steps, { limits: { disk_mb: 8, command_timeout_s: 60 } }));
   const { runId, turnId } = await startRun(api, agent);
-  const outcome = await finish(api, runId, turnId, 120_000);
-  ranAll(t, outcome, 4);
-  const [wrote, cleared, made, write] = outcome.results;
+  const outcome = await finish(api, runId, turnId, 180_000);
+  ranAll(t, outcome, 6);
+  const [wrote, cleared, made, write, clearedAgain, linked] = outcome.results;
   t.true(wrote!.isError, wrote!.text);
   t.regex(wrote!.text, /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace is over its disk limit \(8 MiB\): delete files before writing more\]/, wrote!.text);
   t.notRegex(wrote!.text, /wrote all|timed out/, wrote!.text);
@@ -652,9 +654,14 @@ test.serial("sandbox - a command that keeps writing is stopped while it runs onc
   t.regex(made!.text, /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace holds more than 2048 files and folders/, made!.text);
   t.notRegex(made!.text, /made all|timed out/, made!.text);
   t.regex(write!.text, /Not written: the workspace holds more than 2048 files and folders/, write!.text);
+  t.regex(clearedAgain!.text, /^cleared$/m, clearedAgain!.text);
   // Stopped within a few of the command's seconds, not at the end of its loop.
-  const left = await readdir(path.join(dataDir, "workspaces", runId, "d"));
-  t.true(left.length < 10_000, `${left.length} of the loop's 20,000 files`);
+  const madeFiles = Number(/^(\d+) files$/m.exec(clearedAgain!.text)?.[1]);
+  t.true(madeFiles > 2048 && madeFiles < 10_000, `${madeFiles} of the loop's 20,000 files`);
+  t.regex(linked!.text, /^Command was terminated by signal SIGKILL\n\[sandbox: the workspace holds more than 2048 files and folders/, linked!.text);
+  t.notRegex(linked!.text, /linked all|timed out/, linked!.text);
+  const names = await readdir(path.join(dataDir, "workspaces", runId, "l"));
+  t.true(names.length < 10_000, `${names.length} of the loop's 20,000 links`);
 });
 
 test.serial("sandbox - a set-user-ID copy of a shell and an opened-up workspace (chmod 755) give no other host user a way in: the workspaces' folder is passable by the sandboxes' group alone, and the next turn clears the bit", async (t) => {

@@ -1,7 +1,7 @@
 import test, { type ExecutionContext } from "ava";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, chown, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, chown, link, lstat, mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -205,6 +205,20 @@ test("workspace trees - a tree deeper than PATH_MAX is chowned whole (chown), wh
     const owners = spawnSync("bash", ["-c", 'cd "$1" && for i in $(seq 25); do cd "$(printf %0200d $i)" || exit 1; done && stat -c %u hidden . && cd "$1" && stat -c %u .', "bash", dir], { encoding: "utf8" });
     t.is(owners.stdout, "65534\n65534\n65534\n", owners.stderr);
     await untouched(t, outside);
+  });
+});
+
+test("workspace trees - a flood of hard links counts a name each, alike while a command runs (du) and after it (the walk), and a file's blocks once", async (t) => {
+  await inTempBase(async (base) => {
+    const dir = path.join(base, "workspace");
+    await mkdir(dir);
+    await writeFile(path.join(dir, "file"), Buffer.alloc(256 * 1024, 1));
+    for (let i = 0; i < 300; i++) await link(path.join(dir, "file"), path.join(dir, `link-${i}`));
+    const live = await liveTreeUsage(dir);
+    const exact = await treeUsage(dir, unbounded);
+    t.is(exact.entries, 301, "the file and its 300 other names");
+    t.is(live.entries, exact.entries);
+    t.true(live.bytes < 512 * 1024 && exact.bytes < 512 * 1024, `${live.bytes} / ${exact.bytes}: the file's blocks once`);
   });
 });
 
