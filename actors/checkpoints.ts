@@ -34,6 +34,11 @@ export class CheckpointUnrestorableError extends CheckpointError {
   }
 }
 
+/** A failure of the object store for a moment (a JetStream timeout, a server restarting): worth asking again. */
+export function isTransientCheckpointFailure(err: unknown): boolean {
+  return err instanceof CheckpointError && isTransientFailure(err.cause);
+}
+
 /**
  * A restore stopped because the node's disk is full or below its reserve: the checkpoint
  * itself is fine, and another node, or this one later, can restore it.

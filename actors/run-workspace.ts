@@ -8,8 +8,8 @@ import { existsSync, mkdirSync, renameSync, rmSync } from "node:fs";
 import { mkdir, readdir, rm, stat, utimes } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
-import { type Clock, isTransientFailure, type RunDoc, type TurnErrorCode } from "../src/index.js";
-import { CheckpointCorruptError, CheckpointError, CheckpointNoRoomError, checkpointMarkerOf, type WorkspaceCheckpoints } from "./checkpoints.js";
+import { type Clock, type RunDoc, type TurnErrorCode } from "../src/index.js";
+import { CheckpointCorruptError, CheckpointNoRoomError, checkpointMarkerOf, isTransientCheckpointFailure, type WorkspaceCheckpoints } from "./checkpoints.js";
 import { withRetries } from "./turn-input.js";
 import { removeTree } from "./sandbox-host.js";
 import type { Sandbox } from "./sandbox.js";
@@ -43,7 +43,7 @@ export interface PreparedWorkspace {
  * is never read again here (a stream cut after its first chunk is reported so too).
  */
 function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>): Promise<T> {
-  return withRetries(clock, read, { attempts: 5, transient: (err) => err instanceof CheckpointError && isTransientFailure(err.cause) });
+  return withRetries(clock, read, { attempts: 5, transient: isTransientCheckpointFailure });
 }
 
 /**

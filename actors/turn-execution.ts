@@ -10,7 +10,7 @@ import { existsSync } from "node:fs";
 import type { AgentMessage } from "@mariozechner/pi-agent-core";
 import { type ActionDoc, encodeFinalNotice, FINAL_NOTICE_MAX_BYTES, type RunView, type AgentConfig, denialText, expire, newAction, onVersion, pendingActionOf, renderAction, unixSeconds, type AbortReason, DeploymentStatus, type EventAppender, FencedError, finalEventType, type InputPart, isFinalStatus, renderRun, type RunDoc, RunState, settleDecision, Subjects, type TurnDoc, type TurnError, turnError, TurnStatus, type Timer, addUsage, hasUsage, modelLabel, NO_USAGE, type TurnUsage, type WebhookEventType, isTransientFailure, BUILTIN_TOOLS } from "../src/index.js";
 import { closeToolCalls, startTurn, type RunningTurn, type TurnResume, type TurnRunResult } from "./agent-runner.js";
-import { CheckpointConflictError, CheckpointError, CheckpointUnrestorableError } from "./checkpoints.js";
+import { CheckpointConflictError, CheckpointError, CheckpointUnrestorableError, isTransientCheckpointFailure } from "./checkpoints.js";
 import { apiKeyResolver } from "./credentials.js";
 import type { ActorResources } from "./actor-resources.js";
 import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
@@ -413,8 +413,14 @@ export class TurnExecution {
     try {
       const run = this.host.run;
       if (run) {
+        // A save the object store did not answer in time (a JetStream timeout under load) is
+        // tried again. One that was stored though its answer was lost then conflicts, and is
+        // saved over below once this actor's ownership is confirmed.
         const save = (expected: number) =>
-          this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id, expected);
+          withRetries(this.r.clock, () => this.r.checkpoints.save(run._id, workspaceDirOf(this.r.config.dataDir, run._id), run.checkpointed === true, run.workspace_id, expected), {
+            attempts: 4,
+            transient: isTransientCheckpointFailure,
+          });
         let revision: number | undefined;
         try {
           revision = await save(this.checkpointRevision);

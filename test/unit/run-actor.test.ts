@@ -838,6 +838,43 @@ test("run-actor - a finished turn whose write meets a store outage keeps its own
   t.is(w.checkpoints.saved, 1, "the retried write does not save the workspace again");
 });
 
+test("run-actor - a workspace save the object store did not answer in time is tried again: one stored though its answer was lost is saved over once ownership is confirmed, and the turn completes", async (t) => {
+  const w = await world();
+  const save = w.resources.checkpoints.save;
+  let calls = 0;
+  w.resources.checkpoints.save = async (...args) => {
+    // The first is stored, but its answer does not come back (JetStream's timeout).
+    if (calls++ === 0) {
+      await save(...args);
+      throw new CheckpointError("could not save the workspace", { cause: new natsErrors.TimeoutError() });
+    }
+    return save(...args);
+  };
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "wrote" }] });
+  await until(() => calls === 1 && w.clock.pending > 0);
+  w.clock.advance(200); // the pause before the retry
+  await until(() => w.store.turns.get("turn_1")!.status !== "in_progress");
+  await settled(actor);
+  t.is(w.store.turns.get("turn_1")!.status, "completed", JSON.stringify(w.store.turns.get("turn_1")!.error));
+  t.deepEqual(w.checkpoints.expected, [0, 0, 1], "stored; tried again, it conflicted with itself; saved over it");
+  t.is(w.checkpoints.revision, 2);
+  t.false(actor.isStopped);
+
+  // A failure that is not of the moment is not asked again: the turn fails at once.
+  w.resources.checkpoints.save = async () => {
+    calls++;
+    throw new CheckpointError("tar exited 2: Cannot open: Permission denied");
+  };
+  calls = 0;
+  okReply(await actor.command(continueCmd("turn_2", "reject")));
+  w.turns.last.finish({ outcome: "completed" });
+  await until(() => w.store.turns.get("turn_2")!.status !== "in_progress");
+  t.is(w.store.turns.get("turn_2")!.error?.code, "workspace_checkpoint_failed");
+  t.is(calls, 1);
+});
+
 test("run-actor - a turn without tools saves the workspace only when an earlier turn left it unsaved (here a failed save), and a turn with tools always does", async (t) => {
   const w = await world();
   const save = w.resources.checkpoints.save;
