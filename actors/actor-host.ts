@@ -265,9 +265,10 @@ export class ActorHost {
    * Graceful shutdown: stop admitting (gateways route elsewhere), let active turns
    * finish for up to `drainMs`, interrupt what remains (incomplete,
    * worker_execution_interrupted, or worker_action_interrupted for a turn stopped in a
-   * tool call), then give every partition back at once.
+   * tool call), then give every partition back at once. `drainMs` 0: interrupt at once
+   * (a node whose start failed).
    */
-  async stop(): Promise<void> {
+  async stop(drainMs = this.r.config.drainMs): Promise<void> {
     this.admitting = false;
     // What waits is left to the partitions' next owners.
     this.recoveries.close();
@@ -276,7 +277,7 @@ export class ActorHost {
     this.passivateTimer?.cancel();
     this.sweepTimer?.cancel();
     this.orphanTimer?.cancel();
-    const deadline = this.r.clock.nowMs() + this.r.config.drainMs;
+    const deadline = this.r.clock.nowMs() + drainMs;
     while (this.busyActors().length > 0 && this.r.clock.nowMs() < deadline) {
       await this.r.clock.sleep(100);
     }

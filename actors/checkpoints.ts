@@ -36,7 +36,8 @@ export class CheckpointUnrestorableError extends CheckpointError {
 
 /** A failure of the object store for a moment (a JetStream timeout, a server restarting): worth asking again. */
 export function isTransientCheckpointFailure(err: unknown): boolean {
-  return err instanceof CheckpointError && isTransientFailure(err.cause);
+  // A restore stopped for want of room is not retried, whatever else failed with it.
+  return err instanceof CheckpointError && !(err instanceof CheckpointNoRoomError) && isTransientFailure(err.cause);
 }
 
 /**
@@ -58,8 +59,12 @@ export class CheckpointCorruptError extends Error {
   }
 }
 
-/** tar's words (C locale) for a disk that is full, or a quota that is spent. */
-const NO_ROOM = /No space left on device|Disk quota exceeded/;
+/**
+ * tar's words (C locale) for a disk that is full, or a quota that is spent: the end of one
+ * of its lines, after its colon (a tenant's file name in a message cannot end a line: tar
+ * escapes line breaks in names).
+ */
+const NO_ROOM = /: (?:No space left on device|Disk quota exceeded)$/m;
 
 /** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
 function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
@@ -155,16 +160,18 @@ async function writeMarker(dir: string, nuid: string): Promise<void> {
   await writeFile(checkpointMarkerOf(dir), nuid, { mode: 0o600 }).catch(() => undefined);
 }
 
-/** The first piece of `source` and an iterable of all of it (the first piece included). */
-async function peek(source: AsyncIterable<Uint8Array>): Promise<{ head: Uint8Array; all: AsyncIterable<Uint8Array> }> {
-  const it = source[Symbol.asyncIterator]();
-  const first = await it.next();
+/**
+ * The first piece of `source` and an iterable of all of it (the first piece included);
+ * `stop` ends `source` where it is (read to its end or not, and `all` begun or not).
+ */
+async function peek(source: AsyncGenerator<Uint8Array>): Promise<{ head: Uint8Array; all: AsyncIterable<Uint8Array>; stop: () => Promise<void> }> {
+  const first = await source.next();
   const head = first.done ? new Uint8Array(0) : first.value;
   async function* all(): AsyncGenerator<Uint8Array> {
     if (!first.done) yield head;
-    for (let next = await it.next(); !next.done; next = await it.next()) yield next.value;
+    for (let next = await source.next(); !next.done; next = await source.next()) yield next.value;
   }
-  return { head, all: all() };
+  return { head, all: all(), stop: async () => void (await source.return(undefined)) };
 }
 
 /**
@@ -258,14 +265,34 @@ export class WorkspaceCheckpoints {
    */
   async restore(runId: string, dir: string, workspaceId = "", noRoom?: AbortSignal): Promise<number | null> {
     let object: Awaited<ReturnType<ObjectStore["get"]>>;
-    let first: { head: Uint8Array; all: AsyncIterable<Uint8Array> };
+    let first: Awaited<ReturnType<typeof peek>>;
     try {
       object = await this.store.get(runId);
       if (!object) return null;
+      // Awaited below where the read ends; a restore that stops first must not leave its
+      // failure unhandled.
+      object.error.catch(() => undefined);
       first = await peek(fromStream(object.data));
     } catch (err) {
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     }
+    try {
+      return await this.extract(runId, dir, workspaceId, object, first, noRoom);
+    } finally {
+      // The object store pushes the object whatever is read of it: a restore that stopped
+      // early stops the read, or the rest of the object would still come, into memory.
+      await first.stop();
+    }
+  }
+
+  private async extract(
+    runId: string,
+    dir: string,
+    workspaceId: string,
+    object: NonNullable<Awaited<ReturnType<ObjectStore["get"]>>>,
+    first: Awaited<ReturnType<typeof peek>>,
+    noRoom: AbortSignal | undefined,
+  ): Promise<number> {
     // Closed (its parent, the workspaces' folder, too, if it makes it: see closedToOthers).
     await mkdir(dir, { recursive: true, mode: 0o700 });
     const keyFor = (keyId: number) => (this.keys && keyId === this.keys.keyId ? this.keys.keyFor("checkpoints", workspaceId) : undefined);
@@ -280,7 +307,7 @@ export class WorkspaceCheckpoints {
       if (noRoom?.aborted) stopTar();
       for await (const chunk of archive) {
         // tar ended early (it failed, or was stopped): its exit says why.
-        if (stdin.destroyed) break;
+        if (stdin.destroyed || noRoom?.aborted) break;
         if (!stdin.write(chunk)) await drained(stdin);
       }
       stdin.end();

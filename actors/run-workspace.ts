@@ -84,7 +84,12 @@ export async function prepareRunWorkspace(
     // while the node is short, and one under way stops when it becomes short. The turn
     // fails retryably; the checkpoint is untouched.
     const workspaces = path.dirname(workspaceDir);
-    await mkdir(workspaces, { recursive: true, mode: 0o700 });
+    try {
+      await mkdir(workspaces, { recursive: true, mode: 0o700 });
+    } catch (err) {
+      r.log.error({ err, run_id: run._id }, "could not make the workspaces' folder");
+      return { failure: "sandbox_operation_failed" };
+    }
     if (await r.sandbox.hostDiskLow(workspaces)) {
       r.log.warn({ run_id: run._id }, "the node's disk is almost full: the run's workspace is not restored now");
       return { failure: "sandbox_capacity_exceeded" };

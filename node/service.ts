@@ -38,6 +38,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
   // way: its connections and timers would otherwise keep the process (a test's, an
   // embedding program's) alive, and its partitions claimed until their leases lapse.
   const opened: Array<() => Promise<unknown> | void> = [];
+  let started = false;
   const closeOpened = async () => {
     for (const close of opened.splice(0).reverse()) {
       try {
@@ -107,8 +108,9 @@ export async function startService(config: Config, options: ServiceOptions = {})
         { leases: nats.leases, nodes: nats.nodes },
       );
       host = actors;
-      // Stopped even when its start fails part way: what it claimed by then is released.
-      opened.push(() => actors.stop());
+      // Stopped even when its start fails part way: what it claimed by then is released, and
+      // a turn it resumed meanwhile is interrupted at once (the next owner takes it over).
+      opened.push(() => actors.stop(started ? undefined : 0));
       opened.push(() => {
         const waiting = partRemovals.size.waiting;
         partRemovals.close();
@@ -157,6 +159,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
     if (secretboxBackend() === "tweetnacl") log.warn("libsodium could not be loaded: stored events are opened with tweetnacl (same format, slower)");
     log.info({ node: config.nodeId, url, roles: config.roles, secretbox: secretboxBackend() }, "runs node started");
 
+    started = true;
     let closing: Promise<void> | undefined;
     return {
       url,

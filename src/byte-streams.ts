@@ -1,16 +1,22 @@
 /** Web streams of bytes and async iterables of bytes, each as the other (files and checkpoints); writing with back-pressure. */
 import type { Writable } from "node:stream";
 
-/** A web stream as an async iterable (read to its end or until the consumer stops). */
+/** A web stream as an async iterable (read to its end or until the consumer stops, which cancels the stream). */
 export async function* fromStream(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
   const reader = stream.getReader();
+  let ended = false;
   try {
     for (;;) {
       const { done, value } = await reader.read();
-      if (done) return;
+      if (done) {
+        ended = true;
+        return;
+      }
       yield value;
     }
   } finally {
+    // A consumer that stopped early stops the stream's source too (an object store's read goes on otherwise).
+    if (!ended) await reader.cancel().catch(() => undefined);
     reader.releaseLock();
   }
 }

@@ -115,8 +115,9 @@ export class MongoStore implements RunStore {
 
   /**
    * The store over a client made elsewhere (tests watch its commands), which must have
-   * {@link STORE_CLIENT_OPTIONS}; connects it. `assume` overrides what the server's build
-   * info says it can do (tests of the paths for stock FerretDB).
+   * {@link STORE_CLIENT_OPTIONS}; connects it, and closes it when its first commands fail.
+   * `assume` overrides what the server's build info says it can do (tests of the paths for
+   * stock FerretDB).
    */
   static async over(client: MongoClient, dbName: string, assume: { tagFiltersInStore?: boolean; batchUpdates?: boolean } = {}): Promise<MongoStore> {
     const raw = client.bsonOptions.fieldsAsRaw;

@@ -2,6 +2,7 @@ import test from "ava";
 import net from "node:net";
 import { collectedLogs, startTestServers, startTestService, testConfig } from "../helpers/servers.js";
 import { startService } from "../../node/service.js";
+import { MongoStore } from "../../src/mongo-store.js";
 
 /**
  * A node whose start fails part way closes what it had opened by then: its store and
@@ -82,6 +83,45 @@ test.serial("failed start - no store at the address: nothing is left open", asyn
     await t.throwsAsync(startTestService(servers));
     t.deepEqual(await leftOpen(before), {}, "nothing the failed start opened keeps the process alive");
   } finally {
+    await servers.stop();
+  }
+});
+
+test.serial("failed start - a store that connects but fails its first command (buildInfo): its client is closed", async (t) => {
+  const servers = await startTestServers();
+  const ferret = new URL(servers.mongoUri);
+  // Forwards to FerretDB, but cuts every connection that asks for buildInfo (retries included).
+  const sockets = new Set<net.Socket>();
+  const proxy = net.createServer((client) => {
+    const upstream = net.connect(Number(ferret.port), ferret.hostname);
+    for (const socket of [client, upstream]) {
+      sockets.add(socket);
+      socket.on("close", () => sockets.delete(socket));
+      socket.on("error", () => undefined);
+    }
+    client.on("data", (chunk) => {
+      if (chunk.includes("buildInfo")) {
+        client.destroy();
+        upstream.destroy();
+      } else upstream.write(chunk);
+    });
+    upstream.on("data", (chunk) => client.write(chunk));
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+  try {
+    const before = liveResources();
+    const port = (proxy.address() as net.AddressInfo).port;
+    await t.throwsAsync(MongoStore.connect(`mongodb://127.0.0.1:${port}/`, servers.dbName));
+    // The proxy's own sockets are this process's too: the client's ends must all be gone.
+    const deadline = Date.now() + 10_000;
+    while (sockets.size > 0 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 100));
+    t.is(sockets.size, 0, "every connection the client opened (its monitor's too) is closed");
+    t.deepEqual(await leftOpen(before), {}, "nothing the failed connect opened keeps the process alive");
+  } finally {
+    for (const socket of sockets) socket.destroy();
+    await new Promise<void>((resolve) => proxy.close(() => resolve()));
     await servers.stop();
   }
 });

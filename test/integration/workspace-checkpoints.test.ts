@@ -296,16 +296,27 @@ async function incompressible(dir: string, mib: number): Promise<void> {
   for (let i = 0; i < 4; i++) await writeFile(path.join(dir, `part-${i}.bin`), randomBytes((mib * 1024 * 1024) / 4));
 }
 
-test("checkpoints - a restore stopped for want of disk kills tar and leaves nothing of the workspace, before tar starts or while it writes", (t) =>
-  withCheckpoints("noroom", async ({ servers, checkpoints }) => {
+test("checkpoints - a restore stopped for want of disk kills tar, stops reading the object and leaves nothing of the workspace, before tar starts or while it writes", (t) =>
+  withCheckpoints("noroom", async ({ servers, nc, checkpoints }) => {
+    // A large checkpoint for the read that stops, a smaller one for the rest.
+    const largeId = "run_checkpointnoroomlarge1";
+    const large = path.join(servers.dir, "saved", largeId);
+    await incompressible(large, 40);
+    await checkpoints.save(largeId, large, false, "ws_x", 0);
     const runId = "run_checkpointnoroom000001";
     const dir = path.join(servers.dir, "saved", runId);
     await incompressible(dir, 8);
     await checkpoints.save(runId, dir, false, "ws_x", 0);
 
-    const before = path.join(servers.dir, "before", runId);
-    await t.throwsAsync(checkpoints.restore(runId, before, "ws_x", AbortSignal.abort()), { instanceOf: CheckpointNoRoomError });
+    const before = path.join(servers.dir, "before", largeId);
+    const received = nc.stats().inBytes;
+    await t.throwsAsync(checkpoints.restore(largeId, before, "ws_x", AbortSignal.abort()), { instanceOf: CheckpointNoRoomError });
     t.false(existsSync(before), "nothing of the workspace is left");
+    // The object store pushes an object whatever is read of it: the rest of it is not sent once the read stops.
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    const read = nc.stats().inBytes - received;
+    // (Without the stop, all of it came: 67 MB of a 64 MiB one. With it, what was in flight: ~11.5 MB here.)
+    t.true(read < 20 * 1024 * 1024, `${read} bytes of the 40 MiB checkpoint came though the restore stopped at its first piece`);
 
     // Stopped once tar has written a file of it.
     const during = path.join(servers.dir, "during", runId);
@@ -329,6 +340,24 @@ test("checkpoints - a restore stopped for want of disk kills tar and leaves noth
     const whole = path.join(servers.dir, "whole", runId);
     t.true((await checkpoints.restore(runId, whole, "ws_x")) !== null);
     t.deepEqual(await readFile(path.join(whole, "part-3.bin")), await readFile(path.join(dir, "part-3.bin")));
+  }));
+
+test("checkpoints - an archive tar cannot extract stays a checkpoint that cannot be extracted, though a file of it is named like the full disk's message", (t) =>
+  withCheckpoints("named", async ({ servers, bucket, checkpoints }) => {
+    const runId = "run_checkpointnamedfull001";
+    const src = path.join(servers.dir, "named");
+    await incompressible(src, 1);
+    // tar names it in a warning as it extracts it (its time is in the future).
+    await writeFile(path.join(src, "No space left on device"), "x");
+    const made = spawnSync("bash", ["-c", 'touch -d 2099-01-01 "No space left on device" && tar -czf ../named.tgz "No space left on device" part-0.bin part-1.bin', "bash"], { cwd: src, encoding: "utf8" });
+    t.is(made.status, 0, made.stderr);
+    // Cut short: tar fails at its end, after the warning.
+    const whole = await readFile(path.join(servers.dir, "named.tgz"));
+    await bucket.put({ name: runId }, new Blob([whole.subarray(0, Math.floor(whole.length * 0.7))]).stream());
+    const target = path.join(servers.dir, "restored", runId);
+    const error = await t.throwsAsync(checkpoints.restore(runId, target, "ws_x"));
+    t.is(error?.name, "CheckpointCorruptError", error?.message);
+    t.regex(String((error?.cause as Error)?.message), /No space left on device: time stamp/, "tar named the file in its warning");
   }));
 
 // A full disk, made as a 1 MiB tmpfs (mounting needs root; CI runs as root).
