@@ -1,8 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
-import type { ObjectStore } from "@nats-io/obj";
+import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { removeTree, reopenTree } from "./sandbox-host.js";
-import { type BlobKeyring, drained, fromStream, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
+import { type BlobKeyring, drained, fromStream, type ObjectChunkReader, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
@@ -190,6 +190,8 @@ export const CHECKPOINT_WRITE_GRACE_MS = 60 * 60_000;
 export class WorkspaceCheckpoints {
   constructor(
     private readonly store: ObjectStore,
+    /** How a restore reads a checkpoint's chunks (`objectChunkReader` over the store's bucket). */
+    private readonly chunks: ObjectChunkReader,
     private readonly keys?: BlobKeyring,
   ) {}
 
@@ -264,23 +266,20 @@ export class WorkspaceCheckpoints {
    * {@link CheckpointNoRoomError} thrown.
    */
   async restore(runId: string, dir: string, workspaceId = "", noRoom?: AbortSignal): Promise<number | null> {
-    let object: Awaited<ReturnType<ObjectStore["get"]>>;
+    let info: ObjectInfo | null;
     let first: Awaited<ReturnType<typeof peek>>;
     try {
-      object = await this.store.get(runId);
-      if (!object) return null;
-      // Awaited below where the read ends; a restore that stops first must not leave its
-      // failure unhandled.
-      object.error.catch(() => undefined);
-      first = await peek(fromStream(object.data));
+      info = await this.store.info(runId);
+      if (!info || info.deleted) return null;
+      // Pulled as tar takes it (src/object-read.ts).
+      first = await peek(this.chunks(info));
     } catch (err) {
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     }
     try {
-      return await this.extract(runId, dir, workspaceId, object, first, noRoom);
+      return await this.extract(runId, dir, workspaceId, info, first, noRoom);
     } finally {
-      // The object store pushes the object whatever is read of it: a restore that stopped
-      // early stops the read, or the rest of the object would still come, into memory.
+      // A restore that stopped early ends the read.
       await first.stop();
     }
   }
@@ -289,7 +288,7 @@ export class WorkspaceCheckpoints {
     runId: string,
     dir: string,
     workspaceId: string,
-    object: NonNullable<Awaited<ReturnType<ObjectStore["get"]>>>,
+    info: ObjectInfo,
     first: Awaited<ReturnType<typeof peek>>,
     noRoom: AbortSignal | undefined,
   ): Promise<number> {
@@ -312,8 +311,6 @@ export class WorkspaceCheckpoints {
       }
       stdin.end();
       await done;
-      const error = await object.error;
-      if (error) throw error;
     } catch (err) {
       stdin.destroy();
       child.kill("SIGKILL");
@@ -333,8 +330,8 @@ export class WorkspaceCheckpoints {
     } finally {
       noRoom?.removeEventListener("abort", stopTar);
     }
-    await writeMarker(dir, object.info.nuid);
-    return object.info.revision;
+    await writeMarker(dir, info.nuid);
+    return info.revision;
   }
 
   /**

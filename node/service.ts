@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { BlobKeyring, BoundedWork, CHECKPOINTS_BUCKET, type Clock, FILES_BUCKET, orphanGraceMs, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
+import { BlobKeyring, BoundedWork, objectChunkReader, CHECKPOINTS_BUCKET, type Clock, FILES_BUCKET, orphanGraceMs, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
 import { ActiveTurns, ActorHost, CHECKPOINT_WRITE_GRACE_MS, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
@@ -87,7 +87,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
           events,
           log: log.child({ component: "actors" }),
           deployments,
-          checkpoints: new WorkspaceCheckpoints(nats.checkpoints, blobKeys),
+          checkpoints: new WorkspaceCheckpoints(nats.checkpoints, objectChunkReader(nats.nc, nats.jsm, clock, CHECKPOINTS_BUCKET), blobKeys),
           activeTurns,
           files,
           envValues,

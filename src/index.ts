@@ -44,6 +44,7 @@ export { secretboxBackend, secretboxReady } from "./secretbox-open.js";
 export * from "./blob-crypto.js";
 export * from "./address-guard.js";
 export * from "./transient.js";
+export * from "./object-read.js";
 
 // Adapters: MongoDB and NATS JetStream.
 export * from "./mongo-guard.js";

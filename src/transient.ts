@@ -3,6 +3,7 @@ import { JetStreamApiError, JetStreamError } from "@nats-io/jetstream";
 import { ApiError } from "./errors.js";
 import { EventWriteError } from "./event-types.js";
 import { StoreUnavailableError } from "./mongo-guard.js";
+import { ObjectReadUnavailableError } from "./object-read.js";
 
 /**
  * Failures that pass once NATS, JetStream or the store are back. Callers answer them
@@ -13,6 +14,7 @@ export function isTransientFailure(error: unknown): boolean {
   if (error instanceof ApiError) return error.retryable;
   return (
     error instanceof StoreUnavailableError ||
+    error instanceof ObjectReadUnavailableError ||
     error instanceof EventWriteError ||
     error instanceof natsErrors.TimeoutError ||
     error instanceof natsErrors.NoRespondersError ||

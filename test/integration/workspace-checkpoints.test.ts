@@ -11,6 +11,8 @@ import { Objm, type ObjectStore } from "@nats-io/obj";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckpointConflictError, CheckpointError, CheckpointNoRoomError, CheckpointUnrestorableError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { connectNats } from "../../src/nats.js";
+import { objectChunkReader } from "../../src/object-read.js";
+import { systemClock } from "../../src/clock.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 /**
@@ -94,7 +96,8 @@ async function withCheckpoints(name: string, body: (c: { servers: TestServers; n
     // In the try: a connection that fails (an authentication timeout on a loaded machine) still stops the servers, or the file's worker never exits.
     nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: `checkpoint-${name}-test` });
     const bucket = await new Objm(jetstream(nc)).create(`checkpoint_${name}_test`);
-    await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket) });
+    const chunks = objectChunkReader(nc, await jetstreamManager(nc), systemClock, `checkpoint_${name}_test`);
+    await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket, chunks) });
   } finally {
     await nc?.close();
     await servers.stop();
@@ -301,7 +304,7 @@ test("checkpoints - a restore stopped for want of disk kills tar, stops reading 
     // A large checkpoint for the read that stops, a smaller one for the rest.
     const largeId = "run_checkpointnoroomlarge1";
     const large = path.join(servers.dir, "saved", largeId);
-    await incompressible(large, 40);
+    await incompressible(large, 16);
     await checkpoints.save(largeId, large, false, "ws_x", 0);
     const runId = "run_checkpointnoroom000001";
     const dir = path.join(servers.dir, "saved", runId);
@@ -312,11 +315,11 @@ test("checkpoints - a restore stopped for want of disk kills tar, stops reading 
     const received = nc.stats().inBytes;
     await t.throwsAsync(checkpoints.restore(largeId, before, "ws_x", AbortSignal.abort()), { instanceOf: CheckpointNoRoomError });
     t.false(existsSync(before), "nothing of the workspace is left");
-    // The object store pushes an object whatever is read of it: the rest of it is not sent once the read stops.
-    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    // The read stopped with the restore: its consumer is gone, and the rest of the object was not sent.
+    t.deepEqual(await (await jetstreamManager(nc)).consumers.list("OBJ_checkpoint_noroom_test").next(), []);
+    await new Promise((resolve) => setTimeout(resolve, 500));
     const read = nc.stats().inBytes - received;
-    // (Without the stop, all of it came: 67 MB of a 64 MiB one. With it, what was in flight: ~11.5 MB here.)
-    t.true(read < 20 * 1024 * 1024, `${read} bytes of the 40 MiB checkpoint came though the restore stopped at its first piece`);
+    t.true(read < 4 * 1024 * 1024, `${read} bytes of the 16 MiB checkpoint came though the restore stopped at its first piece`);
 
     // Stopped once tar has written a file of it.
     const during = path.join(servers.dir, "during", runId);

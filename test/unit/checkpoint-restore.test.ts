@@ -10,7 +10,7 @@ import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import type { ObjectStore } from "@nats-io/obj";
+import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { CheckpointCorruptError, CheckpointError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 
@@ -25,27 +25,14 @@ async function archive(t: { teardown(fn: () => Promise<void>): void }): Promise<
   return { bytes: execFileSync("tar", ["-czf", "-", "-C", src, "."]), root };
 }
 
-/** An object store whose `get` serves `chunks`, then fails with `failure` (if any). */
-function storeServing(chunks: Buffer[], failure?: Error): ObjectStore {
-  return {
-    get: async () => {
-      let i = 0;
-      let fail!: (err: Error) => void;
-      const error = new Promise<Error | null>((resolve) => (fail = resolve));
-      const data = new ReadableStream<Uint8Array>({
-        pull(controller) {
-          if (i < chunks.length) return controller.enqueue(chunks[i++]);
-          if (failure) {
-            fail(failure);
-            return controller.error(failure);
-          }
-          fail(null as never);
-          controller.close();
-        },
-      });
-      return { info: { nuid: "nuid-1", revision: 7 }, data, error };
-    },
-  } as unknown as ObjectStore;
+/** Checkpoints over an object store whose object's chunks are `chunks`, then a failure of the read (if any). */
+function checkpointsServing(chunks: Buffer[], failure?: Error): WorkspaceCheckpoints {
+  const info = { name: "run_1", nuid: "nuid-1", revision: 7, size: chunks.reduce((n, c) => n + c.length, 0), deleted: false } as ObjectInfo;
+  const store = { info: async () => info } as unknown as ObjectStore;
+  return new WorkspaceCheckpoints(store, async function* () {
+    yield* chunks;
+    if (failure) throw failure;
+  });
 }
 
 const chunksOf = (bytes: Buffer, size = 64 * 1024) => Array.from({ length: Math.ceil(bytes.length / size) }, (_, i) => bytes.subarray(i * size, (i + 1) * size));
@@ -53,7 +40,7 @@ const chunksOf = (bytes: Buffer, size = 64 * 1024) => Array.from({ length: Math.
 test("checkpoint restore - whole: extracted, its revision answered", async (t) => {
   const { bytes, root } = await archive(t);
   const dir = path.join(root, "whole");
-  t.is(await new WorkspaceCheckpoints(storeServing(chunksOf(bytes))).restore("run_1", dir), 7);
+  t.is(await checkpointsServing(chunksOf(bytes)).restore("run_1", dir), 7);
   t.is(await readFile(path.join(dir, "note.txt"), "utf8"), "restored");
 });
 
@@ -62,7 +49,7 @@ test("checkpoint restore - a read cut by a transient failure partway is a Checkp
   const dir = path.join(root, "cut");
   const chunks = chunksOf(bytes);
   t.true(chunks.length > 2);
-  const err = await t.throwsAsync(new WorkspaceCheckpoints(storeServing(chunks.slice(0, 2), new natsErrors.TimeoutError())).restore("run_1", dir));
+  const err = await t.throwsAsync(checkpointsServing(chunks.slice(0, 2), new natsErrors.TimeoutError()).restore("run_1", dir));
   t.true(err instanceof CheckpointError, String(err));
   t.false(err instanceof CheckpointCorruptError);
   t.true((err as CheckpointError).cause instanceof natsErrors.TimeoutError);
@@ -71,7 +58,7 @@ test("checkpoint restore - a read cut by a transient failure partway is a Checkp
 
 test("checkpoint restore - bytes that are not an archive, or a read cut by a failure that is not transient, are CheckpointCorruptError", async (t) => {
   const { bytes, root } = await archive(t);
-  await t.throwsAsync(new WorkspaceCheckpoints(storeServing([randomBytes(4096)])).restore("run_1", path.join(root, "garbage")), { instanceOf: CheckpointCorruptError });
-  const cut = storeServing(chunksOf(bytes).slice(0, 1), new Error("SHA256 digest mismatch"));
-  await t.throwsAsync(new WorkspaceCheckpoints(cut).restore("run_1", path.join(root, "mismatch")), { instanceOf: CheckpointCorruptError });
+  await t.throwsAsync(checkpointsServing([randomBytes(4096)]).restore("run_1", path.join(root, "garbage")), { instanceOf: CheckpointCorruptError });
+  const cut = checkpointsServing(chunksOf(bytes).slice(0, 1), new Error("SHA256 digest mismatch"));
+  await t.throwsAsync(cut.restore("run_1", path.join(root, "mismatch")), { instanceOf: CheckpointCorruptError });
 });
