@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { removeTree, reopenTree } from "./sandbox-host.js";
-import { type BlobKeyring, drained, fromStream, type ObjectChunkReader, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
+import { type BlobKeyring, drained, type ObjectChunkReader, ObjectCorruptError, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
@@ -274,6 +274,7 @@ export class WorkspaceCheckpoints {
       // Pulled as tar takes it (src/object-read.ts).
       first = await peek(this.chunks(info));
     } catch (err) {
+      if (err instanceof ObjectCorruptError) throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be read`, { cause: err });
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     }
     try {

@@ -87,7 +87,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
           events,
           log: log.child({ component: "actors" }),
           deployments,
-          checkpoints: new WorkspaceCheckpoints(nats.checkpoints, objectChunkReader(nats.nc, nats.jsm, clock, CHECKPOINTS_BUCKET), blobKeys),
+          checkpoints: new WorkspaceCheckpoints(nats.checkpoints, objectChunkReader(nats.nc, nats.jsm, clock, CHECKPOINTS_BUCKET, nats.checkpoints), blobKeys),
           activeTurns,
           files,
           envValues,

@@ -8,60 +8,94 @@
  * restored on a node slower to write than NATS is to send was held in memory nearly whole.
  */
 import { createHash } from "node:crypto";
-import type { JetStreamManager } from "@nats-io/jetstream";
-import type { ObjectInfo } from "@nats-io/obj";
+import { JetStreamApiError, type JetStreamManager } from "@nats-io/jetstream";
+import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Clock } from "./clock.js";
 import { readOrdered } from "./ordered-read.js";
 
-/** The read of an object's chunks failed in NATS (not in what it read): worth reading again. */
+/**
+ * The read of an object's chunks failed in NATS (not in what it read), or the object
+ * changed while it was read (saved again, or deleted): worth reading again.
+ */
 export class ObjectReadUnavailableError extends Error {
-  constructor(objectName: string, options?: ErrorOptions) {
-    super(`the object store could not be read (object ${objectName})`, options);
+  constructor(objectName: string, options?: ErrorOptions & { reason?: string }) {
+    super(options?.reason ?? `the object store could not be read (object ${objectName})`, options);
     this.name = "ObjectReadUnavailableError";
+  }
+}
+
+/** What was read is not the object its metadata describes (chunks missing, size or digest wrong): no read brings it back. */
+export class ObjectCorruptError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ObjectCorruptError";
   }
 }
 
 /** Reads an object's chunks, as {@link readObjectChunks} does. */
 export type ObjectChunkReader = (info: ObjectInfo) => AsyncGenerator<Uint8Array>;
 
-/** The chunks of the object `info` describes in `bucket` ({@link readOrdered}'s bounded pulls). */
-export function objectChunkReader(nc: NatsConnection, jsm: JetStreamManager, clock: Clock, bucket: string): ObjectChunkReader {
-  return (info) => readObjectChunks(nc, jsm, clock, bucket, info);
+/** The chunks of the object `info` describes in `bucket` (`store`), read by {@link readObjectChunks}. */
+export function objectChunkReader(nc: NatsConnection, jsm: JetStreamManager, clock: Clock, bucket: string, store: Pick<ObjectStore, "info">): ObjectChunkReader {
+  return (info) => readObjectChunks({ nc, jsm, clock, bucket, current: (name) => store.info(name) }, info);
 }
+
+/** With no chunk for this long (longer than a pull waits), the read checks the object is still whole. */
+const STALL_MS = 35_000;
+/** Stalls waited out with the object whole before the read gives up (~1 h). */
+const MAX_STALLS = 100;
 
 /**
  * The object's chunks in order, each handed over before the next is asked for (at most
- * ~2 pulls' bytes held). Throws {@link ObjectReadUnavailableError} when NATS fails the
- * read, and a plain Error when what came is not the object (its size or SHA-256 digest
- * differ from `info`'s). A consumer that stops early ends the read (its consumer removed).
+ * ~2 pulls' bytes held: {@link readOrdered}). Throws {@link ObjectReadUnavailableError}
+ * when NATS fails the read or the object changed while read (then its metadata, `current`,
+ * names other chunks or none), and {@link ObjectCorruptError} when what came is not the
+ * object (chunks missing, size or SHA-256 digest other than `info`'s). A consumer that
+ * stops early ends the read (its consumer removed).
  */
-export async function* readObjectChunks(nc: NatsConnection, jsm: JetStreamManager, clock: Clock, bucket: string, info: ObjectInfo): AsyncGenerator<Uint8Array> {
+export async function* readObjectChunks(
+  r: { nc: NatsConnection; jsm: JetStreamManager; clock: Clock; bucket: string; current: (name: string) => Promise<ObjectInfo | null>; stallMs?: number },
+  info: ObjectInfo,
+): AsyncGenerator<Uint8Array> {
+  if (info.options?.link) throw new ObjectCorruptError(`object ${info.name} is a link, not an object`);
   if (info.size === 0) return;
-  const stream = `OBJ_${bucket}`;
-  const subject = `$O.${bucket}.C.${info.nuid}`;
+  if (!info.digest.startsWith(DIGEST_PREFIX)) throw new ObjectCorruptError(`object ${info.name} has a digest of an unknown kind`);
+  const stream = `OBJ_${r.bucket}`;
+  const subject = `$O.${r.bucket}.C.${info.nuid}`;
+  const storedChunks = async () => {
+    try {
+      return (await r.jsm.streams.info(stream, { subjects_filter: subject })).state.subjects?.[subject] ?? 0;
+    } catch (err) {
+      throw unavailable(info, err);
+    }
+  };
+  /** Chunks are missing: the object changed meanwhile (read again), or it is not whole. */
+  const missing = async (why: string): Promise<Error> => {
+    const now = await r.current(info.name).catch((err: unknown) => unavailable(info, err));
+    if (now instanceof Error) return now;
+    if (!now || now.deleted || now.nuid !== info.nuid) {
+      return new ObjectReadUnavailableError(info.name, { reason: `object ${info.name} changed while it was read (${why})` });
+    }
+    return new ObjectCorruptError(`received a corrupt object ${info.name}: ${why}`);
+  };
   // An ordered read of a subject with no message waits for one: an object whose chunks are
   // gone (purged) would be waited for forever. Counted first (no payload read).
-  let stored: number;
-  try {
-    stored = (await jsm.streams.info(stream, { subjects_filter: subject })).state.subjects?.[subject] ?? 0;
-  } catch (err) {
-    throw new ObjectReadUnavailableError(info.name, { cause: err });
-  }
-  if (stored !== info.chunks) throw new Error(`received a corrupt object ${info.name}: ${stored} of its ${info.chunks} chunks are stored`);
+  const stored = await storedChunks();
+  if (stored !== info.chunks) throw await missing(`${stored} of its ${info.chunks} chunks are stored`);
   const stop = new AbortController();
   // One chunk offered at a time: the read's handler waits until the generator has yielded it.
-  let offered: { chunk: Uint8Array; last: boolean; taken: () => void } | undefined;
+  let offered: { chunk: Uint8Array; pending: number; taken: () => void } | undefined;
   let wake: (() => void) | undefined;
   let ended: { error?: unknown } | undefined;
   const read = readOrdered(
-    nc,
-    jsm,
-    clock,
+    r.nc,
+    r.jsm,
+    r.clock,
     { stream, subject, startSeq: 1 },
     (msg, _seq, pending) =>
       new Promise<void>((taken) => {
-        offered = { chunk: msg.data, last: pending === 0, taken };
+        offered = { chunk: msg.data, pending, taken };
         wake?.();
       }),
     stop.signal,
@@ -71,31 +105,46 @@ export async function* readObjectChunks(nc: NatsConnection, jsm: JetStreamManage
       wake?.();
     },
     (error: unknown) => {
-      ended = { error: new ObjectReadUnavailableError(info.name, { cause: error }) };
+      ended = { error: unavailable(info, error) };
       wake?.();
     },
   );
+  /** Until a chunk is offered or the read ended (true), or STALL_MS pass (false). */
+  const offer = () =>
+    new Promise<boolean>((resolve) => {
+      const timer = r.clock.after(r.stallMs ?? STALL_MS, () => resolve(false));
+      wake = () => {
+        timer.cancel();
+        resolve(true);
+      };
+    });
   const hash = createHash("sha256");
   let bytes = 0;
   // The offer being handed over: its handler still waits.
   let handing: { taken: () => void } | undefined;
   try {
-    for (let chunks = 0; ; chunks++) {
-      while (!offered && !ended) await new Promise<void>((resolve) => (wake = resolve));
-      const offer = offered;
-      if (!offer) throw ended?.error ?? new Error(`the read of object ${info.name} ended after ${chunks} of its chunks`);
+    for (let chunks = 0, stalls = 0; chunks < info.chunks; chunks++) {
+      while (!offered && !ended) {
+        if (await offer()) continue;
+        // Nothing for a while: its chunks purged under the read (saved again, deleted)?
+        if ((await storedChunks()) < info.chunks) throw await missing("its chunks went while it was read");
+        if (++stalls >= MAX_STALLS) throw unavailable(info, new Error(`no chunk came in ${stalls} waits of ${r.stallMs ?? STALL_MS} ms`));
+      }
+      const given = offered;
+      if (!given) throw ended?.error ?? unavailable(info, new Error(`the read ended after ${chunks} of its chunks`));
       offered = undefined;
-      handing = offer;
-      hash.update(offer.chunk);
-      bytes += offer.chunk.length;
-      if (bytes > info.size) throw new Error(`object ${info.name} is longer than its ${info.size} bytes`);
-      if (offer.chunk.length > 0) yield offer.chunk;
+      handing = given;
+      hash.update(given.chunk);
+      bytes += given.chunk.length;
+      if (bytes > info.size) throw new ObjectCorruptError(`received a corrupt object ${info.name}: longer than its ${info.size} bytes`);
+      // The subject's last message before the object's last chunk: the rest went meanwhile.
+      if (given.pending === 0 && chunks + 1 < info.chunks) throw await missing(`its chunks ended after ${chunks + 1} of ${info.chunks}`);
+      if (given.chunk.length > 0) yield given.chunk;
       handing = undefined;
-      offer.taken();
-      if (offer.last) break;
+      given.taken();
     }
-    if (bytes !== info.size || !sameDigest(info.digest, hash.digest("base64url"))) {
-      throw new Error(`received a corrupt object ${info.name}: its size or digest does not match`);
+    if (bytes !== info.size || !sameDigest(info.digest, hash.digest())) {
+      throw new ObjectCorruptError(`received a corrupt object ${info.name}: its size or digest does not match`);
     }
   } finally {
     // Stopped early (or failed): the handlers' offers are let go, so the read can end.
@@ -106,8 +155,17 @@ export async function* readObjectChunks(nc: NatsConnection, jsm: JetStreamManage
   }
 }
 
-/** Whether an object's digest (`SHA-256=` and base64, URL-safe or not, padded or not) is `base64url`. */
-function sameDigest(digest: string, base64url: string): boolean {
-  if (!digest.startsWith("SHA-256=")) return false;
-  return digest.slice(8).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "") === base64url;
+const DIGEST_PREFIX = "SHA-256=";
+
+/** A NATS failure as the read's: transient, but for JetStream's refusals (4xx), which are not. */
+function unavailable(info: ObjectInfo, err: unknown): Error {
+  if (err instanceof JetStreamApiError && err.status < 500) return err;
+  return new ObjectReadUnavailableError(info.name, { cause: err });
+}
+
+/** Whether an object's digest (`SHA-256=` and base64, URL-safe or not, padded or not, or hex) is `sha256`. */
+function sameDigest(digest: string, sha256: Buffer): boolean {
+  const value = digest.slice(DIGEST_PREFIX.length);
+  if (/^[0-9a-fA-F]{64}$/.test(value)) return value.toLowerCase() === sha256.toString("hex");
+  return value.replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "") === sha256.toString("base64url");
 }

@@ -13,6 +13,7 @@ import path from "node:path";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { CheckpointCorruptError, CheckpointError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { ObjectCorruptError } from "../../src/object-read.js";
 
 async function archive(t: { teardown(fn: () => Promise<void>): void }): Promise<{ bytes: Buffer; root: string }> {
   const root = await mkdtemp(path.join(os.tmpdir(), "runs-test-restore-"));
@@ -59,6 +60,10 @@ test("checkpoint restore - a read cut by a transient failure partway is a Checkp
 test("checkpoint restore - bytes that are not an archive, or a read cut by a failure that is not transient, are CheckpointCorruptError", async (t) => {
   const { bytes, root } = await archive(t);
   await t.throwsAsync(checkpointsServing([randomBytes(4096)]).restore("run_1", path.join(root, "garbage")), { instanceOf: CheckpointCorruptError });
-  const cut = checkpointsServing(chunksOf(bytes).slice(0, 1), new Error("SHA256 digest mismatch"));
+  const cut = checkpointsServing(chunksOf(bytes).slice(0, 1), new ObjectCorruptError("its size or digest does not match"));
   await t.throwsAsync(cut.restore("run_1", path.join(root, "mismatch")), { instanceOf: CheckpointCorruptError });
+  // Found before its first chunk (its chunks are not all stored): the same.
+  const notWhole = checkpointsServing([], new ObjectCorruptError("0 of its 3 chunks are stored"));
+  await t.throwsAsync(notWhole.restore("run_1", path.join(root, "not-whole")), { instanceOf: CheckpointCorruptError });
+  t.false(existsSync(path.join(root, "not-whole")));
 });
