@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
+import { JetStreamApiError } from "@nats-io/jetstream";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { removeTree, reopenTree } from "./sandbox-host.js";
 import { type BlobKeyring, drained, type ObjectChunkReader, ObjectCorruptError, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
@@ -321,8 +322,9 @@ export class WorkspaceCheckpoints {
         throw new CheckpointNoRoomError(`no room on the node's disk to restore the workspace of ${runId}`, { cause: err });
       }
       // The object store stopped answering partway (a NATS server restarting): worth
-      // reading again, into an empty directory.
-      if (isTransientFailure(err)) {
+      // reading again, into an empty directory. JetStream refusing the read (4xx, not
+      // retried) says nothing of the checkpoint either.
+      if (isTransientFailure(err) || err instanceof JetStreamApiError) {
         await removeTree(dir);
         throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
       }

@@ -12,7 +12,8 @@ import os from "node:os";
 import path from "node:path";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { errors as natsErrors } from "@nats-io/transport-node";
-import { CheckpointCorruptError, CheckpointError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { CheckpointCorruptError, CheckpointError, isTransientCheckpointFailure, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { JetStreamApiError } from "@nats-io/jetstream";
 import { ObjectCorruptError } from "../../src/object-read.js";
 
 async function archive(t: { teardown(fn: () => Promise<void>): void }): Promise<{ bytes: Buffer; root: string }> {
@@ -66,4 +67,13 @@ test("checkpoint restore - bytes that are not an archive, or a read cut by a fai
   const notWhole = checkpointsServing([], new ObjectCorruptError("0 of its 3 chunks are stored"));
   await t.throwsAsync(notWhole.restore("run_1", path.join(root, "not-whole")), { instanceOf: CheckpointCorruptError });
   t.false(existsSync(path.join(root, "not-whole")));
+});
+
+test("checkpoint restore - JetStream refusing the read partway (4xx) is a CheckpointError, not asked again, and says nothing of the checkpoint", async (t) => {
+  const { bytes, root } = await archive(t);
+  const refusal = new JetStreamApiError({ code: 400, err_code: 10026, description: "maximum consumers limit reached" });
+  const err = await t.throwsAsync(checkpointsServing(chunksOf(bytes).slice(0, 2), refusal).restore("run_1", path.join(root, "refused")));
+  t.true(err instanceof CheckpointError && !(err instanceof CheckpointCorruptError), String(err));
+  t.false(isTransientCheckpointFailure(err), "not a moment's failure: not asked again (the turn fails retryably)");
+  t.false(existsSync(path.join(root, "refused")));
 });
