@@ -154,11 +154,22 @@ const WATCH_INTERVAL_MS = 1_000;
 
 /**
  * The least pause after one measure of a running command's workspace before the node
- * takes the next (of any command): measures are taken one at a time, each followed by a
- * pause four times as long as it took, so together they use at most a fifth of one core
- * however many commands run (each is then measured less often).
+ * takes the next in the same turn ({@link Sandbox.measureInTurn}): measures are taken one at
+ * a time, each followed by a pause four times as long as it took, so together they use at
+ * most a fifth of one core however many commands run (each is then measured less often).
  */
 const MEASURE_PAUSE_MS = 25;
+
+/**
+ * A workspace whose last measure took longer than this (a very large tree) is measured in
+ * a turn of its own, each measure followed by a pause 19 times as long (a twentieth of one
+ * core at most): one tenant's large workspace does not hold back the others' checks.
+ */
+const QUICK_MEASURE_MS = 100;
+const QUICK_PAUSE_FACTOR = 4;
+const SLOW_PAUSE_FACTOR = 19;
+/** Workspaces remembered as slow to measure (past it the oldest is forgotten, and measured once more in the quick turn). */
+const SLOW_WORKSPACES_KEPT = 10_000;
 
 /**
  * Runs `check` while a command runs, one check at a time, until it names a limit (then
@@ -201,8 +212,10 @@ export class Sandbox {
   private running = 0;
   /** The last {@link hostDiskLow} answer, for its log line when it changes. */
   private diskShort = false;
-  /** The end of the last measure's turn and its pause ({@link measureInTurn}). */
-  private measuring: Promise<void> = Promise.resolve();
+  /** The end of the last measure of each turn and its pause ({@link measureInTurn}). */
+  private readonly measuring = { quick: Promise.resolve(), slow: Promise.resolve() };
+  /** Workspaces whose last measure took over {@link QUICK_MEASURE_MS}, oldest first. */
+  private readonly slowToMeasure = new Set<string>();
   /** The workspaces' folder was found open to others once (logged once). */
   private warnedOpenWorkspaces = false;
   /**
@@ -532,28 +545,39 @@ export class Sandbox {
   private watch(cmd: SandboxCommand, stop: (hit: LimitHit) => void): () => void {
     const ends = [this.watchDisk(cmd.workspaceDir, () => stop("host_disk"))];
     const measure = cmd.watch;
-    if (measure) ends.push(watchCommand((signal) => this.measureInTurn(() => measure(signal), signal), stop));
+    if (measure) ends.push(watchCommand((signal) => this.measureInTurn(cmd.workspaceDir, () => measure(signal), signal), stop));
     return () => ends.forEach((end) => end());
   }
 
   /**
-   * Runs one measure of a running command when the node's turn comes: one at a time, each
-   * followed by a pause four times as long as it took ({@link MEASURE_PAUSE_MS} at least).
-   * Each command has at most one waiting; one whose command ended meanwhile is skipped.
+   * Runs one measure of a running command's workspace when the node's turn comes: one at a
+   * time, each followed by a pause four times as long as it took ({@link MEASURE_PAUSE_MS}
+   * at least). A workspace whose last finished measure took over {@link QUICK_MEASURE_MS}
+   * waits for the slow turn instead, whose pauses are 19 times as long. Each command has at
+   * most one waiting; one whose command ended meanwhile is skipped.
    */
-  private measureInTurn<T>(measure: () => Promise<T>, signal: AbortSignal): Promise<T> {
+  private measureInTurn<T>(workspaceDir: string, measure: () => Promise<T>, signal: AbortSignal): Promise<T> {
+    const turn = this.slowToMeasure.has(workspaceDir) ? "slow" : "quick";
     let tookMs = 0;
-    const result = this.measuring.then(async () => {
+    const result = this.measuring[turn].then(async () => {
       signal.throwIfAborted();
       const started = performance.now();
       try {
-        return await measure();
+        const measured = await measure();
+        // Only a measure that finished tells the workspace's size (a stopped one is short).
+        this.slowToMeasure.delete(workspaceDir);
+        if (performance.now() - started > QUICK_MEASURE_MS) {
+          this.slowToMeasure.add(workspaceDir);
+          if (this.slowToMeasure.size > SLOW_WORKSPACES_KEPT) this.slowToMeasure.delete(this.slowToMeasure.values().next().value!);
+        }
+        return measured;
       } finally {
         tookMs = performance.now() - started;
       }
     });
-    const settled = () => new Promise<void>((resolve) => setTimeout(resolve, Math.max(MEASURE_PAUSE_MS, 4 * tookMs)));
-    this.measuring = result.then(settled, settled);
+    const factor = turn === "slow" ? SLOW_PAUSE_FACTOR : QUICK_PAUSE_FACTOR;
+    const settled = () => new Promise<void>((resolve) => setTimeout(resolve, Math.max(MEASURE_PAUSE_MS, factor * tookMs)));
+    this.measuring[turn] = result.then(settled, settled);
     return result;
   }
 

@@ -506,6 +506,41 @@ test_.serial("sandbox - a node measures its running commands one at a time, each
   }
 });
 
+test_.serial("sandbox - a workspace slow to measure (a very large tree) is measured in a turn of its own, with longer pauses: the other commands' measures go on at their pace meanwhile", async (t) => {
+  const base = await tempBase();
+  const node = await Sandbox.start({ mode: "bwrap", maxConcurrent: 8, runtimeDir: path.join(base, "rt"), nodeId: "slow-measure-test", log });
+  try {
+    const slowDir = await workspace(node, base);
+    const quickDirs = await Promise.all(Array.from({ length: 5 }, () => workspace(node, base)));
+    const spans: { dir: string; from: number; to: number }[] = [];
+    let quickInside = 0;
+    let quickMost = 0;
+    // du of a very large tree takes 600 ms here, of the others 20 ms.
+    const watchOf = (dir: string) => async (_signal: AbortSignal) => {
+      const from = performance.now();
+      if (dir !== slowDir) quickMost = Math.max(quickMost, ++quickInside);
+      await new Promise((resolve) => setTimeout(resolve, dir === slowDir ? 600 : 20));
+      if (dir !== slowDir) quickInside--;
+      spans.push({ dir, from, to: performance.now() });
+      return undefined;
+    };
+    // A first command finds the large workspace slow to measure (its measure, and the pause
+    // after it, are in the quick turn this once).
+    t.is((await node.run(bash(slowDir, "sleep 1.8", { watch: watchOf(slowDir) }))).kind, "exited");
+    t.is(spans.length, 1);
+    await new Promise((resolve) => setTimeout(resolve, 2_500));
+    spans.length = 0;
+    const outcomes = await Promise.all([slowDir, ...quickDirs].map((dir) => node.run(bash(dir, "sleep 7; echo done", { watch: watchOf(dir) }))));
+    t.true(outcomes.every((o) => o.kind === "exited" && o.exitCode === 0), JSON.stringify(outcomes.find((o) => o.kind !== "exited")));
+    const counts = quickDirs.map((dir) => spans.filter((s) => s.dir === dir).length);
+    t.true(counts.every((n) => n >= 4), `each of the others measured about once a second: ${counts.join(", ")} times in 7 s`);
+    t.is(quickMost, 1, "the quick turn measures one at a time");
+    t.is(spans.filter((s) => s.dir === slowDir).length, 1, "the slow one once: 19 times its 600 ms pass before its next");
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
 test_.serial("sandbox - the node's free disk is checked while a command runs only where it keeps a reserve", async (t) => {
   const base = await tempBase();
   const kept = await Sandbox.start({ mode: "bwrap", maxConcurrent: 2, runtimeDir: path.join(base, "rt"), nodeId: "reserve-kept", log, diskReserveBytes: 1 });
