@@ -4,6 +4,7 @@
  * contract's fencing rules; turns are parked until the test finishes them, so a test
  * can hold an actor at a chosen step and race commands against it.
  */
+import { rmSync } from "node:fs";
 import { mkdtemp } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -356,6 +357,12 @@ export interface ActorWorld {
 
 let sandboxOff: Promise<Sandbox> | undefined;
 
+/** The worlds' data folders: removed when the test file's process ends (a world has no teardown of its own). */
+const dataDirs: string[] = [];
+process.once("exit", () => {
+  for (const dir of dataDirs) rmSync(dir, { recursive: true, force: true });
+});
+
 /** Everything a RunActor needs, in memory; the sandbox is the real one in mode off (no turn runs a tool). */
 export async function actorWorld(): Promise<ActorWorld> {
   const store = new MemoryRunStore();
@@ -366,6 +373,7 @@ export async function actorWorld(): Promise<ActorWorld> {
   const published: string[] = [];
   const checkpoints = { saved: 0, removed: [] as string[], revision: 0, expected: [] as number[] };
   const dataDir = await mkdtemp(path.join(os.tmpdir(), "runs-actor-unit-"));
+  dataDirs.push(dataDir);
   const log = pino({ level: "silent" });
   sandboxOff ??= Sandbox.start({ mode: "off", maxConcurrent: 4, runtimeDir: path.join(dataDir, "sandbox"), nodeId: "unit", log });
   const active = new Map<string, Set<string>>();
