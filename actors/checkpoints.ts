@@ -1,9 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
-import { JetStreamApiError } from "@nats-io/jetstream";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { removeTree, reopenTree } from "./sandbox-host.js";
-import { type BlobKeyring, drained, type ObjectChunkReader, ObjectCorruptError, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
+import { BlobDecryptError, type BlobKeyring, drained, type ObjectChunkReader, ObjectCorruptError, isCasConflict, isSealedBlob, isTransientFailure, openBlob, sealBlob, toStream } from "../src/index.js";
 
 /** A workspace checkpoint could not be written or read. */
 export class CheckpointError extends Error {
@@ -66,6 +65,26 @@ export class CheckpointCorruptError extends Error {
  * escapes line breaks in names).
  */
 const NO_ROOM = /: (?:No space left on device|Disk quota exceeded)$/m;
+
+/**
+ * gzip's and tar's words (C locale) for an archive they cannot read, each a whole line of
+ * their own (after runTar's "tar exited N: " on the first): a member's name, which tar
+ * prints after "./", cannot pass for one.
+ */
+const BAD_ARCHIVE =
+  /^(?:tar exited \d+: )?(?:gzip: stdin: (?:not in gzip format|unexpected end of file|invalid compressed data--(?:format violated|crc error|length error)|crc error|length error)|tar: (?:This does not look like a tar archive|Skipping to next header|Unexpected EOF in archive|Damaged tar archive))$/m;
+
+/**
+ * Whether a restore's failure says the checkpoint itself is bad, so no read of it will do:
+ * what was read is not the object, cannot be opened with a key this service holds, or is
+ * not an archive tar can extract.
+ */
+function checkpointIsBad(err: unknown): boolean {
+  if (err instanceof ObjectCorruptError) return true;
+  // A key the service does not hold is its keyring's matter (RUNS_MASTER_KEY), not the checkpoint's.
+  if (err instanceof BlobDecryptError) return !/which this service does not hold/.test(err.message);
+  return err instanceof CheckpointError && BAD_ARCHIVE.test(err.message);
+}
 
 /** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
 function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
@@ -321,15 +340,14 @@ export class WorkspaceCheckpoints {
         await removeTree(dir);
         throw new CheckpointNoRoomError(`no room on the node's disk to restore the workspace of ${runId}`, { cause: err });
       }
-      // The object store stopped answering partway (a NATS server restarting): worth
-      // reading again, into an empty directory. JetStream refusing the read (4xx, not
-      // retried) says nothing of the checkpoint either.
-      if (isTransientFailure(err) || err instanceof JetStreamApiError) {
-        await removeTree(dir);
-        throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
-      }
       // Read, but not a workspace this service can open: no retry brings it back.
-      throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
+      if (checkpointIsBad(err)) throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be extracted`, { cause: err });
+      // Anything else is not the checkpoint's: the object store stopped answering partway (a
+      // NATS server restarting: read again, into an empty directory) or refused the read,
+      // or this node failed (tar could not start or was killed, its disk failed, its keys
+      // lack the checkpoint's).
+      await removeTree(dir);
+      throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     } finally {
       noRoom?.removeEventListener("abort", stopTar);
     }

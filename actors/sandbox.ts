@@ -161,13 +161,14 @@ const WATCH_INTERVAL_MS = 1_000;
 const MEASURE_PAUSE_MS = 25;
 
 /**
- * A workspace whose last measure took longer than this (a very large tree) is measured in
- * a turn of its own, each measure followed by a pause 19 times as long (a twentieth of one
- * core at most): one tenant's large workspace does not hold back the others' checks.
+ * The quick turn's measures are stopped past this: the workspace (a very large tree) is
+ * measured in a turn of its own from then on, each measure followed by a pause nine times
+ * as long (a tenth of one core at most), so one tenant's large workspace holds the other
+ * workspaces' checks back no longer than this (and its pause) at a time.
  */
-const QUICK_MEASURE_MS = 100;
+const QUICK_MEASURE_MS = 250;
 const QUICK_PAUSE_FACTOR = 4;
-const SLOW_PAUSE_FACTOR = 19;
+const SLOW_PAUSE_FACTOR = 9;
 /** Workspaces remembered as slow to measure (past it the oldest is forgotten, and measured once more in the quick turn). */
 const SLOW_WORKSPACES_KEPT = 10_000;
 
@@ -545,34 +546,38 @@ export class Sandbox {
   private watch(cmd: SandboxCommand, stop: (hit: LimitHit) => void): () => void {
     const ends = [this.watchDisk(cmd.workspaceDir, () => stop("host_disk"))];
     const measure = cmd.watch;
-    if (measure) ends.push(watchCommand((signal) => this.measureInTurn(cmd.workspaceDir, () => measure(signal), signal), stop));
+    if (measure) ends.push(watchCommand((signal) => this.measureInTurn(cmd.workspaceDir, measure, signal), stop));
     return () => ends.forEach((end) => end());
   }
 
   /**
    * Runs one measure of a running command's workspace when the node's turn comes: one at a
    * time, each followed by a pause four times as long as it took ({@link MEASURE_PAUSE_MS}
-   * at least). A workspace whose last finished measure took over {@link QUICK_MEASURE_MS}
-   * waits for the slow turn instead, whose pauses are 19 times as long. Each command has at
-   * most one waiting; one whose command ended meanwhile is skipped.
+   * at least), and stopped past {@link QUICK_MEASURE_MS}. A workspace whose measure ran
+   * longer waits for the slow turn instead (not stopped there, its pauses nine times as
+   * long) until a measure of it finishes in time. Each command has at most one waiting; one
+   * whose command ended meanwhile is skipped.
    */
-  private measureInTurn<T>(workspaceDir: string, measure: () => Promise<T>, signal: AbortSignal): Promise<T> {
+  private measureInTurn<T>(workspaceDir: string, measure: (signal: AbortSignal) => Promise<T>, signal: AbortSignal): Promise<T> {
     const turn = this.slowToMeasure.has(workspaceDir) ? "slow" : "quick";
     let tookMs = 0;
     const result = this.measuring[turn].then(async () => {
       signal.throwIfAborted();
       const started = performance.now();
+      let finished = false;
       try {
-        const measured = await measure();
-        // Only a measure that finished tells the workspace's size (a stopped one is short).
-        this.slowToMeasure.delete(workspaceDir);
-        if (performance.now() - started > QUICK_MEASURE_MS) {
-          this.slowToMeasure.add(workspaceDir);
-          if (this.slowToMeasure.size > SLOW_WORKSPACES_KEPT) this.slowToMeasure.delete(this.slowToMeasure.values().next().value!);
-        }
+        const measured = await measure(turn === "quick" ? AbortSignal.any([signal, AbortSignal.timeout(QUICK_MEASURE_MS)]) : signal);
+        finished = true;
         return measured;
       } finally {
         tookMs = performance.now() - started;
+        // Past the line, finished or not (a stopped measure's time is a lower bound), it is
+        // slow; in time and finished, quick. A measure stopped early tells nothing.
+        if (tookMs >= QUICK_MEASURE_MS) {
+          this.slowToMeasure.delete(workspaceDir);
+          this.slowToMeasure.add(workspaceDir);
+          if (this.slowToMeasure.size > SLOW_WORKSPACES_KEPT) this.slowToMeasure.delete(this.slowToMeasure.values().next().value!);
+        } else if (finished) this.slowToMeasure.delete(workspaceDir);
       }
     });
     const factor = turn === "slow" ? SLOW_PAUSE_FACTOR : QUICK_PAUSE_FACTOR;

@@ -4,6 +4,7 @@
  * attempts are in escape.test.ts.
  */
 import test from "ava";
+import { setTimeout as sleep } from "node:timers/promises";
 import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -506,36 +507,42 @@ test_.serial("sandbox - a node measures its running commands one at a time, each
   }
 });
 
-test_.serial("sandbox - a workspace slow to measure (a very large tree) is measured in a turn of its own, with longer pauses: the other commands' measures go on at their pace meanwhile", async (t) => {
+test_.serial("sandbox - a workspace slow to measure (a very large tree) is stopped in the quick turn and measured in a turn of its own, with longer pauses: the other commands' measures go on at their pace meanwhile", async (t) => {
   const base = await tempBase();
   const node = await Sandbox.start({ mode: "bwrap", maxConcurrent: 8, runtimeDir: path.join(base, "rt"), nodeId: "slow-measure-test", log });
   try {
     const slowDir = await workspace(node, base);
     const quickDirs = await Promise.all(Array.from({ length: 5 }, () => workspace(node, base)));
-    const spans: { dir: string; from: number; to: number }[] = [];
+    const spans: { dir: string; from: number; to: number; stopped: boolean }[] = [];
     let quickInside = 0;
     let quickMost = 0;
-    // du of a very large tree takes 600 ms here, of the others 20 ms.
-    const watchOf = (dir: string) => async (_signal: AbortSignal) => {
+    // du of a very large tree takes 600 ms here, of the others 20 ms; stopped as du is.
+    const watchOf = (dir: string) => async (signal: AbortSignal) => {
       const from = performance.now();
       if (dir !== slowDir) quickMost = Math.max(quickMost, ++quickInside);
-      await new Promise((resolve) => setTimeout(resolve, dir === slowDir ? 600 : 20));
+      const stopped = await sleep(dir === slowDir ? 600 : 20, false, { signal }).catch(() => true);
       if (dir !== slowDir) quickInside--;
-      spans.push({ dir, from, to: performance.now() });
+      spans.push({ dir, from, to: performance.now(), stopped });
       return undefined;
     };
-    // A first command finds the large workspace slow to measure (its measure, and the pause
-    // after it, are in the quick turn this once).
+    // A first command finds the large workspace slow to measure: its measure in the quick
+    // turn is stopped at the line, the turn held no longer.
     t.is((await node.run(bash(slowDir, "sleep 1.8", { watch: watchOf(slowDir) }))).kind, "exited");
     t.is(spans.length, 1);
-    await new Promise((resolve) => setTimeout(resolve, 2_500));
+    t.true(spans[0]!.stopped && spans[0]!.to - spans[0]!.from < 500, JSON.stringify(spans[0]));
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
     spans.length = 0;
     const outcomes = await Promise.all([slowDir, ...quickDirs].map((dir) => node.run(bash(dir, "sleep 7; echo done", { watch: watchOf(dir) }))));
     t.true(outcomes.every((o) => o.kind === "exited" && o.exitCode === 0), JSON.stringify(outcomes.find((o) => o.kind !== "exited")));
     const counts = quickDirs.map((dir) => spans.filter((s) => s.dir === dir).length);
     t.true(counts.every((n) => n >= 4), `each of the others measured about once a second: ${counts.join(", ")} times in 7 s`);
     t.is(quickMost, 1, "the quick turn measures one at a time");
-    t.is(spans.filter((s) => s.dir === slowDir).length, 1, "the slow one once: 19 times its 600 ms pass before its next");
+    // The slow one: measured whole in its own turn (not stopped at the quick turn's line),
+    // then a pause of nine times its 600 ms (a later measure may be stopped by its command's end).
+    const slow = spans.filter((s) => s.dir === slowDir);
+    t.true(slow.length >= 1 && !slow[0]!.stopped && slow[0]!.to - slow[0]!.from >= 590, JSON.stringify(slow));
+    if (slow[1]) t.true(slow[1].from - slow[0]!.to >= 5_000, `its next measure ${Math.round(slow[1].from - slow[0]!.to)} ms after`);
+    t.true(slow.length <= 2, JSON.stringify(slow));
   } finally {
     await rm(base, { recursive: true, force: true });
   }

@@ -15,6 +15,7 @@ import { errors as natsErrors } from "@nats-io/transport-node";
 import { CheckpointCorruptError, CheckpointError, isTransientCheckpointFailure, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { ObjectCorruptError } from "../../src/object-read.js";
+import { BlobDecryptError } from "../../src/blob-crypto.js";
 
 async function archive(t: { teardown(fn: () => Promise<void>): void }): Promise<{ bytes: Buffer; root: string }> {
   const root = await mkdtemp(path.join(os.tmpdir(), "runs-test-restore-"));
@@ -76,4 +77,14 @@ test("checkpoint restore - JetStream refusing the read partway (4xx) is a Checkp
   t.true(err instanceof CheckpointError && !(err instanceof CheckpointCorruptError), String(err));
   t.false(isTransientCheckpointFailure(err), "not a moment's failure: not asked again (the turn fails retryably)");
   t.false(existsSync(path.join(root, "refused")));
+});
+
+test("checkpoint restore - an object sealed with a key this service does not hold is not called corrupt (the keyring's matter); one that cannot be opened is", async (t) => {
+  const { bytes, root } = await archive(t);
+  const keyless = checkpointsServing(chunksOf(bytes).slice(0, 1), new BlobDecryptError("The stored object was sealed with key id 9, which this service does not hold."));
+  const err = await t.throwsAsync(keyless.restore("run_1", path.join(root, "keyless")));
+  t.true(err instanceof CheckpointError && !(err instanceof CheckpointCorruptError), String(err));
+  t.false(existsSync(path.join(root, "keyless")));
+  const cutOff = checkpointsServing(chunksOf(bytes).slice(0, 1), new BlobDecryptError("The stored object is cut off."));
+  await t.throwsAsync(cutOff.restore("run_1", path.join(root, "cut-off")), { instanceOf: CheckpointCorruptError });
 });
