@@ -281,24 +281,29 @@ export class WorkspaceCheckpoints {
 
   /**
    * Restores the latest checkpoint into `dir`: its revision, or null when the run has none.
-   * A restore that finds the disk full, or whose `noRoom` is aborted (the node's disk fell
-   * below its reserve), stops: tar is killed, what it wrote is removed, and
-   * {@link CheckpointNoRoomError} thrown.
+   * One that does not `fit` (its archive alone would take the node's disk below its
+   * reserve: what it extracts is never less) is not begun; one that finds the disk full, or
+   * whose `stop` is aborted (the node's disk fell below its reserve), stops: tar is killed,
+   * what it wrote is removed. Both throw {@link CheckpointNoRoomError}.
    */
-  async restore(runId: string, dir: string, workspaceId = "", noRoom?: AbortSignal): Promise<number | null> {
+  async restore(runId: string, dir: string, workspaceId = "", room: { fits?: (bytes: number) => Promise<boolean>; stop?: AbortSignal } = {}): Promise<number | null> {
     let info: ObjectInfo | null;
     let first: Awaited<ReturnType<typeof peek>>;
     try {
       info = await this.store.info(runId);
       if (!info || info.deleted) return null;
       // Pulled as tar takes it (src/object-read.ts).
+      if (room.fits && !(await room.fits(info.size))) {
+        throw new CheckpointNoRoomError(`no room on the node's disk for the ${info.size} bytes of the workspace of ${runId}`);
+      }
       first = await peek(this.chunks(info));
     } catch (err) {
+      if (err instanceof CheckpointNoRoomError) throw err;
       if (err instanceof ObjectCorruptError) throw new CheckpointCorruptError(`the checkpoint of ${runId} cannot be read`, { cause: err });
       throw new CheckpointError(`could not read the workspace of ${runId}`, { cause: err });
     }
     try {
-      return await this.extract(runId, dir, workspaceId, info, first, noRoom);
+      return await this.extract(runId, dir, workspaceId, info, first, room.stop);
     } finally {
       // A restore that stopped early ends the read.
       await first.stop();

@@ -56,7 +56,7 @@ function readCheckpoint<T>(clock: Pick<Clock, "sleep">, read: () => Promise<T>):
  * otherwise it is replaced by that checkpoint (another node saved the run since).
  */
 export async function prepareRunWorkspace(
-  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace" | "closeWorkspacesFolder" | "hostDiskLow" | "watchDisk">; log: Logger; clock: Pick<Clock, "sleep"> },
+  r: { checkpoints: Pick<WorkspaceCheckpoints, "restore" | "matches">; sandbox: Pick<Sandbox, "prepareWorkspace" | "closeWorkspacesFolder" | "hostDiskLow" | "roomFor" | "watchDisk">; log: Logger; clock: Pick<Clock, "sleep"> },
   run: RunDoc,
   workspaceDir: string,
   verify = false,
@@ -98,7 +98,8 @@ export async function prepareRunWorkspace(
     const noRoom = new AbortController();
     const unwatch = r.sandbox.watchDisk(workspaces, () => noRoom.abort());
     try {
-      const restored = await readCheckpoint(r.clock, () => r.checkpoints.restore(run._id, workspaceDir, run.workspace_id, noRoom.signal));
+      const fits = (bytes: number) => r.sandbox.roomFor(workspaces, bytes);
+      const restored = await readCheckpoint(r.clock, () => r.checkpoints.restore(run._id, workspaceDir, run.workspace_id, { fits, stop: noRoom.signal }));
       if (restored === null) failure = "sandbox_snapshot_unavailable";
       else revision = restored;
     } catch (err) {

@@ -587,6 +587,21 @@ export class Sandbox {
   }
 
   /**
+   * Whether `bytes` more would leave the filesystem holding `dir` at least the node's
+   * reserve free (always where it keeps none, or where the filesystem cannot say).
+   */
+  async roomFor(dir: string, bytes: number): Promise<boolean> {
+    const reserve = this.options.diskReserveBytes ?? 0;
+    if (reserve <= 0) return true;
+    try {
+      const fs = await statfs(dir);
+      return fs.bavail * fs.bsize - bytes >= reserve;
+    } catch {
+      return true;
+    }
+  }
+
+  /**
    * Calls `short` once the filesystem holding `dir` has less free than the node keeps
    * ({@link hostDiskLow}, a second after the start and after each check), until the
    * returned function is called. Nothing is checked where the node keeps no reserve.

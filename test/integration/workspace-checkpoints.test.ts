@@ -315,7 +315,7 @@ test("checkpoints - a restore stopped for want of disk kills tar, stops reading 
 
     const before = path.join(servers.dir, "before", largeId);
     const received = nc.stats().inBytes;
-    await t.throwsAsync(checkpoints.restore(largeId, before, "ws_x", AbortSignal.abort()), { instanceOf: CheckpointNoRoomError });
+    await t.throwsAsync(checkpoints.restore(largeId, before, "ws_x", { stop: AbortSignal.abort() }), { instanceOf: CheckpointNoRoomError });
     t.false(existsSync(before), "nothing of the workspace is left");
     // The read stopped with the restore: its consumer is gone, and the rest of the object was not sent.
     t.deepEqual(await (await jetstreamManager(nc)).consumers.list("OBJ_checkpoint_noroom_test").next(), []);
@@ -334,7 +334,7 @@ test("checkpoints - a restore stopped for want of disk kills tar, stops reading 
       }
     }, 1);
     try {
-      await t.throwsAsync(checkpoints.restore(runId, during, "ws_x", stop.signal), { instanceOf: CheckpointNoRoomError });
+      await t.throwsAsync(checkpoints.restore(runId, during, "ws_x", { stop: stop.signal }), { instanceOf: CheckpointNoRoomError });
     } finally {
       clearInterval(poll);
     }

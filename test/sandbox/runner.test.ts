@@ -568,6 +568,9 @@ test_.serial("sandbox - the node's free disk is checked while a command runs onl
       } finally {
         sandbox.hostDiskLow = real;
       }
+      // What a restore may take: within what is free above the reserve (no reserve: anything).
+      t.true(await sandbox.roomFor(dir, 1024 * 1024));
+      t.is(await sandbox.roomFor(dir, 2 ** 60), !checks, "more than any disk has free");
     }
   } finally {
     await rm(base, { recursive: true, force: true });

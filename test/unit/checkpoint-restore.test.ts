@@ -12,7 +12,7 @@ import os from "node:os";
 import path from "node:path";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { errors as natsErrors } from "@nats-io/transport-node";
-import { CheckpointCorruptError, CheckpointError, isTransientCheckpointFailure, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { CheckpointCorruptError, CheckpointError, CheckpointNoRoomError, isTransientCheckpointFailure, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { ObjectCorruptError } from "../../src/object-read.js";
 import { BlobDecryptError } from "../../src/blob-crypto.js";
@@ -87,4 +87,22 @@ test("checkpoint restore - an object sealed with a key this service does not hol
   t.false(existsSync(path.join(root, "keyless")));
   const cutOff = checkpointsServing(chunksOf(bytes).slice(0, 1), new BlobDecryptError("The stored object is cut off."));
   await t.throwsAsync(cutOff.restore("run_1", path.join(root, "cut-off")), { instanceOf: CheckpointCorruptError });
+});
+
+test("checkpoint restore - a checkpoint whose archive alone does not fit above the node's reserve is not read: no room, nothing made", async (t) => {
+  const { bytes, root } = await archive(t);
+  const asked: number[] = [];
+  let reads = 0;
+  const info = { name: "run_1", nuid: "nuid-1", revision: 7, size: bytes.length, chunks: 1, deleted: false } as ObjectInfo;
+  const checkpoints = new WorkspaceCheckpoints({ info: async () => info } as unknown as ObjectStore, async function* () {
+    reads++;
+    yield bytes;
+  });
+  const fits = (room: boolean) => async (size: number) => (asked.push(size), room);
+  await t.throwsAsync(checkpoints.restore("run_1", path.join(root, "no-room"), "", { fits: fits(false) }), { instanceOf: CheckpointNoRoomError });
+  t.deepEqual(asked, [bytes.length], "asked about the archive's size");
+  t.is(reads, 0, "nothing of it was read");
+  t.false(existsSync(path.join(root, "no-room")));
+  t.is(await checkpoints.restore("run_1", path.join(root, "room"), "", { fits: fits(true) }), 7);
+  t.is(reads, 1);
 });

@@ -46,7 +46,7 @@ function resources(matches: () => Promise<boolean>) {
           return 9;
         },
       },
-      sandbox: { prepareWorkspace: async () => undefined, closeWorkspacesFolder: async () => undefined, hostDiskLow: async () => false, watchDisk: () => () => undefined },
+      sandbox: { prepareWorkspace: async () => undefined, closeWorkspacesFolder: async () => undefined, hostDiskLow: async () => false, roomFor: async () => true, watchDisk: () => () => undefined },
       log: pino({ level: "silent" }),
     },
   };
@@ -163,11 +163,12 @@ test("run-workspace - a restore under way when the node falls below its reserve 
     },
     checkpoints: {
       ...r.checkpoints,
-      restore: async (_runId: string, into: string, _ws?: string, noRoom?: AbortSignal) => {
-        restores.push(noRoom!);
+      restore: async (_runId: string, into: string, _ws?: string, room?: { stop?: AbortSignal }) => {
+        const noRoom = room!.stop!;
+        restores.push(noRoom);
         await mkdir(into, { recursive: true });
         await writeFile(path.join(into, "half.bin"), "half written");
-        await new Promise((resolve) => noRoom!.addEventListener("abort", resolve, { once: true }));
+        await new Promise((resolve) => noRoom.addEventListener("abort", resolve, { once: true }));
         throw new CheckpointNoRoomError("no room");
       },
     },
