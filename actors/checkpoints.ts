@@ -281,8 +281,8 @@ export class WorkspaceCheckpoints {
 
   /**
    * Restores the latest checkpoint into `dir`: its revision, or null when the run has none.
-   * One that does not `fit` (its archive alone would take the node's disk below its
-   * reserve: what it extracts is never less) is not begun; one that finds the disk full, or
+   * One that does not `fit` (its compressed archive alone would take the node's disk below
+   * its reserve; what it extracts hardly ever takes less) is not begun; one that finds the disk full, or
    * whose `stop` is aborted (the node's disk fell below its reserve), stops: tar is killed,
    * what it wrote is removed. Both throw {@link CheckpointNoRoomError}.
    */
@@ -292,10 +292,10 @@ export class WorkspaceCheckpoints {
     try {
       info = await this.store.info(runId);
       if (!info || info.deleted) return null;
-      // Pulled as tar takes it (src/object-read.ts).
       if (room.fits && !(await room.fits(info.size))) {
         throw new CheckpointNoRoomError(`no room on the node's disk for the ${info.size} bytes of the workspace of ${runId}`);
       }
+      // Pulled as tar takes it (src/object-read.ts).
       first = await peek(this.chunks(info));
     } catch (err) {
       if (err instanceof CheckpointNoRoomError) throw err;
