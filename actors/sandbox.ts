@@ -205,6 +205,16 @@ function watchCommand(check: (signal: AbortSignal) => Promise<LimitHit | undefin
  */
 export const SANDBOX_NICENESS = 19;
 
+/** What an unprivileged process may still write on the filesystem holding `dir` (one statfs); undefined when it cannot say. */
+async function freeBytes(dir: string): Promise<number | undefined> {
+  try {
+    const fs = await statfs(dir);
+    return fs.bavail * fs.bsize;
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * Runs commands in sandboxes. One per node: {@link Sandbox.start} checks the host
  * once (bwrap works, which limits apply) and says so in the log.
@@ -593,12 +603,8 @@ export class Sandbox {
   async roomFor(dir: string, bytes: number): Promise<boolean> {
     const reserve = this.options.diskReserveBytes ?? 0;
     if (reserve <= 0) return true;
-    try {
-      const fs = await statfs(dir);
-      return fs.bavail * fs.bsize - bytes >= reserve;
-    } catch {
-      return true;
-    }
+    const free = await freeBytes(dir);
+    return free === undefined || free - bytes >= reserve;
   }
 
   /**
@@ -620,13 +626,8 @@ export class Sandbox {
   async hostDiskLow(dir: string): Promise<boolean> {
     const reserve = this.options.diskReserveBytes ?? 0;
     if (reserve <= 0) return false;
-    let free: number;
-    try {
-      const fs = await statfs(dir);
-      free = fs.bavail * fs.bsize;
-    } catch {
-      return this.diskShort;
-    }
+    const free = await freeBytes(dir);
+    if (free === undefined) return this.diskShort;
     const short = diskShort(free, reserve, this.diskShort);
     if (short !== this.diskShort) {
       this.diskShort = short;
