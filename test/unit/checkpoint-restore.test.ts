@@ -106,3 +106,21 @@ test("checkpoint restore - a checkpoint whose archive alone does not fit above t
   t.is(await checkpoints.restore("run_1", path.join(root, "room"), "", { fits: fits(true) }), 7);
   t.is(reads, 1);
 });
+
+test.serial("checkpoint restore - tar killed partway (as the OOM killer would) is the node's failure, not a checkpoint that cannot be extracted", async (t) => {
+  const { bytes, root } = await archive(t);
+  const chunks = chunksOf(bytes);
+  t.true(chunks.length > 2);
+  const info = { name: "run_1", nuid: "nuid-1", revision: 7, size: bytes.length, chunks: chunks.length, deleted: false } as ObjectInfo;
+  const checkpoints = new WorkspaceCheckpoints({ info: async () => info } as unknown as ObjectStore, async function* () {
+    yield chunks[0]!;
+    // This process's tar, the one extracting (serial: no other test of this file has a tar then).
+    execFileSync("pkill", ["-KILL", "-P", String(process.pid), "-x", "tar"]);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    yield* chunks.slice(1);
+  });
+  const err = await t.throwsAsync(checkpoints.restore("run_1", path.join(root, "killed")));
+  t.true(err instanceof CheckpointError && !(err instanceof CheckpointCorruptError), String(err));
+  t.regex(String((err as CheckpointError).cause), /tar exited null/);
+  t.false(existsSync(path.join(root, "killed")), "nothing half-restored is left");
+});
