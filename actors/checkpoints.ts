@@ -87,18 +87,53 @@ function checkpointIsBad(err: unknown): boolean {
 }
 
 /** Where `tar` reads or writes the archive: its stdout to read, its stdin to feed. */
-function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void> } {
+function runTar(args: string[], stdin: "pipe" | "ignore"): { child: ChildProcess; done: Promise<void>; lastWords: () => string } {
   // The C locale: its messages are read ("Permission denied"), whatever the service's LANG.
   const child = spawn("tar", args, { stdio: [stdin, stdin === "ignore" ? "pipe" : "ignore", "pipe"], env: { ...process.env, LC_ALL: "C" } });
   let err = "";
+  // The end of what it said, however much came before (its warnings name a tenant's files).
+  let tail = "";
   child.stderr!.on("data", (d: Buffer) => {
-    if (err.length < 4_000) err += d.toString().slice(0, 4_000 - err.length);
+    const text = d.toString();
+    if (err.length < 4_000) err += text.slice(0, 4_000 - err.length);
+    tail = (tail + text).slice(-TAIL_CHARS);
   });
   const done = new Promise<void>((resolve, reject) => {
     child.on("error", reject);
     child.on("close", (code) => (code === 0 ? resolve() : reject(new CheckpointError(`tar exited ${code}: ${err.trim()}`))));
   });
-  return { child, done };
+  return { child, done, lastWords: () => tail };
+}
+
+/** How much of the end of tar's stderr is kept: more than its totals line. */
+const TAIL_CHARS = 512;
+
+/**
+ * The archive's size as tar wrote it, before compression (`--totals`: "Total bytes written:
+ * N (…)"), from the last line tar printed; undefined when that line is not there. It is
+ * printed as tar exits, after every warning: a tenant's file name cannot come after it.
+ */
+export function archiveBytesOf(lastWords: string): number | undefined {
+  const match = /(?:^|\n)Total bytes written: (\d+) \([^\n]*\)\n?$/.exec(lastWords);
+  const bytes = Number(match?.[1]);
+  return match && Number.isSafeInteger(bytes) ? bytes : undefined;
+}
+
+/**
+ * The object metadata that holds what a checkpoint's archive takes once extracted (its size
+ * before compression); checkpoints saved before it was kept have none.
+ */
+export const EXTRACTED_BYTES_METADATA = "runs-extracted-bytes";
+
+/**
+ * What restoring the checkpoint takes on disk, at least: its archive's size before
+ * compression (file contents padded to 512 bytes, a 512-byte header per entry; sparse
+ * files' holes take nothing either way), or, saved before that was kept, its stored size.
+ */
+export function extractedBytesOf(info: Pick<ObjectInfo, "size" | "metadata">): number {
+  const kept = info.metadata?.[EXTRACTED_BYTES_METADATA];
+  const bytes = kept !== undefined && /^\d{1,16}$/.test(kept) ? Number(kept) : NaN;
+  return Number.isSafeInteger(bytes) ? Math.max(bytes, info.size) : info.size;
 }
 
 /**
@@ -148,13 +183,16 @@ const RESTORABLE_NAME_BYTES = 4_096;
  * Holes stay holes (`--sparse`, GNU tar; extraction keeps them without being told): a command
  * can make files of its whole file size limit that take no disk (`truncate`), and archived in
  * full, as many as it liked, they cost the node minutes of CPU to save and their full size in
- * disk to restore.
+ * disk to restore. `onArchived` is told the archive's size before compression once tar has
+ * ended well, before the last piece is handed on.
  */
-async function* archiveOf(dir: string): AsyncGenerator<Uint8Array> {
-  const { child, done } = runTar(["--sparse", "-czf", "-", "-C", dir, "."], "ignore");
+async function* archiveOf(dir: string, onArchived: (bytes: number | undefined) => void): AsyncGenerator<Uint8Array> {
+  const { child, done, lastWords } = runTar(["--sparse", "--totals", "-czf", "-", "-C", dir, "."], "ignore");
   try {
     for await (const chunk of child.stdout as AsyncIterable<Buffer>) yield chunk;
     await done;
+    // Before the last piece is taken: the object's metadata is written after it.
+    onArchived(archiveBytesOf(lastWords()));
   } finally {
     // The store stopped reading (it failed): tar must not linger.
     if (child.exitCode === null && child.signalCode === null) {
@@ -241,11 +279,17 @@ export class WorkspaceCheckpoints {
       await requireRestorable(dir);
     }
     const put = () => {
-      const archive = archiveOf(dir);
+      // Filled in as the archive ends, before the object's metadata is written: the object
+      // store writes this very record then (@nats-io/obj keeps it by reference; a test,
+      // `integration › workspace-checkpoints`, reads it back).
+      const metadata: Record<string, string> = {};
+      const archive = archiveOf(dir, (bytes) => {
+        if (bytes !== undefined) metadata[EXTRACTED_BYTES_METADATA] = String(bytes);
+      });
       const stored = this.keys ? sealBlob(this.keys.keyFor("checkpoints", workspaceId), this.keys.keyId, archive) : archive;
       // The object's metadata is written last, only if its subject is still at `expected`
       // (JetStream's expected last subject sequence); a refused put's chunks are purged.
-      return this.store.put({ name: runId }, toStream(stored), { previousRevision: expected });
+      return this.store.put({ name: runId, metadata }, toStream(stored), { previousRevision: expected });
     };
     try {
       let info: Awaited<ReturnType<typeof put>>;
@@ -281,8 +325,8 @@ export class WorkspaceCheckpoints {
 
   /**
    * Restores the latest checkpoint into `dir`: its revision, or null when the run has none.
-   * One that does not `fit` (its compressed archive alone would take the node's disk below
-   * its reserve; what it extracts hardly ever takes less) is not begun; one that finds the disk full, or
+   * One that does not `fit` (what it extracts, {@link extractedBytesOf}, would take the node's
+   * disk below its reserve) is not begun; one that finds the disk full, or
    * whose `stop` is aborted (the node's disk fell below its reserve), stops: tar is killed,
    * what it wrote is removed. Both throw {@link CheckpointNoRoomError}.
    */
@@ -292,8 +336,9 @@ export class WorkspaceCheckpoints {
     try {
       info = await this.store.info(runId);
       if (!info || info.deleted) return null;
-      if (room.fits && !(await room.fits(info.size))) {
-        throw new CheckpointNoRoomError(`no room on the node's disk for the ${info.size} bytes of the workspace of ${runId}`);
+      const needed = extractedBytesOf(info);
+      if (room.fits && !(await room.fits(needed))) {
+        throw new CheckpointNoRoomError(`no room on the node's disk for the ${needed} bytes of the workspace of ${runId}`);
       }
       // Pulled as tar takes it (src/object-read.ts).
       first = await peek(this.chunks(info));

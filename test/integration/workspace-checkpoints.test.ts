@@ -9,7 +9,7 @@ import { bashThen } from "../helpers/agent-configs.js";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Objm, type ObjectStore } from "@nats-io/obj";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { CheckpointConflictError, CheckpointError, CheckpointNoRoomError, CheckpointUnrestorableError, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { CheckpointConflictError, CheckpointError, CheckpointNoRoomError, CheckpointUnrestorableError, EXTRACTED_BYTES_METADATA, extractedBytesOf, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { connectNats } from "../../src/nats.js";
 import { objectChunkReader } from "../../src/object-read.js";
 import { systemClock } from "../../src/clock.js";
@@ -201,6 +201,8 @@ test("checkpoints - files with holes are saved and restored with their holes: a 
     const revision = (await checkpoints.save(runId, dir, false, "ws_x", 0))!;
     const stored = (await bucket.info(runId))!;
     t.true(stored.size < 64 * 1024, `archive of ${stored.size} bytes`);
+    // Nor the room a restore asks for: holes take nothing extracted.
+    t.true(extractedBytesOf(stored) < 1024 * 1024, `kept ${stored.metadata?.[EXTRACTED_BYTES_METADATA]}`);
     const restored = path.join(servers.dir, "restored", runId);
     t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
     for (let i = 1; i <= 16; i++) {
@@ -300,6 +302,39 @@ async function incompressible(dir: string, mib: number): Promise<void> {
   await mkdir(dir, { recursive: true });
   for (let i = 0; i < 4; i++) await writeFile(path.join(dir, `part-${i}.bin`), randomBytes((mib * 1024 * 1024) / 4));
 }
+
+test("checkpoints - a checkpoint keeps what it takes once extracted: one that compresses to little asks the restoring node for room for all of it, and a node with room for the archive but not for that does not restore it", (t) =>
+  withCheckpoints("extracted", async ({ servers, bucket, checkpoints }) => {
+    const runId = "run_checkpointextracted01";
+    const dir = path.join(servers.dir, "saved", runId);
+    await mkdir(dir, { recursive: true });
+    // 24 MiB of zeros (gzip makes ~24 KiB of them) and a small file beside.
+    await writeFile(path.join(dir, "zeros.bin"), Buffer.alloc(24 * 1024 * 1024));
+    await writeFile(path.join(dir, "note.txt"), "kept");
+    await checkpoints.save(runId, dir, false, "ws_x", 0);
+    const stored = (await bucket.info(runId))!;
+    t.true(stored.size < 256 * 1024, `archive of ${stored.size} bytes`);
+    const kept = Number(stored.metadata?.[EXTRACTED_BYTES_METADATA]);
+    t.true(kept >= 24 * 1024 * 1024 && kept < 25 * 1024 * 1024, `kept ${stored.metadata?.[EXTRACTED_BYTES_METADATA]}`);
+    t.is(extractedBytesOf(stored), kept);
+
+    // Room for the archive many times over, not for what it extracts.
+    const asked: number[] = [];
+    const fits = (room: number) => async (bytes: number) => (asked.push(bytes), bytes <= room);
+    const target = path.join(servers.dir, "restored", runId);
+    await t.throwsAsync(checkpoints.restore(runId, target, "ws_x", { fits: fits(stored.size * 10) }), { instanceOf: CheckpointNoRoomError });
+    t.deepEqual(asked, [kept]);
+    t.false(existsSync(target), "nothing of it was begun");
+    t.is(await checkpoints.restore(runId, target, "ws_x", { fits: fits(kept) }), stored.revision);
+    t.is(await readFile(path.join(target, "note.txt"), "utf8"), "kept");
+    t.is((await stat(path.join(target, "zeros.bin"))).size, 24 * 1024 * 1024);
+
+    // Saved again (a revision of its own), the figure is the new archive's.
+    await rm(path.join(target, "zeros.bin"));
+    await checkpoints.save(runId, target, true, "ws_x", stored.revision);
+    const resaved = (await bucket.info(runId))!;
+    t.true(Number(resaved.metadata?.[EXTRACTED_BYTES_METADATA]) < 64 * 1024, `kept ${resaved.metadata?.[EXTRACTED_BYTES_METADATA]}`);
+  }));
 
 test("checkpoints - a restore stopped for want of disk kills tar, stops reading the object and leaves nothing of the workspace, before tar starts or while it writes", (t) =>
   withCheckpoints("noroom", async ({ servers, nc, checkpoints }) => {

@@ -12,7 +12,7 @@ import os from "node:os";
 import path from "node:path";
 import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
 import { errors as natsErrors } from "@nats-io/transport-node";
-import { CheckpointCorruptError, CheckpointError, CheckpointNoRoomError, isTransientCheckpointFailure, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
+import { archiveBytesOf, CheckpointCorruptError, CheckpointError, CheckpointNoRoomError, EXTRACTED_BYTES_METADATA, extractedBytesOf, isTransientCheckpointFailure, WorkspaceCheckpoints } from "../../actors/checkpoints.js";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { ObjectCorruptError } from "../../src/object-read.js";
 import { BlobDecryptError } from "../../src/blob-crypto.js";
@@ -87,6 +87,26 @@ test("checkpoint restore - an object sealed with a key this service does not hol
   t.false(existsSync(path.join(root, "keyless")));
   const cutOff = checkpointsServing(chunksOf(bytes).slice(0, 1), new BlobDecryptError("The stored object is cut off."));
   await t.throwsAsync(cutOff.restore("run_1", path.join(root, "cut-off")), { instanceOf: CheckpointCorruptError });
+});
+
+test("checkpoint restore - the archive's size is read from tar's totals line only as the last line it printed, so a tenant's file name in a warning cannot pass for it", (t) => {
+  t.is(archiveBytesOf("Total bytes written: 3112960 (3.0MiB, 67MiB/s)\n"), 3_112_960);
+  t.is(archiveBytesOf("tar: ./sock: socket ignored\nTotal bytes written: 10240 (10KiB, 8.1MiB/s)\n"), 10_240);
+  t.is(archiveBytesOf("Total bytes written: 10240 (10KiB, 8.1MiB/s)"), 10_240, "the stream's end without its line break");
+  // tar escapes line breaks in names, so a name never starts a line; nor can it follow the totals.
+  t.is(archiveBytesOf("tar: ./Total bytes written: 1 (x): socket ignored\n"), undefined);
+  t.is(archiveBytesOf("Total bytes written: 99 (x)\ntar: ./a: file changed as we read it\n"), undefined);
+  t.is(archiveBytesOf("Total bytes written: 99999999999999999999 (x)\n"), undefined, "not a safe integer");
+  t.is(archiveBytesOf(""), undefined);
+});
+
+test("checkpoint restore - the room a checkpoint asks for is what its archive takes extracted, never less than what is stored; without the figure (saved before it was kept, or unreadable), its stored size", (t) => {
+  const info = (metadata?: Record<string, string>) => ({ size: 1_000, metadata }) as ObjectInfo;
+  t.is(extractedBytesOf(info({ [EXTRACTED_BYTES_METADATA]: "25165824" })), 25_165_824);
+  t.is(extractedBytesOf(info({ [EXTRACTED_BYTES_METADATA]: "10" })), 1_000);
+  t.is(extractedBytesOf(info()), 1_000);
+  t.is(extractedBytesOf(info({})), 1_000);
+  for (const bad of ["", "-5", "1e9", "12.5", " 12", "99999999999999999"]) t.is(extractedBytesOf(info({ [EXTRACTED_BYTES_METADATA]: bad })), 1_000, bad);
 });
 
 test("checkpoint restore - a checkpoint whose archive alone does not fit above the node's reserve is not read: no room, nothing made", async (t) => {
