@@ -44,6 +44,7 @@ const EnvSchema = z.object({
     }),
   RUNS_PARTITIONS: intFromEnv(64, 1),
   RUNS_WAIT_TIMEOUT_MS: intFromEnv(120_000, 0),
+  RUNS_WAIT_STORE_CHECK_MS: intFromEnv(3_000, 100),
   RUNS_TURN_LIMIT_MS: intFromEnv(12 * 3600_000, 1),
   RUNS_LEASE_TTL_MS: intFromEnv(10_000, 1000),
   RUNS_ROUTE_RETRY_MS: intFromEnv(5_000, 0, COMMAND_ANSWER_WITHIN_MS),
@@ -135,6 +136,8 @@ export interface Config {
   roles: { gateway: boolean; actors: boolean };
   partitions: number;
   waitTimeoutMs: number;
+  /** How often a waiting request reads the store when no notice of its turn came (one lost while NATS reconnected). */
+  waitStoreCheckMs: number;
   turnLimitMs: number;
   leaseTtlMs: number;
   routeRetryMs: number;
@@ -255,6 +258,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     roles: { gateway: roles.has("gateway"), actors: roles.has("actors") },
     partitions: e.RUNS_PARTITIONS,
     waitTimeoutMs: e.RUNS_WAIT_TIMEOUT_MS,
+    waitStoreCheckMs: e.RUNS_WAIT_STORE_CHECK_MS,
     turnLimitMs: e.RUNS_TURN_LIMIT_MS,
     leaseTtlMs: e.RUNS_LEASE_TTL_MS,
     routeRetryMs: e.RUNS_ROUTE_RETRY_MS,

@@ -301,9 +301,6 @@ async function admit(
   }
 }
 
-/** How long a request that admitted its turn waits for the final notice before it reads the store. */
-const NOTICE_FIRST_MS = 3_000;
-
 /**
  * After a read found the turn neither settled nor waiting for a person: waits until it is
  * final (and the run moved on), waits for a decision, or `deadline`. The store is read
@@ -314,7 +311,7 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
   for (let i = 0; i < 10_000; i++) {
     const left = deadline - ctx.clock.nowMs();
     if (left <= 0) return;
-    if ((await notices.next(Math.min(left, 3_000))) === "final") return;
+    if ((await notices.next(Math.min(left, ctx.config.waitStoreCheckMs))) === "final") return;
     const turn = await loadTurn(ctx, run, turnId);
     if (settled(turn, await ctx.store.getRun(run._id))) return;
     // A turn that waits for a person's decision is not about to end: answer 202 now.
@@ -357,7 +354,8 @@ async function deliver(
   };
   // (No background request subscribes.)
   if (admittedHere && waitFor?.turnId === answer.turn_id) {
-    if ((await waitFor.next(Math.min(ctx.config.waitTimeoutMs, NOTICE_FIRST_MS))) === "final") {
+    // How long a request that admitted its turn waits for the final notice before it reads the store.
+    if ((await waitFor.next(Math.min(ctx.config.waitTimeoutMs, ctx.config.waitStoreCheckMs))) === "final") {
       const sent = fromNotice(waitFor);
       if (sent) return sent;
     }

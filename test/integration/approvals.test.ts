@@ -26,7 +26,8 @@ test.before(async (t) => {
   // The file's tests run at once in one solo workspace: some sixteen turns start together
   // and resumed ones run bash, past the plan's 10 active turns (a turn over it would fail
   // concurrency_limit_reached and another test with it). The limit has tests of its own.
-  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
+  // Waits end by notices here: a store check would come only after the wait's end (see "the default wait answers 202…").
+  const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_WAIT_STORE_CHECK_MS: "60000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
   const ws = await newWorkspace(service);
   const other = await newWorkspace(service);
   const gated = await ws.api.agentWith(gatedConfig());
@@ -114,15 +115,13 @@ test("the default wait answers 202 once the turn waits for a person (it is not a
   const res = await api.post("/api/v1/runs", { agent: gated, input: "wait for me" });
   const answeredAt = Date.now();
   t.is(res.status, 202, JSON.stringify(res.body));
-  t.true(answeredAt - started < 10_000, `answered after ${answeredAt - started} ms`);
   t.truthy(res.headers.get("location"));
   t.is(res.body.turn.status, "in_progress");
   t.is(res.body.turn.pending_action?.tool, "bash", "the answer shows what the turn waits for");
-  // The turn's waiting notice ends the wait when the action is asked for (without it, the
-  // store check 3 s after admission did). Measured from the stored request time, so a slow
-  // start of the turn on a loaded machine does not count.
-  const requestedAt = (await t.context.service.store.getTurn(res.body.turn.id))!.actions![0]!.requested_at;
-  t.true(answeredAt - requestedAt < 1_500, `answered ${answeredAt - requestedAt} ms after the action was asked for`);
+  // The turn's waiting notice ends the wait when the action is asked for. This file's
+  // service reads the store only a minute into a wait, past the wait's 20 s: without the
+  // notice the answer would have come at the wait's end (seen: 20.0 s).
+  t.true(answeredAt - started < 15_000, `answered after ${answeredAt - started} ms`);
   const run = await api.waitRun(res.body.id, (r) => r.turn.pending_action != null);
   t.is(run.turn.status, "in_progress");
   t.is((await api.post(`/api/v1/runs/${run.id}/cancel`, {})).status, 200);
