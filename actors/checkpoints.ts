@@ -126,9 +126,13 @@ export function archiveBytesOf(lastWords: string): number | undefined {
 export const EXTRACTED_BYTES_METADATA = "runs-extracted-bytes";
 
 /**
- * What restoring the checkpoint takes on disk, at least: its archive's size before
- * compression (file contents padded to 512 bytes, a 512-byte header per entry; sparse
- * files' holes take nothing either way), or, saved before that was kept, its stored size.
+ * An estimate of what restoring the checkpoint takes on disk: its archive's size before
+ * compression (file contents padded to 512 bytes, a 512-byte header per entry; sparse files'
+ * holes take nothing either way), never less than its stored size; saved before that was
+ * kept, its stored size. Files of many blocks take about that; a tree of tiny entries takes
+ * more (a 4 KiB block for a folder or a long link's target against 512 bytes of header: up
+ * to 8 times), many names of one file less (its data once, a header per name). The
+ * restore's watch of the node's disk is the bound that holds.
  */
 export function extractedBytesOf(info: Pick<ObjectInfo, "size" | "metadata">): number {
   const kept = info.metadata?.[EXTRACTED_BYTES_METADATA];

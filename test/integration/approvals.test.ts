@@ -26,7 +26,9 @@ test.before(async (t) => {
   // The file's tests run at once in one solo workspace: some sixteen turns start together
   // and resumed ones run bash, past the plan's 10 active turns (a turn over it would fail
   // concurrency_limit_reached and another test with it). The limit has tests of its own.
-  // Waits end by notices here: a store check would come only after the wait's end (see "the default wait answers 202…").
+  // Waits end by notices here: a store check would come only after the wait's end (see
+  // "the default wait answers 202…"), so a notice lost in any test of this file shows as a
+  // default wait answered 202 at its 20 s end instead of 200.
   const service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_WAIT_STORE_CHECK_MS: "60000", RUNS_ACTIVE_TURNS_SOLO: "1000" });
   const ws = await newWorkspace(service);
   const other = await newWorkspace(service);

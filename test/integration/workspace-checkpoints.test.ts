@@ -13,6 +13,7 @@ import { CheckpointConflictError, CheckpointError, CheckpointNoRoomError, Checkp
 import { connectNats } from "../../src/nats.js";
 import { objectChunkReader } from "../../src/object-read.js";
 import { systemClock } from "../../src/clock.js";
+import { BlobKeyring } from "../../src/blob-crypto.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 /**
@@ -89,7 +90,7 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
  * object store (the service's bucket settings do not matter here), real tar.
  */
 /** Real servers and an object store bucket of its own for `body`'s checkpoints; all closed after it. */
-async function withCheckpoints(name: string, body: (c: { servers: TestServers; nc: NatsConnection; bucket: ObjectStore; checkpoints: WorkspaceCheckpoints }) => Promise<void>): Promise<void> {
+async function withCheckpoints(name: string, body: (c: { servers: TestServers; nc: NatsConnection; bucket: ObjectStore; checkpoints: WorkspaceCheckpoints; sealed: WorkspaceCheckpoints }) => Promise<void>): Promise<void> {
   const servers = await startTestServers();
   let nc: NatsConnection | undefined;
   try {
@@ -97,7 +98,8 @@ async function withCheckpoints(name: string, body: (c: { servers: TestServers; n
     nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: `checkpoint-${name}-test` });
     const bucket = await new Objm(jetstream(nc)).create(`checkpoint_${name}_test`);
     const chunks = objectChunkReader(nc, await jetstreamManager(nc), systemClock, `checkpoint_${name}_test`, bucket);
-    await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket, chunks) });
+    const keys = new BlobKeyring(Buffer.alloc(32, 7).toString("base64"));
+    await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket, chunks), sealed: new WorkspaceCheckpoints(bucket, chunks, keys) });
   } finally {
     await nc?.close();
     await servers.stop();
@@ -202,7 +204,8 @@ test("checkpoints - files with holes are saved and restored with their holes: a 
     const stored = (await bucket.info(runId))!;
     t.true(stored.size < 64 * 1024, `archive of ${stored.size} bytes`);
     // Nor the room a restore asks for: holes take nothing extracted.
-    t.true(extractedBytesOf(stored) < 1024 * 1024, `kept ${stored.metadata?.[EXTRACTED_BYTES_METADATA]}`);
+    const kept = Number(stored.metadata?.[EXTRACTED_BYTES_METADATA]);
+    t.true(kept > 0 && kept < 1024 * 1024, `kept ${stored.metadata?.[EXTRACTED_BYTES_METADATA]}`);
     const restored = path.join(servers.dir, "restored", runId);
     t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
     for (let i = 1; i <= 16; i++) {
@@ -304,7 +307,7 @@ async function incompressible(dir: string, mib: number): Promise<void> {
 }
 
 test("checkpoints - a checkpoint keeps what it takes once extracted: one that compresses to little asks the restoring node for room for all of it, and a node with room for the archive but not for that does not restore it", (t) =>
-  withCheckpoints("extracted", async ({ servers, bucket, checkpoints }) => {
+  withCheckpoints("extracted", async ({ servers, bucket, checkpoints, sealed }) => {
     const runId = "run_checkpointextracted01";
     const dir = path.join(servers.dir, "saved", runId);
     await mkdir(dir, { recursive: true });
@@ -333,7 +336,17 @@ test("checkpoints - a checkpoint keeps what it takes once extracted: one that co
     await rm(path.join(target, "zeros.bin"));
     await checkpoints.save(runId, target, true, "ws_x", stored.revision);
     const resaved = (await bucket.info(runId))!;
-    t.true(Number(resaved.metadata?.[EXTRACTED_BYTES_METADATA]) < 64 * 1024, `kept ${resaved.metadata?.[EXTRACTED_BYTES_METADATA]}`);
+    const small = Number(resaved.metadata?.[EXTRACTED_BYTES_METADATA]);
+    t.true(small > 0 && small < 64 * 1024, `kept ${resaved.metadata?.[EXTRACTED_BYTES_METADATA]}`);
+
+    // Sealed (as the service saves them), the figure is the archive's, not the sealed object's.
+    const sealedId = "run_checkpointextracted02";
+    await sealed.save(sealedId, dir, false, "ws_x", 0);
+    const sealedInfo = (await bucket.info(sealedId))!;
+    t.is(Number(sealedInfo.metadata?.[EXTRACTED_BYTES_METADATA]), kept, "the same tree, the same figure");
+    asked.length = 0;
+    await t.throwsAsync(sealed.restore(sealedId, path.join(servers.dir, "restored", sealedId), "ws_x", { fits: fits(sealedInfo.size * 10) }), { instanceOf: CheckpointNoRoomError });
+    t.deepEqual(asked, [kept]);
   }));
 
 test("checkpoints - a restore stopped for want of disk kills tar, stops reading the object and leaves nothing of the workspace, before tar starts or while it writes", (t) =>

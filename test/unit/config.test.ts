@@ -86,3 +86,10 @@ test("config - RUNS_SANDBOX_LIMITS: auto by default, rlimit to use rlimits where
   const err = t.throws(() => loadConfig({ RUNS_SANDBOX_LIMITS: "cgroup" }), { instanceOf: ConfigurationError });
   t.regex(err!.message, /RUNS_SANDBOX_LIMITS/);
 });
+
+test("config - RUNS_WAIT_STORE_CHECK_MS: 3000 by default, at least 100, anything else refused naming the variable", (t) => {
+  t.is(loadConfig({}).waitStoreCheckMs, 3_000);
+  t.is(loadConfig({ RUNS_WAIT_STORE_CHECK_MS: "100" }).waitStoreCheckMs, 100);
+  t.is(loadConfig({ RUNS_WAIT_STORE_CHECK_MS: "60000" }).waitStoreCheckMs, 60_000);
+  for (const value of ["99", "0", "-1", "1.5", "x"]) t.regex(refusal({ RUNS_WAIT_STORE_CHECK_MS: value }), /RUNS_WAIT_STORE_CHECK_MS/, value);
+});
