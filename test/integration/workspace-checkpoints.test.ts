@@ -90,14 +90,19 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
  * object store (the service's bucket settings do not matter here), real tar.
  */
 /** Real servers and an object store bucket of its own for `body`'s checkpoints; all closed after it. */
+const JS_TIMEOUT_MS = 30_000;
+
 async function withCheckpoints(name: string, body: (c: { servers: TestServers; nc: NatsConnection; bucket: ObjectStore; checkpoints: WorkspaceCheckpoints; sealed: WorkspaceCheckpoints }) => Promise<void>): Promise<void> {
   const servers = await startTestServers();
   let nc: NatsConnection | undefined;
   try {
     // In the try: a connection that fails (an authentication timeout on a loaded machine) still stops the servers, or the file's worker never exits.
     nc = await connectNats({ url: servers.natsUrl, user: "runs", password: servers.servicePassword, name: `checkpoint-${name}-test` });
-    const bucket = await new Objm(jetstream(nc)).create(`checkpoint_${name}_test`);
-    const chunks = objectChunkReader(nc, await jetstreamManager(nc), systemClock, `checkpoint_${name}_test`, bucket);
+    // JetStream answers within 30 s, not the client's default 5 s: this file's tests each run
+    // their own servers at once, beside the rest of the suite, and a save or a look-up that
+    // waited longer failed them (a TimeoutError from `put` or `info`, seen in full runs).
+    const bucket = await new Objm(jetstream(nc, { timeout: JS_TIMEOUT_MS })).create(`checkpoint_${name}_test`);
+    const chunks = objectChunkReader(nc, await jetstreamManager(nc, { timeout: JS_TIMEOUT_MS }), systemClock, `checkpoint_${name}_test`, bucket);
     const keys = new BlobKeyring(Buffer.alloc(32, 7).toString("base64"));
     await body({ servers, nc, bucket, checkpoints: new WorkspaceCheckpoints(bucket, chunks), sealed: new WorkspaceCheckpoints(bucket, chunks, keys) });
   } finally {
