@@ -1063,7 +1063,7 @@ export interface components {
             run_id?: string | null;
             /** @description Only with agent: start on exactly this deployment version without activating it. */
             version?: number;
-            /** @description A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts, 4 MiB of text and 4 MiB of inline files (decoded) in all: 413 payload_too_large past those. */
+            /** @description A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts (400 past that), 4 MiB of text and 4 MiB of inline files (decoded) in all (413 payload_too_large past those). */
             input: string | (({
                 /** @constant */
                 type: "input_text";

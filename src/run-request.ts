@@ -140,7 +140,7 @@ export const InputSchema = z
     { error: (issue) => (issue.input === undefined ? "is required." : "must be a string or an array of input parts.") },
   )
   .describe(
-    "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts, 4 MiB of text and 4 MiB of inline files (decoded) in all: 413 payload_too_large past those.",
+    "A string (one input_text part) or an array of InputPart objects: input_text {text}, input_file {file_id} or inline input_file {filename, file_data, media_type?}. At most 32 parts (400 past that), 4 MiB of text and 4 MiB of inline files (decoded) in all (413 payload_too_large past those).",
   );
 
 /** Normalizes a validated input: a string becomes one input_text part; only known fields are kept. */
