@@ -226,6 +226,34 @@ test("checkpoints - files with holes are saved and restored with their holes: a 
     }
   }));
 
+/**
+ * Saves `dir` as `runId` into `bucketName` from a child process run as root without its
+ * capabilities, which reads only what modes allow, as a service sharing the sandboxes' uid
+ * does. Its last line of output is `{"revision": n}` or `{"error": name, "message": …}`.
+ */
+function saveWithoutCapabilities(servers: TestServers, bucketName: string, runId: string, dir: string) {
+  const modules = Object.fromEntries(["actors/checkpoints.ts", "src/nats.ts"].map((file) => [file, pathToFileURL(path.resolve(file)).href]));
+  const script = [
+    `const { WorkspaceCheckpoints } = await import(${JSON.stringify(modules["actors/checkpoints.ts"])});`,
+    `const { connectNats } = await import(${JSON.stringify(modules["src/nats.ts"])});`,
+    `const { jetstream } = await import("@nats-io/jetstream");`,
+    `const { Objm } = await import("@nats-io/obj");`,
+    `const nc = await connectNats({ url: ${JSON.stringify(servers.natsUrl)}, user: "runs", password: ${JSON.stringify(servers.servicePassword)}, name: "checkpoint-capless-child" });`,
+    `const bucket = await new Objm(jetstream(nc, { timeout: ${JS_TIMEOUT_MS} })).open(${JSON.stringify(bucketName)});`,
+    // Saves only: restores, which read chunks, are not asked of it.
+    `const noReads = () => { throw new Error("not read here"); };`,
+    `try {`,
+    `  const revision = await new WorkspaceCheckpoints(bucket, noReads).save(${JSON.stringify(runId)}, ${JSON.stringify(dir)}, false, "ws_x", 0);`,
+    `  console.log(JSON.stringify({ revision }));`,
+    `} catch (err) {`,
+    `  console.log(JSON.stringify({ error: err.name, message: err.message }));`,
+    `} finally {`,
+    `  await nc.close();`,
+    `}`,
+  ].join("\n");
+  return spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+}
+
 test("checkpoints - a file and a folder a command made unreadable (chmod 000) are saved all the same by a service that shares the sandboxes' uid (here root without its capabilities), and restored with their data", (t) =>
   withCheckpoints("closed", async ({ servers, checkpoints }) => {
     if (spawnSync("setpriv", ["--version"]).status !== 0) {
@@ -239,22 +267,8 @@ test("checkpoints - a file and a folder a command made unreadable (chmod 000) ar
     await writeFile(path.join(dir, "folder", "inner", "deep.txt"), "closed folder\n");
     await chmod(path.join(dir, "file.txt"), 0o000);
     await chmod(path.join(dir, "folder"), 0o000);
-    const modules = Object.fromEntries(["actors/checkpoints.ts", "src/nats.ts"].map((file) => [file, pathToFileURL(path.resolve(file)).href]));
-    const script = [
-      `const { WorkspaceCheckpoints } = await import(${JSON.stringify(modules["actors/checkpoints.ts"])});`,
-      `const { connectNats } = await import(${JSON.stringify(modules["src/nats.ts"])});`,
-      `const { jetstream } = await import("@nats-io/jetstream");`,
-      `const { Objm } = await import("@nats-io/obj");`,
-      `const nc = await connectNats({ url: ${JSON.stringify(servers.natsUrl)}, user: "runs", password: ${JSON.stringify(servers.servicePassword)}, name: "checkpoint-closed-child" });`,
-      `const bucket = await new Objm(jetstream(nc)).open("checkpoint_closed_test");`,
-      // Saves only: restores, which read chunks, are not asked of it.
-      `const noReads = () => { throw new Error("not read here"); };`,
-      `const revision = await new WorkspaceCheckpoints(bucket, noReads).save(${JSON.stringify(runId)}, ${JSON.stringify(dir)}, false, "ws_x", 0);`,
-      `await nc.close();`,
-      `console.log(JSON.stringify({ revision }));`,
-    ].join("\n");
     // Root without capabilities reads only what modes allow, as any other uid: tar alone fails on both.
-    const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+    const child = saveWithoutCapabilities(servers, "checkpoint_closed_test", runId, dir);
     t.is(child.status, 0, child.stderr);
     const { revision } = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
     t.true(revision > 0, child.stdout);
@@ -262,6 +276,34 @@ test("checkpoints - a file and a folder a command made unreadable (chmod 000) ar
     t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
     t.is(await readFile(path.join(restored, "file.txt"), "utf8"), "closed file\n");
     t.is(await readFile(path.join(restored, "folder", "inner", "deep.txt"), "utf8"), "closed folder\n");
+  }));
+
+test("checkpoints - a path a restore cannot create, below a folder a command made unreadable (chmod 000), is found all the same by a service that shares the sandboxes' uid (here root without its capabilities): the workspace is not saved", (t) =>
+  withCheckpoints("closeddeep", async ({ servers, bucket }) => {
+    if (spawnSync("setpriv", ["--version"]).status !== 0) {
+      t.pass("no setpriv here");
+      return;
+    }
+    const runId = "run_checkpointcloseddeep01";
+    const dir = path.join(servers.dir, "closeddeep", runId);
+    await mkdir(path.join(dir, "closed"), { recursive: true });
+    await writeFile(path.join(dir, "note.txt"), "kept");
+    // 21 folders of 200 bytes and a file: past the 4,093 bytes a restore can create.
+    const made = spawnSync("bash", ["-c", 'cd closed && for i in $(seq 21); do mkdir "$(printf %0200d $i)" && cd "$_" || exit 1; done && echo deep > "$(printf %0100d 0)"'], { cwd: dir, encoding: "utf8" });
+    t.is(made.status, 0, made.stderr);
+    await chmod(path.join(dir, "closed"), 0o000);
+    try {
+      const child = saveWithoutCapabilities(servers, "checkpoint_closeddeep_test", runId, dir);
+      t.is(child.status, 0, child.stderr);
+      const answer = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+      t.is(answer.error, "CheckpointUnrestorableError", child.stdout);
+      t.regex(answer.message, /below "closed\/0{20}/);
+      t.is(await bucket.info(runId), null, "nothing was saved");
+    } finally {
+      // Node's rm stops at PATH_MAX: rm(1) removes the tree before the servers' folder goes.
+      spawnSync("chmod", ["-R", "u+rwX", dir]);
+      spawnSync("rm", ["-rf", dir]);
+    }
   }));
 
 /**

@@ -163,6 +163,31 @@ test("workspace trees - a service sharing the sandboxes' uid clears set-ID bits 
   });
 });
 
+test("workspace trees - a service sharing the sandboxes' uid (here root without its capabilities) clears set-ID bits below a folder a command closed (chmod 000), and leaves another uid's file as it is, saying so instead of throwing", async (t) => {
+  if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");
+  await inTempBase(async (base) => {
+    const dir = path.join(base, "workspace");
+    await mkdir(path.join(dir, "closed", "inner"), { recursive: true });
+    const hidden = path.join(dir, "closed", "inner", "tool");
+    await writeFile(hidden, "#!/bin/sh\n");
+    await chmod(hidden, 0o6755);
+    await chmod(path.join(dir, "closed"), 0o000);
+    // Another uid's file (a checkpoint restored as root keeps its owners): not the service's to change.
+    const foreign = path.join(dir, "foreign");
+    await writeFile(foreign, "#!/bin/sh\n");
+    await chown(foreign, 12345, 12345);
+    await chmod(foreign, 0o4755);
+    const module = pathToFileURL(path.resolve("actors/sandbox-host.ts")).href;
+    const script = `const { clearSetIdBits } = await import(${JSON.stringify(module)}); const err = await clearSetIdBits(${JSON.stringify(dir)}); console.log(JSON.stringify({ error: err ? err.message : null }));`;
+    const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+    t.is(child.status, 0, child.stderr);
+    const { error } = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+    t.regex(String(error), /foreign/, "what it could not change is told, not thrown");
+    t.is((await stat(hidden)).mode & 0o7777, 0o755, "the closed folder was opened and its file's bits cleared");
+    t.is((await stat(foreign)).mode & 0o7777, 0o4755);
+  });
+});
+
 test("workspace trees - set-ID bits below a path longer than PATH_MAX are cleared too (chmod -R takes over from the walk)", async (t) => {
   await inTempBase(async (base) => {
     const { dir } = await deepWorkspace(base, 1024);
