@@ -1126,7 +1126,10 @@ export interface components {
             model: string | {
                 /** @constant */
                 provider: "openai-compatible";
-                /** Format: uri */
+                /**
+                 * Format: uri
+                 * @description The endpoint's base address, http or https, without a user name or password. Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS).
+                 */
                 base_url: string;
                 model: string;
                 /** @description The workspace's environment value sent as the endpoint's API key. Without it no credential is sent. */

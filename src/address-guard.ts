@@ -59,6 +59,11 @@ const V6_RANGES: readonly Range[] = [
   ["2001:db8::", 32, "documentation"],
   ["100::", 64, "reserved"],
   ["2001::", 23, "reserved"],
+  // IPv4-translated addresses (RFC 2765: ::ffff:0:a.b.c.d) and local-use IPv4/IPv6
+  // translation (RFC 8215: where its prefix carries the IPv4 address is the network's
+  // choice), which a NAT64 gateway would take to a private IPv4 address: never a public host.
+  ["::ffff:0:0:0", 96, "reserved"],
+  ["64:ff9b:1::", 48, "reserved"],
 ];
 
 /** First match wins, so more specific ranges come first in each table. */
@@ -233,7 +238,8 @@ export async function checkModelEndpoint(baseUrl: string, options: { allowPrivat
   } catch {
     throw new NetworkPolicyError(baseUrl, "not a URL");
   }
-  if (url.protocol !== "http:" && url.protocol !== "https:") throw new NetworkPolicyError(url.host, `scheme ${url.protocol}`);
+  // A URL without a host (file:, javascript:) is named by its first characters (it has no user name to hide).
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new NetworkPolicyError(url.host || url.href.slice(0, 100), `scheme ${url.protocol}`);
   if (options.allowPrivate) return;
   try {
     await resolveAllowed(url.hostname, options);

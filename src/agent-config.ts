@@ -22,6 +22,15 @@ const ScriptStepSchema = z.union([
 ]);
 
 /** A deployment's agent configuration (decisions §3); also the OpenAPI schema. */
+/** `value` as a URL, or undefined when it is not one. */
+function parsedUrl(value: string): URL | undefined {
+  try {
+    return new URL(value);
+  } catch {
+    return undefined;
+  }
+}
+
 export const AgentConfigSchema = z
   .object({
     model: z.union([
@@ -32,7 +41,17 @@ export const AgentConfigSchema = z
       z
         .object({
           provider: z.literal("openai-compatible"),
-          base_url: z.url(),
+          base_url: z
+            .url()
+            .max(2_048)
+            // Each check passes what is not a URL at all: z.url() has said so (zod runs them all).
+            .refine((value) => !parsedUrl(value) || /^https?:$/.test(parsedUrl(value)!.protocol), "base_url must be an http or https URL.")
+            // Deployments are readable with agents:read: a key belongs in an environment value.
+            .refine(
+              (value) => !parsedUrl(value)?.username && !parsedUrl(value)?.password,
+              "base_url may not carry a user name or password: keep the endpoint's key in an environment value named by api_key_env.",
+            )
+            .describe("The endpoint's base address, http or https, without a user name or password. Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS)."),
           model: z.string().min(1).max(256),
           api_key_env: z
             .string()

@@ -58,6 +58,11 @@ const refused: Array<[string, string]> = [
   ["64:ff9b::a9fe:a9fe", "metadata"],
   ["2002:7f00:1::", "loopback"],
   ["2002:c0a8:101::1", "private"],
+  // Translated forms whose IPv4 address is not judged (found by an adversarial probe: 201 for a webhook to each).
+  ["::ffff:0:7f00:1", "reserved"],
+  ["::ffff:0:808:808", "reserved"],
+  ["64:ff9b:1::7f00:1", "reserved"],
+  ["64:ff9b:1:ffff:ffff:ffff:ffff:ffff", "reserved"],
   ["not-an-ip", "invalid"],
   ["", "invalid"],
 ];
@@ -85,6 +90,9 @@ const allowed = [
   "::ffff:93.184.216.34",
   "64:ff9b::5db8:d822",
   "2002:5db8:d822::1",
+  // Neighbours of the translated ranges.
+  "64:ff9b:2::1",
+  "64:ff9a:ffff::1",
 ];
 
 test("address-guard - every refused range is refused with its reason, at its edges", (t) => {
@@ -186,6 +194,8 @@ test("address-guard - model endpoints on refused addresses are refused before an
     await t.throwsAsync(checkModelEndpoint(url, { allowPrivate: false, lookup }), { instanceOf: NetworkPolicyError }, url);
   }
   await t.throwsAsync(checkModelEndpoint("ftp://models.example/v1", { allowPrivate: false, lookup }), { message: /scheme/ });
+  // A deployment stored before base_url was checked at creation: named, not by an empty host.
+  await t.throwsAsync(checkModelEndpoint("file:///etc/passwd", { allowPrivate: false, lookup }), { message: /^Network policy denied file:\/\/\/etc\/passwd: scheme file:$/ });
   await t.notThrowsAsync(checkModelEndpoint("https://93.184.216.34/v1", { allowPrivate: false, lookup }));
   await t.notThrowsAsync(checkModelEndpoint("https://api.example/v1", { allowPrivate: false, lookup }));
   await t.notThrowsAsync(checkModelEndpoint("http://127.0.0.1:11434/v1", { allowPrivate: true, lookup }));

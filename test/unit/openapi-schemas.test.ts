@@ -33,6 +33,8 @@ test("openapi schemas - DeploymentRequest mirror agrees with parseDeploymentRequ
     { config: { model: "faux/scripted", script: [{ text: 1 }] } },
     { config: { model: "faux/scripted", script: [{ error: { message: "x", status: 99 } }] } },
     { config: { model: { provider: "openai-compatible", base_url: "not a url", model: "m" } } },
+    { config: { model: { provider: "openai-compatible", base_url: "ftp://203.0.113.7/v1", model: "m" } } },
+    { config: { model: { provider: "openai-compatible", base_url: "http://u:p@203.0.113.7/v1", model: "m" } } },
     { config: { model: "faux/scripted" }, upgrade_policy: "sometimes" },
     { config: { model: "faux/scripted" }, activate: "yes" },
     {},
