@@ -8,7 +8,8 @@
  * metadata address 169.254.169.254), unique-local IPv6 (which holds fd00:ec2::254),
  * multicast, unspecified, documentation, benchmarking and reserved ranges, and IPv6
  * forms that embed an IPv4 address (mapped, compatible, NAT64, 6to4) whenever the
- * embedded address is refused. A name is refused when ANY of its addresses is: the
+ * embedded address is refused; IPv4-translated addresses and the local-use NAT64 prefix,
+ * whose embedded address this guard cannot place, whatever they carry. A name is refused when ANY of its addresses is: the
  * caller connects to an address that was checked (the one {@link resolveAllowed} answers,
  * or the ones {@link guardedLookup} hands the socket), never to the name again, so a
  * second DNS answer cannot swap a public address for a private one.
@@ -60,8 +61,10 @@ const V6_RANGES: readonly Range[] = [
   ["100::", 64, "reserved"],
   ["2001::", 23, "reserved"],
   // IPv4-translated addresses (RFC 2765: ::ffff:0:a.b.c.d) and local-use IPv4/IPv6
-  // translation (RFC 8215: where its prefix carries the IPv4 address is the network's
-  // choice), which a NAT64 gateway would take to a private IPv4 address: never a public host.
+  // translation (RFC 8215), whose gateway could take them to any IPv4 address, private
+  // ones too. Where the local-use prefix carries the IPv4 address is the network's choice
+  // (RFC 6052), so this guard cannot judge it: the whole /48 is refused, and a network
+  // that reaches IPv4 hosts only through it reaches none of them from here.
   ["::ffff:0:0:0", 96, "reserved"],
   ["64:ff9b:1::", 48, "reserved"],
 ];
@@ -238,8 +241,8 @@ export async function checkModelEndpoint(baseUrl: string, options: { allowPrivat
   } catch {
     throw new NetworkPolicyError(baseUrl, "not a URL");
   }
-  // A URL without a host (file:, javascript:) is named by its first characters (it has no user name to hide).
-  if (url.protocol !== "http:" && url.protocol !== "https:") throw new NetworkPolicyError(url.host || url.href.slice(0, 100), `scheme ${url.protocol}`);
+  // A URL without a host (file:, javascript:) is named by its scheme: its path is the deployment's to show.
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new NetworkPolicyError(url.host || `a ${url.protocol} URL`, `scheme ${url.protocol}`);
   if (options.allowPrivate) return;
   try {
     await resolveAllowed(url.hostname, options);

@@ -21,7 +21,6 @@ const ScriptStepSchema = z.union([
   z.object({ error: z.object({ message: z.string(), status: z.int().min(100).max(599).optional() }).strict(), usage: ScriptUsageSchema }).strict(),
 ]);
 
-/** A deployment's agent configuration (decisions §3); also the OpenAPI schema. */
 /** `value` as a URL, or undefined when it is not one. */
 function parsedUrl(value: string): URL | undefined {
   try {
@@ -31,6 +30,7 @@ function parsedUrl(value: string): URL | undefined {
   }
 }
 
+/** A deployment's agent configuration (decisions §3); also the OpenAPI schema. */
 export const AgentConfigSchema = z
   .object({
     model: z.union([

@@ -27,7 +27,7 @@ import { closeEventStreams, openStreamCount, streamEvents } from "../../gateway/
  * GET /api/v1/runs/{runId}/events against the real service. The runs are written straight
  * into the store and their events appended through a JetStreamEventLog of the same master
  * key, so every test controls exactly which events exist (whatever the actors record for
- * real runs). Solo event retention is 2 s here, for cursor expiry; business is the default.
+ * real runs). Solo event retention is 4 s here, for cursor expiry; business is the default.
  */
 
 interface Context {

@@ -61,6 +61,7 @@ const refused: Array<[string, string]> = [
   // Translated forms whose IPv4 address is not judged (found by an adversarial probe: 201 for a webhook to each).
   ["::ffff:0:7f00:1", "reserved"],
   ["::ffff:0:808:808", "reserved"],
+  ["::ffff:0:ffff:ffff", "reserved"],
   ["64:ff9b:1::7f00:1", "reserved"],
   ["64:ff9b:1:ffff:ffff:ffff:ffff:ffff", "reserved"],
   ["not-an-ip", "invalid"],
@@ -91,6 +92,8 @@ const allowed = [
   "64:ff9b::5db8:d822",
   "2002:5db8:d822::1",
   // Neighbours of the translated ranges.
+  "::ffff:1:0:0",
+  "::fffe:ffff:ffff:ffff",
   "64:ff9b:2::1",
   "64:ff9a:ffff::1",
 ];
@@ -195,7 +198,7 @@ test("address-guard - model endpoints on refused addresses are refused before an
   }
   await t.throwsAsync(checkModelEndpoint("ftp://models.example/v1", { allowPrivate: false, lookup }), { message: /scheme/ });
   // A deployment stored before base_url was checked at creation: named, not by an empty host.
-  await t.throwsAsync(checkModelEndpoint("file:///etc/passwd", { allowPrivate: false, lookup }), { message: /^Network policy denied file:\/\/\/etc\/passwd: scheme file:$/ });
+  await t.throwsAsync(checkModelEndpoint("file:///etc/passwd", { allowPrivate: false, lookup }), { message: /^Network policy denied a file: URL: scheme file:$/ });
   await t.notThrowsAsync(checkModelEndpoint("https://93.184.216.34/v1", { allowPrivate: false, lookup }));
   await t.notThrowsAsync(checkModelEndpoint("https://api.example/v1", { allowPrivate: false, lookup }));
   await t.notThrowsAsync(checkModelEndpoint("http://127.0.0.1:11434/v1", { allowPrivate: true, lookup }));

@@ -17,6 +17,9 @@ function deepTree(base: string, bytes: number, outside: Outside): void {
   if (made.status !== 0) throw new Error(`could not make the deep tree: ${made.stderr}`);
 }
 
+/** Whether a child can be run as root without its capabilities (setpriv), which reads only what modes allow, as a service sharing the sandboxes' uid does. */
+const CAPLESS_ROOT = process.getuid?.() === 0 && spawnSync("setpriv", ["--version"]).status === 0;
+
 /** Runs `body` with a fresh folder below the system's temporary one, removed after whatever the body left (closed folders, paths past PATH_MAX). */
 async function inTempBase(body: (base: string) => Promise<void>): Promise<void> {
   const base = await mkdtemp(path.join(os.tmpdir(), "runs-trees-"));
@@ -164,7 +167,7 @@ test("workspace trees - a service sharing the sandboxes' uid clears set-ID bits 
 });
 
 test("workspace trees - a service sharing the sandboxes' uid (here root without its capabilities) clears set-ID bits below a folder a command closed (chmod 000), and leaves another uid's file as it is, saying so instead of throwing", async (t) => {
-  if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");
+  if (!CAPLESS_ROOT) return t.pass("needs root and setpriv (to run as root without its capabilities)");
   await inTempBase(async (base) => {
     const dir = path.join(base, "workspace");
     await mkdir(path.join(dir, "closed", "inner"), { recursive: true });
@@ -258,7 +261,7 @@ test("workspace trees - measured while a command runs (liveTreeUsage, du by desc
     await t.throwsAsync(liveTreeUsage(path.join(base, "missing")));
     await t.throwsAsync(liveTreeUsage(dir, AbortSignal.abort()));
     await untouched(t, outside);
-    if (spawnSync("setpriv", ["--version"]).status !== 0) return;
+    if (!CAPLESS_ROOT) return;
     const closed = path.join(base, "closed-tree");
     await mkdir(path.join(closed, "closed"), { recursive: true });
     await writeFile(path.join(closed, "closed", "data"), Buffer.alloc(2 * 1024 * 1024, 1));
@@ -280,7 +283,7 @@ test("workspace trees - measured while a command runs (liveTreeUsage, du by desc
 });
 
 test("workspace trees - a folder its owner made unreadable (chmod 000) is measured and removed all the same, as a service that shares the sandboxes' uid (here root without its capabilities) must", async (t) => {
-  if (spawnSync("setpriv", ["--version"]).status !== 0) return t.pass("no setpriv here");
+  if (!CAPLESS_ROOT) return t.pass("needs root and setpriv (to run as root without its capabilities)");
   await inTempBase(async (base) => {
     const dir = path.join(base, "workspace");
     await mkdir(path.join(dir, "closed", "inner"), { recursive: true });
