@@ -1,6 +1,6 @@
 /** Body schemas of agents, deployments, models, API keys, files, environment values and the operations routes (see gateway/schema-registry.ts). */
 import { z } from "zod";
-import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, jsonBody, refuse, SCOPES, scopeListProblem, WEBHOOK_EVENT_TYPES, WEBHOOK_WILDCARD } from "../src/index.js";
+import { AgentConfigSchema as SourceAgentConfigSchema, AgentCreateSchema, DeploymentRequestSchema as SourceDeploymentRequestSchema, destinationUrlProblem, jsonBody, refuse, SCOPES, scopeListProblem, WEBHOOK_EVENT_TYPES, WEBHOOK_WILDCARD } from "../src/index.js";
 import { named, unixSeconds } from "./schema-registry.js";
 import { UsageSchema } from "./schemas-runs.js";
 
@@ -263,14 +263,9 @@ const webhookUrl = z
   .string({ error: "must be an http or https URL." })
   .max(2048, "must be at most 2048 characters.")
   .superRefine((value, ctx) => {
-    let url: URL;
-    try {
-      url = new URL(value);
-    } catch {
-      return refuse(ctx, "url", "must be an http or https URL.");
-    }
-    if (url.protocol !== "http:" && url.protocol !== "https:") refuse(ctx, "url", "must be an http or https URL.");
-    else if (url.username || url.password) refuse(ctx, "url", "must not hold credentials; verify deliveries with the webhook's secret.");
+    const problem = destinationUrlProblem(value);
+    if (problem === "credentials") refuse(ctx, "url", "must not hold credentials; verify deliveries with the webhook's secret.");
+    else if (problem) refuse(ctx, "url", "must be an http or https URL.");
   })
   .describe("Where deliveries are POSTed. Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE).");
 const eventTypes = z.array(webhookEventType, { error: "must be an array of event types." }).min(1, "must name at least one event type.").max(WEBHOOK_EVENT_TYPES.length + 1);

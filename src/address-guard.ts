@@ -9,13 +9,31 @@
  * multicast, unspecified, documentation, benchmarking and reserved ranges, and IPv6
  * forms that embed an IPv4 address (mapped, compatible, NAT64, 6to4) whenever the
  * embedded address is refused; IPv4-translated addresses and the local-use NAT64 prefix,
- * whose embedded address this guard cannot place, whatever they carry. A name is refused when ANY of its addresses is: the
- * caller connects to an address that was checked (the one {@link resolveAllowed} answers,
- * or the ones {@link guardedLookup} hands the socket), never to the name again, so a
- * second DNS answer cannot swap a public address for a private one.
+ * whose embedded address this guard cannot place, whatever they carry. A name is refused
+ * when ANY of its addresses is: the caller connects to an address that was checked (the
+ * one {@link resolveAllowed} answers, or the ones {@link guardedLookup} hands the socket),
+ * never to the name again, so a second DNS answer cannot swap a public address for a
+ * private one.
  */
 import { lookup as dnsLookup } from "node:dns/promises";
 import net, { type LookupFunction } from "node:net";
+
+/**
+ * What makes `value` unfit as the address of a destination a tenant names (a webhook, a
+ * model endpoint): not a URL, a scheme other than http and https, or a user name or
+ * password in it (a credential shown to everyone who may read the resource); undefined
+ * when fit. Its host is judged where the service connects ({@link resolveAllowed}).
+ */
+export function destinationUrlProblem(value: string): "not-url" | "scheme" | "credentials" | undefined {
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    return "not-url";
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") return "scheme";
+  return url.username || url.password ? "credentials" : undefined;
+}
 
 export class NetworkPolicyError extends Error {
   readonly code = "network_policy_denied";

@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { BUILTIN_TOOLS, SCRIPTED_MODEL, type AgentConfig } from "./domain.js";
 import { parseWith, refuse } from "./request-schemas.js";
-import { validateAllowPattern } from "./address-guard.js";
+import { destinationUrlProblem, validateAllowPattern } from "./address-guard.js";
 import { ENV_NAME_PATTERN } from "./env-values.js";
 import { type Unstorable, unstorablePath } from "./json-depth.js";
 import { APPROVAL_TOOLS, DEFAULT_APPROVAL_TIMEOUT_S, MAX_APPROVAL_TIMEOUT_S, PATH_TOOLS } from "./approval.js";
@@ -21,15 +21,6 @@ const ScriptStepSchema = z.union([
   z.object({ error: z.object({ message: z.string(), status: z.int().min(100).max(599).optional() }).strict(), usage: ScriptUsageSchema }).strict(),
 ]);
 
-/** `value` as a URL, or undefined when it is not one. */
-function parsedUrl(value: string): URL | undefined {
-  try {
-    return new URL(value);
-  } catch {
-    return undefined;
-  }
-}
-
 /** A deployment's agent configuration (decisions §3); also the OpenAPI schema. */
 export const AgentConfigSchema = z
   .object({
@@ -44,13 +35,15 @@ export const AgentConfigSchema = z
           base_url: z
             .url()
             .max(2_048)
-            // Each check passes what is not a URL at all: z.url() has said so (zod runs them all).
-            .refine((value) => !parsedUrl(value) || /^https?:$/.test(parsedUrl(value)!.protocol), "base_url must be an http or https URL.")
-            // Deployments are readable with agents:read: a key belongs in an environment value.
-            .refine(
-              (value) => !parsedUrl(value)?.username && !parsedUrl(value)?.password,
-              "base_url may not carry a user name or password: keep the endpoint's key in an environment value named by api_key_env.",
-            )
+            .superRefine((value, ctx) => {
+              // Not a URL at all: z.url() has said so (zod runs every check).
+              const problem = destinationUrlProblem(value);
+              if (problem === "scheme") ctx.addIssue({ code: "custom", input: value, message: "base_url must be an http or https URL." });
+              // Deployments are readable with agents:read: a key belongs in an environment value.
+              if (problem === "credentials") {
+                ctx.addIssue({ code: "custom", input: value, message: "base_url may not carry a user name or password: keep the endpoint's key in an environment value named by api_key_env." });
+              }
+            })
             .describe("The endpoint's base address, http or https, without a user name or password. Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS)."),
           model: z.string().min(1).max(256),
           api_key_env: z

@@ -136,7 +136,7 @@ export interface Config {
   roles: { gateway: boolean; actors: boolean };
   partitions: number;
   waitTimeoutMs: number;
-  /** How often a waiting request reads the store when no notice of its turn came (one lost while NATS reconnected). */
+  /** How long a default-wait request waits for a notice of its turn before it reads the store, and how often it reads it after that (a notice lost while NATS reconnected). */
   waitStoreCheckMs: number;
   turnLimitMs: number;
   leaseTtlMs: number;

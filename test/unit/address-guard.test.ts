@@ -2,6 +2,7 @@ import test from "ava";
 import type { LookupAddress } from "node:dns";
 import {
   checkModelEndpoint,
+  destinationUrlProblem,
   guardedLookup,
   hostAllowed,
   NetworkPolicyError,
@@ -202,6 +203,13 @@ test("address-guard - model endpoints on refused addresses are refused before an
   await t.notThrowsAsync(checkModelEndpoint("https://93.184.216.34/v1", { allowPrivate: false, lookup }));
   await t.notThrowsAsync(checkModelEndpoint("https://api.example/v1", { allowPrivate: false, lookup }));
   await t.notThrowsAsync(checkModelEndpoint("http://127.0.0.1:11434/v1", { allowPrivate: true, lookup }));
+});
+
+test("address-guard - a destination's URL (webhook, model endpoint): http or https, without a user name or password", (t) => {
+  for (const fit of ["https://api.example/v1", "http://203.0.113.7:8000/v1", "https://[2606:4700::1111]/"]) t.is(destinationUrlProblem(fit), undefined, fit);
+  for (const notUrl of ["not a url", "", "//api.example/v1", "http://"]) t.is(destinationUrlProblem(notUrl), "not-url", notUrl);
+  for (const scheme of ["ftp://api.example/", "file:///etc/passwd", "javascript:alert(1)", "gopher://api.example:70/", "ws://api.example/"]) t.is(destinationUrlProblem(scheme), "scheme", scheme);
+  for (const credentials of ["https://user@api.example/", "https://:secret@api.example/", "http://u:p@203.0.113.7/v1"]) t.is(destinationUrlProblem(credentials), "credentials", credentials);
 });
 
 test("egress-proxy - CONNECT authorities and the test host map are parsed strictly", (t) => {
