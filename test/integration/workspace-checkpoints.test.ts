@@ -17,6 +17,23 @@ import { BlobKeyring } from "../../src/blob-crypto.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 
 /**
+ * POSTs as a client would right after a node restarted: a retryable 503 (runtime_unavailable:
+ * the new node does not own the run's partition yet, as when the old node's lease release
+ * timed out under load and the lease must expire) is asked again with the same
+ * Idempotency-Key, for up to 30 s. Seen once in a full run: the post right after a restart
+ * answered 503 after the router's 5 s of retries.
+ */
+async function postOnceServing(api: Api, url: string, body: unknown): Promise<{ status: number; body: any }> {
+  const key = `k-${Math.random().toString(36).slice(2)}`;
+  const until = Date.now() + 30_000;
+  for (let i = 0; ; i++) {
+    const res = await api.post(url, body, key);
+    if (res.status !== 503 || res.body?.error?.retryable !== true || Date.now() > until || i >= 30) return res;
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+  }
+}
+
+/**
  * A node that held a run before keeps its workspace directory after losing the run. When
  * the run comes back to it, the directory is used only if it is still the run's latest
  * checkpoint: otherwise what another node saved since would be overwritten by the old
@@ -36,7 +53,7 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
       await api.waitDeployment(agent, d.version);
     };
     const turn = async (runId: string) => {
-      const res = await api.post("/api/v1/runs", { run_id: runId, input: "go" });
+      const res = await postOnceServing(api, "/api/v1/runs", { run_id: runId, input: "go" });
       t.is(res.body.turn?.status, "completed", JSON.stringify(res.body));
       const evs = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data as any[];
       const end = evs.filter((e) => e.type === "tool_execution_end").at(-1);
@@ -332,7 +349,7 @@ test("checkpoints - a node below its disk reserve does not restore a run's works
     await service.close();
     service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000", RUNS_DISK_RESERVE_MB: String(2 ** 40) });
     api = new Api(service.url!, api.key);
-    const short = await api.post("/api/v1/runs", { run_id: runId, input: "go" });
+    const short = await postOnceServing(api, "/api/v1/runs", { run_id: runId, input: "go" });
     t.is(short.body.turn?.status, "failed", JSON.stringify(short.body));
     t.like(short.body.turn.error, { code: "sandbox_capacity_exceeded", retryable: true, source: "platform" });
 
@@ -340,7 +357,7 @@ test("checkpoints - a node below its disk reserve does not restore a run's works
     await service.close();
     service = await startTestService(servers, { RUNS_WAIT_TIMEOUT_MS: "20000" });
     api = new Api(service.url!, api.key);
-    const after = await api.post("/api/v1/runs", { run_id: runId, input: "go" });
+    const after = await postOnceServing(api, "/api/v1/runs", { run_id: runId, input: "go" });
     t.is(after.body.turn?.status, "completed", JSON.stringify(after.body));
     const evs = (await api.get(`/api/v1/runs/${runId}/events?limit=1000`)).body.data as any[];
     t.is(evs.filter((e) => e.type === "tool_execution_end").at(-1).data.result.content[0].text.trim(), "one");
