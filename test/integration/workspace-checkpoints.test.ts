@@ -249,7 +249,7 @@ const CAPLESS_ROOT = process.getuid?.() === 0 && spawnSync("setpriv", ["--versio
 /**
  * Saves `dir` as `runId` into `bucketName` from a child process run as root without its
  * capabilities, which reads only what modes allow, as a service sharing the sandboxes' uid
- * does. Its last line of output is `{"revision": n}` or `{"error": name, "message": …}`.
+ * does. `answer` is its last line of output, `{"revision": n}` or `{"error": name, "message": …}`.
  */
 function saveWithoutCapabilities(servers: TestServers, bucketName: string, runId: string, dir: string) {
   const modules = Object.fromEntries(["actors/checkpoints.ts", "src/nats.ts"].map((file) => [file, pathToFileURL(path.resolve(file)).href]));
@@ -271,7 +271,16 @@ function saveWithoutCapabilities(servers: TestServers, bucketName: string, runId
     `  await nc.close();`,
     `}`,
   ].join("\n");
-  return spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+  const child = spawnSync("setpriv", ["--bounding-set=-all", "--inh-caps=-all", process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+  // Its answer, when it printed one (a child that failed has none: its status and stderr tell).
+  const last = child.stdout?.trim().split("\n").at(-1);
+  let answer: { revision?: number; error?: string; message?: string } = {};
+  try {
+    if (last) answer = JSON.parse(last);
+  } catch {
+    // Not an answer: the assertions on it fail with the child's output.
+  }
+  return { status: child.status, stdout: child.stdout, stderr: child.stderr, answer };
 }
 
 test("checkpoints - a file and a folder a command made unreadable (chmod 000) are saved all the same by a service that shares the sandboxes' uid (here root without its capabilities), and restored with their data", (t) =>
@@ -290,7 +299,7 @@ test("checkpoints - a file and a folder a command made unreadable (chmod 000) ar
     // Root without capabilities reads only what modes allow, as any other uid: tar alone fails on both.
     const child = saveWithoutCapabilities(servers, "checkpoint_closed_test", runId, dir);
     t.is(child.status, 0, child.stderr);
-    const { revision } = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+    const revision = child.answer.revision!;
     t.true(revision > 0, child.stdout);
     const restored = path.join(servers.dir, "restored", runId);
     t.is(await checkpoints.restore(runId, restored, "ws_x"), revision);
@@ -315,9 +324,9 @@ test("checkpoints - a path a restore cannot create, below a folder a command mad
     try {
       const child = saveWithoutCapabilities(servers, "checkpoint_closeddeep_test", runId, dir);
       t.is(child.status, 0, child.stderr);
-      const answer = JSON.parse(child.stdout.trim().split("\n").at(-1)!);
+      const { answer } = child;
       t.is(answer.error, "CheckpointUnrestorableError", child.stdout);
-      t.regex(answer.message, /below "closed\/0{20}/);
+      t.regex(String(answer.message), /below "closed\/0{20}/);
       t.is(await bucket.info(runId), null, "nothing was saved");
     } finally {
       // Node's rm stops at PATH_MAX: rm(1) removes the tree before the servers' folder goes.
