@@ -1128,7 +1128,7 @@ export interface components {
                 provider: "openai-compatible";
                 /**
                  * Format: uri
-                 * @description The endpoint's base address, http or https, without a user name or password. Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS).
+                 * @description The endpoint's base address, http or https, without a user name or password, naming a DNS name or an IP address (not port 0). Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS).
                  */
                 base_url: string;
                 model: string;
@@ -1479,7 +1479,7 @@ export interface components {
             updated_at: number;
         };
         WebhookCreateRequest: {
-            /** @description Where deliveries are POSTed. Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE). */
+            /** @description Where deliveries are POSTed: http or https, without credentials, naming a DNS name or an IP address (not port 0). Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE). */
             url: string;
             event_types: ("turn.completed" | "turn.failed" | "turn.cancelled" | "turn.incomplete" | "turn.action_required" | "run.deleted" | "run.expired" | "*")[];
             agent_id?: string | null;
@@ -1487,7 +1487,7 @@ export interface components {
             enabled?: boolean;
         };
         WebhookUpdateRequest: {
-            /** @description Where deliveries are POSTed. Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE). */
+            /** @description Where deliveries are POSTed: http or https, without credentials, naming a DNS name or an IP address (not port 0). Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE). */
             url?: string;
             event_types?: ("turn.completed" | "turn.failed" | "turn.cancelled" | "turn.incomplete" | "turn.action_required" | "run.deleted" | "run.expired" | "*")[];
             agent_id?: string | null;

@@ -20,11 +20,12 @@ import net, { type LookupFunction } from "node:net";
 
 /**
  * What makes `value` unfit as the address of a destination a tenant names (a webhook, a
- * model endpoint): not a URL, a scheme other than http and https, or a user name or
- * password in it (a credential shown to everyone who may read the resource); undefined
- * when fit. Its host is judged where the service connects ({@link resolveAllowed}).
+ * model endpoint): not a URL, a scheme other than http and https, a user name or password
+ * in it (a credential shown to everyone who may read the resource), or a host no
+ * connection can reach (a name that is not a DNS name, port 0); undefined when fit. Where
+ * its host's addresses lead is judged where the service connects ({@link resolveAllowed}).
  */
-export function destinationUrlProblem(value: string): "not-url" | "scheme" | "credentials" | undefined {
+export function destinationUrlProblem(value: string): "not-url" | "scheme" | "credentials" | "host" | undefined {
   let url: URL;
   try {
     url = new URL(value);
@@ -32,7 +33,20 @@ export function destinationUrlProblem(value: string): "not-url" | "scheme" | "cr
     return "not-url";
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") return "scheme";
-  return url.username || url.password ? "credentials" : undefined;
+  if (url.username || url.password) return "credentials";
+  return url.port === "0" || !reachableHostName(url.hostname) ? "host" : undefined;
+}
+
+/** DNS labels (letters, digits, `-`, `_`; 1–63 each, 253 in all; one trailing dot). */
+const DNS_NAME = /^(?=.{1,253}$)[a-z0-9_-]{1,63}(?:\.[a-z0-9_-]{1,63})*$/;
+
+/**
+ * Whether a WHATWG URL's hostname (lower-cased, IDNA-encoded, IPv4 normalized) could be
+ * connected to: an IP address, or a name DNS can hold (not `.`, `a..b` or `a!b`).
+ */
+function reachableHostName(hostname: string): boolean {
+  if (hostname.startsWith("[") || net.isIPv4(hostname)) return true;
+  return DNS_NAME.test(hostname.endsWith(".") ? hostname.slice(0, -1) : hostname);
 }
 
 export class NetworkPolicyError extends Error {

@@ -43,8 +43,9 @@ export const AgentConfigSchema = z
               if (problem === "credentials") {
                 ctx.addIssue({ code: "custom", input: value, message: "base_url may not carry a user name or password: keep the endpoint's key in an environment value named by api_key_env." });
               }
+              if (problem === "host") ctx.addIssue({ code: "custom", input: value, message: "base_url must name a DNS name or an IP address, and a port other than 0." });
             })
-            .describe("The endpoint's base address, http or https, without a user name or password. Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS)."),
+            .describe("The endpoint's base address, http or https, without a user name or password, naming a DNS name or an IP address (not port 0). Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS)."),
           model: z.string().min(1).max(256),
           api_key_env: z
             .string()

@@ -276,6 +276,10 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
     [{ url: "ftp://example.com/x", event_types: ["*"] }, "url"],
     [{ url: "https://user:pw@example.com/x", event_types: ["*"] }, "url"],
     [{ url: "not a url", event_types: ["*"] }, "url"],
+    // A host no delivery could reach (found by an adversarial probe: each was 201).
+    [{ url: "https://example.com:0/x", event_types: ["*"] }, "url"],
+    [{ url: "http://./x", event_types: ["*"] }, "url"],
+    [{ url: "http://a..b/x", event_types: ["*"] }, "url"],
     [{ url: "https://example.com/x", event_types: [] }, "event_types"],
     [{ url: "https://example.com/x", event_types: ["turn.started"] }, "event_types"],
     [{ url: "https://example.com/x" }, "event_types"],
@@ -291,6 +295,8 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
     t.is(res.status, 400, JSON.stringify(body));
     t.is(res.body.error.param, param, JSON.stringify(body));
   }
+  const portZero = await ws.api.post("/api/v1/webhooks", { url: "https://example.com:0/x", event_types: ["*"] });
+  t.regex(portZero.body.error.message, /DNS name or an IP address, and a port other than 0/);
   const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/x", event_types: ["*"] })).body;
   // An agent filter names an agent of the workspace: none, or another workspace's, never matches.
   const theirs = await other.api.agentWith({ model: "faux/scripted" });

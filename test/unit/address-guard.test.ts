@@ -205,8 +205,34 @@ test("address-guard - model endpoints on refused addresses are refused before an
   await t.notThrowsAsync(checkModelEndpoint("http://127.0.0.1:11434/v1", { allowPrivate: true, lookup }));
 });
 
-test("address-guard - a destination's URL (webhook, model endpoint): http or https, without a user name or password", (t) => {
-  for (const fit of ["https://api.example/v1", "http://203.0.113.7:8000/v1", "https://[2606:4700::1111]/"]) t.is(destinationUrlProblem(fit), undefined, fit);
+test("address-guard - a destination's URL (webhook, model endpoint): http or https, without a user name or password, to a reachable host", (t) => {
+  const fits = [
+    "https://api.example/v1",
+    "http://203.0.113.7:8000/v1",
+    "https://[2606:4700::1111]/",
+    "https://api.example./v1", // a fully qualified name
+    "https://bücher.example/", // IDNA-encoded by the URL parser
+    "https://my_host.example:65535/",
+    `https://${"a".repeat(63)}.example/`,
+    `https://${Array.from({ length: 4 }, () => "a".repeat(62)).join(".")}/`, // 251 characters
+    "http://0x7f.1/", // normalized to 127.0.0.1 (refused where the service connects)
+  ];
+  for (const fit of fits) t.is(destinationUrlProblem(fit), undefined, fit);
+  const unreachable = [
+    "http://./",
+    "http://../",
+    "http://a..b/",
+    "http://.a/",
+    "http://a!b/",
+    "http://a$b.example/",
+    "http://a*b/",
+    `https://${"a".repeat(64)}.example/`,
+    `https://${Array.from({ length: 4 }, () => "a".repeat(63)).join(".")}/`, // 255 characters
+    "http://api.example:0/",
+    "http://[2606:4700::1111]:0/",
+    "http://203.0.113.7:0/",
+  ];
+  for (const host of unreachable) t.is(destinationUrlProblem(host), "host", host);
   for (const notUrl of ["not a url", "", "//api.example/v1", "http://"]) t.is(destinationUrlProblem(notUrl), "not-url", notUrl);
   for (const scheme of ["ftp://api.example/", "file:///etc/passwd", "javascript:alert(1)", "gopher://api.example:70/", "ws://api.example/"]) t.is(destinationUrlProblem(scheme), "scheme", scheme);
   for (const credentials of ["https://user@api.example/", "https://:secret@api.example/", "http://u:p@203.0.113.7/v1"]) t.is(destinationUrlProblem(credentials), "credentials", credentials);
