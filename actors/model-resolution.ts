@@ -22,7 +22,8 @@ export function resolveModel(ref: ModelRef, scripted: ScriptedModelOptions = {})
     try {
       new URL(ref.base_url);
     } catch {
-      return { error: `The base_url "${ref.base_url}" of the openai-compatible model is not a URL` };
+      // Not quoted: the turn's error is read by everyone with run:read.
+      return { error: "The base_url of the openai-compatible model is not a URL" };
     }
     const model: Model<"openai-completions"> = {
       id: ref.model,

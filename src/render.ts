@@ -98,11 +98,31 @@ export function renderDeployment(d: DeploymentDoc) {
     version: d.version,
     status: d.status,
     upgrade_policy: d.upgrade_policy,
-    config: d.config,
+    config: withoutEndpointCredentials(d.config),
     error: d.error,
     created_at: unixSeconds(d.created_at),
     ready_at: secondsOrNull(d.ready_at),
   };
+}
+
+/**
+ * A deployment's configuration as its readers see it. Since base_url refuses a user name
+ * or password, none is stored, but a deployment made before that may hold one: it is
+ * shown as `***` to everyone with agents:read (the turn still uses the stored URL).
+ */
+function withoutEndpointCredentials(config: DeploymentDoc["config"]): DeploymentDoc["config"] {
+  const model = config.model;
+  if (typeof model === "string") return config;
+  let url: URL;
+  try {
+    url = new URL(model.base_url);
+  } catch {
+    return config;
+  }
+  if (!url.username && !url.password) return config;
+  if (url.username) url.username = "***";
+  if (url.password) url.password = "***";
+  return { ...config, model: { ...model, base_url: url.href } };
 }
 
 export function list<T>(data: T[], hasMore: boolean, nextCursor: string | null) {

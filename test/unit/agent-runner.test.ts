@@ -859,3 +859,12 @@ test("agent-runner - approvals: after a resume, a later message reusing the deci
   t.deepEqual((await readdir(dir)).sort(), ["approved"], "only the approved call ran");
   await rm(dir, { recursive: true });
 });
+
+test("model-resolution - a base_url that is not a URL (stored before deployments checked it) is refused without being quoted", (t) => {
+  const resolved = resolveModel({ provider: "openai-compatible", base_url: "https://user:s3cret@models example/v1", model: "m" });
+  t.true("error" in resolved);
+  if ("error" in resolved) {
+    t.regex(resolved.error, /base_url of the openai-compatible model is not a URL/);
+    t.false(resolved.error.includes("s3cret"));
+  }
+});
