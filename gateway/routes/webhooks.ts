@@ -52,7 +52,7 @@ export const WEBHOOK_OPERATIONS = {
     path: "/api/v1/webhooks",
     operationId: "createWebhook",
     summary: "Create a webhook",
-    description: "The answer holds the signing secret (whsec_…), shown only now and on rotation. Deliveries start for events after this (another node within 2 s).",
+    description: "The answer holds the signing secret (whsec_…), shown only now and on rotation. Deliveries start for events after this (another node within 2 s). Needs run:read too: deliveries carry runs' inputs and outputs.",
     tag: "webhooks",
     scope: "webhooks:write",
     body: { schema: WebhookCreateRequestSchema, required: true },
@@ -86,7 +86,7 @@ export const WEBHOOK_OPERATIONS = {
     path: "/api/v1/webhooks/{webhookId}",
     operationId: "updateWebhook",
     summary: "Change a webhook",
-    description: "Fields given replace the webhook's; enabled: true restarts delivery after a 410 Gone stopped it (pending deliveries go out again).",
+    description: "Fields given replace the webhook's; enabled: true restarts delivery after a 410 Gone stopped it (pending deliveries go out again). Changing url, event_types or agent_id, or enabling it, needs run:read too.",
     tag: "webhooks",
     scope: "webhooks:write",
     params: WebhookParams,
@@ -158,7 +158,7 @@ export const WEBHOOK_OPERATIONS = {
     path: "/api/v1/webhooks/{webhookId}/deliveries/{deliveryId}/redeliver",
     operationId: "redeliverWebhook",
     summary: "Deliver a message again",
-    description: "A new delivery of the same message (same webhook-id and body), attempted afresh.",
+    description: "A new delivery of the same message (same webhook-id and body), attempted afresh. Needs run:read too.",
     tag: "webhooks",
     scope: "webhooks:write",
     params: DeliveryParams,
@@ -170,6 +170,18 @@ export const WEBHOOK_OPERATIONS = {
 const webhookNotFound = (id: string) => new ApiError("not_found", { message: `No webhook ${id} in this workspace.`, param: "webhookId" });
 
 /** Webhooks (issue 16): scopes webhooks:read / webhooks:write. */
+/**
+ * A webhook sends runs' inputs and outputs to its URL, and sending data to an address of
+ * one's choosing is reading it: what decides that (creating one, its URL, events, agent
+ * filter, enabling it, a redelivery) takes run:read, as a deployment's api_key_env takes
+ * env_vars:reveal. Found by a probe: webhooks:write alone received full turns.
+ */
+function requireRunRead(scopes: ReadonlySet<string>, what: string): void {
+  if (!scopes.has("run:read")) {
+    throw new ApiError("permission_denied", { message: `This API key lacks the scope run:read: a webhook sends runs' inputs and outputs to its URL, so ${what} needs it.` });
+  }
+}
+
 export function webhookRoutes(ctx: GatewayContext) {
   return async function (app: FastifyInstance) {
     const store = ctx.webhooks;
@@ -191,6 +203,7 @@ export function webhookRoutes(ctx: GatewayContext) {
 
     route(app, WEBHOOK_OPERATIONS.createWebhook, async (request, reply) => {
       const auth = authOf(request);
+      requireRunRead(auth.scopes, "creating one");
       await checkUrl(request.body.url);
       await checkAgent(auth.workspace._id, request.body.agent_id);
       if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) {
@@ -227,6 +240,9 @@ export function webhookRoutes(ctx: GatewayContext) {
     route(app, WEBHOOK_OPERATIONS.updateWebhook, async (request) => {
       const auth = authOf(request);
       const body = request.body;
+      if (body.url !== undefined || body.event_types !== undefined || body.agent_id !== undefined || body.enabled === true) {
+        requireRunRead(auth.scopes, "changing what it sends or where, or enabling it,");
+      }
       if (body.url !== undefined) await checkUrl(body.url);
       await checkAgent(auth.workspace._id, body.agent_id);
       const set: Parameters<typeof store.update>[2] = {};
@@ -290,6 +306,7 @@ export function webhookRoutes(ctx: GatewayContext) {
     });
 
     route(app, WEBHOOK_OPERATIONS.redeliverWebhook, async (request, reply) => {
+      requireRunRead(authOf(request).scopes, "delivering a message again");
       const original = await loadDelivery(authOf(request).workspace._id, request.params.webhookId, request.params.deliveryId);
       return reply.status(202).send(renderDelivery(await store.redeliver(original)));
     });

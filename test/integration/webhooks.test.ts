@@ -269,6 +269,44 @@ test("webhooks - rotation signs with both secrets for a day; a test delivery and
   t.is(r.requests[1]!.headers["webhook-id"], request.headers["webhook-id"]);
 });
 
+test("webhooks - what a webhook sends and where takes run:read too: webhooks:write alone cannot direct runs' data to an address (found by a probe)", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const key = async (scopes: string[]) => ws.api.withKey((await ws.api.post("/api/v1/api-keys", { scopes })).body.key);
+  const writer = await key(["webhooks:read", "webhooks:write"]);
+  const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/x", event_types: ["turn.completed"], enabled: false })).body;
+  const sent = await ws.api.post(`/api/v1/webhooks/${hook.id}/test`, {});
+  t.is(sent.status, 202);
+
+  const refused = [
+    await writer.post("/api/v1/webhooks", { url: "https://example.com/mine", event_types: ["*"] }),
+    ...(await Promise.all(
+      [{ url: "https://example.com/mine" }, { event_types: ["*"] }, { agent_id: null }, { enabled: true }, { description: "d", enabled: true }].map((body) =>
+        writer.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body }),
+      ),
+    )),
+    await writer.post(`/api/v1/webhooks/${hook.id}/deliveries/${sent.body.id}/redeliver`, {}),
+  ];
+  for (const res of refused) {
+    t.is(res.status, 403, JSON.stringify(res.body));
+    t.is(res.body.error.code, "permission_denied");
+    t.regex(res.body.error.message, /lacks the scope run:read: a webhook sends runs' inputs and outputs/);
+  }
+  const unchanged = (await ws.api.get(`/api/v1/webhooks/${hook.id}`)).body;
+  t.like(unchanged, { url: "https://example.com/x", event_types: ["turn.completed"], enabled: false, description: null });
+  t.is((await ws.api.get(`/api/v1/webhooks/${hook.id}/deliveries`)).body.data.length, 1);
+
+  // What sends nothing new, or nothing to a new place, stays with webhooks:write.
+  t.is((await writer.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { description: "kept", enabled: false } })).status, 200);
+  t.is((await writer.post(`/api/v1/webhooks/${hook.id}/rotate-secret`, {})).status, 200);
+  t.is((await writer.post(`/api/v1/webhooks/${hook.id}/test`, {})).status, 202);
+  // With run:read as well, all of it.
+  const full = await key(["webhooks:read", "webhooks:write", "run:read"]);
+  t.is((await full.request("PATCH", `/api/v1/webhooks/${hook.id}`, { body: { url: "https://example.com/y", enabled: true } })).status, 200);
+  t.is((await full.post(`/api/v1/webhooks/${hook.id}/deliveries/${sent.body.id}/redeliver`, {})).status, 202);
+  t.is((await full.post("/api/v1/webhooks", { url: "https://example.com/z", event_types: ["*"] })).status, 201);
+  t.is((await writer.request("DELETE", `/api/v1/webhooks/${hook.id}`)).status, 200);
+});
+
 test("webhooks - bad input answers 400 naming the field; scopes; another workspace's webhook is not found", async (t) => {
   const ws = await newWorkspace(t.context.service);
   const other = await newWorkspace(t.context.service);
