@@ -355,7 +355,7 @@ export interface paths {
         put?: never;
         /**
          * Revoke an API key
-         * @description Refused on every node within 5 seconds. Repeating it changes nothing. Scope: api_keys:manage. Not held back by the workspace's request limit: it has a budget of its own (RUNS_RATE_EXEMPT_*, by default ten times larger), which only a flood meets (429).
+         * @description Refused on every node within 5 seconds. Repeating it changes nothing. Only a key whose scopes the caller's key all holds: else 403, param keyId. Scope: api_keys:manage. Not held back by the workspace's request limit: it has a budget of its own (RUNS_RATE_EXEMPT_*, by default ten times larger), which only a flood meets (429).
          */
         post: operations["revokeApiKey"];
         delete?: never;
@@ -375,7 +375,7 @@ export interface paths {
         put?: never;
         /**
          * Rotate an API key
-         * @description Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict. Scope: api_keys:manage. Counts against the lower limit of expensive operations too.
+         * @description Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict. Only a key whose scopes the caller's key all holds (else 403, param keyId), into scopes it holds (else 403, param scopes). Scope: api_keys:manage. Counts against the lower limit of expensive operations too.
          */
         post: operations["rotateApiKey"];
         delete?: never;
@@ -395,7 +395,7 @@ export interface paths {
         put?: never;
         /**
          * Rotate an API key (also served without /api/v1)
-         * @description Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict. Scope: api_keys:manage. Counts against the lower limit of expensive operations too.
+         * @description Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict. Only a key whose scopes the caller's key all holds (else 403, param keyId), into scopes it holds (else 403, param scopes). Scope: api_keys:manage. Counts against the lower limit of expensive operations too.
          */
         post: operations["rotateApiKeyUnversioned"];
         delete?: never;
@@ -555,7 +555,7 @@ export interface paths {
         put?: never;
         /**
          * Create a webhook
-         * @description The answer holds the signing secret (whsec_…), shown only now and on rotation. Deliveries start for events after this (another node within 2 s). Scope: webhooks:write.
+         * @description The answer holds the signing secret (whsec_…), shown only now and on rotation. Deliveries start for events after this (another node within 2 s). Needs run:read too: deliveries carry runs' inputs and outputs. Scope: webhooks:write.
          */
         post: operations["createWebhook"];
         delete?: never;
@@ -587,7 +587,7 @@ export interface paths {
         head?: never;
         /**
          * Change a webhook
-         * @description Fields given replace the webhook's; enabled: true restarts delivery after a 410 Gone stopped it (pending deliveries go out again). Scope: webhooks:write.
+         * @description Fields given replace the webhook's; enabled: true restarts delivery after a 410 Gone stopped it (pending deliveries go out again). Changing url, event_types or agent_id, or enabling it, needs run:read too. Scope: webhooks:write.
          */
         patch: operations["updateWebhook"];
         trace?: never;
@@ -683,7 +683,7 @@ export interface paths {
         put?: never;
         /**
          * Deliver a message again
-         * @description A new delivery of the same message (same webhook-id and body), attempted afresh. Scope: webhooks:write.
+         * @description A new delivery of the same message (same webhook-id and body), attempted afresh. Needs run:read too. Scope: webhooks:write.
          */
         post: operations["redeliverWebhook"];
         delete?: never;

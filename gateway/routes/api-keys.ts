@@ -19,6 +19,18 @@ function requireHeld(held: ReadonlySet<string>, scopes: readonly string[]): void
   }
 }
 
+/**
+ * A key may revoke or rotate only a key whose scopes it holds itself: `api_keys:manage`
+ * alone must not end the workspace's stronger keys, every full key included (found by a
+ * probe: a manage-only key revoked them all, or rotated one into a manage-only key).
+ */
+function requireHeldByCaller(held: ReadonlySet<string>, target: ApiKeyDoc): void {
+  const missing = target.scopes.find((s) => !held.has(s));
+  if (missing !== undefined) {
+    throw new ApiError("permission_denied", { param: "keyId", message: `This API key lacks the scope ${missing}, which that key holds: a key may only revoke or rotate keys whose scopes it holds.` });
+  }
+}
+
 const KeyParams = z.object(keyId);
 
 /** Keys with their `last_used_at`, which is kept apart from the key documents. */
@@ -41,7 +53,7 @@ function rotateOperation(path: string, operationId: string, summary: string) {
     path,
     operationId,
     summary,
-    description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict.",
+    description: "Creates a replacement key and schedules revocation of the old one after gracePeriodSeconds (default 86400). A revoked key: 409 conflict. Only a key whose scopes the caller's key all holds (else 403, param keyId), into scopes it holds (else 403, param scopes).",
     tag: "api-keys",
     scope: "api_keys:manage",
     rate: "expensive",
@@ -93,7 +105,7 @@ export const API_KEY_OPERATIONS = {
     path: "/api/v1/api-keys/{keyId}/revoke",
     operationId: "revokeApiKey",
     summary: "Revoke an API key",
-    description: "Refused on every node within 5 seconds. Repeating it changes nothing.",
+    description: "Refused on every node within 5 seconds. Repeating it changes nothing. Only a key whose scopes the caller's key all holds: else 403, param keyId.",
     tag: "api-keys",
     scope: "api_keys:manage",
     rate: "exempt",
@@ -140,6 +152,7 @@ export function apiKeyRoutes(ctx: GatewayContext) {
 
     route(app, API_KEY_OPERATIONS.revokeApiKey, async (request) => {
       const key = await loadKey(ctx, request, request.params.keyId);
+      requireHeldByCaller(authOf(request).scopes, key);
       const now = ctx.clock.nowMs();
       if (key.revoked_at === null) {
         await ctx.store.keys.update(key._id, { revoked_at: now, updated_at: now });
@@ -158,6 +171,8 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       const scopes = body.scopes ?? old.scopes;
       // The rotated key's secret goes to the caller: it may not carry more than the caller holds.
       requireHeld(authOf(request).scopes, scopes);
+      // Nor may the caller end a key stronger than itself by rotating it into a weaker one.
+      requireHeldByCaller(authOf(request).scopes, old);
       const graceS = body.gracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_S;
       const revokesAt = now + graceS * 1000;
       const { doc, secret } = newApiKey({

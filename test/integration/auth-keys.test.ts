@@ -326,3 +326,31 @@ test("keys - a key may create or rotate only keys whose scopes it holds (no esca
   t.is(rotateUp.status, 403);
   t.is((await limited.post(`/api/v1/api-keys/${manager.id}/rotate`, {})).status, 201);
 });
+
+test("keys - a key may revoke or rotate only keys whose scopes it holds: api_keys:manage alone cannot end a stronger key (found by a probe)", async (t) => {
+  const { api, service } = t.context;
+  const manager = await createKey(api, ["api_keys:manage"]);
+  const limited = new Api(service.url!, manager.key);
+  const strong = await createKey(api, [...SCOPES]);
+  const refused = [
+    await limited.post(`/api/v1/api-keys/${strong.id}/revoke`),
+    // Rotated into a key the caller may hold, the stronger key would end with its grace.
+    await limited.post(`/api/v1/api-keys/${strong.id}/rotate`, { scopes: ["api_keys:manage"], gracePeriodSeconds: 0 }),
+  ];
+  for (const res of refused) {
+    t.is(res.status, 403, JSON.stringify(res.body));
+    t.like(res.body.error, { code: "permission_denied", param: "keyId" });
+    t.regex(res.body.error.message, /lacks the scope \S+, which that key holds/);
+  }
+  const still = await api.withKey(strong.key).get("/api/v1/api-keys");
+  t.is(still.status, 200);
+  t.is((await api.get(`/api/v1/api-keys/${strong.id}`)).body.revoked_at, null);
+  // Keys within its own scopes (itself included) it may still rotate and revoke.
+  const peer = await createKey(api, ["api_keys:manage"]);
+  const rotated = await limited.post(`/api/v1/api-keys/${peer.id}/rotate`, { gracePeriodSeconds: 0 });
+  t.is(rotated.status, 201);
+  t.is((await limited.post(`/api/v1/api-keys/${rotated.body.id}/revoke`)).status, 200);
+  t.is((await limited.post(`/api/v1/api-keys/${manager.id}/revoke`)).status, 200);
+  // A full key may revoke any key of the workspace.
+  t.is((await api.withKey(strong.key).post(`/api/v1/api-keys/${strong.id}/revoke`)).status, 200);
+});
