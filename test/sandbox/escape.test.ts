@@ -593,6 +593,32 @@ test.serial("sandbox - system calls no tool needs, and any numbered past the las
   if (!withoutMemoryCgroup) t.regex(text, /^exit 137$/m, text);
 });
 
+test.serial("sandbox - fallocate fails as on a filesystem without it, so no command takes disk blocks faster than it can write them (found by a probe: 4 GiB in 10 ms past disk_mb); posix_fallocate still works, by writing", async (t) => {
+  const { api } = t.context;
+  const script = [
+    // The probe's command: four files of 1023 MiB (each under the file size limit), reserved at once.
+    "for i in 1 2 3 4; do fallocate -l 1023M f$i; echo \"fallocate $?\"; done",
+    "du -sk . | cut -f1",
+    "python3 - <<'EOF'",
+    "import os",
+    "fd = os.open('small', os.O_CREAT | os.O_WRONLY)",
+    "os.posix_fallocate(fd, 0, 1 << 20)",
+    "print('posix_fallocate', os.fstat(fd).st_size, os.fstat(fd).st_blocks * 512 >= 1 << 20)",
+    "EOF",
+  ].join("\n");
+  const agent = await api.agentWith(scripted([bash(`{\n${script}\n} 2>&1`)], { limits: { disk_mb: 1024 } }));
+  const { runId, turnId } = await startRun(api, agent);
+  const outcome = await finish(api, runId, turnId, 60_000);
+  ranAll(t, outcome, 1);
+  const text = outcome.results[0]!.text;
+  t.is(text.match(/Operation not supported/g)?.length, 4, text);
+  t.is(text.match(/^fallocate 1$/gm)?.length, 4, text);
+  // Nothing was reserved: the folder holds a few KiB, not 4 GiB.
+  const kib = Number(text.match(/^(\d+)$/m)?.[1]);
+  t.true(kib < 1024, text);
+  t.regex(text, /^posix_fallocate 1048576 True$/m, text);
+});
+
 test.serial("sandbox - files hidden below a path longer than PATH_MAX still count against disk_mb (writes refuse), the turn fails saying the workspace cannot be checkpointed (its last checkpoint kept), and the run's deletion removes them from the host", async (t) => {
   const { api, dataDir } = t.context;
   // 12 MiB in two files (each under the 8 MiB file size limit) at the bottom of 25 folders of 200-character names.
