@@ -27,6 +27,8 @@ export type CgroupMechanism = "cgroup-v2" | "cgroup-v1";
 export interface CgroupReport {
   /** The kernel's OOM killer ended a process of the command. */
   oomKilled: boolean;
+  /** ...at the memory limit of all sandboxes together, not at the command's own. */
+  sharedMemoryHit: boolean;
   /** A fork failed because of the process limit. */
   processLimitHit: boolean;
 }
@@ -49,6 +51,8 @@ export interface Cgroups {
 const CPU_PERIOD_US = 100_000;
 /** One core per command: a busy loop in one run leaves the node's other core free. */
 const CPU_QUOTA_US = 100_000;
+/** How far below its own memory limit a command killed by the OOM killer was ended by the base's (charges come in batches of 64 pages). */
+const OWN_LIMIT_SLACK_BYTES = 1024 * 1024;
 /** Kill rounds before giving up on a cgroup that keeps gaining processes (it cannot: pids are capped). */
 const KILL_ROUNDS = 50;
 
@@ -59,6 +63,8 @@ const KILL_ROUNDS = 50;
 export async function detectCgroups(options: {
   root?: string;
   processesTotal: number;
+  /** Bytes of memory all sandboxes use at once, together (`RUNS_SANDBOX_MEMORY_MB`). */
+  memoryTotalBytes: number;
   log?: Logger;
   /** This process's cgroups as /proc/self/cgroup lists them (read here when not given). */
   selfCgroup?: string;
@@ -75,6 +81,14 @@ export async function detectCgroups(options: {
     await writeFile(path.join(found.pidsBase, "pids.max"), String(options.processesTotal));
   } catch (err) {
     options.log?.warn({ err, base: found.pidsBase }, "sandbox: could not limit the processes of all sandboxes together (RUNS_SANDBOX_PROCESSES); each command's own limit holds");
+  }
+  // Each command's memory_mb is the tenant's (up to 64 GiB): without a bound on them all,
+  // a few commands could push the host into its OOM killer, which may pick the service or
+  // a store. Past this one, the kernel kills within the sandboxes (the largest first).
+  try {
+    found.limitMemory(options.memoryTotalBytes);
+  } catch (err) {
+    options.log?.warn({ err, base: found.memoryBase }, "sandbox: could not limit the memory of all sandboxes together (RUNS_SANDBOX_MEMORY_MB); each command's own limit holds");
   }
   return found;
 }
@@ -166,6 +180,14 @@ class CgroupsV2 implements Cgroups {
     return this.base;
   }
 
+  get memoryBase(): string {
+    return this.base;
+  }
+
+  limitMemory(bytes: number): void {
+    writeFileSync(path.join(this.base, "memory.max"), String(bytes));
+  }
+
   async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {
     const dir = path.join(this.base, id);
     mkdirSync(dir);
@@ -188,7 +210,9 @@ class CgroupsV2 implements Cgroups {
         const events = readQuiet(path.join(dir, "memory.events"));
         const pids = readQuiet(path.join(dir, "pids.events"));
         await removeDir(dir);
-        return { oomKilled: counter(events, "oom_kill") > 0, processLimitHit: counter(pids, "max") > 0 };
+        // "max" counts the command's own limit being reached; the base's is counted at the base.
+        const oomKilled = counter(events, "oom_kill") > 0;
+        return { oomKilled, sharedMemoryHit: oomKilled && counter(events, "max") === 0, processLimitHit: counter(pids, "max") > 0 };
       },
     };
   }
@@ -228,6 +252,17 @@ class CgroupsV1 implements Cgroups {
     return this.pids;
   }
 
+  get memoryBase(): string {
+    return this.memory;
+  }
+
+  /** With swap accounting, memory and swap together too: written around the limit, which it may not be under. */
+  limitMemory(bytes: number): void {
+    writeQuiet(path.join(this.memory, "memory.memsw.limit_in_bytes"), String(bytes));
+    writeFileSync(path.join(this.memory, "memory.limit_in_bytes"), String(bytes));
+    writeQuiet(path.join(this.memory, "memory.memsw.limit_in_bytes"), String(bytes));
+  }
+
   get weighsCpu(): boolean {
     return this.cpu !== undefined;
   }
@@ -260,11 +295,14 @@ class CgroupsV1 implements Cgroups {
         await killAll(dirs);
         const oom = readQuiet(path.join(dirs[0]!, "memory.oom_control"));
         const failcnt = (readQuiet(path.join(dirs[0]!, "memory.failcnt")) || "0");
+        // Its own limit was reached if it used all of it (failcnt is not counted where memory
+        // and swap are limited together); the base's limit ends it with room left below its own.
+        const peak = Math.max(Number(readQuiet(path.join(dirs[0]!, "memory.max_usage_in_bytes"))) || 0, Number(readQuiet(path.join(dirs[0]!, "memory.memsw.max_usage_in_bytes"))) || 0);
         const pidEvents = readQuiet(path.join(dirs[1]!, "pids.events"));
         for (const dir of dirs) await removeDir(dir);
         // Older kernels have no oom_kill counter: a failed charge then stands for it.
         const oomKilled = oom.includes("oom_kill ") ? counter(oom, "oom_kill") > 0 : Number(failcnt) > 0;
-        return { oomKilled, processLimitHit: counter(pidEvents, "max") > 0 };
+        return { oomKilled, sharedMemoryHit: oomKilled && peak < limits.memoryBytes - OWN_LIMIT_SLACK_BYTES, processLimitHit: counter(pidEvents, "max") > 0 };
       },
     };
   }

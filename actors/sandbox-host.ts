@@ -62,15 +62,21 @@ export function nprocFlagOf(shell: string): string | undefined {
   return undefined;
 }
 
+/** The highest OOM score adjustment: under memory pressure the host ends such processes first. */
+export const OOM_SCORE_ADJ_MAX = 1000;
+
 /** Sets the limit `ulimit $1 $2`, or fails as the launcher and the limit's wrapper do (exit 125, their own words). */
 const SET_LIMIT = 'ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot set limit $1 $2" >&2; exit 125; }';
 
 /**
- * The launcher (run as the sandbox's uid): joins the command's cgroups, sets the
- * rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
+ * The launcher (run as the sandbox's uid): makes itself, and so the command, the first
+ * the host's OOM killer ends (any process may raise its own score), joins the command's
+ * cgroups, sets the rlimits, then becomes bwrap. A failure here is reported on stderr
+ * with exit 125.
  */
 export function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
   const script =
+    `{ echo ${OOM_SCORE_ADJ_MAX} > /proc/self/oom_score_adj; } 2>/dev/null; ` +
     'n=$1; shift; while [ "$n" -gt 0 ]; do { echo $$ > "$1"; } 2>/dev/null || { echo "runs-sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; n=$((n-1)); done; ' +
     `n=$1; shift; while [ "$n" -gt 0 ]; do ${SET_LIMIT}; shift 2; n=$((n-1)); done; ` +
     'exec "$@"';

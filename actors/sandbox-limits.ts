@@ -66,7 +66,7 @@ export function diskShort(free: number, reserve: number, wasShort: boolean): boo
 }
 
 /** A limit a command ran into. */
-export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "files" | "host_disk" | "output";
+export type LimitHit = "memory" | "processes" | "cpu" | "file_size" | "tmp" | "disk" | "files" | "host_disk" | "host_memory" | "output";
 
 /** One sentence for the agent, naming the limit and its value. */
 export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
@@ -90,6 +90,9 @@ export function describeLimit(hit: LimitHit, limits: SandboxLimits): string {
     case "host_disk":
       // The node's reserve (RUNS_DISK_RESERVE_MB), not the run's: its figure is the operator's, not the agent's.
       return "the node's disk is almost full: running commands are stopped and writes refuse until there is room again";
+    case "host_memory":
+      // RUNS_SANDBOX_MEMORY_MB, the operator's figure, not the agent's.
+      return "the memory all commands on this node share was used up: the command was killed (it may run when the node is less busy)";
     case "output":
       return `the output was cut to its last ${formatBytes(limits.outputBytes)}`;
   }

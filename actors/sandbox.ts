@@ -29,7 +29,7 @@ import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import { diskShort, type LimitHit, type SandboxLimits } from "./sandbox-limits.js";
-import { DEFAULT_SANDBOX_PROCESSES, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
+import { DEFAULT_SANDBOX_PROCESSES, defaultSandboxMemoryMb, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
 import { bwrapArgs, clearSetIdBits, closeInheritedDescriptors, closedToOthers, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
@@ -128,6 +128,11 @@ export interface SandboxOptions {
    * on the host, set before bwrap (each command's own limit is set inside its sandbox).
    */
   processesTotal?: number;
+  /**
+   * Bytes of memory all sandboxes use at once (`RUNS_SANDBOX_MEMORY_MB`): the
+   * `runs-sandboxes` cgroup's memory limit; without cgroups none (each command's rlimit).
+   */
+  memoryTotalBytes?: number;
   /** Host uid/gid for sandboxes when the node runs as root (`RUNS_SANDBOX_UID`). */
   uid?: number;
   /** Where per-command egress sockets are made (inside the service's data folder). */
@@ -287,7 +292,7 @@ export class Sandbox {
     const owner = isRoot ? { uid: options.uid ?? DEFAULT_SANDBOX_UID, gid: options.uid ?? DEFAULT_SANDBOX_UID } : undefined;
     const wanted = options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES;
     const selfCgroup = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
-    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, log, selfCgroup });
+    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, memoryTotalBytes: options.memoryTotalBytes ?? defaultSandboxMemoryMb() * 2 ** 20, log, selfCgroup });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
     const nodeLimits = await readFile("/proc/self/limits", "utf8").catch(() => "");
@@ -521,7 +526,7 @@ export class Sandbox {
         throw new SandboxStartError(outcome.stderr.toString("utf8").trim().slice(0, 500));
       }
       const limits: LimitHit[] = stoppedFor ? [stoppedFor] : [];
-      if (report?.oomKilled) limits.push("memory");
+      if (report?.oomKilled) limits.push(report.sharedMemoryHit ? "host_memory" : "memory");
       if (report?.processLimitHit) limits.push("processes");
       const failed = outcome.kind === "exited" ? outcome.exitCode !== 0 : outcome.kind === "signalled" || outcome.kind === "timed_out";
       if (!this.cgroups && cmd.limitsFromOutput) limits.push(...rlimitHits(outcome.output, failed));

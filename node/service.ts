@@ -186,6 +186,7 @@ async function startSandbox(config: Config, log: Logger): Promise<Sandbox> {
     bwrapPath: config.sandbox.bwrapPath,
     maxConcurrent: config.sandbox.maxConcurrent,
     processesTotal: config.sandbox.processesTotal,
+    memoryTotalBytes: config.sandbox.memoryTotalBytes,
     ...(config.sandbox.limits === "rlimit" ? { cgroupRoot: false as const } : {}),
     uid: config.sandbox.uid,
     diskReserveBytes: config.sandbox.diskReserveBytes,

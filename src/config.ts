@@ -5,6 +5,14 @@ import path from "node:path";
 const DAY_S = 86_400;
 /** Processes and threads a node's sandboxes run at once, all together, by default (`RUNS_SANDBOX_PROCESSES`). */
 export const DEFAULT_SANDBOX_PROCESSES = 16_384;
+/**
+ * MiB of memory a node's sandboxes use at once, all together, by default
+ * (`RUNS_SANDBOX_MEMORY_MB`): half of the host's, leaving the rest to the service, its
+ * stores and the host.
+ */
+export function defaultSandboxMemoryMb(totalBytes: number = os.totalmem()): number {
+  return Math.max(256, Math.floor(totalBytes / 2 / 2 ** 20));
+}
 const ROLES = ["gateway", "actors"] as const;
 /** pino's levels. */
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -92,6 +100,8 @@ const EnvSchema = z.object({
   RUNS_SANDBOX_MAX: intFromEnv(1024, 1),
   // The kernel's largest pid_max (and pids.max).
   RUNS_SANDBOX_PROCESSES: intFromEnv(DEFAULT_SANDBOX_PROCESSES, 64, 4_194_304),
+  // 64 MiB up to 64 TiB.
+  RUNS_SANDBOX_MEMORY_MB: intFromEnv(defaultSandboxMemoryMb(), 64, 67_108_864),
   RUNS_SANDBOX_UID: intFromEnv(65534, 1),
   RUNS_DISK_RESERVE_MB: intFromEnv(256, 0),
   RUNS_EGRESS_TEST_HOSTS: z.string().optional(),
@@ -180,6 +190,8 @@ export interface Config {
     maxConcurrent: number;
     /** Processes and threads all sandboxes run at once (README "Configuration", docs/deploy-sandbox.md). */
     processesTotal: number;
+    /** Bytes of memory all sandboxes use at once (README "Configuration", docs/deploy-sandbox.md). */
+    memoryTotalBytes: number;
     /** Host uid sandboxes run as when the node runs as root (never 0). */
     uid: number;
     /** Bytes kept free on the workspaces' filesystem: commands are stopped and writes refuse below it (0: none). */
@@ -292,6 +304,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       limits: e.RUNS_SANDBOX_LIMITS,
       maxConcurrent: e.RUNS_SANDBOX_MAX,
       processesTotal: e.RUNS_SANDBOX_PROCESSES,
+      memoryTotalBytes: e.RUNS_SANDBOX_MEMORY_MB * 1024 * 1024,
       uid: e.RUNS_SANDBOX_UID,
       diskReserveBytes: e.RUNS_DISK_RESERVE_MB * 1024 * 1024,
       egressTestHosts: e.RUNS_EGRESS_TEST_HOSTS,

@@ -1,5 +1,6 @@
 import test from "ava";
-import { COMMAND_ANSWER_WITHIN_MS, ConfigurationError, loadConfig } from "../../src/config.js";
+import os from "node:os";
+import { COMMAND_ANSWER_WITHIN_MS, ConfigurationError, defaultSandboxMemoryMb, loadConfig } from "../../src/config.js";
 
 function refusal(env: Record<string, string>): string {
   try {
@@ -67,6 +68,19 @@ test("config - RUNS_SANDBOX_PROCESSES: 16384 by default, 64 to the kernel's larg
   for (const value of ["63", "4194305", "1e21", "x", "1.5"]) {
     const err = t.throws(() => loadConfig({ RUNS_SANDBOX_PROCESSES: value }), { instanceOf: ConfigurationError });
     t.regex(err!.message, /RUNS_SANDBOX_PROCESSES/);
+  }
+});
+
+test("config - RUNS_SANDBOX_MEMORY_MB: half the host's memory by default (at least 256), 64 MiB to 64 TiB, anything else refused naming the variable", (t) => {
+  const MiB = 2 ** 20;
+  t.is(loadConfig({}).sandbox.memoryTotalBytes, Math.max(256, Math.floor(os.totalmem() / 2 / MiB)) * MiB);
+  t.is(defaultSandboxMemoryMb(24 * 1024 * MiB), 12 * 1024);
+  t.is(defaultSandboxMemoryMb(300 * MiB), 256);
+  t.is(loadConfig({ RUNS_SANDBOX_MEMORY_MB: "64" }).sandbox.memoryTotalBytes, 64 * MiB);
+  t.is(loadConfig({ RUNS_SANDBOX_MEMORY_MB: "67108864" }).sandbox.memoryTotalBytes, 2 ** 46);
+  for (const value of ["63", "67108865", "x", "1.5", "-1"]) {
+    const err = t.throws(() => loadConfig({ RUNS_SANDBOX_MEMORY_MB: value }), { instanceOf: ConfigurationError });
+    t.regex(err!.message, /RUNS_SANDBOX_MEMORY_MB/);
   }
 });
 

@@ -29,6 +29,7 @@ test("sandbox-limits - every limit hit names the limit and its value", (t) => {
     disk: /disk limit \(2 MiB\)/,
     files: /more than 512 files and folders \(one per 4 KiB of its disk limit, at most 1000000\)/,
     host_disk: /the node's disk is almost full: running commands are stopped and writes refuse until there is room again/,
+    host_memory: /the memory all commands on this node share was used up: the command was killed/,
     output: /last 8 KiB/,
   };
   for (const [hit, pattern] of Object.entries(expected)) t.regex(describeLimit(hit as LimitHit, limits), pattern, hit);
