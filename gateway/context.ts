@@ -61,6 +61,8 @@ declare module "fastify" {
     public?: boolean;
     /** `exempt`: not held back by the standard limit, only by a budget of its own (cancel, key revocation); `expensive`: the lower limit too. */
     rate?: "exempt" | "expensive";
+    /** The route bounds its body's arrival itself (an upload's time limit), not by RUNS_REQUEST_BODY_TIMEOUT_MS. */
+    ownBodyTimeout?: boolean;
   }
 }
 

@@ -26,7 +26,7 @@ const STATUS_TEXT: Record<number, string> = {
   401: "Missing, invalid or revoked API key",
   403: "Missing scope or permission",
   404: "Not found in the authorized workspace",
-  408: "The upload ran too long",
+  408: "The request's body did not arrive in time (an upload: it ran too long)",
   409: "Conflict with the runtime state or an earlier request",
   410: "Gone",
   413: "Payload exceeds a supported limit",
@@ -53,6 +53,8 @@ export function errorCodesOf(op: Operation): Map<number, ErrorCode[]> {
   }
   if (op.body) add(400, ["invalid_request"]);
   if (op.body) add(413, ["payload_too_large"]);
+  // A body not whole within RUNS_REQUEST_BODY_TIMEOUT_MS (an upload: within its own limit).
+  if (op.body) add(408, ["request_timeout"]);
   if (op.idempotencyKey) add(400, ["invalid_request"]);
   for (const [status, list] of Object.entries(op.errors ?? {})) add(Number(status), list ?? []);
   return new Map([...codes].sort(([a], [b]) => a - b).map(([status, set]) => [status, [...set]]));

@@ -53,6 +53,7 @@ const EnvSchema = z.object({
   RUNS_PARTITIONS: intFromEnv(64, 1),
   RUNS_WAIT_TIMEOUT_MS: intFromEnv(120_000, 0),
   RUNS_WAIT_STORE_CHECK_MS: intFromEnv(3_000, 100),
+  RUNS_REQUEST_BODY_TIMEOUT_MS: intFromEnv(60_000, 1_000, 3_600_000),
   RUNS_TURN_LIMIT_MS: intFromEnv(12 * 3600_000, 1),
   RUNS_LEASE_TTL_MS: intFromEnv(10_000, 1000),
   RUNS_ROUTE_RETRY_MS: intFromEnv(5_000, 0, COMMAND_ANSWER_WITHIN_MS),
@@ -148,6 +149,8 @@ export interface Config {
   waitTimeoutMs: number;
   /** How long a default-wait request waits for a notice of its turn before it reads the store, and how often it reads it after that (a notice lost while NATS reconnected). */
   waitStoreCheckMs: number;
+  /** How long a request's body (not an upload's) may take to arrive whole: then 408 and the connection closed. */
+  requestBodyTimeoutMs: number;
   turnLimitMs: number;
   leaseTtlMs: number;
   routeRetryMs: number;
@@ -271,6 +274,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     partitions: e.RUNS_PARTITIONS,
     waitTimeoutMs: e.RUNS_WAIT_TIMEOUT_MS,
     waitStoreCheckMs: e.RUNS_WAIT_STORE_CHECK_MS,
+    requestBodyTimeoutMs: e.RUNS_REQUEST_BODY_TIMEOUT_MS,
     turnLimitMs: e.RUNS_TURN_LIMIT_MS,
     leaseTtlMs: e.RUNS_LEASE_TTL_MS,
     routeRetryMs: e.RUNS_ROUTE_RETRY_MS,

@@ -167,6 +167,51 @@ test.serial("http layer - a request that is not valid HTTP is answered 400 in th
   t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
 });
 
+test.serial("http layer - a body that stops arriving is answered 408 once RUNS_REQUEST_BODY_TIMEOUT_MS passes and its connection closed; a slow body that arrives whole is served (found by a probe: such sockets stayed open for good)", async (t) => {
+  t.timeout(60_000);
+  const { servers } = t.context;
+  const service = await startService(testConfig(servers, { RUNS_REQUEST_BODY_TIMEOUT_MS: "1500" }), { log: pino({ level: "silent" }) });
+  try {
+    const { api, key } = await newWorkspace(service);
+    const run = (await api.post("/api/v1/runs", { agent: await api.agentWith({ model: "faux/scripted" }), input: "hi" })).body;
+    const head = (path: string, extra: string) => `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nIdempotency-Key: stall-${Math.random()}\r\n${extra}\r\n`;
+    const stalled = [
+      head("/api/v1/runs", "Content-Length: 1000\r\n") + '{"agent":',
+      head("/api/v1/runs", "Transfer-Encoding: chunked\r\n") + '9\r\n{"agent":\r\n',
+      head(`/api/v1/runs/${run.id}/tags`, "Content-Length: 100\r\n") + '{"add":[',
+    ];
+    for (const bytes of stalled) {
+      const started = Date.now();
+      const answer = await rawExchange(service.url!, bytes);
+      const tookMs = Date.now() - started;
+      const [status, body] = [answer.split("\r\n")[0], answer.split("\r\n\r\n")[1]];
+      t.is(status, "HTTP/1.1 408 Request Timeout", answer);
+      t.regex(answer, /\r\nconnection: close\r\n/i, answer);
+      t.is(JSON.parse(body!).error.code, "request_timeout");
+      t.true(tookMs >= 1_400 && tookMs < 5_000, `answered and closed after ${tookMs} ms`);
+    }
+    // A body that arrives slowly, but whole within the bound, is served.
+    const { port } = new URL(service.url!);
+    const body = JSON.stringify({ add: ["slow"] });
+    const slow = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(Number(port), "127.0.0.1", () => {
+        socket.write(head(`/api/v1/runs/${run.id}/tags`, `Content-Length: ${body.length}\r\nConnection: close\r\n`) + body.slice(0, 5));
+        setTimeout(() => socket.write(body.slice(5)), 700);
+      });
+      let answer = "";
+      socket.setTimeout(5_000, () => socket.destroy(new Error("no answer within 5 s")));
+      socket.on("data", (d) => (answer += d));
+      socket.on("close", () => resolve(answer));
+      socket.on("error", reject);
+    });
+    t.regex(slow, /^HTTP\/1\.1 200 OK\r\n/, slow);
+    t.deepEqual((await api.get(`/api/v1/runs/${run.id}`)).body.tags, ["slow"]);
+    t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
+  } finally {
+    await service.close();
+  }
+});
+
 test.serial("pages - an asset name that is a property of every object (toString, __proto__, constructor) is 404, not 500", async (t) => {
   const anon = new Api(t.context.service.url!);
   for (const base of ["/docs/assets", "/console"]) {

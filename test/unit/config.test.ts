@@ -84,6 +84,16 @@ test("config - RUNS_SANDBOX_MEMORY_MB: half the host's memory by default (at lea
   }
 });
 
+test("config - RUNS_REQUEST_BODY_TIMEOUT_MS: 60 s by default, 1 s to 1 h, anything else refused naming the variable", (t) => {
+  t.is(loadConfig({}).requestBodyTimeoutMs, 60_000);
+  t.is(loadConfig({ RUNS_REQUEST_BODY_TIMEOUT_MS: "1000" }).requestBodyTimeoutMs, 1_000);
+  t.is(loadConfig({ RUNS_REQUEST_BODY_TIMEOUT_MS: "3600000" }).requestBodyTimeoutMs, 3_600_000);
+  for (const value of ["999", "3600001", "x", "1.5"]) {
+    const err = t.throws(() => loadConfig({ RUNS_REQUEST_BODY_TIMEOUT_MS: value }), { instanceOf: ConfigurationError });
+    t.regex(err!.message, /RUNS_REQUEST_BODY_TIMEOUT_MS/);
+  }
+});
+
 test("config - RUNS_ROUTE_RETRY_MS: 5000 by default, at most the router's whole answer bound (15000: past it the retries would be cut short), anything else refused naming the variable", (t) => {
   t.is(loadConfig({}).routeRetryMs, 5_000);
   t.is(loadConfig({ RUNS_ROUTE_RETRY_MS: "0" }).routeRetryMs, 0);
