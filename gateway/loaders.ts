@@ -2,8 +2,8 @@
 import { ApiError, type RunDoc, runExpired, type TurnDoc } from "../src/index.js";
 import type { GatewayContext } from "./context.js";
 
-/** The run of the workspace; 404 naming `param` (the path's `runId`, or the body's `run_id`). */
-export async function loadRun(ctx: Pick<GatewayContext, "store" | "clock" | "config">, workspaceId: string, runId: string, param = "runId"): Promise<RunDoc> {
+/** The run of the workspace; 404 naming `param` (the path's `runId`, the body's `run_id`, or none: a start's own run). */
+export async function loadRun(ctx: Pick<GatewayContext, "store" | "clock" | "config">, workspaceId: string, runId: string, param: string | null = "runId"): Promise<RunDoc> {
   const run = await ctx.store.getRun(runId);
   if (run && run.workspace_id === workspaceId) {
     // Past retention the run is gone even before the sweeper deleted it.

@@ -166,7 +166,7 @@ export function runRoutes(ctx: GatewayContext) {
         }
         if (slot) {
           // The turn's events from its first one, ending after the event that makes it final.
-          const run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
+          const run = await loadRun(ctx, workspaceId, answer.run_id, runParamOf(body));
           slotHandedOver = true;
           await streamEvents(ctx, request, reply, run, { turnId: answer.turn_id, endWithTurnId: answer.turn_id, slot });
           return reply;
@@ -319,6 +319,14 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
   }
 }
 
+/**
+ * What a run that is gone is named by in the answer: a continuation's body names it
+ * (`run_id`); a start named none (a retry of one whose run was deleted since).
+ */
+function runParamOf(body: RunRequest): string | null {
+  return body.kind === "continue" ? "run_id" : null;
+}
+
 /** A final turn whose run moved on too (the notice follows both writes, DESIGN §4). */
 function settled(turn: TurnDoc, run: RunDoc | null): boolean {
   return isFinalStatus(turn.status) && run?.active_turn_id !== turn._id;
@@ -367,13 +375,13 @@ async function deliver(
   if (waitFor && !own) waitFor.sub.unsubscribe();
   const notice = body.background ? undefined : own ? waitFor : turnNotices(ctx, answer.run_id, answer.turn_id);
   try {
-    let run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
+    let run = await loadRun(ctx, workspaceId, answer.run_id, runParamOf(body));
     let turn = await loadTurn(ctx, run, answer.turn_id);
     if (notice && !settled(turn, run) && !pendingActionOf(turn.actions)) {
       await waitUntilFinal(ctx, run, turn._id, notice, deadline);
       const sent = fromNotice(notice);
       if (sent) return sent;
-      run = await loadRun(ctx, workspaceId, answer.run_id, "run_id");
+      run = await loadRun(ctx, workspaceId, answer.run_id, runParamOf(body));
       turn = await loadTurn(ctx, run, turn._id);
     }
     const final = isFinalStatus(turn.status);

@@ -341,6 +341,8 @@ test.serial("runs - a retry re-driving a start whose run was deleted meanwhile (
       const retry = await api.post("/api/v1/runs", { agent: echoAgent, input: "once" }, key);
       t.is(retry.status, 404, JSON.stringify(retry.body));
       t.is(retry.body.error.code, "run_not_found");
+      // A start names no run: the answer names no field of it (found by a probe: run_id).
+      t.is(retry.body.error.param, null);
       // The record is completed after the answer (an admitted start's answer does not wait for it).
       for (let k = 0; k < 100 && (await record())?.state !== "done"; k++) await new Promise((resolve) => setTimeout(resolve, 50));
       t.is((await record())?.state, "done", "the key stays bound to the deleted run");
