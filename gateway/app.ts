@@ -137,7 +137,9 @@ export async function buildApp(
   // stopped mid-body held 50 sockets for the 320 s watched). One not whole in time is
   // answered 408 and its connection closed. Uploads keep their own limit (20 minutes).
   app.addHook("preParsing", async (request, reply, payload) => {
-    if (payload.readableEnded || request.routeOptions.config?.ownBodyTimeout) return payload;
+    // No body (most requests, GETs): nothing to wait on, and no timer on their path.
+    const bodyless = request.headers["transfer-encoding"] === undefined && (request.headers["content-length"] ?? "0") === "0";
+    if (bodyless || payload.readableEnded || request.routeOptions.config?.ownBodyTimeout) return payload;
     const timer = ctx.clock.after(
       ctx.config.requestBodyTimeoutMs,
       () => {
