@@ -41,6 +41,8 @@ export interface TurnRunRequest {
   workspaceDir: string;
   /** The node's sandbox: every tool runs in it. */
   sandbox: Sandbox;
+  /** The run's workspace: its commands share one workspace's part of the node's processes. */
+  tenant?: string;
   /** Operator setting: openai-compatible endpoints may be private or loopback addresses. */
   allowPrivateModelEndpoints?: boolean;
   /** TEST ONLY: how an openai-compatible endpoint's name resolves, for its checks (model-egress.ts). */
@@ -292,6 +294,7 @@ class TurnExecution {
         messages: resume ? [...req.history, ...resume.transcript.slice(0, resume.assistantIndex)] : req.history,
         tools: this.withReplay(createWorkspaceTools(req.workspaceDir, req.config.tools ?? BUILTIN_TOOLS, {
           sandbox: req.sandbox,
+          tenant: req.tenant,
           commandTimeoutMs: (req.config.limits?.command_timeout_s ?? DEFAULT_COMMAND_TIMEOUT_MS / 1000) * 1000,
           limits: limitsOf(req.config),
           networkAllow: req.config.network?.allow,

@@ -99,7 +99,25 @@ export interface SandboxCommand {
    * model; not for the file tools' scripts, whose output may echo a file or a path.
    */
   limitsFromOutput?: boolean;
+  /**
+   * The workspace (tenant) the command runs for: its commands running on this node hold
+   * at most {@link tenantProcessShare} processes together (see {@link Sandbox.run}).
+   */
+  tenant?: string;
 }
+
+/**
+ * The processes one workspace's running commands may hold together on a node: a quarter
+ * of all sandboxes' (`RUNS_SANDBOX_PROCESSES`), so no tenant takes the node's whole pool
+ * (found by a probe: four commands of 4,096 processes took all 16,384, and every other
+ * tenant's commands then failed to start).
+ */
+export function tenantProcessShare(processesTotal: number): number {
+  return Math.max(MIN_TENANT_COMMAND_PROCESSES, Math.floor(processesTotal / 4));
+}
+
+/** A command whose workspace's other commands hold its whole share still gets this many (to run at all). */
+export const MIN_TENANT_COMMAND_PROCESSES = 16;
 
 export type SandboxOutcome = (
   | { kind: "exited"; exitCode: number }
@@ -113,6 +131,8 @@ export type SandboxOutcome = (
   totalBytes: number;
   /** Limits the command ran into, for the tool's message. */
   limits: LimitHit[];
+  /** The process limit it ran with, where its workspace's share made it lower than its own. */
+  processes?: number;
 };
 
 
@@ -240,6 +260,8 @@ export class Sandbox {
    * it); nothing with one, or where `nice` is not installed (warned at start).
    */
   private readonly niced: readonly string[];
+  /** Processes each workspace's running commands hold (their limits), by workspace. */
+  private readonly tenantProcesses = new Map<string, number>();
 
   private constructor(
     private readonly options: SandboxOptions,
@@ -415,10 +437,13 @@ export class Sandbox {
       );
     }
     this.running++;
+    const processes = this.takeProcesses(cmd);
+    const limited = processes < cmd.limits.processes ? { ...cmd, limits: { ...cmd.limits, processes } } : cmd;
     try {
       for (let attempt = 1; ; attempt++) {
         try {
-          return await this.runOnce(cmd, randomBytes(8).toString("hex"));
+          const outcome = await this.runOnce(limited, randomBytes(8).toString("hex"));
+          return limited === cmd ? outcome : { ...outcome, processes };
         } catch (err) {
           if (!(err instanceof SandboxStartError)) throw err;
           this.options.log.warn({ attempt, reason: err.message }, "sandbox did not start");
@@ -434,7 +459,29 @@ export class Sandbox {
       }
     } finally {
       this.running--;
+      this.releaseProcesses(cmd.tenant, processes);
     }
+  }
+
+  /**
+   * The process limit `cmd` runs with: its own, within what its workspace's running
+   * commands leave of their share (at least {@link MIN_TENANT_COMMAND_PROCESSES}); held
+   * until it ends.
+   */
+  private takeProcesses(cmd: SandboxCommand): number {
+    if (cmd.tenant === undefined) return cmd.limits.processes;
+    const held = this.tenantProcesses.get(cmd.tenant) ?? 0;
+    const left = tenantProcessShare(this.processesTotal) - held;
+    const processes = Math.min(cmd.limits.processes, Math.max(MIN_TENANT_COMMAND_PROCESSES, left));
+    this.tenantProcesses.set(cmd.tenant, held + processes);
+    return processes;
+  }
+
+  private releaseProcesses(tenant: string | undefined, processes: number): void {
+    if (tenant === undefined) return;
+    const left = (this.tenantProcesses.get(tenant) ?? 0) - processes;
+    if (left > 0) this.tenantProcesses.set(tenant, left);
+    else this.tenantProcesses.delete(tenant);
   }
 
   /**

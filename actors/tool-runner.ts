@@ -13,6 +13,8 @@ import { DEFAULT_LIMITS, describeLimit, type LimitHit, maxEntries, type SandboxL
 export interface WorkspaceToolsOptions {
   /** The node's sandbox runner. */
   sandbox: Sandbox;
+  /** The workspace the commands run for (SandboxCommand.tenant). */
+  tenant?: string;
   /** Time limit of one command. Default 300 s. */
   commandTimeoutMs?: number;
   /** Environment values for commands, on top of the sandbox's minimal base (PATH, HOME, LANG…). */
@@ -155,6 +157,7 @@ export class ToolRunner {
         networkAllow: this.options.networkAllow,
         onNetworkDenied: this.options.onNetworkDenied,
         limitsFromOutput: options.limitsFromOutput,
+        tenant: this.options.tenant,
         watch: this.workspace.sandboxRoot !== undefined ? this.watchGrowth() : undefined,
       });
       if (this.workspace.sandboxRoot !== undefined) await this.checkDisk(outcome);
@@ -228,7 +231,9 @@ export class ToolRunner {
   limitNotes(outcome: SandboxOutcome, options: { output: boolean } = { output: true }): string {
     const hits: LimitHit[] = [...outcome.limits];
     if (options.output && outcome.totalBytes > outcome.output.length) hits.push("output");
-    return hits.map((hit) => `[sandbox: ${describeLimit(hit, this.limits)}]\n`).join("");
+    // The process limit the command ran with, where its workspace's share lowered it.
+    const limits = outcome.processes === undefined ? this.limits : { ...this.limits, processes: outcome.processes };
+    return hits.map((hit) => `[sandbox: ${describeLimit(hit, limits)}]\n`).join("");
   }
 }
 

@@ -200,6 +200,7 @@ export class TurnExecution {
       config: deployment.config,
       workspaceDir,
       sandbox: this.r.sandbox,
+      tenant: run.workspace_id,
       allowPrivateModelEndpoints: this.r.config.allowPrivateModelEndpoints,
       history: session,
       input,

@@ -458,6 +458,26 @@ test.serial("sandbox - a tenant's fork bomb holding its whole process limit does
   t.true(forked >= 13 && forked < 16, outcome.results[0]!.text);
 });
 
+test.serial("sandbox - a workspace's commands share a quarter of the node's sandbox processes: while one of its runs holds a command of 4,096, another of its runs forks only a few, and its tool result names the limit it ran with", async (t) => {
+  const { api, dataDir } = t.context;
+  const marker = `share-${unique()}`;
+  // The default RUNS_SANDBOX_PROCESSES (16,384): a workspace's share is 4,096, all held by this command's limit.
+  const holder = await api.agentWith(scripted([bash(holdingBomb(marker, 20))], { limits: { processes: 4096, command_timeout_s: 40 } }));
+  const { runId, turnId } = await startRun(api, holder);
+  await settledCount(marker, 20);
+  const forker = "perl -e 'my $n = 0; for (1..40) { my $p = fork; last unless defined $p; if (!$p) { sleep 2; exit 0 } $n++ } print \"forked $n\\n\"; 1 while wait != -1'";
+  const second = await api.agentWith(scripted([bash(forker)], { limits: { processes: 256, command_timeout_s: 30 } }));
+  const { runId: run2, turnId: turn2 } = await startRun(api, second);
+  const squeezed = await finish(api, run2, turn2, 30_000);
+  await writeFile(path.join(dataDir, "workspaces", runId, "release"), "");
+  ranAll(t, squeezed, 1);
+  const text = squeezed.results[0]!.text;
+  const forked = Number(/forked (\d+)/.exec(text)?.[1]);
+  t.true(forked > 0 && forked < 16, text);
+  t.true(text.includes(describeLimit("processes", { ...limitsOf({ limits: { processes: 256 } }), processes: 16 })), text);
+  ranAll(t, await finish(api, runId, turnId, 30_000), 1);
+});
+
 test.serial("sandbox - a memory hog is held at limits.memory_mb: its tool error names the limit, and a concurrent run's echo completes within seconds", async (t) => {
   const { api } = t.context;
   const config = { limits: { memory_mb: 32, command_timeout_s: 30 } };

@@ -9,7 +9,7 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "n
 import os from "node:os";
 import path from "node:path";
 import pino from "pino";
-import { DEFAULT_SANDBOX_UID, SANDBOX_NICENESS, Sandbox, SandboxFailure, SandboxUnavailableError, type SandboxCommand } from "../../actors/sandbox.js";
+import { DEFAULT_SANDBOX_UID, MIN_TENANT_COMMAND_PROCESSES, SANDBOX_NICENESS, Sandbox, SandboxFailure, SandboxUnavailableError, tenantProcessShare, type SandboxCommand } from "../../actors/sandbox.js";
 import { DEFAULT_LIMITS } from "../../actors/sandbox-limits.js";
 import { ADDRESS_SPACE_RESERVE_BYTES } from "../../actors/sandbox-host.js";
 import { EgressProxy, type EgressDenial } from "../../actors/egress-proxy.js";
@@ -376,6 +376,46 @@ test_("sandbox - without cgroups, the node's sandboxes together stay within RUNS
     t.is((await first).output.toString(), "forked 30\nheld\n");
     const forked = Number(/forked (\d+)/.exec((await second).output.toString())?.[1]);
     t.true(forked > 0 && forked < 40 && firstHeld + forked + 2 <= total, `the second forked ${forked}`);
+  } finally {
+    await rm(base, { recursive: true, force: true });
+  }
+});
+
+test_("sandbox - one workspace's running commands hold at most a quarter of RUNS_SANDBOX_PROCESSES together; another workspace's get their own limits (found by a probe: four commands of one tenant took the node's whole pool)", async (t) => {
+  const base = await tempBase();
+  try {
+    // Without cgroups (the host's base is shared by every test here) and with a uid of its own.
+    const total = 1024;
+    const sandbox = await Sandbox.start({ mode: "bwrap", maxConcurrent: 4, runtimeDir: path.join(base, "rt"), nodeId: "tenant-share", log, cgroupRoot: false, uid: DEFAULT_SANDBOX_UID - 4, processesTotal: total });
+    t.is(tenantProcessShare(total), 256);
+    const limits = { ...DEFAULT_LIMITS, processes: 200 };
+    const marker = `tenant-share-${Date.now()}-${Math.floor(Math.random() * 1e6)}`;
+    const dirs = [await workspace(sandbox, base), await workspace(sandbox, base), await workspace(sandbox, base)];
+    const first = sandbox.run(bash(dirs[0]!, holdingBomb(marker, 100), { limits, timeoutMs: 40_000, tenant: "ws_a" }));
+    await settledCount(marker, 101);
+    // Its workspace's first command holds 200 of the 256: the second runs with 56.
+    const second = sandbox.run(bash(dirs[1]!, holdingBomb(marker, 100), { limits, timeoutMs: 40_000, tenant: "ws_a" }));
+    // Another workspace's command keeps its own 200.
+    const other = sandbox.run(bash(dirs[2]!, holdingBomb(`${marker}-b`, 150), { limits, timeoutMs: 40_000, tenant: "ws_b" }));
+    await settledCount(`${marker}-b`, 151);
+    for (const dir of dirs) await writeFile(path.join(dir, "release"), "");
+    const [a1, a2, b] = [await first, await second, await other];
+    t.is(a1.output.toString(), "forked 100\nheld\n");
+    t.is(a1.processes, undefined, "the first ran with its own limit");
+    t.is(a2.processes, 56);
+    const forked = Number(/forked (\d+)/.exec(a2.output.toString())?.[1]);
+    t.true(forked > 0 && forked < 56, `the second forked ${forked}`);
+    t.is(b.output.toString(), "forked 150\nheld\n");
+    t.is(b.processes, undefined);
+    // Once they end, the workspace's share is whole again.
+    const again = await sandbox.run(bash(dirs[0]!, "echo again", { limits, tenant: "ws_a" }));
+    t.is(again.processes, undefined);
+    // Past the share, a command still gets a few to run at all.
+    const holder = sandbox.run(bash(dirs[0]!, "sleep 1", { limits: { ...DEFAULT_LIMITS, processes: 256 }, tenant: "ws_c" }));
+    const squeezed = await sandbox.run(bash(dirs[1]!, "echo ran", { limits, tenant: "ws_c" }));
+    t.is(squeezed.output.toString(), "ran\n");
+    t.is(squeezed.processes, MIN_TENANT_COMMAND_PROCESSES);
+    await holder;
   } finally {
     await rm(base, { recursive: true, force: true });
   }
