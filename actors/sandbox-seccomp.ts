@@ -23,8 +23,10 @@
  * And `fallocate`, which reserves a file's blocks without writing them: one command took
  * 4 GiB of the node's disk in 10 ms that way (found by a probe), before any measure of the
  * workspace could see it, so `disk_mb` and `RUNS_DISK_RESERVE_MB` came too late. It fails
- * with EOPNOTSUPP, as on a filesystem without it: glibc's `posix_fallocate` then writes
- * the blocks, at the disk's speed, which the measures that stop a command can follow.
+ * with EOPNOTSUPP, as on a filesystem without it, and so do the ioctls that reserve or zero
+ * blocks the same way (`FS_IOC_RESVSP`, `FS_IOC_RESVSP64`, `FS_IOC_ZERO_RANGE`): glibc's
+ * `posix_fallocate` then writes the blocks (musl's, Go's and Rust's report the error), at
+ * the speed the kernel lets a process write, which the measures that stop a command follow.
  *
  * A refused call fails with ENOSYS, as on a kernel built without it, so programs take
  * the fallback they have for such kernels (libuv without io_uring, a runtime without
@@ -47,6 +49,16 @@ export const FIRST_UNKNOWN_SYSCALL = 470;
 
 /** `fallocate`'s number: x86-64, arm64. */
 const FALLOCATE = { x64: 285, arm64: 47 } as const satisfies Record<SeccompArch, number>;
+
+/** `ioctl`'s number: x86-64, arm64. */
+const IOCTL = { x64: 16, arm64: 29 } as const satisfies Record<SeccompArch, number>;
+
+/**
+ * The ioctl requests the kernel serves as a `fallocate` (fs/ioctl.c): `_IOW('X', n, struct
+ * space_resv)` for FS_IOC_RESVSP (40), FS_IOC_RESVSP64 (42) and FS_IOC_ZERO_RANGE (57).
+ * Those that free blocks (UNRESVSP) stay allowed.
+ */
+export const PREALLOCATING_IOCTLS: readonly number[] = [0x40305828, 0x4030582a, 0x40305839];
 
 /** `personality`'s number: x86-64, arm64. */
 const PERSONALITY = { x64: 135, arm64: 92 } as const satisfies Record<SeccompArch, number>;
@@ -127,6 +139,7 @@ export const EOPNOTSUPP = 95;
 const DATA_NR = 0;
 const DATA_ARCH = 4;
 const DATA_ARG0_LOW = 16;
+const DATA_ARG1_LOW = 24;
 
 /** The number of `name` on `arch`, if it has that call. */
 function numberOf(name: SyscallName, arch: SeccompArch): number | undefined {
@@ -164,6 +177,16 @@ export function seccompProgram(arch: SeccompArch, refused: readonly SyscallName[
   // fallocate: "not supported here", so callers write the blocks instead.
   insns.push({ code: BPF_JMP_JEQ_K, jt: 0, jf: 1, k: FALLOCATE[arch] });
   insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | EOPNOTSUPP });
+  // ioctl: the requests that preallocate the same way; every other request is allowed (the
+  // block ends in a return: the accumulator then holds the request, not the call's number).
+  const ioctl = insns.length;
+  insns.push({ code: BPF_JMP_JEQ_K, jt: 0, jf: 0, k: IOCTL[arch] });
+  insns.push({ code: BPF_LD_W_ABS, jt: 0, jf: 0, k: DATA_ARG1_LOW });
+  const unsupported = insns.length + PREALLOCATING_IOCTLS.length + 1; // past the comparisons and the allow
+  for (const request of PREALLOCATING_IOCTLS) insns.push({ code: BPF_JMP_JEQ_K, jt: jumpTo(unsupported, insns.length), jf: 0, k: request });
+  insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW });
+  insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | EOPNOTSUPP });
+  insns[ioctl]!.jf = jumpTo(insns.length, ioctl);
   const personality = insns.length;
   insns.push({ code: BPF_JMP_JEQ_K, jt: 0, jf: 0, k: PERSONALITY[arch] });
   insns.push({ code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW });

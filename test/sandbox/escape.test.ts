@@ -627,6 +627,16 @@ test.serial("sandbox - fallocate fails as on a filesystem without it, so no comm
     "fd = os.open('small', os.O_CREAT | os.O_WRONLY)",
     "os.posix_fallocate(fd, 0, 1 << 20)",
     "print('posix_fallocate', os.fstat(fd).st_size, os.fstat(fd).st_blocks * 512 >= 1 << 20)",
+    // The ioctls the kernel serves as a fallocate (found by a review): FS_IOC_RESVSP, RESVSP64, ZERO_RANGE, 1 GiB each.
+    "import fcntl, struct",
+    "resv = struct.pack('<hh4xqqiI16x', 0, 0, 0, 1 << 30, 0, 0)",
+    "for name, request in [('resvsp', 0x40305828), ('resvsp64', 0x4030582a), ('zero_range', 0x40305839)]:",
+    "    big = os.open(name, os.O_CREAT | os.O_WRONLY)",
+    "    try:",
+    "        fcntl.ioctl(big, request, resv); print(name, 'reserved', os.fstat(big).st_blocks * 512)",
+    "    except OSError as e:",
+    "        print(name, e.strerror)",
+    "print('after', sum(os.stat(n).st_blocks * 512 for n in os.listdir('.')) < 16 << 20)",
     "EOF",
   ].join("\n");
   const agent = await api.agentWith(scripted([bash(`{\n${script}\n} 2>&1`)], { limits: { disk_mb: 1024 } }));
@@ -634,12 +644,14 @@ test.serial("sandbox - fallocate fails as on a filesystem without it, so no comm
   const outcome = await finish(api, runId, turnId, 60_000);
   ranAll(t, outcome, 1);
   const text = outcome.results[0]!.text;
-  t.is(text.match(/Operation not supported/g)?.length, 4, text);
+  t.is(text.match(/fallocate failed: Operation not supported/g)?.length, 4, text);
   t.is(text.match(/^fallocate 1$/gm)?.length, 4, text);
   // Nothing was reserved: the folder holds a few KiB, not 4 GiB.
   const kib = Number(text.match(/^(\d+)$/m)?.[1]);
   t.true(kib < 1024, text);
   t.regex(text, /^posix_fallocate 1048576 True$/m, text);
+  for (const name of ["resvsp", "resvsp64", "zero_range"]) t.regex(text, new RegExp(`^${name} Operation not supported$`, "m"), text);
+  t.regex(text, /^after True$/m, text);
 });
 
 test.serial("sandbox - files hidden below a path longer than PATH_MAX still count against disk_mb (writes refuse), the turn fails saying the workspace cannot be checkpointed (its last checkpoint kept), and the run's deletion removes them from the host", async (t) => {

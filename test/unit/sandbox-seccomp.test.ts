@@ -18,6 +18,11 @@ const NOT_PERMITTED = 0x00050000 | EPERM;
 /** fallocate fails as on a filesystem without it (EOPNOTSUPP is 95 on both architectures). */
 const NOT_SUPPORTED = 0x00050000 | EOPNOTSUPP;
 const FALLOCATE = { x64: 285, arm64: 47 };
+/** ioctl's number, and the requests that preallocate like fallocate (fs/ioctl.c), written out apart from the filter's. */
+const IOCTL = { x64: 16, arm64: 29 };
+const FS_IOC_RESVSP = 0x40305828;
+const FS_IOC_RESVSP64 = 0x4030582a;
+const FS_IOC_ZERO_RANGE = 0x40305839;
 /** One past Linux 6.17's last system call (file_setattr, 469), written out apart from the filter's constant. */
 const FIRST_UNKNOWN = 470;
 /** personality's number on each, and the values Docker's default profile lets it set. */
@@ -29,8 +34,9 @@ const PERSONALITIES = [0x0, 0x8, 0x20000, 0x20008, 0xffffffff];
  * filter may hold (loads from seccomp_data, conditional jumps with a constant, returns):
  * anything else fails the test, as would a jump out of the program or a fall off its end.
  */
-function run(program: Buffer, data: { nr: number; arch: number; arg0?: bigint }): number {
+function run(program: Buffer, data: { nr: number; arch: number; arg0?: bigint; arg1?: bigint }): number {
   const arg0 = data.arg0 ?? 0n;
+  const arg1 = data.arg1 ?? 0n;
   const count = program.length / 8;
   let a = 0;
   for (let pc = 0, steps = 0; steps <= count; steps++) {
@@ -45,6 +51,8 @@ function run(program: Buffer, data: { nr: number; arch: number; arg0?: bigint })
         else if (k === 4) a = data.arch >>> 0;
         else if (k === 16) a = Number(arg0 & 0xffffffffn); // args[0]'s low word, little-endian
         else if (k === 20) a = Number((arg0 >> 32n) & 0xffffffffn);
+        else if (k === 24) a = Number(arg1 & 0xffffffffn); // args[1]'s low word
+        else if (k === 28) a = Number((arg1 >> 32n) & 0xffffffffn);
         else throw new Error(`load from offset ${k}`);
         pc++;
         break;
@@ -92,13 +100,21 @@ for (const arch of ARCHES) {
       // Every number a system call has today, and well past it: those past the last known are refused.
       let allowed = 0;
       for (let nr = 0; nr < 2048; nr++) {
-        if (nr === PERSONALITY[arch]) continue;
+        if (nr === PERSONALITY[arch] || nr === IOCTL[arch]) continue;
         const got = run(program, { nr, arch: AUDIT_ARCH[arch] });
         const want = numbers.has(nr) || nr >= FIRST_UNKNOWN ? REFUSE : nr === FALLOCATE[arch] ? NOT_SUPPORTED : ALLOW;
         if (got !== want) t.fail(`nr ${nr}: ${got.toString(16)}`);
         if (got === ALLOW) allowed++;
       }
-      t.is(allowed, FIRST_UNKNOWN - 2 - numbers.size);
+      t.is(allowed, FIRST_UNKNOWN - 3 - numbers.size);
+      // ioctl: the preallocating requests fail as fallocate does (the kernel reads the request's low 32 bits); any other is allowed.
+      for (const request of [FS_IOC_RESVSP, FS_IOC_RESVSP64, FS_IOC_ZERO_RANGE]) {
+        t.is(run(program, { nr: IOCTL[arch], arch: AUDIT_ARCH[arch], arg1: BigInt(request) }), NOT_SUPPORTED, `ioctl ${request.toString(16)}`);
+        t.is(run(program, { nr: IOCTL[arch], arch: AUDIT_ARCH[arch], arg1: (0xdeadn << 32n) | BigInt(request) }), NOT_SUPPORTED, `ioctl high bits ${request.toString(16)}`);
+      }
+      for (const request of [0, 0x5401 /* TCGETS */, 0x541b /* FIONREAD */, 0x40305829 /* FS_IOC_UNRESVSP */, 0x4030582b /* UNRESVSP64 */, 0x80086601 /* FS_IOC_GETFLAGS */, 0xc020660b /* FS_IOC_FIEMAP */, 0xffffffff]) {
+        t.is(run(program, { nr: IOCTL[arch], arch: AUDIT_ARCH[arch], arg1: BigInt(request) }), ALLOW, `ioctl ${request.toString(16)}`);
+      }
       t.is(EOPNOTSUPP, 95);
       for (const nr of [0x7fffffff, 0x80000000, 0xfffffffe, 0xffffffff]) t.is(run(program, { nr, arch: AUDIT_ARCH[arch] }), REFUSE, `nr ${nr}`);
       // x32 (x86-64 numbers with bit 30) is another ABI in the same AUDIT_ARCH; refused on arm64 as past the last known.
