@@ -47,6 +47,9 @@ function answerClientError(err: Error & { code?: string }, socket: Socket): void
   );
 }
 
+/** How much longer than an upload may take any request may take to arrive whole (Node's requestTimeout). */
+const REQUEST_TIMEOUT_MARGIN_MS = 60_000;
+
 /** A scrape waits at most this long for the store's ping. */
 const STORE_PING_BOUND_MS = 1_000;
 
@@ -74,6 +77,11 @@ export async function buildApp(
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,
     bodyLimit: BODY_LIMIT_BYTES,
+    // Node's bound on a whole request's arrival, which Fastify turns off by default: the
+    // backstop behind the body deadline below, past the longest an upload may take (a
+    // multipart body that stalls before or after its file part; a client that trickles a
+    // body after an early answer). Node checks it every 30 s; 408, then the socket closes.
+    requestTimeout: ctx.config.files.timeLimitMs + REQUEST_TIMEOUT_MARGIN_MS,
     // Any path segment reaches its route (an over-long id is then 404 with the contract's
     // body); the router's own 414 would answer in its own format. Node caps the URL anyway.
     routerOptions: { maxParamLength: 16_384 },
@@ -154,6 +162,13 @@ export async function buildApp(
     payload.once("end", done);
     reply.raw.once("close", done);
     return payload;
+  });
+  // An answer sent before its request's body arrived whole (a 401, a 415, a body no route
+  // reads) closes the connection: kept alive, it would wait on the rest of that body for as
+  // long as the client trickles it (found by a review).
+  app.addHook("onSend", (request, reply, payload, done) => {
+    if (!request.raw.complete) reply.header("connection", "close");
+    done(null, payload);
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));

@@ -170,8 +170,11 @@ test.serial("http layer - a request that is not valid HTTP is answered 400 in th
 test.serial("http layer - a body that stops arriving is answered 408 once RUNS_REQUEST_BODY_TIMEOUT_MS passes and its connection closed; a slow body that arrives whole is served (found by a probe: such sockets stayed open for good)", async (t) => {
   t.timeout(60_000);
   const { servers } = t.context;
-  const service = await startService(testConfig(servers, { RUNS_REQUEST_BODY_TIMEOUT_MS: "1500" }), { log: pino({ level: "silent" }) });
+  const service = await startService(testConfig(servers, { RUNS_REQUEST_BODY_TIMEOUT_MS: "1500", RUNS_UPLOAD_TIME_LIMIT_MS: "120000" }), { log: pino({ level: "silent" }) });
   try {
+    // The backstop for what the deadline does not watch (a multipart body stalled around its
+    // file part): Node's own bound on a request's arrival, a minute past the upload's limit.
+    t.is(service.app!.server.requestTimeout, 180_000);
     const { api, key } = await newWorkspace(service);
     const run = (await api.post("/api/v1/runs", { agent: await api.agentWith({ model: "faux/scripted" }), input: "hi" })).body;
     const head = (path: string, extra: string) => `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nIdempotency-Key: stall-${Math.random()}\r\n${extra}\r\n`;
@@ -205,6 +208,19 @@ test.serial("http layer - a body that stops arriving is answered 408 once RUNS_R
       socket.on("error", reject);
     });
     t.regex(slow, /^HTTP\/1\.1 200 OK\r\n/, slow);
+    // An answer before the body arrived whole (a bad key: 401; a type no route reads: 400)
+    // closes the connection at once, however long the client would trickle the rest.
+    const early = [
+      [`POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer rk_live_nope\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"agent":`, 401],
+      [head("/api/v1/runs", "Content-Length: 1000\r\n").replace("application/json", "application/xml") + "<agent", 400],
+    ] as const;
+    for (const [bytes, status] of early) {
+      const started = Date.now();
+      const answer = await rawExchange(service.url!, bytes);
+      t.regex(answer, new RegExp(`^HTTP/1\\.1 ${status} `), answer);
+      t.regex(answer, /\r\nconnection: close\r\n/i, answer);
+      t.true(Date.now() - started < 1_000, `closed after ${Date.now() - started} ms`);
+    }
     t.deepEqual((await api.get(`/api/v1/runs/${run.id}`)).body.tags, ["slow"]);
     t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
   } finally {
