@@ -99,30 +99,30 @@ export function renderDeployment(d: DeploymentDoc) {
     status: d.status,
     upgrade_policy: d.upgrade_policy,
     config: withoutEndpointCredentials(d.config),
-    error: d.error,
+    error: d.error && { ...d.error, message: withoutUrlCredentials(d.error.message) },
     created_at: unixSeconds(d.created_at),
     ready_at: secondsOrNull(d.ready_at),
   };
 }
 
+/** `scheme://user:password@` (or a user name alone), wherever it stands in a text. */
+const URL_USERINFO = /([a-z][a-z0-9+.-]*:\/\/)[^\s/?#]*@/gi;
+
 /**
- * A deployment's configuration as its readers see it. Since base_url refuses a user name
- * or password, none is stored, but a deployment made before that may hold one: it is
- * shown as `***` to everyone with agents:read (the turn still uses the stored URL).
+ * `text` with every URL's user name and password shown as `***`. Since base_url refuses
+ * them none is stored, but a deployment made before that may hold one, in its config or
+ * quoted in its error, readable with agents:read (such a deployment's turns fail: fetch
+ * refuses a URL with credentials).
  */
+function withoutUrlCredentials(text: string): string {
+  return text.replace(URL_USERINFO, "$1***@");
+}
+
 function withoutEndpointCredentials(config: DeploymentDoc["config"]): DeploymentDoc["config"] {
   const model = config.model;
   if (typeof model === "string") return config;
-  let url: URL;
-  try {
-    url = new URL(model.base_url);
-  } catch {
-    return config;
-  }
-  if (!url.username && !url.password) return config;
-  if (url.username) url.username = "***";
-  if (url.password) url.password = "***";
-  return { ...config, model: { ...model, base_url: url.href } };
+  const shown = withoutUrlCredentials(model.base_url);
+  return shown === model.base_url ? config : { ...config, model: { ...model, base_url: shown } };
 }
 
 export function list<T>(data: T[], hasMore: boolean, nextCursor: string | null) {

@@ -343,26 +343,32 @@ test("deployments - the list pages by version with limit and after; a forged cur
   t.is((await api.get(`/api/v1/agents/${agent}/deployments?limit=0`)).body.error.param, "limit");
 });
 
-test("deployments - a user name or password stored before base_url refused them is shown as ***, and kept for the turn", async (t) => {
+test("deployments - a user name or password stored before base_url refused them is shown as ***, in the config and in a quoted error (turns cannot use it: fetch refuses such a URL)", async (t) => {
   const { api, servers } = t.context;
   const agent = (await api.post("/api/v1/agents", { name: "legacy-endpoint" })).body;
   const deployed = await api.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: { provider: "openai-compatible", base_url: "https://203.0.113.7/v1", model: "m" }, tools: [] } });
   t.is(deployed.status, 201, JSON.stringify(deployed.body));
-  const raw = (await servers.raw()).db.collection<{ _id: string; config: { model: { base_url: string } } }>("deployments");
+  const raw = (await servers.raw()).db.collection<{ _id: string; config: { model: { base_url: string } }; error: { code: string; message: string } | null }>("deployments");
+  const id = `${agent.id}:${deployed.body.version}`;
   const stored = [
-    ["https://user:s3cret-pass@203.0.113.7/v1", "https://***:***@203.0.113.7/v1"],
+    ["https://user:s3cret-pass@203.0.113.7/v1", "https://***@203.0.113.7/v1"],
     ["https://sk-s3cret-key@203.0.113.7/v1", "https://***@203.0.113.7/v1"],
-    ["https://:s3cret-pass@203.0.113.7/v1", "https://:***@203.0.113.7/v1"],
+    ["https://:s3cret-pass@203.0.113.7/v1", "https://***@203.0.113.7/v1"],
+    ["https://user:p@ss-s3cret@203.0.113.7/v1?q=a@b", "https://***@203.0.113.7/v1?q=a@b"],
+    // Not a URL (no check refused it then): its credentials are hidden all the same (found by a review).
+    ["https://user:s3cret-pass@models example/v1", "https://***@models example/v1"],
   ] as const;
   for (const [legacy, shown] of stored) {
-    await raw.updateOne({ _id: `${agent.id}:${deployed.body.version}` }, { $set: { "config.model.base_url": legacy } });
+    const error = { code: "agent_version_not_ready", message: `The base_url "${legacy}" of the openai-compatible model is not a URL` };
+    await raw.updateOne({ _id: id }, { $set: { "config.model.base_url": legacy, error } });
     const got = await api.get(`/api/v1/agents/${agent.id}/deployments/${deployed.body.version}`);
     t.is(got.status, 200);
     t.is(got.body.config.model.base_url, shown);
+    t.is(got.body.error.message, `The base_url "${shown}" of the openai-compatible model is not a URL`);
     const listed = await api.get(`/api/v1/agents/${agent.id}/deployments`);
     t.is(listed.body.data[0].config.model.base_url, shown);
     for (const body of [got.body, listed.body]) t.false(JSON.stringify(body).includes("s3cret"), legacy);
-    // The stored URL is not rewritten: turns still call the endpoint with it.
-    t.is((await raw.findOne({ _id: `${agent.id}:${deployed.body.version}` }))?.config.model.base_url, legacy);
+    // Only what readers see changes: the stored document is not rewritten.
+    t.is((await raw.findOne({ _id: id }))?.config.model.base_url, legacy);
   }
 });
