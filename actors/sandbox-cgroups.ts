@@ -209,10 +209,14 @@ class CgroupsV2 implements Cgroups {
         await killAll([dir]);
         const events = readQuiet(path.join(dir, "memory.events"));
         const pids = readQuiet(path.join(dir, "pids.events"));
+        // Linux 5.19+: the command's peak, as v1 judges it ("max" also counts reclaims at its
+        // own limit that succeeded, so a command that filled its page cache and was later
+        // ended by the base's limit would be told it met its own). Before: that count.
+        const peak = readQuiet(path.join(dir, "memory.peak"));
         await removeDir(dir);
-        // "max" counts the command's own limit being reached; the base's is counted at the base.
         const oomKilled = counter(events, "oom_kill") > 0;
-        return { oomKilled, sharedMemoryHit: oomKilled && counter(events, "max") === 0, processLimitHit: counter(pids, "max") > 0 };
+        const ownReached = peak ? Number(peak) >= limits.memoryBytes - OWN_LIMIT_SLACK_BYTES : counter(events, "max") > 0;
+        return { oomKilled, sharedMemoryHit: oomKilled && !ownReached, processLimitHit: counter(pids, "max") > 0 };
       },
     };
   }

@@ -70,9 +70,10 @@ const SET_LIMIT = 'ulimit "$1" "$2" 2>/dev/null || { echo "runs-sandbox: cannot 
 
 /**
  * The launcher (run as the sandbox's uid): makes itself, and so the command, the first
- * the host's OOM killer ends (any process may raise its own score), joins the command's
- * cgroups, sets the rlimits, then becomes bwrap. A failure here is reported on stderr
- * with exit 125.
+ * the host's OOM killer ends (any process may raise its own score; a command may lower it
+ * again, to the service's own, so this orders the killer's choice among commands that did
+ * not, and bounds nothing: RUNS_SANDBOX_MEMORY_MB does), joins the command's cgroups,
+ * sets the rlimits, then becomes bwrap. A failure here is reported on stderr with exit 125.
  */
 export function launcherArgs(procsFiles: readonly string[], rlimits: [string, number][], exec: string[]): string[] {
   const script =
