@@ -8,12 +8,15 @@ import { ApiKeyCreateRequestSchema, ApiKeyListSchema, ApiKeyRotateRequestSchema,
 export const DEFAULT_GRACE_PERIOD_S = 86_400;
 export { MAX_GRACE_PERIOD_S };
 
+/** The first of `scopes` a key does not hold. */
+const missingScope = (held: ReadonlySet<string>, scopes: readonly string[]) => scopes.find((s) => !held.has(s));
+
 /**
  * A key may hand out only scopes it holds itself: `api_keys:manage` alone must not
  * mint a key with every scope (or rotate a stronger key into a copy it receives).
  */
 function requireHeld(held: ReadonlySet<string>, scopes: readonly string[]): void {
-  const missing = scopes.find((s) => !held.has(s));
+  const missing = missingScope(held, scopes);
   if (missing !== undefined) {
     throw new ApiError("permission_denied", { param: "scopes", message: `This API key lacks the scope ${missing}: a key may only grant scopes it holds.` });
   }
@@ -25,7 +28,7 @@ function requireHeld(held: ReadonlySet<string>, scopes: readonly string[]): void
  * probe: a manage-only key revoked them all, or rotated one into a manage-only key).
  */
 function requireHeldByCaller(held: ReadonlySet<string>, target: ApiKeyDoc): void {
-  const missing = target.scopes.find((s) => !held.has(s));
+  const missing = missingScope(held, target.scopes);
   if (missing !== undefined) {
     throw new ApiError("permission_denied", { param: "keyId", message: `This API key lacks the scope ${missing}, which that key holds: a key may only revoke or rotate keys whose scopes it holds.` });
   }
@@ -152,9 +155,10 @@ export function apiKeyRoutes(ctx: GatewayContext) {
 
     route(app, API_KEY_OPERATIONS.revokeApiKey, async (request) => {
       const key = await loadKey(ctx, request, request.params.keyId);
-      requireHeldByCaller(authOf(request).scopes, key);
       const now = ctx.clock.nowMs();
+      // A repeat of a done revocation changes nothing: answered as before, whoever asks.
       if (key.revoked_at === null) {
+        requireHeldByCaller(authOf(request).scopes, key);
         await ctx.store.keys.update(key._id, { revoked_at: now, updated_at: now });
         key.revoked_at = now;
         key.updated_at = now;
@@ -168,11 +172,11 @@ export function apiKeyRoutes(ctx: GatewayContext) {
       const old = await loadKey(ctx, request, request.params.keyId);
       const now = ctx.clock.nowMs();
       if (!keyIsUsable(old, now)) throw new ApiError("conflict", { param: "keyId", message: "A revoked key cannot be rotated." });
-      const scopes = body.scopes ?? old.scopes;
-      // The rotated key's secret goes to the caller: it may not carry more than the caller holds.
-      requireHeld(authOf(request).scopes, scopes);
-      // Nor may the caller end a key stronger than itself by rotating it into a weaker one.
+      // The caller may not end a key stronger than itself (its scopes kept or not)...
       requireHeldByCaller(authOf(request).scopes, old);
+      const scopes = body.scopes ?? old.scopes;
+      // ...and the rotated key's secret goes to the caller: it may not carry more than the caller holds.
+      requireHeld(authOf(request).scopes, scopes);
       const graceS = body.gracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_S;
       const revokesAt = now + graceS * 1000;
       const { doc, secret } = newApiKey({

@@ -317,11 +317,12 @@ test("keys - a key may create or rotate only keys whose scopes it holds (no esca
   t.regex(escalate.body.error.message, /lacks the scope (?!api_keys:manage)/);
   // Its own scopes, or fewer, it may hand out.
   t.is((await limited.post("/api/v1/api-keys", { scopes: ["api_keys:manage"] })).status, 201);
-  // Rotating a stronger key would hand the caller that key's scopes: refused too.
+  // Rotating a stronger key would hand the caller that key's scopes: refused too (the key is
+  // stronger than the caller, which is what the answer names).
   const strong = await createKey(api, ["run:read", "run:write"]);
   const rotate = await limited.post(`/api/v1/api-keys/${strong.id}/rotate`, {});
   t.is(rotate.status, 403);
-  t.is(rotate.body.error.param, "scopes");
+  t.is(rotate.body.error.param, "keyId");
   const rotateUp = await limited.post(`/api/v1/api-keys/${manager.id}/rotate`, { scopes: ["api_keys:manage", "run:read"] });
   t.is(rotateUp.status, 403);
   t.is((await limited.post(`/api/v1/api-keys/${manager.id}/rotate`, {})).status, 201);
@@ -345,6 +346,16 @@ test("keys - a key may revoke or rotate only keys whose scopes it holds: api_key
   const still = await api.withKey(strong.key).get("/api/v1/api-keys");
   t.is(still.status, 200);
   t.is((await api.get(`/api/v1/api-keys/${strong.id}`)).body.revoked_at, null);
+  // Scopes omitted (the old key's kept): the same answer.
+  const kept = await limited.post(`/api/v1/api-keys/${strong.id}/rotate`, { gracePeriodSeconds: 0 });
+  t.is(kept.status, 403);
+  t.is(kept.body.error.param, "keyId");
+  // A key already revoked: its revocation repeated is answered as before, by any manager.
+  const revokedStrong = await createKey(api, [...SCOPES]);
+  t.is((await api.post(`/api/v1/api-keys/${revokedStrong.id}/revoke`)).status, 200);
+  const repeat = await limited.post(`/api/v1/api-keys/${revokedStrong.id}/revoke`);
+  t.is(repeat.status, 200, JSON.stringify(repeat.body));
+  t.not(repeat.body.revoked_at, null);
   // Keys within its own scopes (itself included) it may still rotate and revoke.
   const peer = await createKey(api, ["api_keys:manage"]);
   const rotated = await limited.post(`/api/v1/api-keys/${peer.id}/rotate`, { gracePeriodSeconds: 0 });
