@@ -67,7 +67,7 @@ export const AGENT_OPERATIONS = {
     operationId: "createDeployment",
     summary: "Deploy a configuration as the next version",
     description:
-      "Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model with api_key_env also needs env_vars:reveal (403, param config.model.api_key_env): the endpoint it names is sent that value.",
+      "Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model also needs run:read (403, param config.model): the endpoint it names is sent the agent's turns; with api_key_env, env_vars:reveal too (403, param config.model.api_key_env): it is sent that value.",
     tag: "agents",
     scope: "agents:write",
     rate: "expensive",
@@ -165,8 +165,17 @@ export function agentRoutes(ctx: GatewayContext) {
       if (typeof model === "string" && !providerOffered(model.slice(0, model.indexOf("/")), ctx.config.ambientProviders)) {
         throw invalid("config.model", `Model provider "${model.slice(0, model.indexOf("/"))}" authenticates with the service's own credentials and is not enabled on this service (RUNS_AMBIENT_PROVIDERS).`);
       }
-      // An endpoint the request itself names is sent the value api_key_env names: sending a
-      // value to an address of one's choosing is reading it, so it takes reading's scope.
+      // An endpoint the request itself names is sent every turn of the agent (its inputs, its
+      // transcript): sending data to an address of one's choosing is reading it, so it takes
+      // run:read, as a webhook does (found by a review: agents:write alone could).
+      if (typeof model === "object" && !auth.scopes.has("run:read")) {
+        throw new ApiError("permission_denied", {
+          param: "config.model",
+          message: "This API key lacks the scope run:read: an openai-compatible endpoint is sent the turns of the agent (their inputs and transcripts), so deploying one needs it.",
+        });
+      }
+      // It is also sent the value api_key_env names: sending a value to an address of one's
+      // choosing is reading it, so it takes reading's scope.
       if (typeof model === "object" && model.api_key_env !== undefined && !auth.scopes.has("env_vars:reveal")) {
         throw new ApiError("permission_denied", {
           param: "config.model.api_key_env",

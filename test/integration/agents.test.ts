@@ -122,8 +122,24 @@ test("deployments - abuse: a key without env_vars:reveal cannot deploy an endpoi
   t.is((await api.get(`/api/v1/agents/${agent.id}/deployments`)).body.data.length, 0, "nothing deployed");
   // Without a value to send it is that key's to deploy; with the scope, the value too.
   t.is((await api.withKey(lesser).post(`/api/v1/agents/${agent.id}/deployments`, custom(), "exfil-2")).status, 201);
-  const revealer = (await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write", "env_vars:read", "env_vars:reveal"] })).body.key as string;
+  // (run:read too: an endpoint of the key's choosing is sent the agent's turns, below.)
+  const revealer = (await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write", "run:read", "env_vars:read", "env_vars:reveal"] })).body.key as string;
   t.is((await api.withKey(revealer).post(`/api/v1/agents/${agent.id}/deployments`, custom("MY_SECRET"), "exfil-3")).status, 201);
+});
+
+test("deployments - abuse: a key without run:read cannot deploy an openai-compatible endpoint, which is sent every turn of the agent: 403 naming config.model (found by a review); models the service calls itself stay its to deploy", async (t) => {
+  const { api } = t.context;
+  const agent = (await api.post("/api/v1/agents", { name: "exfil-turns" })).body;
+  const builder = api.withKey((await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write"] })).body.key as string);
+  const endpoint = { config: { model: { provider: "openai-compatible", base_url: "https://203.0.113.7/v1", model: "m" }, tools: [] } };
+  const refused = await builder.post(`/api/v1/agents/${agent.id}/deployments`, endpoint, "exfil-turns-1");
+  t.is(refused.status, 403, JSON.stringify(refused.body));
+  t.like(refused.body.error, { code: "permission_denied", param: "config.model" });
+  t.regex(refused.body.error.message, /lacks the scope run:read: an openai-compatible endpoint is sent the turns/);
+  t.is((await api.get(`/api/v1/agents/${agent.id}/deployments`)).body.data.length, 0, "nothing deployed");
+  t.is((await builder.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted" } }, "exfil-turns-2")).status, 201);
+  const reader = api.withKey((await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write", "run:read"] })).body.key as string);
+  t.is((await reader.post(`/api/v1/agents/${agent.id}/deployments`, endpoint, "exfil-turns-3")).status, 201);
 });
 
 test("deployments - concurrent creates get distinct versions", async (t) => {
