@@ -87,6 +87,9 @@ export async function detectCgroups(options: {
   // a store. Past this one, the kernel kills within the sandboxes (the largest first).
   try {
     found.limitMemory(options.memoryTotalBytes);
+    if (!found.memoryHierarchical) {
+      options.log?.warn({ base: found.memoryBase }, "sandbox: the memory hierarchy does not count commands against their parent (cgroup v1 memory.use_hierarchy 0): RUNS_SANDBOX_MEMORY_MB bounds nothing here; each command's own limit holds");
+    }
   } catch (err) {
     options.log?.warn({ err, base: found.memoryBase }, "sandbox: could not limit the memory of all sandboxes together (RUNS_SANDBOX_MEMORY_MB); each command's own limit holds");
   }
@@ -188,6 +191,9 @@ class CgroupsV2 implements Cgroups {
     writeFileSync(path.join(this.base, "memory.max"), String(bytes));
   }
 
+  /** cgroup v2 counts every cgroup against its parents. */
+  readonly memoryHierarchical = true;
+
   async create(id: string, limits: SandboxLimits, owner: { uid: number; gid: number } | undefined): Promise<CommandCgroup> {
     const dir = path.join(this.base, id);
     mkdirSync(dir);
@@ -258,6 +264,11 @@ class CgroupsV1 implements Cgroups {
 
   get memoryBase(): string {
     return this.memory;
+  }
+
+  /** Whether commands count against the base (kernels before 6.x could turn that off: `memory.use_hierarchy` 0). */
+  get memoryHierarchical(): boolean {
+    return readQuiet(path.join(this.memory, "memory.use_hierarchy")).trim() !== "0";
   }
 
   /** With swap accounting, memory and swap together too: written around the limit, which it may not be under. */

@@ -29,7 +29,7 @@ import type { Logger } from "pino";
 import type { EgressDenial, EgressProxy } from "./egress-proxy.js";
 import { cgroupPathsOf, detectCgroups, type Cgroups, type CommandCgroup } from "./sandbox-cgroups.js";
 import { diskShort, type LimitHit, type SandboxLimits } from "./sandbox-limits.js";
-import { DEFAULT_SANDBOX_PROCESSES, defaultSandboxMemoryMb, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
+import { DEFAULT_SANDBOX_PROCESSES, defaultSandboxMemoryBytes, MAX_COMMAND_PROCESSES, type SandboxStatus } from "../src/index.js";
 import { bwrapArgs, clearSetIdBits, closeInheritedDescriptors, closedToOthers, SANDBOX_INNER_ID, SANDBOX_WORKSPACE, chownTree, findOnPath, hostLayout, isExecutable, LAUNCHER_PATH, launcherArgs, nprocFlagOf, rlimitArgs, rlimitOf, rlimitProcessesTotal, rlimitHits, shellReported, searchableDataDir, setupFailed, withEgressRelay, withProcessLimit, type HostLayout } from "./sandbox-host.js";
 import { spawnAndWait, type RawOutcome } from "./sandbox-process.js";
 import { refusedSyscalls, seccompArchOf, seccompProgram } from "./sandbox-seccomp.js";
@@ -314,7 +314,7 @@ export class Sandbox {
     const owner = isRoot ? { uid: options.uid ?? DEFAULT_SANDBOX_UID, gid: options.uid ?? DEFAULT_SANDBOX_UID } : undefined;
     const wanted = options.processesTotal ?? DEFAULT_SANDBOX_PROCESSES;
     const selfCgroup = await readFile("/proc/self/cgroup", "utf8").catch(() => "");
-    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, memoryTotalBytes: options.memoryTotalBytes ?? defaultSandboxMemoryMb() * 2 ** 20, log, selfCgroup });
+    const cgroups = options.cgroupRoot === false ? undefined : await detectCgroups({ root: options.cgroupRoot, processesTotal: wanted, memoryTotalBytes: options.memoryTotalBytes ?? defaultSandboxMemoryBytes(), log, selfCgroup });
     await mkdir(options.runtimeDir, { recursive: true, mode: 0o711 });
     if (owner) await searchableDataDir(path.dirname(options.runtimeDir), log);
     const nodeLimits = await readFile("/proc/self/limits", "utf8").catch(() => "");

@@ -19,7 +19,7 @@ import { execSync } from "node:child_process";
 import { closeSync, constants as fsConstants, openSync, readFileSync } from "node:fs";
 import { startTestServers, type TestServers } from "../test/helpers/servers.js";
 import { partitionOf } from "../src/partition.js";
-import { DEFAULT_SANDBOX_PROCESSES, defaultSandboxMemoryMb } from "../src/config.js";
+import { DEFAULT_SANDBOX_PROCESSES, defaultSandboxMemoryBytes } from "../src/config.js";
 import { Ids } from "../src/ids.js";
 import {
   bareClients,
@@ -534,7 +534,7 @@ async function sandboxLatency(): Promise<void> {
       fds.push(openSync(ws, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY));
       parts.bwrap = () => timedSpawn(internals.bwrap!, args, { ...owner, fds: [fds[0]!] });
     } else notes.push("sandbox parts: bwrap alone not timed (the Sandbox holds no bwrap path or host layout any more)");
-    const cgroups = status.limits.startsWith("cgroup") ? await detectCgroups({ processesTotal: DEFAULT_SANDBOX_PROCESSES, memoryTotalBytes: defaultSandboxMemoryMb() * 2 ** 20 }) : undefined;
+    const cgroups = status.limits.startsWith("cgroup") ? await detectCgroups({ processesTotal: DEFAULT_SANDBOX_PROCESSES, memoryTotalBytes: defaultSandboxMemoryBytes() }) : undefined;
     const cgPhases = { create: [] as number[], release: [] as number[] };
     if (cgroups) {
       parts.cgroup = async () => {

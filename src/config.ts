@@ -7,11 +7,22 @@ const DAY_S = 86_400;
 export const DEFAULT_SANDBOX_PROCESSES = 16_384;
 /**
  * MiB of memory a node's sandboxes use at once, all together, by default
- * (`RUNS_SANDBOX_MEMORY_MB`): half of the host's, leaving the rest to the service, its
- * stores and the host.
+ * (`RUNS_SANDBOX_MEMORY_MB`): half of what the service may use (the host's, or less where
+ * its container or cgroup is limited), leaving the rest to the service, its stores and the host.
  */
-export function defaultSandboxMemoryMb(totalBytes: number = os.totalmem()): number {
+export function defaultSandboxMemoryMb(totalBytes: number = memoryOfThisProcess()): number {
   return Math.max(256, Math.floor(totalBytes / 2 / 2 ** 20));
+}
+
+/** The host's memory, or the limit of this process's cgroup where lower (0 or huge: none). */
+function memoryOfThisProcess(): number {
+  const constrained = process.constrainedMemory?.() ?? 0;
+  return constrained > 0 ? Math.min(os.totalmem(), constrained) : os.totalmem();
+}
+
+/** {@link defaultSandboxMemoryMb} in bytes. */
+export function defaultSandboxMemoryBytes(): number {
+  return defaultSandboxMemoryMb() * 2 ** 20;
 }
 const ROLES = ["gateway", "actors"] as const;
 /** pino's levels. */

@@ -306,8 +306,9 @@ export function webhookRoutes(ctx: GatewayContext) {
     });
 
     route(app, WEBHOOK_OPERATIONS.redeliverWebhook, async (request, reply) => {
-      requireRunRead(authOf(request).scopes, "delivering a message again");
-      const original = await loadDelivery(authOf(request).workspace._id, request.params.webhookId, request.params.deliveryId);
+      const auth = authOf(request);
+      requireRunRead(auth.scopes, "delivering a message again");
+      const original = await loadDelivery(auth.workspace._id, request.params.webhookId, request.params.deliveryId);
       return reply.status(202).send(renderDelivery(await store.redeliver(original)));
     });
   };

@@ -71,9 +71,11 @@ test("config - RUNS_SANDBOX_PROCESSES: 16384 by default, 64 to the kernel's larg
   }
 });
 
-test("config - RUNS_SANDBOX_MEMORY_MB: half the host's memory by default (at least 256), 64 MiB to 64 TiB, anything else refused naming the variable", (t) => {
+test("config - RUNS_SANDBOX_MEMORY_MB: half the memory the service may use by default (the host's, or its cgroup's limit where lower; at least 256), 64 MiB to 64 TiB, anything else refused naming the variable", (t) => {
   const MiB = 2 ** 20;
-  t.is(loadConfig({}).sandbox.memoryTotalBytes, Math.max(256, Math.floor(os.totalmem() / 2 / MiB)) * MiB);
+  const constrained = process.constrainedMemory?.() ?? 0;
+  const usable = constrained > 0 ? Math.min(os.totalmem(), constrained) : os.totalmem();
+  t.is(loadConfig({}).sandbox.memoryTotalBytes, Math.max(256, Math.floor(usable / 2 / MiB)) * MiB);
   t.is(defaultSandboxMemoryMb(24 * 1024 * MiB), 12 * 1024);
   t.is(defaultSandboxMemoryMb(300 * MiB), 256);
   t.is(loadConfig({ RUNS_SANDBOX_MEMORY_MB: "64" }).sandbox.memoryTotalBytes, 64 * MiB);
