@@ -81,7 +81,7 @@ export async function buildApp(
     // backstop behind the body deadline below, past the longest an upload may take (a
     // multipart body that stalls before or after its file part; a client that trickles a
     // body after an early answer). Node checks it every 30 s; 408, then the socket closes.
-    requestTimeout: ctx.config.files.timeLimitMs + REQUEST_TIMEOUT_MARGIN_MS,
+    requestTimeout: Math.max(ctx.config.files.timeLimitMs, ctx.config.requestBodyTimeoutMs) + REQUEST_TIMEOUT_MARGIN_MS,
     // Any path segment reaches its route (an over-long id is then 404 with the contract's
     // body); the router's own 414 would answer in its own format. Node caps the URL anyway.
     routerOptions: { maxParamLength: 16_384 },
@@ -163,12 +163,19 @@ export async function buildApp(
     reply.raw.once("close", done);
     return payload;
   });
-  // An answer sent before its request's body arrived whole (a 401, a 415, a body no route
-  // reads) closes the connection: kept alive, it would wait on the rest of that body for as
-  // long as the client trickles it (found by a review).
-  app.addHook("onSend", (request, reply, payload, done) => {
-    if (!request.raw.complete) reply.header("connection", "close");
-    done(null, payload);
+  // An answer sent before its request's body arrived whole (a 401, a refused upload, a body
+  // no route reads): Node reads and drops the rest, keeping the connection, for as long as
+  // the client trickles it (found by a review). A rest not whole within the body deadline
+  // ends the connection. Not at once: closed with body bytes unread, the connection is
+  // reset and the client may lose the answer (an upload's 401 seen as "fetch failed").
+  app.addHook("onResponse", (request, _reply, done) => {
+    const raw = request.raw;
+    if (!raw.complete) {
+      const timer = ctx.clock.after(ctx.config.requestBodyTimeoutMs, () => raw.complete || raw.socket?.destroy(), { keepAlive: false });
+      raw.once("end", () => timer.cancel());
+      raw.socket?.once("close", () => timer.cancel());
+    }
+    done();
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));

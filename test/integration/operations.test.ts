@@ -209,7 +209,8 @@ test.serial("http layer - a body that stops arriving is answered 408 once RUNS_R
     });
     t.regex(slow, /^HTTP\/1\.1 200 OK\r\n/, slow);
     // An answer before the body arrived whole (a bad key: 401; a type no route reads: 400)
-    // closes the connection at once, however long the client would trickle the rest.
+    // is read whole by the client, and the connection ends once the rest is not whole in time
+    // (not at once: a close with body bytes unread would reset it, losing the answer).
     const early = [
       [`POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer rk_live_nope\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"agent":`, 401],
       [head("/api/v1/runs", "Content-Length: 1000\r\n").replace("application/json", "application/xml") + "<agent", 400],
@@ -218,8 +219,8 @@ test.serial("http layer - a body that stops arriving is answered 408 once RUNS_R
       const started = Date.now();
       const answer = await rawExchange(service.url!, bytes);
       t.regex(answer, new RegExp(`^HTTP/1\\.1 ${status} `), answer);
-      t.regex(answer, /\r\nconnection: close\r\n/i, answer);
-      t.true(Date.now() - started < 1_000, `closed after ${Date.now() - started} ms`);
+      const tookMs = Date.now() - started;
+      t.true(tookMs >= 1_400 && tookMs < 5_000, `closed after ${tookMs} ms`);
     }
     t.deepEqual((await api.get(`/api/v1/runs/${run.id}`)).body.tags, ["slow"]);
     t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
