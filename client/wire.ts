@@ -251,7 +251,7 @@ export interface paths {
         put?: never;
         /**
          * Deploy a configuration as the next version
-         * @description Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model also needs run:read (403, param config.model): the endpoint it names is sent the agent's turns; with api_key_env, env_vars:reveal too (403, param config.model.api_key_env): it is sent that value. Scope: agents:write. Counts against the lower limit of expensive operations too.
+         * @description Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model also needs run:read (403, param config.model): the endpoint it names is sent the agent's turns; so does a network.allow list (403, param config.network.allow): commands may send the workspace there; with api_key_env, env_vars:reveal too (403, param config.model.api_key_env): it is sent that value. Scope: agents:write. Counts against the lower limit of expensive operations too.
          */
         post: operations["createDeployment"];
         delete?: never;

@@ -67,7 +67,7 @@ export const AGENT_OPERATIONS = {
     operationId: "createDeployment",
     summary: "Deploy a configuration as the next version",
     description:
-      "Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model also needs run:read (403, param config.model): the endpoint it names is sent the agent's turns; with api_key_env, env_vars:reveal too (403, param config.model.api_key_env): it is sent that value.",
+      "Answers at once with status building; the build makes it ready (activated when activate is true) or failed. An openai-compatible model also needs run:read (403, param config.model): the endpoint it names is sent the agent's turns; so does a network.allow list (403, param config.network.allow): commands may send the workspace there; with api_key_env, env_vars:reveal too (403, param config.model.api_key_env): it is sent that value.",
     tag: "agents",
     scope: "agents:write",
     rate: "expensive",
@@ -172,6 +172,14 @@ export function agentRoutes(ctx: GatewayContext) {
         throw new ApiError("permission_denied", {
           param: "config.model",
           message: "This API key lacks the scope run:read: an openai-compatible endpoint is sent the turns of the agent (their inputs and transcripts), so deploying one needs it.",
+        });
+      }
+      // So is a network allow list: the agent's commands may send the workspace (its files,
+      // inputs placed there) to the hosts it names (found by a second review).
+      if ((body.config.network?.allow?.length ?? 0) > 0 && !auth.scopes.has("run:read")) {
+        throw new ApiError("permission_denied", {
+          param: "config.network.allow",
+          message: "This API key lacks the scope run:read: the agent's commands may send its runs' workspaces to the hosts network.allow names, so deploying one needs it.",
         });
       }
       // It is also sent the value api_key_env names: sending a value to an address of one's

@@ -137,9 +137,16 @@ test("deployments - abuse: a key without run:read cannot deploy an openai-compat
   t.like(refused.body.error, { code: "permission_denied", param: "config.model" });
   t.regex(refused.body.error.message, /lacks the scope run:read: an openai-compatible endpoint is sent the turns/);
   t.is((await api.get(`/api/v1/agents/${agent.id}/deployments`)).body.data.length, 0, "nothing deployed");
+  // Commands that may reach hosts of the key's choosing could send them the workspace: the same rule (found by a second review).
+  const allowing = await builder.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted", network: { allow: ["evil.example"] } } }, "exfil-turns-4");
+  t.is(allowing.status, 403, JSON.stringify(allowing.body));
+  t.like(allowing.body.error, { code: "permission_denied", param: "config.network.allow" });
+  t.is((await api.get(`/api/v1/agents/${agent.id}/deployments`)).body.data.length, 0, "nothing deployed");
+  t.is((await builder.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted", network: { allow: [] } } }, "exfil-turns-5")).status, 201);
   t.is((await builder.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted" } }, "exfil-turns-2")).status, 201);
   const reader = api.withKey((await api.post("/api/v1/api-keys", { scopes: ["agents:read", "agents:write", "run:read"] })).body.key as string);
   t.is((await reader.post(`/api/v1/agents/${agent.id}/deployments`, endpoint, "exfil-turns-3")).status, 201);
+  t.is((await reader.post(`/api/v1/agents/${agent.id}/deployments`, { config: { model: "faux/scripted", network: { allow: ["evil.example"] } } }, "exfil-turns-6")).status, 201);
 });
 
 test("deployments - concurrent creates get distinct versions", async (t) => {
