@@ -54,11 +54,13 @@ const FALLOCATE = { x64: 285, arm64: 47 } as const satisfies Record<SeccompArch,
 const IOCTL = { x64: 16, arm64: 29 } as const satisfies Record<SeccompArch, number>;
 
 /**
- * The ioctl requests the kernel serves as a `fallocate` (fs/ioctl.c): `_IOW('X', n, struct
- * space_resv)` for FS_IOC_RESVSP (40), FS_IOC_RESVSP64 (42) and FS_IOC_ZERO_RANGE (57).
- * Those that free blocks (UNRESVSP) stay allowed.
+ * The ioctl requests the kernel serves as a `fallocate`, all `_IOW('X', n, struct
+ * space_resv)`: FS_IOC_RESVSP (40), FS_IOC_RESVSP64 (42) and FS_IOC_ZERO_RANGE (57)
+ * (fs/ioctl.c), and XFS's ALLOCSP (10), FREESP (11), ALLOCSP64 (36) and FREESP64 (37),
+ * which map unwritten blocks the same way on kernels before 5.17 (CVE-2021-4155's fix).
+ * Those that only free blocks (UNRESVSP) stay allowed.
  */
-export const PREALLOCATING_IOCTLS: readonly number[] = [0x40305828, 0x4030582a, 0x40305839];
+export const PREALLOCATING_IOCTLS: readonly number[] = [0x40305828, 0x4030582a, 0x40305839, 0x4030580a, 0x4030580b, 0x40305824, 0x40305825];
 
 /** `personality`'s number: x86-64, arm64. */
 const PERSONALITY = { x64: 135, arm64: 92 } as const satisfies Record<SeccompArch, number>;

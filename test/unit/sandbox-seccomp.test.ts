@@ -23,6 +23,8 @@ const IOCTL = { x64: 16, arm64: 29 };
 const FS_IOC_RESVSP = 0x40305828;
 const FS_IOC_RESVSP64 = 0x4030582a;
 const FS_IOC_ZERO_RANGE = 0x40305839;
+/** XFS_IOC_ALLOCSP, FREESP, ALLOCSP64, FREESP64: _IOW('X', 10 / 11 / 36 / 37, struct xfs_flock64), preallocating before Linux 5.17. */
+const XFS_PREALLOCATING = [0x4030580a, 0x4030580b, 0x40305824, 0x40305825];
 /** One past Linux 6.17's last system call (file_setattr, 469), written out apart from the filter's constant. */
 const FIRST_UNKNOWN = 470;
 /** personality's number on each, and the values Docker's default profile lets it set. */
@@ -108,7 +110,7 @@ for (const arch of ARCHES) {
       }
       t.is(allowed, FIRST_UNKNOWN - 3 - numbers.size);
       // ioctl: the preallocating requests fail as fallocate does (the kernel reads the request's low 32 bits); any other is allowed.
-      for (const request of [FS_IOC_RESVSP, FS_IOC_RESVSP64, FS_IOC_ZERO_RANGE]) {
+      for (const request of [FS_IOC_RESVSP, FS_IOC_RESVSP64, FS_IOC_ZERO_RANGE, ...XFS_PREALLOCATING]) {
         t.is(run(program, { nr: IOCTL[arch], arch: AUDIT_ARCH[arch], arg1: BigInt(request) }), NOT_SUPPORTED, `ioctl ${request.toString(16)}`);
         t.is(run(program, { nr: IOCTL[arch], arch: AUDIT_ARCH[arch], arg1: (0xdeadn << 32n) | BigInt(request) }), NOT_SUPPORTED, `ioctl high bits ${request.toString(16)}`);
       }
