@@ -105,8 +105,13 @@ export function renderDeployment(d: DeploymentDoc) {
   };
 }
 
-/** `scheme://user:password@` (or a user name alone), wherever it stands in a text. */
-const URL_USERINFO = /([a-z][a-z0-9+.-]*:\/\/)[^\s/?#]*@/gi;
+/**
+ * `scheme:` and what follows it up to its last `@` before a space or quote, wherever it
+ * stands in a text: a URL's user name and password, in any form a URL parser would take
+ * (`https:user:pw@h`, `https:\\user@h`, a password holding `/`). It may hide more (a path
+ * holding `@`): it is for text no parser could read, and shows too little rather than a secret.
+ */
+const URL_USERINFO = /([a-z][a-z0-9+.-]*:[\\/]*)[^\s"'<>]*@/gi;
 
 /**
  * `text` with every URL's user name and password shown as `***`. Since base_url refuses
@@ -121,7 +126,17 @@ function withoutUrlCredentials(text: string): string {
 function withoutEndpointCredentials(config: DeploymentDoc["config"]): DeploymentDoc["config"] {
   const model = config.model;
   if (typeof model === "string") return config;
-  const shown = withoutUrlCredentials(model.base_url);
+  let shown: string;
+  try {
+    // A URL: its own user name and password, as the parser found them, and nothing else.
+    const url = new URL(model.base_url);
+    if (!url.username && !url.password) return config;
+    if (url.username) url.username = "***";
+    if (url.password) url.password = "***";
+    shown = url.href;
+  } catch {
+    shown = withoutUrlCredentials(model.base_url);
+  }
   return shown === model.base_url ? config : { ...config, model: { ...model, base_url: shown } };
 }
 
