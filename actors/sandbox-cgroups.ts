@@ -215,14 +215,12 @@ class CgroupsV2 implements Cgroups {
         await killAll([dir]);
         const events = readQuiet(path.join(dir, "memory.events"));
         const pids = readQuiet(path.join(dir, "pids.events"));
-        // Linux 5.19+: the command's peak, as v1 judges it ("max" also counts reclaims at its
-        // own limit that succeeded, so a command that filled its page cache and was later
-        // ended by the base's limit would be told it met its own). Before: that count.
-        const peak = readQuiet(path.join(dir, "memory.peak"));
         await removeDir(dir);
+        // "oom" counts the allocations that failed at this cgroup's own limit (an ancestor's
+        // are counted there and above, never below). Not "max", which also counts reclaims
+        // at its limit that succeeded, nor the peak, which holds the page cache.
         const oomKilled = counter(events, "oom_kill") > 0;
-        const ownReached = peak ? Number(peak) >= limits.memoryBytes - OWN_LIMIT_SLACK_BYTES : counter(events, "max") > 0;
-        return { oomKilled, sharedMemoryHit: oomKilled && !ownReached, processLimitHit: counter(pids, "max") > 0 };
+        return { oomKilled, sharedMemoryHit: oomKilled && counter(events, "oom") === 0, processLimitHit: counter(pids, "max") > 0 };
       },
     };
   }
@@ -311,7 +309,9 @@ class CgroupsV1 implements Cgroups {
         const oom = readQuiet(path.join(dirs[0]!, "memory.oom_control"));
         const failcnt = (readQuiet(path.join(dirs[0]!, "memory.failcnt")) || "0");
         // Its own limit was reached if it used all of it (failcnt is not counted where memory
-        // and swap are limited together); the base's limit ends it with room left below its own.
+        // and swap are limited together, and v1 has no count of failed allocations); the base's
+        // limit ends it with room left below its own. A peak of page cache at its own limit
+        // makes a later kill by the base's read as its own: the words differ, not the kill.
         const peak = Math.max(Number(readQuiet(path.join(dirs[0]!, "memory.max_usage_in_bytes"))) || 0, Number(readQuiet(path.join(dirs[0]!, "memory.memsw.max_usage_in_bytes"))) || 0);
         const pidEvents = readQuiet(path.join(dirs[1]!, "pids.events"));
         for (const dir of dirs) await removeDir(dir);
