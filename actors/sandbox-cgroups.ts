@@ -271,6 +271,8 @@ class CgroupsV1 implements Cgroups {
 
   /** With swap accounting, memory and swap together too: written around the limit, which it may not be under. */
   limitMemory(bytes: number): void {
+    // Counting commands against the base where the kernel lets that be turned off (before 6.x).
+    writeQuiet(path.join(this.memory, "memory.use_hierarchy"), "1");
     writeQuiet(path.join(this.memory, "memory.memsw.limit_in_bytes"), String(bytes));
     writeFileSync(path.join(this.memory, "memory.limit_in_bytes"), String(bytes));
     writeQuiet(path.join(this.memory, "memory.memsw.limit_in_bytes"), String(bytes));

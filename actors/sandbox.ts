@@ -320,7 +320,7 @@ export class Sandbox {
     const nodeLimits = await readFile("/proc/self/limits", "utf8").catch(() => "");
     const processesTotal = cgroups ? wanted : rlimitTotalOrFail(wanted, nodeLimits, owner === undefined, log);
     if (processesTotal <= MAX_COMMAND_PROCESSES) {
-      log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one command can use them all`);
+      log.warn({ processes: processesTotal }, `sandbox: all sandboxes together get ${processesTotal} processes, no more than one command's largest limit (${MAX_COMMAND_PROCESSES}): one workspace's commands get a quarter of them (${tenantProcessShare(processesTotal)}), so a command may run with less than its own limit`);
     }
     const seccomp = writeSeccompFilter(options.runtimeDir, cgroups !== undefined, log);
     const sandbox = new Sandbox(

@@ -156,8 +156,9 @@ export function apiKeyRoutes(ctx: GatewayContext) {
     route(app, API_KEY_OPERATIONS.revokeApiKey, async (request) => {
       const key = await loadKey(ctx, request, request.params.keyId);
       const now = ctx.clock.nowMs();
-      // A repeat of a done revocation changes nothing: answered as before, whoever asks.
-      if (key.revoked_at === null) {
+      // A repeat of a done revocation changes nothing, nor does revoking a key its rotation's
+      // grace already ended: answered as before, whoever asks.
+      if (keyIsUsable(key, now)) {
         requireHeldByCaller(authOf(request).scopes, key);
         await ctx.store.keys.update(key._id, { revoked_at: now, updated_at: now });
         key.revoked_at = now;

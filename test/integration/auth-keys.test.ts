@@ -356,6 +356,14 @@ test("keys - a key may revoke or rotate only keys whose scopes it holds: api_key
   const repeat = await limited.post(`/api/v1/api-keys/${revokedStrong.id}/revoke`);
   t.is(repeat.status, 200, JSON.stringify(repeat.body));
   t.not(repeat.body.revoked_at, null);
+  // So is a key its rotation's grace ended (found by a second review): nothing to change, its time kept.
+  const rotatedAway = await createKey(api, [...SCOPES]);
+  t.is((await api.post(`/api/v1/api-keys/${rotatedAway.id}/rotate`, { gracePeriodSeconds: 0 })).status, 201);
+  const ended = (await api.get(`/api/v1/api-keys/${rotatedAway.id}`)).body;
+  t.not(ended.revoked_at, null);
+  const again = await limited.post(`/api/v1/api-keys/${rotatedAway.id}/revoke`);
+  t.is(again.status, 200, JSON.stringify(again.body));
+  t.is(again.body.revoked_at, ended.revoked_at);
   // Keys within its own scopes (itself included) it may still rotate and revoke.
   const peer = await createKey(api, ["api_keys:manage"]);
   const rotated = await limited.post(`/api/v1/api-keys/${peer.id}/rotate`, { gracePeriodSeconds: 0 });
