@@ -1,5 +1,5 @@
 /** The Fastify app: hooks, parsers, error answers and every route plugin. */
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http";
 import type { Socket } from "node:net";
 import type { KV } from "@nats-io/kv";
@@ -45,6 +45,40 @@ function answerClientError(err: Error & { code?: string }, socket: Socket): void
   socket.end(
     `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
   );
+}
+
+/** Whether a request says it carries a body (most do not: GETs, bodiless POSTs). */
+function hasBody(request: FastifyRequest): boolean {
+  return request.headers["transfer-encoding"] !== undefined || (request.headers["content-length"] ?? "0") !== "0";
+}
+
+/**
+ * A request's body must arrive whole within RUNS_REQUEST_BODY_TIMEOUT_MS of its start:
+ * Fastify turns off Node's bound on that, and a probe's 50 POSTs that stopped mid-body
+ * held 50 sockets for the 320 s watched. Past it, with the body still short:
+ * - while its route reads it: 408 request_timeout, and the connection closes;
+ * - after an answer sent before it arrived (a 401, a refused upload; found by a review):
+ *   the connection ends. Not at the answer: closed with body bytes unread, a connection is
+ *   reset, and the client may lose the answer (an upload's 401 seen as "fetch failed").
+ * An upload's body is bounded by the upload's own limit (20 minutes) while it is read.
+ */
+function watchBodyArrival(request: FastifyRequest, reply: FastifyReply, ctx: Pick<GatewayContext, "clock" | "config">): void {
+  const raw = request.raw;
+  const timer = ctx.clock.after(
+    ctx.config.requestBodyTimeoutMs,
+    () => {
+      if (raw.complete) return;
+      if (reply.raw.writableEnded) return void raw.socket?.destroy();
+      // Only a body its route's parser reads (listening for its data and errors) is answered.
+      if (request.routeOptions.config?.ownBodyTimeout || raw.listenerCount("data") === 0 || raw.listenerCount("error") === 0) return;
+      reply.header("connection", "close");
+      raw.emit("error", new ApiError("request_timeout", { message: `The request's body did not arrive within ${ctx.config.requestBodyTimeoutMs / 1000} s.` }));
+    },
+    { keepAlive: false },
+  );
+  const done = () => timer.cancel();
+  raw.once("end", done);
+  raw.once("close", done);
 }
 
 /** How much longer than an upload may take any request may take to arrive whole (Node's requestTimeout). */
@@ -102,6 +136,7 @@ export async function buildApp(
   // First, so every answer (401s, 404s, hijacked event streams) carries the id and is counted.
   app.addHook("onRequest", async (request, reply) => {
     reply.header(REQUEST_ID_HEADER, request.id);
+    if (hasBody(request)) watchBodyArrival(request, reply, ctx);
   });
   context.metrics.instrument(app);
   ctx.usage.onRecorded((record) => context.metrics.countUsage(record));
@@ -138,44 +173,6 @@ export async function buildApp(
     // Limited before the scope check, so a 403 carries the rate-limit headers too.
     await applyRateLimit(context, request.auth, config?.rate, reply);
     if (config?.scope) requireScope(request.auth, config.scope);
-  });
-
-  // Fastify turns off Node's bound on a whole request's arrival (requestTimeout 0): a body
-  // that stopped arriving held its connection for ever (found by a probe: 50 POSTs that
-  // stopped mid-body held 50 sockets for the 320 s watched). One not whole in time is
-  // answered 408 and its connection closed. Uploads keep their own limit (20 minutes).
-  app.addHook("preParsing", async (request, reply, payload) => {
-    // No body (most requests, GETs): nothing to wait on, and no timer on their path.
-    const bodyless = request.headers["transfer-encoding"] === undefined && (request.headers["content-length"] ?? "0") === "0";
-    if (bodyless || payload.readableEnded || request.routeOptions.config?.ownBodyTimeout) return payload;
-    const timer = ctx.clock.after(
-      ctx.config.requestBodyTimeoutMs,
-      () => {
-        // Only a body being read is waited on (its reader listens for data and errors).
-        if (payload.readableEnded || payload.listenerCount("data") === 0 || payload.listenerCount("error") === 0) return;
-        reply.header("connection", "close");
-        payload.emit("error", new ApiError("request_timeout", { message: `The request's body did not arrive within ${ctx.config.requestBodyTimeoutMs / 1000} s.` }));
-      },
-      { keepAlive: false },
-    );
-    const done = () => timer.cancel();
-    payload.once("end", done);
-    reply.raw.once("close", done);
-    return payload;
-  });
-  // An answer sent before its request's body arrived whole (a 401, a refused upload, a body
-  // no route reads): Node reads and drops the rest, keeping the connection, for as long as
-  // the client trickles it (found by a review). A rest not whole within the body deadline
-  // ends the connection. Not at once: closed with body bytes unread, the connection is
-  // reset and the client may lose the answer (an upload's 401 seen as "fetch failed").
-  app.addHook("onResponse", (request, _reply, done) => {
-    const raw = request.raw;
-    if (!raw.complete) {
-      const timer = ctx.clock.after(ctx.config.requestBodyTimeoutMs, () => raw.complete || raw.socket?.destroy(), { keepAlive: false });
-      raw.once("end", () => timer.cancel());
-      raw.socket?.once("close", () => timer.cancel());
-    }
-    done();
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));
