@@ -118,8 +118,12 @@ export class Authenticator {
   }
 }
 
-export function requireScope(auth: AuthContext, scope: string): void {
+/**
+ * 403 unless the key holds `scope`. `because`: why a request needs it beyond its route's
+ * scope (what it would send, and where), told in the message, and the field that asks it.
+ */
+export function requireScope(auth: AuthContext, scope: string, because?: { why: string; param?: string }): void {
   if (!auth.scopes.has(scope)) {
-    throw new ApiError("permission_denied", { message: `This API key lacks the scope ${scope}.` });
+    throw new ApiError("permission_denied", { param: because?.param ?? null, message: `This API key lacks the scope ${scope}${because ? `: ${because.why}` : ""}.` });
   }
 }

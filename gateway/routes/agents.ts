@@ -2,6 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { z } from "zod";
 import { activateVersion, DeploymentStatus, type AgentDoc, ApiError, decodeCursor, type DeploymentDoc, encodeCursor, invalid, list, listModels, providerOffered, renderAgent, renderDeployment, toDeploymentRequest } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
+import { requireScope } from "../auth.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import { type Operation, page, route, agentId, version } from "../operation.js";
 import { AgentCreateRequestSchema, AgentListSchema, AgentSchema, DeploymentListSchema, DeploymentRequestSchema, DeploymentSchema, ModelListSchema } from "../schemas.js";
@@ -168,27 +169,18 @@ export function agentRoutes(ctx: GatewayContext) {
       // An endpoint the request itself names is sent every turn of the agent (its inputs, its
       // transcript): sending data to an address of one's choosing is reading it, so it takes
       // run:read, as a webhook does (found by a review: agents:write alone could).
-      if (typeof model === "object" && !auth.scopes.has("run:read")) {
-        throw new ApiError("permission_denied", {
-          param: "config.model",
-          message: "This API key lacks the scope run:read: an openai-compatible endpoint is sent the turns of the agent (their inputs and transcripts), so deploying one needs it.",
-        });
+      if (typeof model === "object") {
+        requireScope(auth, "run:read", { param: "config.model", why: "an openai-compatible endpoint is sent the turns of the agent (their inputs and transcripts), so deploying one needs it" });
       }
       // So is a network allow list: the agent's commands may send the workspace (its files,
       // inputs placed there) to the hosts it names (found by a second review).
-      if ((body.config.network?.allow?.length ?? 0) > 0 && !auth.scopes.has("run:read")) {
-        throw new ApiError("permission_denied", {
-          param: "config.network.allow",
-          message: "This API key lacks the scope run:read: the agent's commands may send its runs' workspaces to the hosts network.allow names, so deploying one needs it.",
-        });
+      if ((body.config.network?.allow?.length ?? 0) > 0) {
+        requireScope(auth, "run:read", { param: "config.network.allow", why: "the agent's commands may send its runs' workspaces to the hosts network.allow names, so deploying one needs it" });
       }
       // It is also sent the value api_key_env names: sending a value to an address of one's
       // choosing is reading it, so it takes reading's scope.
-      if (typeof model === "object" && model.api_key_env !== undefined && !auth.scopes.has("env_vars:reveal")) {
-        throw new ApiError("permission_denied", {
-          param: "config.model.api_key_env",
-          message: `This API key lacks the scope env_vars:reveal: a deployment that sends the environment value ${model.api_key_env} to an endpoint it names needs it (the value could be read there).`,
-        });
+      if (typeof model === "object" && model.api_key_env !== undefined) {
+        requireScope(auth, "env_vars:reveal", { param: "config.model.api_key_env", why: `a deployment that sends the environment value ${model.api_key_env} to an endpoint it names needs it (the value could be read there)` });
       }
       const agent = await loadAgent(ctx, auth.workspace._id, request.params.agentId);
       let created: DeploymentDoc | undefined;

@@ -2,6 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { z } from "zod";
 import { ApiError, checkModelEndpoint, decodeCursor, type DeliveryDoc, encodeCursor, invalid, list, MAX_WEBHOOKS_PER_WORKSPACE, NetworkPolicyError, partitionOf, unixSeconds, type WebhookAttempt, type WebhookDoc } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
+import { type AuthContext, requireScope } from "../auth.js";
 import { type Operation, page, route } from "../operation.js";
 import { WebhookCreateRequestSchema, WebhookDeletedSchema, WebhookDeliveryListSchema, WebhookDeliverySchema, WebhookListSchema, WebhookSchema, WebhookUpdateRequestSchema } from "../schemas.js";
 
@@ -176,10 +177,8 @@ const webhookNotFound = (id: string) => new ApiError("not_found", { message: `No
  * filter, enabling it, a redelivery) takes run:read, as a deployment's api_key_env takes
  * env_vars:reveal. Found by a probe: webhooks:write alone received full turns.
  */
-function requireRunRead(scopes: ReadonlySet<string>, what: string): void {
-  if (!scopes.has("run:read")) {
-    throw new ApiError("permission_denied", { message: `This API key lacks the scope run:read: a webhook sends runs' inputs and outputs to its URL, so ${what} needs it.` });
-  }
+function requireRunRead(auth: AuthContext, what: string): void {
+  requireScope(auth, "run:read", { why: `a webhook sends runs' inputs and outputs to its URL, so ${what} needs it` });
 }
 
 export function webhookRoutes(ctx: GatewayContext) {
@@ -203,7 +202,7 @@ export function webhookRoutes(ctx: GatewayContext) {
 
     route(app, WEBHOOK_OPERATIONS.createWebhook, async (request, reply) => {
       const auth = authOf(request);
-      requireRunRead(auth.scopes, "creating one");
+      requireRunRead(auth, "creating one");
       await checkUrl(request.body.url);
       await checkAgent(auth.workspace._id, request.body.agent_id);
       if ((await store.count(auth.workspace._id)) >= MAX_WEBHOOKS_PER_WORKSPACE) {
@@ -241,7 +240,7 @@ export function webhookRoutes(ctx: GatewayContext) {
       const auth = authOf(request);
       const body = request.body;
       if (body.url !== undefined || body.event_types !== undefined || body.agent_id !== undefined || body.enabled === true) {
-        requireRunRead(auth.scopes, "changing what it sends or where, or enabling it,");
+        requireRunRead(auth, "changing what it sends or where, or enabling it,");
       }
       if (body.url !== undefined) await checkUrl(body.url);
       await checkAgent(auth.workspace._id, body.agent_id);
@@ -307,7 +306,7 @@ export function webhookRoutes(ctx: GatewayContext) {
 
     route(app, WEBHOOK_OPERATIONS.redeliverWebhook, async (request, reply) => {
       const auth = authOf(request);
-      requireRunRead(auth.scopes, "delivering a message again");
+      requireRunRead(auth, "delivering a message again");
       const original = await loadDelivery(auth.workspace._id, request.params.webhookId, request.params.deliveryId);
       return reply.status(202).send(renderDelivery(await store.redeliver(original)));
     });
