@@ -10,6 +10,7 @@ import type { KV } from "@nats-io/kv";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 
 const encoder = new TextEncoder();
+const decoder = new TextDecoder();
 /** How long a workspace directory of a run this node no longer holds is kept after its last use. */
 const KEPT_WORKSPACE_MS = 6 * 60 * 60_000;
 /**
@@ -301,17 +302,7 @@ export class ActorHost {
     const sub = this.r.nc.subscribe(Subjects.command(partition), {
       callback: (err, msg) => {
         if (err) return;
-        void this.serve(partition, msg.data).then(
-          (reply) => msg.respond(encoder.encode(JSON.stringify(reply))),
-          (error) => {
-            // A temporary failure (JetStream or the store unavailable for a moment) is a
-            // 503 the client retries with its Idempotency-Key, not a 500.
-            const temporary = isTemporary(error);
-            this.r.log[temporary ? "warn" : "error"]({ err: error, partition }, "command failed");
-            const code = temporary ? "runtime_unavailable" : "internal_error";
-            msg.respond(encoder.encode(JSON.stringify({ ok: false, code } satisfies CommandReply)));
-          },
-        );
+        void this.answer(partition, () => JSON.parse(decoder.decode(msg.data)) as RunCommand).then((reply) => msg.respond(encoder.encode(JSON.stringify(reply))));
       },
     });
     this.subs.set(partition, sub);
@@ -410,8 +401,31 @@ export class ActorHost {
     return true;
   }
 
-  private async serve(partition: number, data: Uint8Array): Promise<CommandReply> {
-    const cmd = JSON.parse(new TextDecoder().decode(data)) as RunCommand;
+  /**
+   * A command for a partition this node serves (its subscription open), answered in this
+   * process: the answer the subscription gives (resends, ownership and doubt checked
+   * alike), without the command and its reply crossing NATS. Undefined where this node
+   * does not serve the partition: the command goes to its owner through NATS.
+   * Both cross as JSON, as through NATS, so neither side holds the other's objects.
+   */
+  commandHere(cmd: RunCommand): Promise<CommandReply> | undefined {
+    const partition = partitionOf(cmd.run_id, this.r.config.partitions);
+    if (!this.subs.has(partition)) return undefined;
+    return this.answer(partition, () => JSON.parse(JSON.stringify(cmd)) as RunCommand).then((reply) => JSON.parse(JSON.stringify(reply)) as CommandReply);
+  }
+
+  /** The reply to the command `read` gives; a failure (a malformed command too) becomes one. */
+  private answer(partition: number, read: () => RunCommand): Promise<CommandReply> {
+    return (async () => this.serve(partition, read()))().catch((error: unknown) => {
+      // A temporary failure (JetStream or the store unavailable for a moment) is a
+      // 503 the client retries with its Idempotency-Key, not a 500.
+      const temporary = isTemporary(error);
+      this.r.log[temporary ? "warn" : "error"]({ err: error, partition }, "command failed");
+      return { ok: false, code: temporary ? "runtime_unavailable" : "internal_error" } satisfies CommandReply;
+    });
+  }
+
+  private async serve(partition: number, cmd: RunCommand): Promise<CommandReply> {
     // A resend of a command this node ran (or runs) gets that answer, also while draining or in doubt.
     const earlier = this.replies.known(cmd.command_id);
     if (earlier) return earlier;

@@ -97,7 +97,7 @@ export async function buildApp(
       ctx.log.warn({ err }, "rate limits counted by this node alone for this window: the shared counter (JetStream KV) is unreachable"),
     ),
     uploadSlots: new UploadSlots(ctx.rateLimits, ctx.clock, ctx.config.files.takeoverMs),
-    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, COMMAND_ANSWER_WITHIN_MS, connection),
+    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, COMMAND_ANSWER_WITHIN_MS, connection, undefined, ctx.commandHere),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock, undefined, ctx.log.child({ component: "idempotency" })),
     finalTurns: new FinalTurnCache(),

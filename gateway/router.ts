@@ -1,6 +1,6 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, COMMAND_ANSWER_WITHIN_MS, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects } from "../src/index.js";
+import { ApiError, COMMAND_ANSWER_WITHIN_MS, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects, type Timer } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();
@@ -28,12 +28,14 @@ export class CommandRouter {
     private readonly answerWithinMs = COMMAND_ANSWER_WITHIN_MS,
     private readonly connection: ConnectionState = { connected: true },
     private readonly attemptTimeoutMs = COMMAND_ATTEMPT_TIMEOUT_MS,
+    /** This node's actor host, where it runs one: a command for a partition it serves is answered there, not through NATS. */
+    private readonly here?: (cmd: RunCommand) => Promise<CommandReply> | undefined,
   ) {}
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
     const subject = Subjects.command(partitionOf(cmd.run_id, this.partitions));
     const commandId = cmd.command_id ?? randomBase62(16);
-    const payload = encoder.encode(JSON.stringify({ ...cmd, command_id: commandId }));
+    const sent = { ...cmd, command_id: commandId };
     const startedMs = this.clock.nowMs();
     const deadline = startedMs + this.retryMs;
     let delayMs = 25;
@@ -47,26 +49,15 @@ export class CommandRouter {
         delayMs = Math.min(500, delayMs * 2);
         continue;
       }
-      let reply: CommandReply | undefined;
-      const left = startedMs + this.answerWithinMs - this.clock.nowMs();
-      try {
-        const msg = await this.nc.request(subject, payload, { timeout: Math.max(1, Math.min(this.attemptTimeoutMs, left)) });
-        reply = JSON.parse(decoder.decode(msg.data)) as CommandReply;
-      } catch (err) {
-        if (isTimeout(err)) {
-          if (this.clock.nowMs() - startedMs >= this.answerWithinMs) {
-            this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "no reply to the command in time");
-            throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
-          }
-          resends++;
-          this.log.info({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "the command's reply did not come: resending it");
-          continue;
-        }
-        const retryable = err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders());
-        if (!retryable) {
-          this.log.warn({ err: String(err), subject, op: cmd.op }, "command request failed");
+      const reply = await this.ask(sent, subject, startedMs + this.answerWithinMs - this.clock.nowMs());
+      if (reply === NO_REPLY) {
+        if (this.clock.nowMs() - startedMs >= this.answerWithinMs) {
+          this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "no reply to the command in time");
           throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
         }
+        resends++;
+        this.log.info({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "the command's reply did not come: resending it");
+        continue;
       }
       if (reply && reply.ok) return reply;
       if (reply && "code" in reply && reply.code === "runtime_unavailable") {
@@ -85,6 +76,41 @@ export class CommandRouter {
       inDoubt ? "the owner's lease of the run's partition stayed in doubt" : "no owner answered for the run's partition",
     );
     throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
+  }
+
+  /**
+   * One attempt: the reply of the partition's owner (this node's actor host when it serves
+   * the partition, waited for up to `leftMs`; else through NATS, for one attempt's time),
+   * NO_REPLY when none came in that time, undefined when no owner listens.
+   */
+  private async ask(cmd: RunCommand, subject: string, leftMs: number): Promise<CommandReply | typeof NO_REPLY | undefined> {
+    const servedHere = this.here?.(cmd);
+    if (servedHere) return (await within(servedHere, Math.max(1, leftMs), this.clock)) ?? NO_REPLY;
+    try {
+      const msg = await this.nc.request(subject, encoder.encode(JSON.stringify(cmd)), { timeout: Math.max(1, Math.min(this.attemptTimeoutMs, leftMs)) });
+      return JSON.parse(decoder.decode(msg.data)) as CommandReply;
+    } catch (err) {
+      if (isTimeout(err)) return NO_REPLY;
+      const retryable = err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders());
+      if (!retryable) {
+        this.log.warn({ err: String(err), subject, op: cmd.op }, "command request failed");
+        throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
+      }
+      return undefined;
+    }
+  }
+}
+
+const NO_REPLY = Symbol("no reply");
+
+/** `pending`'s value, or undefined once `ms` passed without one. */
+async function within<T>(pending: Promise<T>, ms: number, clock: Clock): Promise<T | undefined> {
+  let timer: Timer | undefined;
+  const late = new Promise<undefined>((resolve) => (timer = clock.after(ms, () => resolve(undefined), { keepAlive: false })));
+  try {
+    return await Promise.race([pending, late]);
+  } finally {
+    timer?.cancel();
   }
 }
 

@@ -151,3 +151,54 @@ test.serial("lost replies - an owner that stays in doubt is answered 503 after t
   // 25, 50, 100, 200, 400, 500 ms … within 1.5 s: a handful of tries, not a busy loop.
   t.true(seen.length >= 4 && seen.length <= 10, `asked ${seen.length} times`);
 });
+
+test.serial("served here - a node's commands for partitions it serves are answered in its process: a start, a continuation, a steer, tags, a cancel and a delete put no command on NATS and work as through it", async (t) => {
+  const { api, agent, nc } = t.context;
+  const slow = await api.agentWith({ model: "faux/scripted", tools: [], tokens_per_second: 20, script: [{ text: "one two three four five six seven eight nine ten" }] }, "slow-here");
+  const seen: string[] = [];
+  const sub = nc.subscribe("runs.cmd.>", { callback: (_err, msg) => void seen.push(msg.subject) });
+  t.teardown(() => sub.unsubscribe());
+  await nc.flush();
+  const run = (await api.post("/api/v1/runs", { agent, input: "hello" })).body;
+  t.is(run.turn.status, "completed");
+  const again = await api.post("/api/v1/runs", { run_id: run.id, input: "again" });
+  t.is(again.status, 200);
+  t.is(again.body.turn.status, "completed");
+  t.deepEqual((await api.post(`/api/v1/runs/${run.id}/tags`, { add: ["here"] })).body.tags, ["here"]);
+  const busy = (await api.post("/api/v1/runs", { agent: slow, input: "go", background: true })).body;
+  t.is(busy.state, "busy");
+  const steered = await api.post("/api/v1/runs", { run_id: busy.id, input: "also", on_busy: "steer", background: true });
+  t.is(steered.status, 202);
+  const cancel = await api.post(`/api/v1/runs/${busy.id}/cancel`, {});
+  t.true(cancel.status === 200 || cancel.status === 202, `cancel ${cancel.status}`);
+  t.is((await api.waitTurn(busy.id, busy.turn.id)).turn.status, "cancelled");
+  t.is((await api.request("DELETE", `/api/v1/runs/${run.id}`, { idempotencyKey: `k-${run.id}` })).status, 200);
+  t.is((await api.get(`/api/v1/runs/${run.id}`)).status, 404);
+  await nc.flush();
+  t.deepEqual(seen, [], "no command crossed NATS");
+});
+
+test.serial("served here - a command its own node serves is answered 503 after the router's bound when it has no answer by then; one it does not serve goes to the owner through NATS", async (t) => {
+  const runId = "run_servedhere";
+  const { partitions, seen } = await answering(t, runId, () => ({ ok: true, run_id: runId, tags: ["n"] }));
+  // This node's host has no answer for it (a command stuck behind held writes, say).
+  const asked: RunCommand[] = [];
+  const stuck = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, (cmd) => (asked.push(cmd), new Promise(() => undefined)));
+  const started = Date.now();
+  const err = await stuck.send(tags(runId, "a")).catch((e: unknown) => e);
+  const tookMs = Date.now() - started;
+  t.true(err instanceof ApiError);
+  t.like(err, { code: "runtime_unavailable" });
+  t.true(tookMs >= 1_900 && tookMs < 3_000, `answered in ${tookMs} ms`);
+  t.is(asked.length, 1, "asked once: the host joins a resend to the first anyway");
+  t.truthy(asked[0]!.command_id);
+  t.deepEqual(seen, [], "nothing went through NATS");
+  // This node does not serve the partition: the owner answers through NATS.
+  const elsewhere = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, () => undefined);
+  t.like(await elsewhere.send(tags(runId, "n")), { ok: true, tags: ["n"] });
+  t.is(seen.length, 1);
+  // The host's refusal is the client's answer, as the owner's would be through NATS.
+  const refusing = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, async () => ({ ok: false, code: "run_not_found", message: "No run." }));
+  t.like(await refusing.send(tags(runId, "r")).catch((e: unknown) => e), { code: "run_not_found", status: 404 });
+  t.is(seen.length, 1);
+});
