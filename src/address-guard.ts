@@ -9,7 +9,9 @@
  * multicast, unspecified, documentation, benchmarking and reserved ranges, and IPv6
  * forms that embed an IPv4 address (mapped, compatible, NAT64, 6to4) whenever the
  * embedded address is refused; IPv4-translated addresses and the local-use NAT64 prefix,
- * whose embedded address this guard cannot place, whatever they carry. A name is refused
+ * whose embedded address this guard cannot place, whatever they carry; and the addresses
+ * of this host's own interfaces, a public one included (it reaches whatever the host
+ * listens on, the service's own servers too). A name is refused
  * when ANY of its addresses is: the caller connects to an address that was checked (the
  * one {@link resolveAllowed} answers, or the ones {@link guardedLookup} hands the socket),
  * never to the name again, so a second DNS answer cannot swap a public address for a
@@ -17,6 +19,7 @@
  */
 import { lookup as dnsLookup } from "node:dns/promises";
 import net, { type LookupFunction } from "node:net";
+import { networkInterfaces } from "node:os";
 
 /**
  * What makes `value` unfit as the address of a destination a tenant names (a webhook, a
@@ -171,6 +174,25 @@ function expandV6(ip: string): number[] | undefined {
   return words.length === 8 && words.every((w) => Number.isInteger(w) && w >= 0 && w <= 0xffff) ? words : undefined;
 }
 
+/** The addresses of this host's interfaces, as the kernel lists them when asked (interfaces come and go). */
+export type OwnAddresses = () => Iterable<string>;
+
+const interfaceAddresses: OwnAddresses = () => Object.values(networkInterfaces()).flatMap((infos) => (infos ?? []).map((info) => info.address));
+
+/** Whether `ip` is one of `own`: IPv6 compared by its words, an IPv4 address also in the IPv6 forms that carry it. */
+function isOwnAddress(ip: string, own: Iterable<string>): boolean {
+  const key = addressKey(ip);
+  for (const address of own) if (addressKey(address) === key) return true;
+  return false;
+}
+
+function addressKey(ip: string): string {
+  if (net.isIP(ip) !== 6) return ip;
+  const v4 = embeddedV4(ip);
+  if (v4 !== undefined) return v4;
+  return expandV6(ip)?.join(":") ?? ip;
+}
+
 /** Lower case, one trailing dot and IPv6 brackets removed. */
 function normalHost(host: string): string {
   let h = host.trim().toLowerCase();
@@ -219,6 +241,9 @@ export function validateAllowPattern(pattern: string): string | undefined {
 
 export type Lookup = (host: string) => Promise<{ address: string; family: number }[]>;
 
+/** `allowPrivate`: the operator lets tenants reach private addresses and this host (tests, a trusted network). */
+export type GuardOptions = { allowPrivate?: boolean; lookup?: Lookup; ownAddresses?: OwnAddresses };
+
 const defaultLookup: Lookup = (host) => dnsLookup(host, { all: true, verbatim: true });
 
 /**
@@ -226,20 +251,23 @@ const defaultLookup: Lookup = (host) => dnsLookup(host, { all: true, verbatim: t
  * {@link NetworkPolicyError} when any address is refused (unless `allowPrivate`); a
  * failed lookup throws the lookup's own error.
  */
-export async function resolveAllowed(host: string, options: { allowPrivate?: boolean; lookup?: Lookup } = {}): Promise<{ address: string; family: 4 | 6 }> {
+export async function resolveAllowed(host: string, options: GuardOptions = {}): Promise<{ address: string; family: 4 | 6 }> {
   return (await allowedAddresses(host, options))[0]!;
 }
 
 /** Every address of `host`, in the resolver's order; refused as {@link resolveAllowed} refuses. */
-export async function allowedAddresses(host: string, options: { allowPrivate?: boolean; lookup?: Lookup } = {}): Promise<{ address: string; family: 4 | 6 }[]> {
+export async function allowedAddresses(host: string, options: GuardOptions = {}): Promise<{ address: string; family: 4 | 6 }[]> {
   const h = normalHost(host);
   const literal = net.isIP(h);
   const addresses = literal ? [{ address: h, family: literal }] : await (options.lookup ?? defaultLookup)(h);
   if (addresses.length === 0) throw new Error(`${host} has no address`);
   if (!options.allowPrivate) {
+    let own: string[] | undefined;
     for (const { address } of addresses) {
       const reason = refusedAddressReason(address);
       if (reason) throw new NetworkPolicyError(h, `${reason} address ${address}`);
+      own ??= [...(options.ownAddresses ?? interfaceAddresses)()];
+      if (isOwnAddress(address, own)) throw new NetworkPolicyError(h, `this node's own address ${address}`);
     }
   }
   return addresses.map(({ address, family }) => ({ address, family: family === 6 ? 6 : 4 }));

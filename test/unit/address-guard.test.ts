@@ -1,4 +1,5 @@
 import test from "ava";
+import { spawnSync } from "node:child_process";
 import type { LookupAddress } from "node:dns";
 import {
   checkModelEndpoint,
@@ -155,6 +156,32 @@ test("address-guard - a name is refused when any of its addresses is; the addres
   await t.throwsAsync(resolveAllowed("127.0.0.1", { lookup }), { instanceOf: NetworkPolicyError, message: /loopback/ });
   await t.throwsAsync(resolveAllowed("[::1]", { lookup }), { instanceOf: NetworkPolicyError });
   t.is(lookups.length, before);
+});
+
+test("address-guard - this host's own addresses are refused, a public one too, in every form that names it; allowPrivate lets them through", async (t) => {
+  const own = () => ["127.0.0.1", "::1", "93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"];
+  const lookup: Lookup = async (host) => [{ address: host === "v6.test" ? "2606:2800:220:1:248:1893:25c8:1946" : "93.184.216.34", family: host === "v6.test" ? 6 : 4 }];
+  for (const host of ["93.184.216.34", "[::ffff:93.184.216.34]", "[::ffff:5db8:d822]", "[2002:5db8:d822::1]", "[2606:2800:0220:0001:0248:1893:25c8:1946]", "own.test", "v6.test"]) {
+    const err = await t.throwsAsync(resolveAllowed(host, { lookup, ownAddresses: own }), { instanceOf: NetworkPolicyError }, host);
+    t.regex(err!.message, /this node's own address/, host);
+  }
+  t.deepEqual(await resolveAllowed("own.test", { lookup, ownAddresses: own, allowPrivate: true }), { address: "93.184.216.34", family: 4 });
+  t.deepEqual(await resolveAllowed("93.184.216.35", { ownAddresses: own }), { address: "93.184.216.35", family: 4 });
+  t.deepEqual(await resolveAllowed("[2606:2800:220:1:248:1893:25c8:1947]", { ownAddresses: own }), { address: "2606:2800:220:1:248:1893:25c8:1947", family: 6 });
+});
+
+// The real interface list: a network namespace of its own whose loopback interface also holds a public address (root only).
+const canNamespace = process.getuid?.() === 0 && spawnSync("unshare", ["-n", "ip", "addr", "add", "198.51.99.7/32", "dev", "lo"]).status === 0;
+(canNamespace ? test : test.skip)("address-guard - a public address on one of the host's interfaces is refused (read from the kernel, in a network namespace of its own)", (t) => {
+  const script = `import('${new URL("../../src/address-guard.ts", import.meta.url).pathname}').then(async (g) => {
+    const out = [];
+    for (const host of ["198.51.99.7", "198.51.99.8"]) out.push(await g.resolveAllowed(host).then(() => "allowed", (e) => e.message));
+    console.log(JSON.stringify(out));
+  })`;
+  const shell = `ip link set lo up && ip addr add 198.51.99.7/32 dev lo && exec "${process.execPath}" --import tsx -e "${script.replace(/"/g, '\\"')}"`;
+  const run = spawnSync("unshare", ["-n", "sh", "-c", shell], { encoding: "utf8", timeout: 30_000 });
+  t.is(run.status, 0, run.stderr);
+  t.deepEqual(JSON.parse(run.stdout.trim().split("\n").pop()!), ["Network policy denied 198.51.99.7: this node's own address 198.51.99.7", "allowed"]);
 });
 
 test("address-guard - guardedLookup hands a socket every allowed address (or those of the family asked), and refuses a name with any refused one", async (t) => {
