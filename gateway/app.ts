@@ -3,7 +3,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http";
 import type { Socket } from "node:net";
 import type { KV } from "@nats-io/kv";
-import { ApiError, COMMAND_ANSWER_WITHIN_MS, fieldOfPath, invalid, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
+import { ApiError, COMMAND_ANSWER_WITHIN_MS, fieldOfPath, invalid, malformedQueryParam, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
 import { Authenticator, requireScope } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
@@ -173,6 +173,14 @@ export async function buildApp(
     // Limited before the scope check, so a 403 carries the rate-limit headers too.
     await applyRateLimit(context, request.auth, config?.rate, reply);
     if (config?.scope) requireScope(request.auth, config.scope);
+  });
+
+  // After authentication: in a route that reads its query, a query value whose encoded
+  // bytes are not UTF-8 names no value (400).
+  app.addHook("preValidation", async (request) => {
+    if (request.routeOptions.schema?.querystring === undefined) return;
+    const param = malformedQueryParam(request.url);
+    if (param !== undefined) throw invalid(param, `${param}: its percent-encoded bytes are not UTF-8.`);
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));

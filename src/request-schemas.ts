@@ -109,3 +109,33 @@ export const queryFlag = () =>
 
 /** A path parameter that is a positive whole number (deployment versions). */
 export const pathVersion = () => queryInt(1, Number.MAX_SAFE_INTEGER, "must be a positive whole number.");
+
+/** A run of percent-encoded bytes. */
+const ENCODED_BYTES = /(?:%[0-9a-f]{2})+/gi;
+
+/**
+ * The first query parameter of `url` whose percent-encoded bytes are not UTF-8 (`%FF`,
+ * `%E2%82`), by its name as sent; undefined when there is none. Such a value names no
+ * string, and the query parser keeps it as typed (a tag filter `%FF` would look for the
+ * three characters): it is refused instead. A `%` not followed by two hex digits is taken
+ * as itself, as the parser takes it.
+ */
+export function malformedQueryParam(url: string): string | undefined {
+  const start = url.indexOf("?");
+  if (start < 0) return undefined;
+  for (const pair of url.slice(start + 1).split("&")) {
+    for (const bytes of pair.match(ENCODED_BYTES) ?? []) {
+      try {
+        decodeURIComponent(bytes);
+      } catch {
+        const name = pair.split("=", 1)[0]!;
+        try {
+          return decodeURIComponent(name.replace(/\+/g, " "));
+        } catch {
+          return name;
+        }
+      }
+    }
+  }
+  return undefined;
+}

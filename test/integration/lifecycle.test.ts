@@ -650,6 +650,12 @@ test("list - validation: six tags, bad tag, limit, state, version, another works
   t.is((await api.get(`/api/v1/runs?${six}`)).body.error.param, "tag");
   t.is((await api.get(`/api/v1/runs?tag=${encodeURIComponent("a\tb")}`)).body.error.param, "tag");
   t.is((await api.get(`/api/v1/runs?tag=`)).body.error.param, "tag");
+  // Encoded bytes that are not UTF-8 name no tag (the parser would keep "%FF" as typed).
+  for (const query of ["tag=%FF", "tag=a&tag=b%E2%82"]) {
+    const notUtf8 = await api.get(`/api/v1/runs?${query}`);
+    t.is(notUtf8.status, 400, query);
+    t.like(notUtf8.body.error, { code: "invalid_request", param: "tag" }, query);
+  }
   t.is((await api.get(`/api/v1/runs?limit=101`)).body.error.param, "limit");
   t.is((await api.get(`/api/v1/runs?state=sleepy`)).body.error.param, "state");
   t.is((await api.get(`/api/v1/runs?version=0`)).body.error.param, "version");

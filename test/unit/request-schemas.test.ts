@@ -1,7 +1,7 @@
 import test from "ava";
 import { z } from "zod";
 import { ApiError } from "../../src/errors.js";
-import { jsonBody, parseWith, queryFlag, queryId, queryInt, queryLimit, refuse, requestError } from "../../src/request-schemas.js";
+import { jsonBody, malformedQueryParam, parseWith, queryFlag, queryId, queryInt, queryLimit, refuse, requestError } from "../../src/request-schemas.js";
 import { DeploymentRequestSchema } from "../../src/agent-config.js";
 import { RunRequestBodySchema } from "../../src/run-request.js";
 import { RunListQuerySchema } from "../../src/run-list.js";
@@ -71,4 +71,21 @@ test("request-schemas - run list filters: tag repeats up to 5 times, each a vali
   t.is(t.throws<ApiError>(() => parseWith(RunListQuerySchema, { tag: "a\tb" }))?.param, "tag");
   t.is(t.throws<ApiError>(() => parseWith(RunListQuerySchema, { state: "asleep" }))?.param, "state");
   t.is(t.throws<ApiError>(() => parseWith(RunListQuerySchema, { created_after: "yesterday" }))?.param, "created_after");
+});
+
+test("request-schemas - a query parameter whose encoded bytes are not UTF-8 is named; well-formed values, a lone %, and paths are not", (t) => {
+  const cases: Array<[string, string | undefined]> = [
+    ["/api/v1/runs", undefined],
+    ["/api/v1/runs?tag=a&tag=%C3%A9&tag=%E2%82%AC&limit=5", undefined],
+    ["/api/v1/runs?tag=100%&tag=%zz&tag=%", undefined],
+    ["/api/v1/runs/%FF?limit=5", undefined],
+    ["/api/v1/runs?tag=%FF", "tag"],
+    ["/api/v1/runs?limit=5&tag=a%E2%82", "tag"],
+    ["/api/v1/runs?tag=ok&tag=%C3", "tag"],
+    ["/api/v1/runs?tag=%E2%82%AC%80", "tag"],
+    ["/api/v1/runs?ag%65nt=%FF", "agent"],
+    ["/api/v1/runs?%FF=1", "%FF"],
+    ["/api/v1/runs?tag", undefined],
+  ];
+  for (const [url, param] of cases) t.is(malformedQueryParam(url), param, url);
 });
