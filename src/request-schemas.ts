@@ -116,8 +116,8 @@ const ENCODED_BYTES = /(?:%[0-9a-f]{2})+/gi;
 /**
  * The first query parameter of `url` whose percent-encoded bytes are not UTF-8 (`%FF`,
  * `%E2%82`), by its name as sent; undefined when there is none. Such a value names no
- * string, and the query parser keeps it as typed (a tag filter `%FF` would look for the
- * three characters): it is refused instead. A `%` not followed by two hex digits is taken
+ * string, and the query parser (fast-querystring) keeps it as typed, so a tag filter
+ * `%FF` would look for those three characters: it is refused instead. A `%` not followed by two hex digits is taken
  * as itself, as the parser takes it.
  */
 export function malformedQueryParam(url: string): string | undefined {
