@@ -175,6 +175,16 @@ export async function buildApp(
     if (config?.scope) requireScope(request.auth, config.scope);
   });
 
+  // After authentication: a body is read as sent, so a compressed one (gzip, br) would be
+  // refused as malformed JSON, or stored compressed as an upload. It is named instead.
+  app.addHook("preParsing", async (request, _reply, payload) => {
+    const encoding = request.headers["content-encoding"];
+    if (encoding !== undefined && encoding.trim().toLowerCase() !== "identity" && hasBody(request)) {
+      throw invalid("Content-Encoding", "Content-Encoding: the body must be sent uncompressed (identity).");
+    }
+    return payload;
+  });
+
   // After authentication: in a route that reads its query, a query value whose encoded
   // bytes are not UTF-8 names no value (400).
   app.addHook("preValidation", async (request) => {

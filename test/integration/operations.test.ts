@@ -1,5 +1,6 @@
 import anyTest, { type TestFn } from "ava";
 import net from "node:net";
+import { brotliCompressSync, gzipSync } from "node:zlib";
 import pino from "pino";
 import { Api, collectedLogs, newWorkspace, startTestServers, testConfig, type TestServers } from "../helpers/servers.js";
 import { startService, type RunningService } from "../../node/service.js";
@@ -165,6 +166,26 @@ test.serial("http layer - a request that is not valid HTTP is answered 400 in th
     t.is(parsed.error.param, null);
   }
   t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
+});
+
+test.serial("http layer - a compressed body (Content-Encoding gzip, br) is refused 400 naming Content-Encoding, after authentication, and starts nothing; identity is read as usual", async (t) => {
+  const { service } = t.context;
+  const ws = await newWorkspace(service);
+  const agent = await ws.api.agentWith({ model: "faux/scripted", tools: [] });
+  const json = JSON.stringify({ agent, input: "hello" });
+  const post = (headers: Record<string, string>, body: string | Buffer) =>
+    fetch(`${service.url}/api/v1/runs`, { method: "POST", headers: { "content-type": "application/json", "idempotency-key": `k-${Math.random()}`, ...headers }, body: typeof body === "string" ? body : new Uint8Array(body), signal: AbortSignal.timeout(20_000) });
+  for (const [encoding, body] of [["gzip", gzipSync(json)], ["br", brotliCompressSync(json)], ["GZip, identity", gzipSync(json)]] as const) {
+    const refused = await post({ authorization: `Bearer ${ws.key}`, "content-encoding": encoding }, body);
+    t.is(refused.status, 400, encoding);
+    t.like((await refused.json()).error, { code: "invalid_request", param: "Content-Encoding" }, encoding);
+  }
+  const anonymous = await post({ "content-encoding": "gzip" }, gzipSync(json));
+  t.is(anonymous.status, 401, "the key is checked first");
+  t.is((await ws.api.get("/api/v1/runs")).body.data.length, 0, "nothing started");
+  const plain = await post({ authorization: `Bearer ${ws.key}`, "content-encoding": "identity" }, json);
+  t.is(plain.status, 200);
+  t.is((await plain.json()).turn.status, "completed");
 });
 
 test.serial("http layer - a body that stops arriving is answered 408 once RUNS_REQUEST_BODY_TIMEOUT_MS passes and its connection closed; a slow body that arrives whole is served (found by a probe: such sockets stayed open for good)", async (t) => {
