@@ -13,10 +13,22 @@ export interface TextSink {
 export type Environment = Record<string, string | undefined>;
 
 export interface CliIo {
-  stdout: TextSink;
+  stdout: TextSink & { isTTY?: boolean };
   stderr: TextSink & { isTTY?: boolean };
   stdin: AsyncIterable<string | Uint8Array>;
   env: Environment;
+}
+
+/**
+ * Control characters but line breaks and tabs (a carriage return only before a line feed),
+ * C1 ones included: from a model's output, an event or an error message they would drive
+ * the terminal (move the cursor, rewrite lines, set the title or the clipboard).
+ */
+const CONTROL = /\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]/g;
+
+/** `text` with its control characters shown as `\u001b`-style escapes: what a terminal is given. */
+export function visible(text: string): string {
+  return text.replace(CONTROL, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
 }
 
 export function outputText(turn: Turn): string {
@@ -97,17 +109,18 @@ export class Output {
     return p.flags.json === true;
   }
 
+  /** What the service answered goes to a terminal with its control characters shown, to a file or pipe as it is. */
   write(text: string): void {
-    this.io.stdout.write(text);
+    this.io.stdout.write(this.io.stdout.isTTY ? visible(text) : text);
   }
 
   line(text: string): void {
-    this.io.stdout.write(`${text}\n`);
+    this.write(`${text}\n`);
   }
 
   /** Remarks for people: stderr, so stdout stays the result. */
   note(text: string): void {
-    this.io.stderr.write(`${text}\n`);
+    this.io.stderr.write(`${this.io.stderr.isTTY ? visible(text) : text}\n`);
   }
 
   document(value: unknown): void {
@@ -139,7 +152,7 @@ export class Output {
     let stopped = false;
     const draw = () => {
       const seconds = Math.floor((Date.now() - started) / 1000);
-      this.io.stderr.write(`\r\x1b[2K${SPINNER[frame++ % SPINNER.length]} ${text}  ${seconds}s`);
+      this.io.stderr.write(`\r\x1b[2K${SPINNER[frame++ % SPINNER.length]} ${visible(text)}  ${seconds}s`);
     };
     const timer = setInterval(draw, 100);
     timer.unref();
@@ -153,7 +166,7 @@ export class Output {
       },
       say: (line) => {
         if (stopped) return this.note(line);
-        this.io.stderr.write(`\r\x1b[2K${line}\n`);
+        this.io.stderr.write(`\r\x1b[2K${visible(line)}\n`);
         draw();
       },
       stop: () => {

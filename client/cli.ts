@@ -14,7 +14,7 @@ import { isFinalTurnStatus, type CreateRunRequest, type Run, type RunEvent, type
 import { CLIENT_USAGE, COMMANDS, exactly, type FlagSpec, multi, oneOf, type Parsed, parseArgs, positiveInt, str, suggestion, UsageError, usageOf } from "./cli-args.js";
 import { agents, deploy } from "./cli-agents.js";
 import { decideAction } from "./cli-approvals.js";
-import { type CliIo, decideHint, type Environment, eventLine, Output, pendingActionLine, summaryLine, turnLine } from "./cli-output.js";
+import { type CliIo, decideHint, type Environment, eventLine, Output, pendingActionLine, summaryLine, turnLine, visible } from "./cli-output.js";
 import { budgetLine, timeOf, usageTable } from "./cli-usage.js";
 import { webhooks } from "./cli-webhooks.js";
 
@@ -53,7 +53,8 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
     }
     const described = describeClientError(err, io.env);
     if (!described) throw err;
-    io.stderr.write(`runs: ${described}\n`);
+    // The service's message, shown on a terminal with its control characters escaped.
+    io.stderr.write(`runs: ${io.stderr.isTTY ? visible(described) : described}\n`);
     return 1;
   }
 }

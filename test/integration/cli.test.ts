@@ -454,3 +454,22 @@ test("cli - on a terminal, a streamed turn shows what it is doing on stderr unti
   t.regex(err, /running bash/, "the tool the turn runs is shown while it runs");
   t.regex(io.out(), /^woke\nrun_\w+ idle {2}turn turn_\w+ completed\n$/, "stdout: the text, then the run line; no progress");
 });
+
+test("cli - a model's control characters reach a terminal as visible escapes (no cursor moves, titles or clipboard writes), a file or pipe as they are; waited and streamed", async (t) => {
+  const hostile = "ok\u001b]52;c;aGk=\u0007 \u001b[2J\u009b31m\rspoof\r\nnext\tcol";
+  const shown = "ok\\u001b]52;c;aGk=\\u0007 \\u001b[2J\\u009b31m\\u000dspoof\r\nnext\tcol";
+  const agent = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: hostile }] }, "hostile");
+  const env = { RUNS_URL: t.context.service.url, RUNS_API_KEY: t.context.key };
+  for (const streamed of [false, true]) {
+    const args = ["start", "--agent", agent, ...(streamed ? ["--stream"] : []), "hi"];
+    const terminal = bufferIo();
+    // stdout a terminal; stderr (the spinner's) apart.
+    const stdout = Object.assign(new Writable({ write: (chunk, _encoding, done) => done(void terminal.stdout.write(chunk)) }), { isTTY: true });
+    t.is(await runCli(args, { ...terminal, stdout, stderr: bufferIo().stderr, env }), 0, terminal.out());
+    t.true(terminal.out().includes(shown), `${streamed}: ${JSON.stringify(terminal.out())}`);
+    t.false(/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]|\r(?!\n)/.test(terminal.out()), `${streamed}: no raw control character`);
+    const piped = bufferIo();
+    t.is(await runCli(args, { ...piped, env }), 0);
+    t.true(piped.out().includes(hostile), `${streamed}: piped as it is`);
+  }
+});
