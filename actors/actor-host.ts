@@ -408,10 +408,10 @@ export class ActorHost {
    * does not serve the partition: the command goes to its owner through NATS.
    * Both cross as JSON, as through NATS, so neither side holds the other's objects.
    */
-  commandHere(cmd: RunCommand): Promise<CommandReply> | undefined {
-    const partition = partitionOf(cmd.run_id, this.r.config.partitions);
+  commandHere(runId: string, command: string): Promise<CommandReply> | undefined {
+    const partition = partitionOf(runId, this.r.config.partitions);
     if (!this.subs.has(partition)) return undefined;
-    return this.answer(partition, () => JSON.parse(JSON.stringify(cmd)) as RunCommand).then((reply) => JSON.parse(JSON.stringify(reply)) as CommandReply);
+    return this.answer(partition, () => JSON.parse(command) as RunCommand).then((reply) => JSON.parse(JSON.stringify(reply)) as CommandReply);
   }
 
   /** The reply to the command `read` gives; a failure (a malformed command too) becomes one. */

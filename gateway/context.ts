@@ -6,7 +6,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, type Clock, type CommandReply, type Config, type DeploymentBuilds, type DeploymentLookup, type EnvValues, type EventLog, type FileStore, type IdSource, invalid, isTransientFailure, type MongoStore, type RunCommand, type SandboxStatus, StoreUnavailableError, type UsageLedger, type WebhookStore } from "../src/index.js";
+import { ApiError, type Clock, type CommandReply, type Config, type DeploymentBuilds, type DeploymentLookup, type EnvValues, type EventLog, type FileStore, type IdSource, invalid, isTransientFailure, type MongoStore, type SandboxStatus, StoreUnavailableError, type UsageLedger, type WebhookStore } from "../src/index.js";
 import type { AuthContext, Authenticator } from "./auth.js";
 import type { CommandRouter } from "./router.js";
 import type { IdempotencyRecords } from "./idempotency.js";
@@ -45,7 +45,7 @@ export interface GatewayContext {
   /** Whether this node's actor host holds partitions (for /readyz); undefined for gateway-only nodes. */
   actorsReady?: () => boolean;
   /** This node's actor host's answer to a command for a partition it serves (undefined: ask the owner through NATS). */
-  commandHere?: (cmd: RunCommand) => Promise<CommandReply> | undefined;
+  commandHere?: (runId: string, command: string) => Promise<CommandReply> | undefined;
   /** This node's tool sandbox (for /readyz); undefined for gateway-only nodes. */
   sandboxStatus?: () => SandboxStatus;
   /** This node's executing and queued turns and its recoveries of gained partitions' busy runs (for /metrics); undefined for gateway-only nodes. */

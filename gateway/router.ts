@@ -10,7 +10,9 @@ const decoder = new TextDecoder();
 export const COMMAND_ATTEMPT_TIMEOUT_MS = 2_000;
 
 /**
- * Sends a command to the owner of the run's partition through NATS. No responder, a
+ * Sends a command to the owner of the run's partition: this node's own actor host when it
+ * serves the partition (in process, as the JSON it would send), else through NATS, in
+ * both cases refused with 413 when larger than the NATS servers take. No responder, a
  * "not owner" answer or an "in doubt" one (the owner's lease unconfirmed for a moment;
  * the command did not run) is retried with backoff for `retryMs`, then answered 503.
  * A reply that does not come within `attemptTimeoutMs` (lost with a NATS server, or
@@ -28,14 +30,21 @@ export class CommandRouter {
     private readonly answerWithinMs = COMMAND_ANSWER_WITHIN_MS,
     private readonly connection: ConnectionState = { connected: true },
     private readonly attemptTimeoutMs = COMMAND_ATTEMPT_TIMEOUT_MS,
-    /** This node's actor host, where it runs one: a command for a partition it serves is answered there, not through NATS. */
-    private readonly here?: (cmd: RunCommand) => Promise<CommandReply> | undefined,
+    /** This node's actor host, where it runs one: a command (as JSON) for a partition it serves is answered there, not through NATS. */
+    private readonly here?: (runId: string, command: string) => Promise<CommandReply> | undefined,
   ) {}
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
     const subject = Subjects.command(partitionOf(cmd.run_id, this.partitions));
     const commandId = cmd.command_id ?? randomBase62(16);
-    const sent = { ...cmd, command_id: commandId };
+    // Measured against the NATS servers' limit whichever way it goes, so a command is
+    // refused alike on every node, not only on those that hand it to another.
+    const payload = JSON.stringify({ ...cmd, command_id: commandId });
+    const maxPayload = this.nc.info?.max_payload;
+    if (maxPayload !== undefined && payload.length > maxPayload / 3 && Buffer.byteLength(payload) > maxPayload) {
+      this.log.warn({ op: cmd.op, run_id: cmd.run_id, bytes: Buffer.byteLength(payload), max_payload: maxPayload }, "a command over the NATS servers' max_payload was refused: raise it (nats.conf)");
+      throw new ApiError("payload_too_large", { message: "The request is larger than the service can hand to the run; send less input in one turn.", param: "input" });
+    }
     const startedMs = this.clock.nowMs();
     const deadline = startedMs + this.retryMs;
     let delayMs = 25;
@@ -49,9 +58,9 @@ export class CommandRouter {
         delayMs = Math.min(500, delayMs * 2);
         continue;
       }
-      const reply = await this.ask(sent, subject, startedMs + this.answerWithinMs - this.clock.nowMs());
-      if (reply === NO_REPLY) {
-        if (this.clock.nowMs() - startedMs >= this.answerWithinMs) {
+      const reply = await this.ask(cmd, payload, subject, startedMs + this.answerWithinMs - this.clock.nowMs());
+      if (reply === NO_REPLY || reply === OUT_OF_TIME) {
+        if (reply === OUT_OF_TIME || this.clock.nowMs() - startedMs >= this.answerWithinMs) {
           this.log.warn({ subject, op: cmd.op, run_id: cmd.run_id, command_id: commandId, resends }, "no reply to the command in time");
           throw new ApiError("runtime_unavailable", { retryAfterS: retryAfterSeconds() });
         }
@@ -81,13 +90,15 @@ export class CommandRouter {
   /**
    * One attempt: the reply of the partition's owner (this node's actor host when it serves
    * the partition, waited for up to `leftMs`; else through NATS, for one attempt's time),
-   * NO_REPLY when none came in that time, undefined when no owner listens.
+   * NO_REPLY when none came in an attempt's time (resent), OUT_OF_TIME when this node's
+   * host had none by the bound, undefined when no owner listens.
    */
-  private async ask(cmd: RunCommand, subject: string, leftMs: number): Promise<CommandReply | typeof NO_REPLY | undefined> {
-    const servedHere = this.here?.(cmd);
-    if (servedHere) return (await within(servedHere, Math.max(1, leftMs), this.clock)) ?? NO_REPLY;
+  private async ask(cmd: RunCommand, payload: string, subject: string, leftMs: number): Promise<CommandReply | typeof NO_REPLY | typeof OUT_OF_TIME | undefined> {
+    const servedHere = this.here?.(cmd.run_id, payload);
+    // Waited for as long as the command may take: a resend would join the same work.
+    if (servedHere) return (await within(servedHere, Math.max(1, leftMs), this.clock)) ?? OUT_OF_TIME;
     try {
-      const msg = await this.nc.request(subject, encoder.encode(JSON.stringify(cmd)), { timeout: Math.max(1, Math.min(this.attemptTimeoutMs, leftMs)) });
+      const msg = await this.nc.request(subject, encoder.encode(payload), { timeout: Math.max(1, Math.min(this.attemptTimeoutMs, leftMs)) });
       return JSON.parse(decoder.decode(msg.data)) as CommandReply;
     } catch (err) {
       if (isTimeout(err)) return NO_REPLY;
@@ -102,6 +113,7 @@ export class CommandRouter {
 }
 
 const NO_REPLY = Symbol("no reply");
+const OUT_OF_TIME = Symbol("out of time");
 
 /** `pending`'s value, or undefined once `ms` passed without one. */
 async function within<T>(pending: Promise<T>, ms: number, clock: Clock): Promise<T | undefined> {

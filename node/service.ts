@@ -142,7 +142,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
         usage,
         webhooks,
         actorsReady: host ? () => host.heldCount > 0 : undefined,
-        commandHere: host ? (cmd) => host.commandHere(cmd) : undefined,
+        commandHere: host ? (runId, command) => host.commandHere(runId, command) : undefined,
         sandboxStatus: sandbox ? () => sandbox.status() : undefined,
         turnCounts: host ? () => host.turnCounts() : undefined,
       });

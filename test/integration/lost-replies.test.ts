@@ -183,7 +183,7 @@ test.serial("served here - a command its own node serves is answered 503 after t
   const { partitions, seen } = await answering(t, runId, () => ({ ok: true, run_id: runId, tags: ["n"] }));
   // This node's host has no answer for it (a command stuck behind held writes, say).
   const asked: RunCommand[] = [];
-  const stuck = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, (cmd) => (asked.push(cmd), new Promise(() => undefined)));
+  const stuck = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, (_runId, command) => (asked.push(JSON.parse(command) as RunCommand), new Promise(() => undefined)));
   const started = Date.now();
   const err = await stuck.send(tags(runId, "a")).catch((e: unknown) => e);
   const tookMs = Date.now() - started;
@@ -201,4 +201,34 @@ test.serial("served here - a command its own node serves is answered 503 after t
   const refusing = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, async () => ({ ok: false, code: "run_not_found", message: "No run." }));
   t.like(await refusing.send(tags(runId, "r")).catch((e: unknown) => e), { code: "run_not_found", status: 404 });
   t.is(seen.length, 1);
+});
+
+test.serial("large commands - a start with the largest input a body may carry (4 MiB of text and a 4 MiB inline file) reaches its owner through NATS as it does in process", async (t) => {
+  const { api, workspaceId, nc } = t.context;
+  // A brief answer (the echo model would echo 4 MiB back, past what a turn may store).
+  const agent = await api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "ok" }] }, "brief");
+  const agentDoc = (await api.get(`/api/v1/agents/${agent}`)).body;
+  const input = [
+    { type: "input_text", text: "x".repeat(4 * 1024 * 1024) },
+    { type: "input_file", filename: "big.bin", file_data: Buffer.alloc(4 * 1024 * 1024, 7).toString("base64") },
+  ] as const;
+  const start: Extract<RunCommand, { op: "start" }> = {
+    op: "start", workspace_id: workspaceId, run_id: Ids.run(), turn_id: Ids.turn(), agent_id: agent,
+    version: agentDoc.active_version, input: input as never, tags: [], plan: "solo",
+  };
+  // Through NATS (a router with no actor host of its own: a gateway-only node).
+  const router = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock);
+  t.like(await router.send(start), { ok: true, run_id: start.run_id });
+  t.is((await api.waitTurn(start.run_id, start.turn_id, 60_000)).turn.status, "completed");
+  // Through the API, whose node serves the run in process.
+  const res = await api.post("/api/v1/runs", { agent, input: input as never, background: true });
+  t.is(res.status, 202, JSON.stringify(res.body).slice(0, 300));
+  // Past what the NATS servers take (no body can carry that much): refused alike either way, 413, never 503.
+  const huge = { ...start, run_id: Ids.run(), turn_id: Ids.turn(), input: [{ type: "input_text" as const, text: "y".repeat(nc.info!.max_payload + 1) }] };
+  let askedHere = 0;
+  for (const here of [undefined, () => void askedHere++]) {
+    const refusing = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock, 15_000, { connected: true }, 2_000, here);
+    t.like(await refusing.send(huge).catch((e: unknown) => e), { code: "payload_too_large", status: 413, param: "input" });
+  }
+  t.is(askedHere, 0, "not handed to this node's host either");
 });
