@@ -53,6 +53,30 @@ function hasBody(request: FastifyRequest): boolean {
 }
 
 /**
+ * What a route cannot read as sent, refused (400) after its key and scope are checked:
+ * - a compressed body (a Content-Encoding other than identity): it would be read as
+ *   malformed JSON, or an upload stored compressed;
+ * - a query parameter the route reads whose percent-encoded bytes are not UTF-8 (it names
+ *   no value; the parser would keep it as typed). Parameters a route does not read are
+ *   ignored, as their values are.
+ */
+function refuseUnreadable(request: FastifyRequest): void {
+  const encoding = request.headers["content-encoding"];
+  if (encoding !== undefined && !identityOnly(encoding) && hasBody(request)) {
+    throw invalid("Content-Encoding", "Content-Encoding: the body must be sent uncompressed (identity).");
+  }
+  const query = (request.routeOptions.schema?.querystring as { shape?: Record<string, unknown> } | undefined)?.shape;
+  if (query === undefined) return;
+  const param = malformedQueryParam(request.url, (name) => Object.hasOwn(query, name));
+  if (param !== undefined) throw invalid(param, `${param}: its percent-encoded bytes are not UTF-8.`);
+}
+
+/** `identity`, or a list of nothing else (Node joins a repeated header with commas). */
+function identityOnly(encoding: string): boolean {
+  return encoding.split(",").every((coding) => ["", "identity"].includes(coding.trim().toLowerCase()));
+}
+
+/**
  * A request's body must arrive whole within RUNS_REQUEST_BODY_TIMEOUT_MS of its start:
  * Fastify turns off Node's bound on that, and a probe's 50 POSTs that stopped mid-body
  * held 50 sockets for the 320 s watched. Past it, with the body still short:
@@ -173,24 +197,7 @@ export async function buildApp(
     // Limited before the scope check, so a 403 carries the rate-limit headers too.
     await applyRateLimit(context, request.auth, config?.rate, reply);
     if (config?.scope) requireScope(request.auth, config.scope);
-  });
-
-  // After authentication: a body is read as sent, so a compressed one (gzip, br) would be
-  // refused as malformed JSON, or stored compressed as an upload. It is named instead.
-  app.addHook("preParsing", async (request, _reply, payload) => {
-    const encoding = request.headers["content-encoding"];
-    if (encoding !== undefined && encoding.trim().toLowerCase() !== "identity" && hasBody(request)) {
-      throw invalid("Content-Encoding", "Content-Encoding: the body must be sent uncompressed (identity).");
-    }
-    return payload;
-  });
-
-  // After authentication: in a route that reads its query, a query value whose encoded
-  // bytes are not UTF-8 names no value (400).
-  app.addHook("preValidation", async (request) => {
-    if (request.routeOptions.schema?.querystring === undefined) return;
-    const param = malformedQueryParam(request.url);
-    if (param !== undefined) throw invalid(param, `${param}: its percent-encoded bytes are not UTF-8.`);
+    refuseUnreadable(request);
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));

@@ -114,28 +114,36 @@ export const pathVersion = () => queryInt(1, Number.MAX_SAFE_INTEGER, "must be a
 const ENCODED_BYTES = /(?:%[0-9a-f]{2})+/gi;
 
 /**
- * The first query parameter of `url` whose percent-encoded bytes are not UTF-8 (`%FF`,
- * `%E2%82`), by its name as sent; undefined when there is none. Such a value names no
- * string, and the query parser (fast-querystring) keeps it as typed, so a tag filter
- * `%FF` would look for those three characters: it is refused instead. A `%` not followed by two hex digits is taken
- * as itself, as the parser takes it.
+ * The first query parameter of `url` that `reads` (every one when not given) whose
+ * percent-encoded bytes are not UTF-8 (`%FF`, `%E2%82`), by its name; undefined when there
+ * is none. Such a value names no string, and the query parser (fast-querystring) keeps it
+ * as typed, so a tag filter `%FF` would look for those three characters. A `%` not
+ * followed by two hex digits is taken as itself, as the parser takes it. The query begins
+ * at the first `?` or `#`, as the router takes it.
  */
-export function malformedQueryParam(url: string): string | undefined {
-  const start = url.indexOf("?");
+export function malformedQueryParam(url: string, reads: (name: string) => boolean = () => true): string | undefined {
+  const start = url.search(/[?#]/);
   if (start < 0) return undefined;
   for (const pair of url.slice(start + 1).split("&")) {
-    for (const bytes of pair.match(ENCODED_BYTES) ?? []) {
+    const bytes = pair.match(ENCODED_BYTES);
+    if (bytes === null) continue;
+    const name = decodedOrAsIs(pair.split("=", 1)[0]!);
+    if (!reads(name)) continue;
+    for (const run of bytes) {
       try {
-        decodeURIComponent(bytes);
+        decodeURIComponent(run);
       } catch {
-        const name = pair.split("=", 1)[0]!;
-        try {
-          return decodeURIComponent(name.replace(/\+/g, " "));
-        } catch {
-          return name;
-        }
+        return name;
       }
     }
   }
   return undefined;
+}
+
+function decodedOrAsIs(text: string): string {
+  try {
+    return decodeURIComponent(text.replace(/\+/g, " "));
+  } catch {
+    return text;
+  }
 }

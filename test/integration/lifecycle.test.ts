@@ -656,6 +656,7 @@ test("list - validation: six tags, bad tag, limit, state, version, another works
     t.is(notUtf8.status, 400, query);
     t.like(notUtf8.body.error, { code: "invalid_request", param: "tag" }, query);
   }
+  t.is((await api.get(`/api/v1/runs?utm=%FF`)).status, 200, "a parameter the route does not read is ignored, as its value is");
   t.is((await api.get(`/api/v1/runs?limit=101`)).body.error.param, "limit");
   t.is((await api.get(`/api/v1/runs?state=sleepy`)).body.error.param, "state");
   t.is((await api.get(`/api/v1/runs?version=0`)).body.error.param, "version");

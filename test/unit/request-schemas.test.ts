@@ -86,6 +86,12 @@ test("request-schemas - a query parameter whose encoded bytes are not UTF-8 is n
     ["/api/v1/runs?ag%65nt=%FF", "agent"],
     ["/api/v1/runs?%FF=1", "%FF"],
     ["/api/v1/runs?tag", undefined],
+    // The router takes the query from the first ? or #.
+    ["/api/v1/runs#tag=%FF", "tag"],
   ];
   for (const [url, param] of cases) t.is(malformedQueryParam(url), param, url);
+  // Only the parameters the route reads.
+  const readsTag = (name: string) => name === "tag";
+  t.is(malformedQueryParam("/api/v1/runs?utm=%FF&tag=a", readsTag), undefined);
+  t.is(malformedQueryParam("/api/v1/runs?utm=%FF&tag=%FF", readsTag), "tag");
 });
