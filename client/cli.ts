@@ -277,6 +277,9 @@ async function stream(client: RunsClient, request: CreateRunRequest, idempotency
   let last: RunEvent | undefined;
   let printed = false;
   let endsWithNewline = true;
+  // A delta's last carriage return waits for the next delta: a line break split between
+  // two deltas reaches a terminal as one, not as an escaped lone \r.
+  let heldReturn = false;
   // On a terminal: what the turn is doing until its text begins (queued, started, a tool running).
   const progress = out.progress("streaming");
   try {
@@ -293,7 +296,9 @@ async function stream(client: RunsClient, request: CreateRunRequest, idempotency
       }
       if (event.type === "text_delta" && typeof event.data?.delta === "string" && !json) {
         progress.stop();
-        out.write(event.data.delta);
+        const delta: string = `${heldReturn ? "\r" : ""}${event.data.delta}`;
+        heldReturn = delta.endsWith("\r");
+        out.write(heldReturn ? delta.slice(0, -1) : delta);
         printed = true;
         endsWithNewline = event.data.delta.endsWith("\n");
       }
@@ -302,6 +307,7 @@ async function stream(client: RunsClient, request: CreateRunRequest, idempotency
   } finally {
     progress.stop();
   }
+  if (heldReturn) out.write("\r");
   if (printed && !endsWithNewline) out.write("\n");
   // A stream that ended without its final event (for example resumed after it): read the turn.
   if (!final && last?.turn_id) final = await client.getRun(last.run_id, { turnId: last.turn_id });

@@ -472,4 +472,11 @@ test("cli - a model's control characters reach a terminal as visible escapes (no
     t.is(await runCli(args, { ...piped, env }), 0);
     t.true(piped.out().includes(hostile), `${streamed}: piped as it is`);
   }
+  // Line breaks a stream splits between two deltas (chunks of 12-20 characters over 5-character
+  // lines: some fall between \r and \n) still reach the terminal as line breaks.
+  const crlf = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "abc\r\n".repeat(200) }] }, "crlf");
+  const terminal = bufferIo();
+  const stdout = Object.assign(new Writable({ write: (chunk, _encoding, done) => done(void terminal.stdout.write(chunk)) }), { isTTY: true });
+  t.is(await runCli(["start", "--agent", crlf, "--stream", "hi"], { ...terminal, stdout, stderr: bufferIo().stderr, env }), 0);
+  t.true(terminal.out().startsWith("abc\r\n".repeat(200)), JSON.stringify(terminal.out().slice(0, 200)));
 });
