@@ -3,7 +3,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http";
 import type { Socket } from "node:net";
 import type { KV } from "@nats-io/kv";
-import { ApiError, COMMAND_ANSWER_WITHIN_MS, fieldOfPath, invalid, malformedQueryParam, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
+import { ApiError, fieldOfPath, invalid, malformedQueryParam, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
 import { Authenticator, requireScope } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
@@ -121,7 +121,7 @@ export async function buildApp(
       ctx.log.warn({ err }, "rate limits counted by this node alone for this window: the shared counter (JetStream KV) is unreachable"),
     ),
     uploadSlots: new UploadSlots(ctx.rateLimits, ctx.clock, ctx.config.files.takeoverMs),
-    router: new CommandRouter(ctx.nc, ctx.config.partitions, ctx.config.routeRetryMs, ctx.log.child({ component: "router" }), ctx.clock, COMMAND_ANSWER_WITHIN_MS, connection, undefined, ctx.commandHere),
+    router: new CommandRouter({ nc: ctx.nc, partitions: ctx.config.partitions, retryMs: ctx.config.routeRetryMs, log: ctx.log.child({ component: "router" }), clock: ctx.clock, connection, here: ctx.commandHere }),
     auth: new Authenticator(ctx.store, ctx.clock, ctx.config.authCacheMs, ctx.nc),
     idempotency: new IdempotencyRecords(ctx.store, ctx.clock, undefined, ctx.log.child({ component: "idempotency" })),
     finalTurns: new FinalTurnCache(),

@@ -9,6 +9,22 @@ const decoder = new TextDecoder();
 /** How long one attempt waits for the owner's reply before the command is resent. */
 export const COMMAND_ATTEMPT_TIMEOUT_MS = 2_000;
 
+export interface RouterOptions {
+  nc: NatsConnection;
+  partitions: number;
+  /** How long no owner, or one in doubt, is asked again before the answer is 503. */
+  retryMs: number;
+  log: Logger;
+  clock: Clock;
+  /** The bound on a command's answer (503 past it). */
+  answerWithinMs?: number;
+  connection?: ConnectionState;
+  /** How long one attempt through NATS waits for the reply before the command is resent. */
+  attemptTimeoutMs?: number;
+  /** This node's actor host, where it runs one: a command (as JSON) for a partition it serves is answered there, not through NATS. */
+  here?: (runId: string, command: string) => Promise<CommandReply> | undefined;
+}
+
 /**
  * Sends a command to the owner of the run's partition: this node's own actor host when it
  * serves the partition (in process, as the JSON it would send), else through NATS, in
@@ -21,18 +37,27 @@ export const COMMAND_ATTEMPT_TIMEOUT_MS = 2_000;
  * so it runs once; after `answerWithinMs` without a reply the answer is 503.
  */
 export class CommandRouter {
-  constructor(
-    private readonly nc: NatsConnection,
-    private readonly partitions: number,
-    private readonly retryMs: number,
-    private readonly log: Logger,
-    private readonly clock: Clock,
-    private readonly answerWithinMs = COMMAND_ANSWER_WITHIN_MS,
-    private readonly connection: ConnectionState = { connected: true },
-    private readonly attemptTimeoutMs = COMMAND_ATTEMPT_TIMEOUT_MS,
-    /** This node's actor host, where it runs one: a command (as JSON) for a partition it serves is answered there, not through NATS. */
-    private readonly here?: (runId: string, command: string) => Promise<CommandReply> | undefined,
-  ) {}
+  private readonly nc: NatsConnection;
+  private readonly partitions: number;
+  private readonly retryMs: number;
+  private readonly log: Logger;
+  private readonly clock: Clock;
+  private readonly answerWithinMs: number;
+  private readonly connection: ConnectionState;
+  private readonly attemptTimeoutMs: number;
+  private readonly here: RouterOptions["here"];
+
+  constructor(options: RouterOptions) {
+    this.nc = options.nc;
+    this.partitions = options.partitions;
+    this.retryMs = options.retryMs;
+    this.log = options.log;
+    this.clock = options.clock;
+    this.here = options.here;
+    this.answerWithinMs = options.answerWithinMs ?? COMMAND_ANSWER_WITHIN_MS;
+    this.connection = options.connection ?? { connected: true };
+    this.attemptTimeoutMs = options.attemptTimeoutMs ?? COMMAND_ATTEMPT_TIMEOUT_MS;
+  }
 
   async send(cmd: RunCommand): Promise<Extract<CommandReply, { ok: true }>> {
     const subject = Subjects.command(partitionOf(cmd.run_id, this.partitions));

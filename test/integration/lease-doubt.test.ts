@@ -47,7 +47,7 @@ test.serial("lease doubt - a start that reaches its owner while the partition's 
       return msg;
     },
   } as unknown as NatsConnection;
-  const router = new CommandRouter(recording, PARTITIONS, 5_000, pino({ level: "silent" }), systemClock);
+  const router = new CommandRouter({ nc: recording, partitions: PARTITIONS, retryMs: 5_000, log: pino({ level: "silent" }), clock: systemClock });
   // The owner's first answer must be "in doubt" for the test to say anything; whether the
   // command reaches it before the renewal sent on waking is confirmed is a race the
   // command nearly always wins (it is routed; the renewal is stored first). Bounded tries.

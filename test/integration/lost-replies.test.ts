@@ -36,7 +36,7 @@ test.serial("lost replies - a delete whose reply was lost is answered as the fir
   const del: RunCommand = { op: "delete", workspace_id: workspaceId, run_id: run.id, command_id: `lost-${run.id}` };
   // Sent without a reply subject: the owner deletes the run and its reply goes nowhere.
   nc.publish(Subjects.command(partitionOf(run.id, PARTITIONS)), encoder.encode(JSON.stringify(del)));
-  const router = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock);
+  const router = new CommandRouter({ nc, partitions: PARTITIONS, retryMs: 1_500, log, clock: systemClock });
   const resent = await router.send(del);
   t.like(resent, { ok: true, run_id: run.id });
   t.is((await api.get(`/api/v1/runs/${run.id}`)).status, 404, "the run is deleted");
@@ -57,7 +57,7 @@ test.serial("lost replies - a start resent while the first is still running join
   };
   const subject = Subjects.command(partitionOf(start.run_id, PARTITIONS));
   nc.publish(subject, encoder.encode(JSON.stringify(start)));
-  const router = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock);
+  const router = new CommandRouter({ nc, partitions: PARTITIONS, retryMs: 1_500, log, clock: systemClock });
   const reply = await router.send(start);
   t.like(reply, { ok: true, run_id: start.run_id, turn_id: start.turn_id });
   await api.waitTurn(start.run_id, start.turn_id);
@@ -95,7 +95,7 @@ test.serial("lost replies - the router resends a command whose reply does not co
   const runId = "run_lostreplyrouter";
   // The first try is dropped.
   const { partitions, seen } = await answering(t, runId, (_id, nth) => (nth > 1 ? { ok: true, run_id: runId, tags: ["a"] } : undefined));
-  const router = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
+  const router = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 15_000, connection: { connected: true }, attemptTimeoutMs: 1_000 });
   const started = Date.now();
   const reply = await router.send(tags(runId, "a"));
   const tookMs = Date.now() - started;
@@ -109,7 +109,7 @@ test.serial("lost replies - the router resends a command whose reply does not co
 test.serial("lost replies - with no reply at all the router answers 503 after its bound, not later", async (t) => {
   const runId = "run_lostreplysilent";
   const { partitions, seen } = await answering(t, runId, () => undefined);
-  const router = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 3_000, { connected: true }, 1_000);
+  const router = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 3_000, connection: { connected: true }, attemptTimeoutMs: 1_000 });
   const started = Date.now();
   const err = await router.send(tags(runId, "a")).catch((e: unknown) => e);
   const tookMs = Date.now() - started;
@@ -122,7 +122,7 @@ test.serial("lost replies - an owner whose lease is in doubt answers 'in doubt';
   const runId = "run_lostreplydoubt";
   // As actors/actor-host.ts answers while the partition's lease is in doubt, three times; then the lease is confirmed.
   const { partitions, seen } = await answering(t, runId, (_id, nth) => (nth <= 3 ? { ok: false, in_doubt: true } : { ok: true, run_id: runId, tags: ["d"] }));
-  const router = new CommandRouter(t.context.nc, partitions, 5_000, log, systemClock, 15_000, { connected: true }, 1_000);
+  const router = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 5_000, log, clock: systemClock, answerWithinMs: 15_000, connection: { connected: true }, attemptTimeoutMs: 1_000 });
   const started = Date.now();
   const reply = await router.send(tags(runId, "d"));
   const tookMs = Date.now() - started;
@@ -136,7 +136,7 @@ test.serial("lost replies - an owner whose lease is in doubt answers 'in doubt';
 test.serial("lost replies - an owner that stays in doubt is answered 503 after the router's retry budget, not at once and not later", async (t) => {
   const runId = "run_lostreplydoubtful";
   const { partitions, seen } = await answering(t, runId, () => ({ ok: false, in_doubt: true }));
-  const router = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 15_000, { connected: true }, 1_000);
+  const router = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 15_000, connection: { connected: true }, attemptTimeoutMs: 1_000 });
   const started = Date.now();
   const err = await router.send(tags(runId, "a")).catch((e: unknown) => e);
   const tookMs = Date.now() - started;
@@ -183,7 +183,7 @@ test.serial("served here - a command its own node serves is answered 503 after t
   const { partitions, seen } = await answering(t, runId, () => ({ ok: true, run_id: runId, tags: ["n"] }));
   // This node's host has no answer for it (a command stuck behind held writes, say).
   const asked: RunCommand[] = [];
-  const stuck = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, (_runId, command) => (asked.push(JSON.parse(command) as RunCommand), new Promise(() => undefined)));
+  const stuck = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 2_000, connection: { connected: true }, attemptTimeoutMs: 1_000, here: (_runId, command) => (asked.push(JSON.parse(command) as RunCommand), new Promise(() => undefined)) });
   const started = Date.now();
   const err = await stuck.send(tags(runId, "a")).catch((e: unknown) => e);
   const tookMs = Date.now() - started;
@@ -194,11 +194,11 @@ test.serial("served here - a command its own node serves is answered 503 after t
   t.truthy(asked[0]!.command_id);
   t.deepEqual(seen, [], "nothing went through NATS");
   // This node does not serve the partition: the owner answers through NATS.
-  const elsewhere = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, () => undefined);
+  const elsewhere = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 2_000, connection: { connected: true }, attemptTimeoutMs: 1_000, here: () => undefined });
   t.like(await elsewhere.send(tags(runId, "n")), { ok: true, tags: ["n"] });
   t.is(seen.length, 1);
   // The host's refusal is the client's answer, as the owner's would be through NATS.
-  const refusing = new CommandRouter(t.context.nc, partitions, 1_500, log, systemClock, 2_000, { connected: true }, 1_000, async () => ({ ok: false, code: "run_not_found", message: "No run." }));
+  const refusing = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 2_000, connection: { connected: true }, attemptTimeoutMs: 1_000, here: async () => ({ ok: false, code: "run_not_found", message: "No run." }) });
   t.like(await refusing.send(tags(runId, "r")).catch((e: unknown) => e), { code: "run_not_found", status: 404 });
   t.is(seen.length, 1);
 });
@@ -217,7 +217,7 @@ test.serial("large commands - a start with the largest input a body may carry (4
     version: agentDoc.active_version, input: input as never, tags: [], plan: "solo",
   };
   // Through NATS (a router with no actor host of its own: a gateway-only node).
-  const router = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock);
+  const router = new CommandRouter({ nc, partitions: PARTITIONS, retryMs: 1_500, log, clock: systemClock });
   t.like(await router.send(start), { ok: true, run_id: start.run_id });
   t.is((await api.waitTurn(start.run_id, start.turn_id, 60_000)).turn.status, "completed");
   // Through the API, whose node serves the run in process.
@@ -227,7 +227,7 @@ test.serial("large commands - a start with the largest input a body may carry (4
   const huge = { ...start, run_id: Ids.run(), turn_id: Ids.turn(), input: [{ type: "input_text" as const, text: "y".repeat(nc.info!.max_payload + 1) }] };
   let askedHere = 0;
   for (const here of [undefined, () => void askedHere++]) {
-    const refusing = new CommandRouter(nc, PARTITIONS, 1_500, log, systemClock, 15_000, { connected: true }, 2_000, here);
+    const refusing = new CommandRouter({ nc, partitions: PARTITIONS, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 15_000, connection: { connected: true }, attemptTimeoutMs: 2_000, here });
     t.like(await refusing.send(huge).catch((e: unknown) => e), { code: "payload_too_large", status: 413, param: "input" });
   }
   t.is(askedHere, 0, "not handed to this node's host either");
