@@ -2,7 +2,7 @@ import anyTest, { type ExecutionContext, type TestFn } from "ava";
 import pino from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connectNats } from "../../src/nats.js";
-import { ApiError, Ids, partitionOf, Subjects, systemClock, type RunCommand } from "../../src/index.js";
+import { ApiError, type CommandReply, Ids, partitionOf, Subjects, systemClock, type RunCommand } from "../../src/index.js";
 import { CommandRouter } from "../../gateway/router.js";
 import type { RunningService } from "../../node/service.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
@@ -178,7 +178,7 @@ test.serial("served here - a node's commands for partitions it serves are answer
   t.deepEqual(seen, [], "no command crossed NATS");
 });
 
-test.serial("served here - a command its own node serves is answered 503 after the router's bound when it has no answer by then; one it does not serve goes to the owner through NATS", async (t) => {
+test.serial("served here - a command its own node serves is answered 503 after the router's bound when it has no answer by then, and asked again while its host is in doubt or not the owner; one it does not serve goes to the owner through NATS", async (t) => {
   const runId = "run_servedhere";
   const { partitions, seen } = await answering(t, runId, () => ({ ok: true, run_id: runId, tags: ["n"] }));
   // This node's host has no answer for it (a command stuck behind held writes, say).
@@ -200,6 +200,14 @@ test.serial("served here - a command its own node serves is answered 503 after t
   // The host's refusal is the client's answer, as the owner's would be through NATS.
   const refusing = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 2_000, connection: { connected: true }, attemptTimeoutMs: 1_000, here: async () => ({ ok: false, code: "run_not_found", message: "No run." }) });
   t.like(await refusing.send(tags(runId, "r")).catch((e: unknown) => e), { code: "run_not_found", status: 404 });
+  t.is(seen.length, 1);
+  // "In doubt" and "not the owner" from this node's host are asked again, as from an owner through NATS, with the same command id.
+  const ids: string[] = [];
+  const replies: CommandReply[] = [{ ok: false, in_doubt: true }, { ok: false, not_owner: true }, { ok: true, run_id: runId, tags: ["h"] }];
+  const doubting = new CommandRouter({ nc: t.context.nc, partitions, retryMs: 1_500, log, clock: systemClock, answerWithinMs: 2_000, attemptTimeoutMs: 1_000, here: async (_runId, command) => (ids.push((JSON.parse(command) as RunCommand).command_id!), replies[ids.length - 1]!) });
+  t.like(await doubting.send(tags(runId, "h")), { ok: true, tags: ["h"] });
+  t.is(ids.length, 3);
+  t.is(new Set(ids).size, 1);
   t.is(seen.length, 1);
 });
 
