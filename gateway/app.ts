@@ -71,6 +71,10 @@ function refuseUnreadable(request: FastifyRequest): void {
   if (param !== undefined) throw invalid(param, `${param}: its percent-encoded bytes are not UTF-8.`);
 }
 
+function noRoute(request: FastifyRequest): ApiError {
+  return new ApiError("not_found", { message: `No route ${request.method} ${request.url.split("?")[0]}.` });
+}
+
 /** `identity`, or a list of nothing else (Node joins a repeated header with commas). */
 function identityOnly(encoding: string): boolean {
   return encoding.split(",").every((coding) => ["", "identity"].includes(coding.trim().toLowerCase()));
@@ -179,12 +183,13 @@ export async function buildApp(
     const config = request.routeOptions.config;
     const route = request.routeOptions.url;
     if (route === undefined) {
-      // An unknown path (answered 404 by the not-found handler).
+      // An unknown path: 404 here, before any body is read (a body the path never takes
+      // would otherwise be parsed first, and a malformed one answered 400).
       if (request.headers.authorization !== undefined && API_TARGET.test(request.url)) {
         request.auth = await context.auth.authenticate(request);
         await applyRateLimit(context, request.auth, undefined, reply);
       }
-      return;
+      throw noRoute(request);
     }
     if (!route.startsWith("/api")) return;
     if (config?.public) {
@@ -201,9 +206,7 @@ export async function buildApp(
   });
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));
-  app.setNotFoundHandler((request, reply) =>
-    sendError(reply, new ApiError("not_found", { message: `No route ${request.method} ${request.url.split("?")[0]}.` })),
-  );
+  app.setNotFoundHandler((request, reply) => sendError(reply, noRoute(request)));
   // An empty JSON body on a POST is treated as {} (cancel takes an optional body).
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
     const text = typeof body === "string" ? body : body.toString("utf8");

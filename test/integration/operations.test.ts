@@ -168,7 +168,7 @@ test.serial("http layer - a request that is not valid HTTP is answered 400 in th
   t.is((await new Api(service.url!).get("/healthz")).status, 200, "the service goes on serving");
 });
 
-test.serial("http layer - a compressed body (Content-Encoding gzip, br) is refused 400 naming Content-Encoding, after authentication, and starts nothing; identity is read as usual", async (t) => {
+test.serial("http layer - a compressed body (Content-Encoding gzip, br) is refused 400 naming Content-Encoding, after authentication, and starts nothing; identity is read as usual; an unknown path is 404 whatever its body", async (t) => {
   const { service } = t.context;
   const ws = await newWorkspace(service);
   const agent = await ws.api.agentWith({ model: "faux/scripted", tools: [] });
@@ -183,6 +183,12 @@ test.serial("http layer - a compressed body (Content-Encoding gzip, br) is refus
   const anonymous = await post({ "content-encoding": "gzip" }, gzipSync(json));
   t.is(anonymous.status, 401, "the key is checked first");
   t.is((await ws.api.get("/api/v1/runs")).body.data.length, 0, "nothing started");
+  // An unknown path is 404 whatever its body (it is not read): compressed, another type, not JSON.
+  for (const [target, type, body] of [["/api/v1/nowhere", "application/json", new Uint8Array(gzipSync(json))], ["/nowhere", "text/plain", "hi"], ["/api/v1/runs/run_x/nowhere", "application/json", "{not json"]] as const) {
+    const unknown = await fetch(`${service.url}${target}`, { method: "POST", headers: { authorization: `Bearer ${ws.key}`, "content-type": type, "content-encoding": "gzip" }, body, signal: AbortSignal.timeout(20_000) });
+    t.is(unknown.status, 404, target);
+    t.like((await unknown.json()).error, { code: "not_found" }, target);
+  }
   for (const encoding of ["identity", "Identity, identity", ""]) {
     const plain = await post({ authorization: `Bearer ${ws.key}`, "content-encoding": encoding }, json);
     t.is(plain.status, 200, encoding);
