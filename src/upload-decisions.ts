@@ -9,7 +9,7 @@ import { ApiError } from "./errors.js";
 export const UploadState = {
   uploading: "uploading",
   done: "done",
-  /** Failed or interrupted: a repeat with the same key starts again. */
+  /** Failed or interrupted: a repeat with the same key starts again, with any file. */
   failed: "failed",
   /** Ran past the time limit (408): the key is spent, a repeat is 409 conflict. */
   expired: "expired",
@@ -22,7 +22,8 @@ export interface FileUploadDoc {
   workspace_id: string;
   /**
    * sha256 hex of the file's identity as known when its part begins: filename and
-   * media_type. A repeat naming another file under the same key is 409 conflict.
+   * media_type. A repeat naming another file under the same key is 409 conflict, unless
+   * the attempt failed.
    */
   fingerprint: string;
   state: UploadState;
@@ -51,8 +52,8 @@ export type UploadDecision =
  * The spec's idempotency rule for POST /api/v1/files, given the key's record and the
  * repeat's fingerprint (undefined when the body has not been read that far yet, which
  * decides only what needs no fingerprint):
- * none → start; another file → conflict; done → replay; expired → conflict;
- * failed → restart; uploading and heard from within `takeoverMs` → in_progress
+ * none → start; expired → conflict; failed → restart (whatever the file); another
+ * file → conflict; done → replay; uploading and heard from within `takeoverMs` → in_progress
  * (Retry-After: the seconds until it could be taken over, 1 to 30); silent longer → takeover.
  */
 export function decideUpload(
@@ -68,15 +69,11 @@ export function decideUpload(
   }
   if (record.state === UploadState.expired) return { kind: "conflict", reason: "expired" };
   if (fingerprint === undefined) return { kind: "need_fingerprint" };
+  // A failed attempt left no file: the key is free for any form, a corrected one too
+  // (a form refused after its file part began, say), as a refused request's key is.
+  if (record.state === UploadState.failed) return { kind: "restart", previous: record };
   if (record.fingerprint !== fingerprint) return { kind: "conflict", reason: "other_file" };
-  switch (record.state) {
-    case UploadState.done:
-      return { kind: "replay", fileId: record.file_id };
-    case UploadState.failed:
-      return { kind: "restart", previous: record };
-    case UploadState.uploading:
-      return { kind: "takeover", previous: record };
-  }
+  return record.state === UploadState.done ? { kind: "replay", fileId: record.file_id } : { kind: "takeover", previous: record };
 }
 
 /** The fingerprint of a file's identity for the idempotency check: filename and media type. */

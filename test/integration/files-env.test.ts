@@ -376,9 +376,14 @@ test("files - missing Idempotency-Key, no file part, not multipart, fields after
   const json = await api.post("/api/v1/files", { file: "x" });
   t.is(json.status, 400);
   t.is(json.body.error.param, "file");
-  const late = await upload(api, newKey(), [...fileParts(Buffer.from("x")), { name: "media_type", value: "text/csv" }]);
+  const lateKey = newKey();
+  const late = await upload(api, lateKey, [...fileParts(Buffer.from("x")), { name: "media_type", value: "text/csv" }]);
   t.is(late.status, 400);
   t.is(late.body.error.param, "media_type");
+  // Refused after its file part began: the key is free for the corrected form (found by a probe: 409).
+  const corrected = await upload(api, lateKey, [{ name: "media_type", value: "text/csv" }, ...fileParts(Buffer.from("x"), "notes.csv")]);
+  t.is(corrected.status, 201, JSON.stringify(corrected.body));
+  t.like(corrected.body, { filename: "notes.csv", media_type: "text/csv" });
   const unknown = await upload(api, newKey(), [{ name: "purpose", value: "x" }, ...fileParts(Buffer.from("x"))]);
   t.is(unknown.body.error.param, "purpose");
   const badType = await upload(api, newKey(), [{ name: "media_type", value: "not a type" }, ...fileParts(Buffer.from("x"))]);
@@ -498,10 +503,14 @@ test("files - an upload past the time limit is 408 request_timeout; its key then
 
 test("files - a file over the size limit is 413 payload_too_large; the limit itself is fine", async (t) => {
   const { tightApi } = t.context;
-  const over = await upload(tightApi, newKey(), fileParts(randomBytes(1024 * 1024 + 1), "big.bin", "application/octet-stream"));
+  const overKey = newKey();
+  const over = await upload(tightApi, overKey, fileParts(randomBytes(1024 * 1024 + 1), "big.bin", "application/octet-stream"));
   t.is(over.status, 413);
   t.is(over.body.error.code, "payload_too_large");
   t.is(over.body.error.type, "payload_too_large_error");
+  // Its key is free for a smaller file under another name.
+  const smaller = await upload(tightApi, overKey, fileParts(randomBytes(1024), "small.bin", "application/octet-stream"));
+  t.is(smaller.status, 201, JSON.stringify(smaller.body));
   const exact = randomBytes(1024 * 1024);
   const ok = await upload(tightApi, newKey(), fileParts(exact, "exact.bin", "application/octet-stream"));
   t.is(ok.status, 201, JSON.stringify(ok.body));

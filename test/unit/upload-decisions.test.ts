@@ -29,9 +29,9 @@ test("upload decisions - every record state × same or other file × fresh or si
         if (state === "uploading" && !silent) want = { kind: "in_progress", retryAfterS: 5 };
         else if (state === "expired") want = { kind: "conflict", reason: "expired" };
         else if (fingerprint === undefined) want = { kind: "need_fingerprint" };
+        else if (state === "failed") want = { kind: "restart", previous: r };
         else if (fingerprint !== FP) want = { kind: "conflict", reason: "other_file" };
         else if (state === "done") want = { kind: "replay", fileId: "file_1" };
-        else if (state === "failed") want = { kind: "restart", previous: r };
         else want = { kind: "takeover", previous: r };
         t.deepEqual(got, want, `${state} ${silent ? "silent" : "fresh"} ${fingerprint === FP ? "same" : fingerprint ? "other" : "unknown"}`);
       }
