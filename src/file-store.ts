@@ -303,7 +303,7 @@ export class FileStore {
    * `onProgress` is called at each heartbeat that saw new bytes (the gateway refreshes
    * the upload's concurrency slot with it).
    */
-  async receive(session: UploadSession, source: Readable, limits: UploadLimits, onProgress?: () => void): Promise<ReceivedObject> {
+  async receive(session: UploadSession, source: Readable, limits: UploadLimits, onProgress?: () => Promise<void>): Promise<ReceivedObject> {
     const hash = createHash("sha256");
     let bytes = 0;
     let beatBytes = 0;
@@ -320,7 +320,8 @@ export class FileStore {
     const heartbeat = this.clock.every(heartbeatMs, () => {
       if (ticking || stopped) return;
       ticking = true;
-      if (bytes !== beatBytes) onProgress?.();
+      // An ApiError from onProgress (the upload lost its place) stops the upload with it.
+      if (bytes !== beatBytes) onProgress?.().catch((err: unknown) => err instanceof ApiError && stop(err));
       void this.beat(session, bytes !== beatBytes)
         .then((owned) => {
           lastStoreOk = this.clock.nowMs();

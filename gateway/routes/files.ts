@@ -204,8 +204,16 @@ export function fileRoutes(ctx: GatewayContext) {
             });
           }
           const held = slot;
-          // The slot is held while bytes arrive, as the upload record's heartbeat is.
-          received = await files.receive(session, part.file, limits, () => void held.refresh().catch(() => undefined));
+          // The slot is held while bytes arrive, as the upload record's heartbeat is. An
+          // upload silent past the hold may find its slot taken by another upload when its
+          // bytes come again: it stops, so the workspace never runs more than its cap.
+          received = await files.receive(session, part.file, limits, async () => {
+            if (await held.refresh().catch(() => true)) return;
+            throw new ApiError("rate_limited", {
+              retryAfterS: 1,
+              message: `The upload sent nothing for ${Math.round(limits.takeoverMs / 1000)} s and another took its place among the workspace's ${cap} concurrent uploads; upload again.`,
+            });
+          });
         }
         if (replayed) return reply.status(201).send(renderFile(replayed));
         if (!session || !received || !meta) throw invalid("file", "The form has no part named file.");

@@ -547,6 +547,33 @@ test("files - concurrent uploads per workspace are capped: the next one is 429 u
   }
 });
 
+test("files - an upload silent past its hold whose slot another upload took stops when its bytes come again (429), so the cap holds; its key then starts again (found by a probe: both ran)", async (t) => {
+  const capped = await startWith(t.context.servers, { ...RATE_ENV, RUNS_UPLOADS_BUSINESS: "1", RUNS_UPLOAD_TAKEOVER_MS: "1500", RUNS_UPLOAD_TIME_LIMIT_MS: "30000" });
+  try {
+    const ws = await newWorkspace(capped, "business");
+    const key = newKey();
+    const first = rawUpload(ws.api, key);
+    first.write(randomBytes(10 * 1024));
+    await waitUploading(t.context.servers, ws.id, key);
+    await sleep(2_000);
+    // Its hold ran out: another upload takes the workspace's one slot.
+    const second = await upload(ws.api, newKey(), fileParts(Buffer.from("second")));
+    t.is(second.status, 201, JSON.stringify(second.body));
+    // The first goes on sending: it finds its slot was taken and stops.
+    const stopFirst = trickle(first, 100);
+    const stalled = await first.response;
+    stopFirst();
+    t.true("status" in stalled && stalled.status === 429, JSON.stringify(stalled));
+    t.like("body" in stalled ? stalled.body : {}, { error: { code: "rate_limited" } });
+    first.abort();
+    // The stopped upload's key is free: a repeat starts again.
+    const again = await upload(ws.api, key, fileParts(Buffer.from("again"), "slow.bin", "application/octet-stream"));
+    t.is(again.status, 201, JSON.stringify(again.body));
+  } finally {
+    await capped.close();
+  }
+});
+
 test("files - the upload cap holds across nodes: 8 uploads started at once through two nodes of a workspace capped at 2, exactly 2 run, the rest 429; finished ones free their slots", async (t) => {
   t.timeout(90_000);
   const env = { ...RATE_ENV, RUNS_UPLOADS_BUSINESS: "2" };
