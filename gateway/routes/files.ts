@@ -64,6 +64,8 @@ async function digestOf(source: Readable, timeLimitMs: number, clock: Clock): Pr
   return { sha256: hash.digest("hex"), bytes };
 }
 
+const MAX_BOUNDARY_CHARS = 70;
+
 /** Translates what can go wrong while reading the form into the API's answer. */
 function uploadError(err: unknown, request: FastifyRequest): unknown {
   if (err instanceof ApiError) return err;
@@ -146,6 +148,11 @@ export function fileRoutes(ctx: GatewayContext) {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
       if (!request.isMultipart()) throw invalid("file", "Send the file as multipart/form-data with a part named file.");
+      // RFC 2046 bounds a boundary at 70 characters; the parser fails (a 500) past 252.
+      const boundary = /;\s*boundary=(?:"([^"]*)"|([^;\s]*))/i.exec(request.headers["content-type"] ?? "");
+      if ((boundary?.[1] ?? boundary?.[2] ?? "").length > MAX_BOUNDARY_CHARS) {
+        throw invalid("file", `The multipart boundary may be at most ${MAX_BOUNDARY_CHARS} characters long (RFC 2046).`);
+      }
       const workspaceId = auth.workspace._id;
 
       // Refusals that need no fingerprint are answered before reading the body.

@@ -335,12 +335,21 @@ test("files - a multipart body without a boundary, or cut before its end, is 400
   for (const [type, body] of [
     ["multipart/form-data", "{"],
     ["multipart/form-data; boundary=x", "--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nno end"],
+    // Past RFC 2046's 70 characters (the parser failed with a 500 past 252; found by a probe).
+    [`multipart/form-data; boundary=${"b".repeat(300)}`, `--${"b".repeat(300)}\r\n`],
+    [`multipart/form-data; boundary="${"b".repeat(71)}"`, `--${"b".repeat(71)}\r\n`],
   ] as const) {
     const res = await fetch(`${api.baseUrl}/api/v1/files`, { method: "POST", headers: { authorization: `Bearer ${api.key}`, "content-type": type, "idempotency-key": newKey() }, body });
     const answer = (await res.json()) as { error: { param: string | null; code: string } };
     t.is(res.status, 400, `${type} ${JSON.stringify(body)}: ${JSON.stringify(answer)}`);
     t.is(answer.error.param, "file");
   }
+  // A boundary of 70 characters is fine.
+  const boundary = "b".repeat(70);
+  const body = `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\nContent-Type: text/plain\r\n\r\nhello\r\n--${boundary}--\r\n`;
+  const ok = await fetch(`${api.baseUrl}/api/v1/files`, { method: "POST", headers: { authorization: `Bearer ${api.key}`, "content-type": `multipart/form-data; boundary=${boundary}`, "idempotency-key": newKey() }, body });
+  t.is(ok.status, 201, await ok.clone().text());
+  t.is(((await ok.json()) as { bytes: number }).bytes, 5);
 });
 
 test("files - a field given twice, or two file parts, is 400 saying so (not a last one winning, not 'interrupted')", async (t) => {
