@@ -61,6 +61,8 @@ export interface StreamEventsOptions {
    * turn's status itself, after its cursor check, so that a turn ending meanwhile is seen.
    */
   endTurnFinal?: boolean;
+  /** The `turnId` turn's first run sequence, when the caller read the turn (else the stream reads it when it reads the turn). */
+  turnFirstSequence?: number;
   /** Parameter named by a cursor error answered before the stream began (default `after`). */
   cursorParam?: string;
   /** Interval of `: ping` comments (default {@link SSE_PING_INTERVAL_MS}); tests use ~200 ms. */
@@ -197,11 +199,14 @@ async function serveStream(
 
   // Everything that can fail as JSON fails here, before the first byte.
   let endTurnAlreadyFinal = endTurnId !== undefined && options.endTurnFinal === true;
+  // Where the turn's events begin in the run: a long run's earlier events are not read.
+  let turnFirstSequence = options.turnFirstSequence;
   try {
     await ctx.events.read(eventRun, { afterId: options.afterId, limit: 1, nowMs: ctx.clock.nowMs() });
     if (endTurnId !== undefined && !endTurnAlreadyFinal) {
       const turn = await ctx.store.getTurn(endTurnId);
       endTurnAlreadyFinal = turn !== null && isFinalStatus(turn.status);
+      if (endTurnId === options.turnId) turnFirstSequence ??= turn?.first_event_seq;
     }
   } catch (err) {
     throw renameCursorParam(err, options.cursorParam);
@@ -213,7 +218,7 @@ async function serveStream(
   let nothingLeft = false;
   if (endTurnId !== undefined && endTurnAlreadyFinal) {
     try {
-      const rest = await ctx.events.read(eventRun, { afterId: options.afterId, turnId: endTurnId, limit: 1, nowMs: ctx.clock.nowMs() });
+      const rest = await ctx.events.read(eventRun, { afterId: options.afterId, turnId: endTurnId, turnFirstSequence: endTurnId === options.turnId ? turnFirstSequence : undefined, limit: 1, nowMs: ctx.clock.nowMs() });
       if (rest.events.length === 0) {
         const fresh = await ctx.store.getRun(run._id);
         nothingLeft = !fresh || (fresh.active_turn_id !== endTurnId && fresh.queued_turn_id !== endTurnId);
@@ -370,7 +375,7 @@ async function serveStream(
     streams.add(paused);
     try {
       for (let page = 0; page < 20 && !res.destroyed; page++) {
-        const read = await ctx.events.read(eventRun, { afterId: lastId, turnId: options.turnId, limit: 500, nowMs: ctx.clock.nowMs() });
+        const read = await ctx.events.read(eventRun, { afterId: lastId, turnId: options.turnId, turnFirstSequence, limit: 500, nowMs: ctx.clock.nowMs() });
         for (const event of read.events) {
           frames.text(frameOf(event.id, event.type, JSON.stringify(event)));
           sent();
@@ -391,7 +396,7 @@ async function serveStream(
   try {
     await ctx.events.subscribe(
       eventRun,
-      { afterId: options.afterId, turnId: options.turnId },
+      { afterId: options.afterId, turnId: options.turnId, turnFirstSequence },
       (event) => {
         if (signal.aborted) return;
         frames.event(event);

@@ -33,6 +33,8 @@ import type { AppenderOptions, EventAppender, EventCallback, EventLog, EventPage
  */
 
 const READ_BATCH = 256;
+/** A turn whose first event is numbered past this is read from near it, not from the run's first (see turnStart). */
+const TURN_SEEK_FROM = 2_048;
 const FETCH_EXPIRES_MS = 2_000;
 
 export interface JetStreamEventLogOptions {
@@ -127,8 +129,9 @@ export class JetStreamEventLog implements EventLog {
     const retentionDays = run.event_retention_s / 86_400;
 
     return withUnavailable(async () => {
-      const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : 1;
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
+      const turnStart = cursor || options.since || options.turnId === undefined ? undefined : await this.turnStart(stream, subject, key, options.turnFirstSequence, last?.seq);
+      const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : (turnStart?.streamSeq ?? 1);
       if (!last) assertNotLost(run, this.storedSince(run.plan, minMs, options.nowMs));
 
       const selected: RunEvent[] = [];
@@ -143,7 +146,7 @@ export class JetStreamEventLog implements EventLog {
         return selected.length <= options.limit;
       };
       const since = cursor ? undefined : options.since;
-      const order = new SequenceOrder<Ordered>(cursor ? cursor.runSeq + 1 : (since?.fromSequence ?? 1), this.horizonMs);
+      const order = new SequenceOrder<Ordered>(cursor ? cursor.runSeq + 1 : (since?.fromSequence ?? turnStart?.runSeq ?? 1), this.horizonMs);
       let full = false;
       if (last && last.seq >= startSeq) {
         await this.scan(stream, subject, since ? { ms: since.ms } : { seq: startSeq }, (msg) => {
@@ -180,8 +183,12 @@ export class JetStreamEventLog implements EventLog {
     const retentionMs = run.event_retention_s * 1000;
     if (signal.aborted) return;
 
-    const startSeq = cursor ? await withUnavailable(() => this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs)) : 1;
-    const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : 1, this.horizonMs);
+    const turnStart =
+      cursor || options.turnId === undefined
+        ? undefined
+        : await withUnavailable(async () => this.turnStart(stream, subject, key, options.turnFirstSequence, (await this.jsm.streams.getMessage(stream, { last_by_subj: subject }))?.seq));
+    const startSeq = cursor ? await withUnavailable(() => this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs)) : (turnStart?.streamSeq ?? 1);
+    const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : (turnStart?.runSeq ?? 1), this.horizonMs);
     /** Hands one event in sequence order to the callback: a promise when it must be awaited. */
     const deliver = (head: StoredHead, streamSeq: number): void | Promise<void> => {
       if (head.ms < this.clock.nowMs() - retentionMs) return;
@@ -270,6 +277,39 @@ export class JetStreamEventLog implements EventLog {
    * at or after a time), in order, to `visit` until it returns false or the messages pending
    * at the start are read. Uses an ordered consumer deleted at the end.
    */
+  /**
+   * Where a read of one turn's events may begin in the stream, for a turn that starts far
+   * into its run (`firstSequence` past TURN_SEEK_FROM; else undefined: from the run's
+   * first message, as for any read). Every event is stored only after every event
+   * MAX_EVENTS_AHEAD numbers before it (src/event-order.ts), so no event of the turn is
+   * stored before the run's last message numbered below `firstSequence − MAX_EVENTS_AHEAD`:
+   * the bisection finds such a message (one lookup of the run's next message per step,
+   * ~log2 of the stream's length) and the read begins after it, the turn's first sequence
+   * its first wanted. Without it a turn's read decrypted the whole run's history first
+   * (seconds for a run of 700,000 events; found by a probe).
+   */
+  private async turnStart(stream: string, subject: string, key: Uint8Array, firstSequence: number | undefined, lastStreamSeq: number | undefined): Promise<{ streamSeq: number; runSeq: number } | undefined> {
+    if (firstSequence === undefined || firstSequence <= TURN_SEEK_FROM || lastStreamSeq === undefined) return undefined;
+    const below = firstSequence - MAX_EVENTS_AHEAD;
+    // The run's next stored message at or after a stream position, and its run sequence.
+    const nextAt = async (position: number) => {
+      const msg = await this.jsm.streams.getMessage(stream, { seq: position, next_by_subj: subject } as unknown as MsgRequest);
+      return msg && { streamSeq: msg.seq, runSeq: decodeHeadOrUnavailable(key, msg.data).sequence };
+    };
+    // lo: a position whose next message is numbered below `below` (0: none looked at yet); hi: one whose next is not.
+    let lo = 0;
+    let hi = lastStreamSeq;
+    const lastMessage = await nextAt(hi);
+    if (lastMessage && lastMessage.runSeq < below) return { streamSeq: hi + 1, runSeq: firstSequence };
+    for (let step = 0; hi - lo > 1 && step < 64; step++) {
+      const mid = Math.floor((lo + hi) / 2);
+      const next = await nextAt(mid);
+      if (!next || next.runSeq >= below) hi = mid;
+      else lo = Math.min(next.streamSeq, hi - 1);
+    }
+    return lo === 0 ? undefined : { streamSeq: lo + 1, runSeq: firstSequence };
+  }
+
   private async scan(stream: string, subject: string, start: { seq: number } | { ms: number }, visit: (msg: JsMsg) => boolean): Promise<void> {
     const consumer = await this.js.consumers.get(stream, {
       filter_subjects: subject,

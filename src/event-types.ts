@@ -87,11 +87,15 @@ export interface ReadOptions {
   since?: { ms: number; fromSequence: number };
   /** Events held behind a missing one are given at the end of what is stored, not held for the horizon. */
   releaseHeld?: boolean;
+  /** With `turnId`: the turn's first run sequence (its document's `first_event_seq`; 0 unknown), so a long run's earlier events are skipped, not read. */
+  turnFirstSequence?: number;
 }
 
 export interface SubscribeOptions {
   afterId?: string;
   turnId?: string;
+  /** As {@link ReadOptions.turnFirstSequence}. */
+  turnFirstSequence?: number;
 }
 
 export interface AppenderOptions {

@@ -81,12 +81,13 @@ export function eventRoutes(ctx: GatewayContext, options: EventRoutesOptions = {
             turnId,
             endWithTurnId: turnId,
             endTurnFinal: turn !== undefined && isFinalStatus(turn.status),
+            turnFirstSequence: turn?.first_event_seq,
             pingIntervalMs: options.pingIntervalMs,
           });
           return reply;
         }
 
-        const page = await ctx.events.read(eventRunOf(run), { afterId: after, turnId, limit, nowMs: ctx.clock.nowMs() });
+        const page = await ctx.events.read(eventRunOf(run), { afterId: after, turnId, turnFirstSequence: turn?.first_event_seq, limit, nowMs: ctx.clock.nowMs() });
         // Rule 9. The turn was loaded before the read: a turn that was not final then and has
         // no event in the read has not recorded its first event yet (it would be recorded
         // before the turn became final), which the spec never reports as empty or expired.

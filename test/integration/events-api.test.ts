@@ -16,6 +16,7 @@ import { EventKeyring } from "../../src/event-crypto.js";
 import { JetStreamEventLog } from "../../src/event-log.js";
 import { type EventCallback, type EventLog, type EventSource, type RunEvent, streamedEventOf } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
+import { decodeEventId } from "../../src/event-ids.js";
 import { Ids, newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
 import type { Plan, TurnStatus } from "../../src/domain.js";
@@ -557,6 +558,114 @@ test("events - a read of one turn's events from a time and its first sequence (a
   // Without the time, the same read starts at the run's first event and finds the same.
   const whole = await log.read(ref, { turnId: f.turns[1]._id, limit: 1000, nowMs: Date.now() });
   t.deepEqual(whole.events.map((e) => e.sequence), later.map((e) => e.sequence));
+});
+
+test("events - one turn's events far into a long run are read, listed and streamed from near the turn, not from the run's first event (found by a probe: a turn's read decrypted the whole run first)", async (t) => {
+  t.timeout(120_000);
+  const { business, log, servers } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "completed"]);
+  const earlier = await f.append([{ turn: null, source: "platform", type: "run.created" }, { turn: 0, source: "platform", type: "turn.started" }, ...Array.from({ length: 3_000 }, () => ({ turn: 0 })), { turn: 0, source: "platform", type: "turn.completed", data: { run: {} } }]);
+  const later = await f.append(turnEvents(1));
+  const turn1 = f.turns[1]._id;
+  await (await servers.raw()).turns.updateOne({ _id: turn1 }, { $set: { first_event_seq: later[0]!.sequence } });
+  // Where reads begin in the stream (the consumers the log makes), seen through the real JetStream clients.
+  const starts: number[] = [];
+  const seen = <T extends object>(target: T, method: string): T =>
+    new Proxy(target, { get: (obj, prop) => (prop === method ? (stream: string, opts: { opt_start_seq?: number }) => (starts.push(opts.opt_start_seq ?? 0), (obj as any)[prop](stream, opts)) : Reflect.get(obj, prop, obj)) });
+  const js = jetstream(t.context.nc);
+  const jsm = t.context.jsm;
+  const watched = new JetStreamEventLog({
+    nc: t.context.nc,
+    js: new Proxy(js, { get: (obj, prop) => (prop === "consumers" ? seen(obj.consumers, "get") : Reflect.get(obj, prop, obj)) }),
+    jsm: new Proxy(jsm, { get: (obj, prop) => (prop === "consumers" ? seen(obj.consumers, "add") : Reflect.get(obj, prop, obj)) }),
+    keyring: new EventKeyring(MASTER_KEY),
+    clock: systemClock,
+  });
+  const ref = { id: f.run._id, workspace_id: business.id, plan: "business" as const, event_retention_s: BUSINESS_EVENT_RETENTION_S, created_at: f.run.created_at };
+  // Every event of the run before the last MAX_EVENTS_AHEAD of turn 0 is skipped.
+  const skipBelow = decodeEventId(earlier[earlier.length - 300]!.id, f.run._id).streamSeq;
+  const read = await watched.read(ref, { turnId: turn1, turnFirstSequence: later[0]!.sequence, limit: 1000, nowMs: Date.now() });
+  t.deepEqual(read.events, later);
+  t.is(read.history.status, "complete");
+  t.is(starts.length, 1);
+  t.true(starts[0]! > skipBelow, `read from ${starts[0]}, turn 0's late events at ${skipBelow}`);
+  const streamed: string[] = [];
+  const controller = new AbortController();
+  await watched.subscribe(ref, { turnId: turn1, turnFirstSequence: later[0]!.sequence }, (event) => {
+    streamed.push(event.id);
+    if (streamed.length === later.length) controller.abort();
+  }, controller.signal);
+  t.deepEqual(streamed, later.map((e) => e.id));
+  t.is(starts.length, 2);
+  t.true(starts[1]! > skipBelow, `subscribed from ${starts[1]}`);
+  // Without the turn's first sequence, the same from the run's first (as before).
+  t.deepEqual((await watched.read(ref, { turnId: turn1, limit: 1000, nowMs: Date.now() })).events, later);
+  t.is(starts[2], 1);
+  // Through the API, which passes the turn's first sequence: the same events, listed and
+  // streamed, read from near the turn (the service's consumer requests, seen on NATS).
+  const subject = eventSubject("business", f.run._id);
+  const serviceStarts: number[] = [];
+  const creates = t.context.nc.subscribe("$JS.API.CONSUMER.CREATE.>", {
+    callback: (_err, msg) => {
+      const config = (JSON.parse(new TextDecoder().decode(msg.data)) as { config?: { filter_subject?: string; filter_subjects?: string[]; opt_start_seq?: number } }).config;
+      if (config?.filter_subject === subject || config?.filter_subjects?.includes(subject)) serviceStarts.push(config.opt_start_seq ?? 0);
+    },
+  });
+  t.teardown(() => creates.unsubscribe());
+  await t.context.nc.flush();
+  const listed = await business.api.get(eventsUrl(f.run._id, `turn_id=${turn1}`));
+  t.deepEqual(listed.body.data, later);
+  t.is(listed.body.history.status, "complete");
+  const stream = await openStream(business.api.baseUrl, eventsUrl(f.run._id, `stream=true&turn_id=${turn1}`), business.key);
+  t.teardown(() => stream.close());
+  t.deepEqual((await stream.waitFrames(later.length)).map((frame) => frame.id), later.map((e) => e.id));
+  await t.context.nc.flush();
+  // The list, the stream's look for what is left of the turn, and its subscription; the
+  // stream's first check of the cursor reads one event of the run, from its first.
+  t.true(serviceStarts.filter((start) => start > skipBelow).length >= 3, `the service read from ${JSON.stringify(serviceStarts)}`);
+  t.deepEqual(serviceStarts.filter((start) => start <= skipBelow), [1], `the service read from ${JSON.stringify(serviceStarts)}`);
+});
+
+test("events - a streamed continuation of a long run reads its turn's events from near the turn, not from the run's first", async (t) => {
+  t.timeout(120_000);
+  const { business, nc } = t.context;
+  // ~3,700 text deltas a turn (chunks of 12-20 characters).
+  const agent = await business.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: "word ".repeat(12_000) }] }, "long-turns");
+  const first = await business.api.post("/api/v1/runs", { agent, input: "go" });
+  t.is(first.body.turn.status, "completed");
+  const runId = first.body.id as string;
+  const ids: string[] = [];
+  for (let page = 0, after = ""; page < 10; page++) {
+    const res = await business.api.get(eventsUrl(runId, `limit=1000${after}`));
+    ids.push(...res.body.data.map((e: RunEvent) => e.id));
+    if (!res.body.has_more) break;
+    after = `&after=${encodeURIComponent(res.body.next_cursor)}`;
+  }
+  t.true(ids.length > 3_000, `${ids.length} events`);
+  const skipBelow = decodeEventId(ids[ids.length - 300]!, runId).streamSeq;
+  const subject = eventSubject("business", runId);
+  const serviceStarts: number[] = [];
+  const creates = nc.subscribe("$JS.API.CONSUMER.CREATE.>", {
+    callback: (_err, msg) => {
+      const config = (JSON.parse(new TextDecoder().decode(msg.data)) as { config?: { filter_subject?: string; filter_subjects?: string[]; opt_start_seq?: number } }).config;
+      if (config?.filter_subject === subject || config?.filter_subjects?.includes(subject)) serviceStarts.push(config.opt_start_seq ?? 0);
+    },
+  });
+  t.teardown(() => creates.unsubscribe());
+  await nc.flush();
+  const res = await fetch(`${business.api.baseUrl}/api/v1/runs`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${business.key}`, "content-type": "application/json", "idempotency-key": `k-${runId}` },
+    body: JSON.stringify({ run_id: runId, input: "again", stream: true }),
+    signal: AbortSignal.timeout(60_000),
+  });
+  t.is(res.status, 200);
+  const text = await res.text();
+  t.regex(text, /event: turn\.completed\n/);
+  t.false(/event: turn\.started\n[^]*event: turn\.started\n/.test(text), "only the new turn's events");
+  await nc.flush();
+  t.true(serviceStarts.some((start) => start > skipBelow), `the service read from ${JSON.stringify(serviceStarts)}`);
+  t.true(serviceStarts.filter((start) => start <= skipBelow).length <= 1, `the service read from ${JSON.stringify(serviceStarts)}`);
 });
 
 test("events - a page whose events all wait behind one not stored yet is 503 event_history_unavailable with Retry-After, never an empty page with has_more and no cursor; the events before it are listed", async (t) => {
