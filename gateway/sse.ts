@@ -94,7 +94,8 @@ function checkStreamQuota(ctx: GatewayContext, workspaceId: string, plan: Plan):
   const cap = ctx.config.sseStreams[plan];
   if (open >= cap) {
     // Retry-After: a stream frees its slot when its client goes; a few seconds is a fair wait.
-    throw new ApiError("quota_exceeded", { retryAfterS: 5, message: `The workspace holds ${cap} open event streams on this node, its limit; close one first.` });
+    // Retryable: a slot frees as soon as one of the workspace's streams ends.
+    throw new ApiError("quota_exceeded", { retryAfterS: 5, retryable: true, message: `The workspace holds ${cap} open event streams on this node, its limit; close one first.` });
   }
 }
 

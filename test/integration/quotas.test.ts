@@ -43,6 +43,7 @@ test.serial("sse - a workspace holds at most its plan's open event streams: the 
   t.is(third.status, 429);
   t.is(third.body.error.code, "quota_exceeded");
   t.is(third.headers.get("retry-after"), "5", "a 429 says when to try again");
+  t.true(third.body.error.retryable, "and that trying again may work (a slot frees when a stream ends; found by a probe)");
   // A streamed start is refused before admission: no run is created.
   const raw = await t.context.servers.raw();
   const before = await raw.runs.countDocuments({});
