@@ -1119,7 +1119,7 @@ export interface components {
         EventHistory: {
             /** @description null for a read with after. */
             status: ("complete" | "partial" | "expired" | "empty") | null;
-            /** @description null while the run has no event stream yet. */
+            /** @description How many days the run's events are kept: the retention it was created with, or its plan's where the operator lowered that since (RUNS_EVENT_RETENTION_*_S). null while the run has no event stream yet. */
             retention_days: number | null;
         };
         AgentConfig: {

@@ -224,6 +224,6 @@ export const EventHistorySchema = named(
   "EventHistory",
   z.object({
     status: z.enum(["complete", "partial", "expired", "empty"]).nullable().describe("null for a read with after."),
-    retention_days: z.number().min(0).nullable().describe("null while the run has no event stream yet."),
+    retention_days: z.number().min(0).nullable().describe("How many days the run's events are kept: the retention it was created with, or its plan's where the operator lowered that since (RUNS_EVENT_RETENTION_*_S). null while the run has no event stream yet."),
   }),
 );

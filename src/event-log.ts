@@ -126,7 +126,9 @@ export class JetStreamEventLog implements EventLog {
     const subject = eventSubject(run.plan, run.id);
     const key = this.keyring.keyFor(run.workspace_id);
     const minMs = options.nowMs - run.event_retention_s * 1000;
-    const retentionDays = run.event_retention_s / 86_400;
+    // What the run's events are kept for now: its own retention, or its plan's stream's
+    // where an operator lowered that since the run was created (README: at once).
+    const retentionDays = Math.min(run.event_retention_s, this.streamRetentionS?.[run.plan] ?? Infinity) / 86_400;
 
     return withUnavailable(async () => {
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });

@@ -481,6 +481,16 @@ test("events - an event cursor made up from the run id alone is 400 invalid_curs
   t.deepEqual([...statuses], [400], "one answer, whether or not the sequence exists");
 });
 
+test("events - retention_days is what the run's events are kept for now: a run created before its plan's event retention was lowered reports the lower (found by a probe: it reported its own 7 days)", async (t) => {
+  const { solo, servers } = t.context;
+  const f = await fixture(t, solo.id, "solo", ["in_progress"]);
+  await (await servers.raw()).runs.updateOne({ _id: f.run._id }, { $set: { event_retention_s: 7 * 86_400 } });
+  await f.append([{ turn: null, source: "platform", type: "run.created" }]);
+  const res = await solo.api.get(eventsUrl(f.run._id));
+  t.is(res.status, 200);
+  t.is(res.body.history.retention_days, SOLO_EVENT_RETENTION_S / 86_400);
+});
+
 test("events - history: a run without events is empty with retention_days null", async (t) => {
   const { business } = t.context;
   const f = await fixture(t, business.id, "business");
