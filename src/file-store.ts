@@ -339,7 +339,8 @@ export class FileStore {
     });
     const remainingMs = Math.max(0, session.startedAt + limits.timeLimitMs - this.clock.nowMs());
     const deadline = this.clock.after(remainingMs, () => {
-      stop(new ApiError("request_timeout", { message: `A file upload may run at most ${Math.round(limits.timeLimitMs / 1000)} seconds.` }));
+      // Not retryable: the key's upload has expired, and a repeat under it is 409 conflict.
+      stop(new ApiError("request_timeout", { retryable: false, message: `A file upload may run at most ${Math.round(limits.timeLimitMs / 1000)} seconds; upload again with a new Idempotency-Key.` }));
     });
 
     const chunks = source[Symbol.asyncIterator]() as AsyncIterator<Buffer>;

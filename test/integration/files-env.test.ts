@@ -528,6 +528,9 @@ test("files - an upload past the time limit is 408 request_timeout; its key then
   t.is(res.status, 408);
   t.is(res.body.error.code, "request_timeout");
   t.is(res.body.error.type, "request_timeout_error");
+  // Its key is spent: a retry under it would be 409 (found by a probe: it said retryable).
+  t.is(res.body.error.retryable, false);
+  t.regex(res.body.error.message, /new Idempotency-Key/);
   t.true(Date.now() - started >= 3_500);
   const repeat = await upload(tightApi, key, fileParts(Buffer.from("x"), "long.bin", "application/octet-stream"));
   t.is(repeat.status, 409);
