@@ -46,11 +46,22 @@ export type ContinueRequest = {
 
 export type RunRequest = StartRequest | ContinueRequest;
 
-/** A file's name as a tenant gives it, an upload's or an inline file's: at most this long, and no control characters. */
+/**
+ * A file's name as a tenant gives it, an upload's or an inline file's: at most this long,
+ * no control characters (C0, DEL, C1) and no lone surrogates (which no UTF-8 can carry:
+ * the name would read back as U+FFFD), as tags.
+ */
 export const MAX_FILENAME_CHARS = 255;
+export const FILENAME_PATTERN = /^[^\p{Cc}\p{Cs}]*$/u;
+export const FILENAME_RULE = `1 to ${MAX_FILENAME_CHARS} characters without control characters or lone surrogates`;
+
+/**
+ * A media type as a tenant gives it (an upload's, an inline file's): type/subtype and
+ * parameters, a quoted value without control characters, at most 255 characters.
+ */
 // eslint-disable-next-line no-control-regex
-export const FILENAME_PATTERN = /^[^\u0000-\u001f\u007f]*$/;
-export const FILENAME_RULE = `1 to ${MAX_FILENAME_CHARS} characters without control characters`;
+export const MEDIA_TYPE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=("[^"\u0000-\u001f\u007f]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
+export const MAX_MEDIA_TYPE_CHARS = 255;
 
 /** A UTF-16 surrogate without its pair (without the u flag, the regex sees code units). */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
@@ -91,7 +102,12 @@ const InputFileRequestSchema = z
       .regex(FILENAME_PATTERN, `must be ${FILENAME_RULE}.`)
       .optional(),
     file_data: z.string({ error: "must be base64." }).optional().describe(`Base64 file content, at most ${MAX_INLINE_FILE_BYTES} bytes decoded (larger: 413 payload_too_large).`),
-    media_type: z.string().optional(),
+    media_type: z
+      .string({ error: "must be a media type such as text/plain." })
+      .trim()
+      .max(MAX_MEDIA_TYPE_CHARS, "must be a media type such as text/plain.")
+      .regex(MEDIA_TYPE_PATTERN, "must be a media type such as text/plain.")
+      .optional(),
   })
   .superRefine((part, ctx) => {
     if (part.file_id !== undefined) return;

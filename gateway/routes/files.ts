@@ -3,7 +3,7 @@ import type { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import multipart from "@fastify/multipart";
-import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, MAX_FILENAME_CHARS, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, MAX_FILENAME_CHARS, MAX_MEDIA_TYPE_CHARS, MEDIA_TYPE_PATTERN, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import type { UploadSlot } from "../upload-slots.js";
@@ -22,8 +22,6 @@ import { FileSchema, FileUploadRequestSchema } from "../schemas.js";
  *
  * Idempotency (spec POST /api/v1/files): see `decideUpload` in src/file-store.ts.
  */
-
-const MEDIA_TYPE = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=("[^"]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
 
 export function renderFile(file: FileDoc) {
   return {
@@ -44,7 +42,7 @@ function checkFilename(value: string, param: string): string {
 
 function checkMediaType(value: string, param: string): string {
   const trimmed = value.trim();
-  if (trimmed.length > 255 || !MEDIA_TYPE.test(trimmed)) throw invalid(param, `${param} must be a media type such as text/plain.`);
+  if (trimmed.length > MAX_MEDIA_TYPE_CHARS || !MEDIA_TYPE_PATTERN.test(trimmed)) throw invalid(param, `${param} must be a media type such as text/plain.`);
   return trimmed;
 }
 

@@ -397,6 +397,11 @@ test("files - missing Idempotency-Key, no file part, not multipart, fields after
   t.is(unknown.body.error.param, "purpose");
   const badType = await upload(api, newKey(), [{ name: "media_type", value: "not a type" }, ...fileParts(Buffer.from("x"))]);
   t.is(badType.body.error.param, "media_type");
+  // A control character in a quoted parameter, or in the name (C1 too): found by a probe.
+  const quoted = await upload(api, newKey(), [{ name: "media_type", value: 'text/plain; a="\x01X-Evil: 1"' }, ...fileParts(Buffer.from("x"))]);
+  t.is(quoted.body.error?.param, "media_type", JSON.stringify(quoted.body));
+  const c1 = await upload(api, newKey(), [{ name: "filename", value: "a\u009bb.txt" }, ...fileParts(Buffer.from("x"))]);
+  t.is(c1.body.error?.param, "filename", JSON.stringify(c1.body));
   const noName = await upload(api, newKey(), [{ name: "file", data: Buffer.from("x") }]);
   t.is(noName.status, 400);
   t.is(noName.body.error.param, "filename");

@@ -88,6 +88,16 @@ test("run-request - inline files: base64 checked, 4 MiB decoded limit is 413", (
   t.is((err as ApiError).status, 413);
 });
 
+test("run-request - an inline file's name has no control character or lone surrogate, and its media_type is a media type without control characters (found by a probe)", (t) => {
+  const file = (extra: Record<string, unknown>) => ({ agent: "a", input: [{ type: "input_file", filename: "a.txt", file_data: "aGk=", ...extra }] });
+  for (const filename of ["a\u0085b", "a\u009bb", "a\u007fb", "a\nb", "a\ud800b.txt", "\udc00", "x\ud83d"]) t.is(paramOf(file({ filename })), "input", JSON.stringify(filename));
+  for (const filename of ["a😀b.txt", "ünï cødé.txt", "a b.txt"]) t.is(paramOf(file({ filename })), undefined, filename);
+  for (const media_type of ['text/plain; a="\r\nX-Evil: 1"', "text/plain\u0000", "not a type", "x".repeat(300) + "/y"]) t.is(paramOf(file({ media_type })), "input", JSON.stringify(media_type));
+  for (const media_type of ["text/plain", " text/csv; charset=utf-8 ", 'text/plain; name="a b"']) t.is(paramOf(file({ media_type })), undefined, media_type);
+  const kept = parseRunRequest(file({ media_type: " text/csv " }));
+  t.like(kept.input[0], { media_type: "text/csv" });
+});
+
 test("run-request - the fingerprint ignores delivery flags and tag order", (t) => {
   const a = runRequestFingerprint(parseRunRequest({ agent: "a", input: "x", tags: ["b", "a"] }));
   const b = runRequestFingerprint(parseRunRequest({ agent: "a", input: "x", tags: ["a", "b", "a"], background: true }));
