@@ -132,7 +132,7 @@ export class JetStreamEventLog implements EventLog {
 
     return withUnavailable(async () => {
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
-      const turnStart = cursor || options.since || options.turnId === undefined ? undefined : await this.turnStart(stream, subject, key, options.turnFirstSequence, last?.seq);
+      const turnStart = cursor || options.since || options.turnId === undefined ? undefined : await this.turnStart(stream, subject, options.turnFirstSequence, last?.seq);
       const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : (turnStart?.streamSeq ?? 1);
       if (!last) assertNotLost(run, this.storedSince(run.plan, minMs, options.nowMs));
 
@@ -188,7 +188,7 @@ export class JetStreamEventLog implements EventLog {
     const turnStart =
       cursor || options.turnId === undefined
         ? undefined
-        : await withUnavailable(async () => this.turnStart(stream, subject, key, options.turnFirstSequence, (await this.jsm.streams.getMessage(stream, { last_by_subj: subject }))?.seq));
+        : await withUnavailable(async () => this.turnStart(stream, subject, options.turnFirstSequence, (await this.jsm.streams.getMessage(stream, { last_by_subj: subject }))?.seq));
     const startSeq = cursor ? await withUnavailable(() => this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs)) : (turnStart?.streamSeq ?? 1);
     const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : (turnStart?.runSeq ?? 1), this.horizonMs);
     /** Hands one event in sequence order to the callback: a promise when it must be awaited. */
@@ -282,34 +282,43 @@ export class JetStreamEventLog implements EventLog {
   /**
    * Where a read of one turn's events may begin in the stream, for a turn that starts far
    * into its run (`firstSequence` past TURN_SEEK_FROM; else undefined: from the run's
-   * first message, as for any read). Every event is stored only after every event
-   * MAX_EVENTS_AHEAD numbers before it (src/event-order.ts), so no event of the turn is
-   * stored before the run's last message numbered below `firstSequence − MAX_EVENTS_AHEAD`:
-   * the bisection finds such a message (one lookup of the run's next message per step,
-   * ~log2 of the stream's length) and the read begins after it, the turn's first sequence
-   * its first wanted. Without it a turn's read decrypted the whole run's history first
-   * (seconds for a run of 700,000 events; found by a probe).
+   * first message, as for any read). The bisection looks for a stored message of the run
+   * numbered below `firstSequence − MAX_EVENTS_AHEAD` (one lookup of the run's next
+   * message per step, ~log2 of the stream's length; the run sequence read from the
+   * message's plain header, nothing decrypted), and the read begins after that message's
+   * floor ({@link FLOOR_HEADER}), as a cursor's does: every event numbered after it, by its
+   * appender or by a later owner's, was first sent after that position was stored. (After
+   * the message itself would not do: a stale owner's late message may be stored after a
+   * new owner's events; found by a review.) Without the seek a turn's read decrypted the
+   * whole run first: seconds for a run of 700,000 events (found by a probe).
    */
-  private async turnStart(stream: string, subject: string, key: Uint8Array, firstSequence: number | undefined, lastStreamSeq: number | undefined): Promise<{ streamSeq: number; runSeq: number } | undefined> {
+  private async turnStart(stream: string, subject: string, firstSequence: number | undefined, lastStreamSeq: number | undefined): Promise<{ streamSeq: number; runSeq: number } | undefined> {
     if (firstSequence === undefined || firstSequence <= TURN_SEEK_FROM || lastStreamSeq === undefined) return undefined;
     const below = firstSequence - MAX_EVENTS_AHEAD;
-    // The run's next stored message at or after a stream position, and its run sequence.
+    // The run's next stored message at or after a stream position: its position, run sequence and floor.
     const nextAt = async (position: number) => {
       const msg = await this.jsm.streams.getMessage(stream, { seq: position, next_by_subj: subject } as unknown as MsgRequest);
-      return msg && { streamSeq: msg.seq, runSeq: decodeHeadOrUnavailable(key, msg.data).sequence };
+      return msg && { streamSeq: msg.seq, runSeq: headerSeq(msg.header.get(SEQ_HEADER)), resume: resumePosition(msg.seq, msg.header.get(FLOOR_HEADER)) };
     };
-    // lo: a position whose next message is numbered below `below` (0: none looked at yet); hi: one whose next is not.
-    let lo = 0;
+    // Positions up to `from` lead (before `hi`) to a message numbered below `below`, `lo` the
+    // last one found; the next message at or after `hi` is not (or its number is unknown).
+    const isBelow = (probe: { runSeq: number }) => probe.runSeq > 0 && probe.runSeq < below;
+    const lastMessage = await nextAt(lastStreamSeq);
+    if (lastMessage && isBelow(lastMessage)) return { streamSeq: lastMessage.resume, runSeq: firstSequence };
+    let lo: Awaited<ReturnType<typeof nextAt>> | undefined;
+    let from = 0;
     let hi = lastStreamSeq;
-    const lastMessage = await nextAt(hi);
-    if (lastMessage && lastMessage.runSeq < below) return { streamSeq: hi + 1, runSeq: firstSequence };
-    for (let step = 0; hi - lo > 1 && step < 64; step++) {
-      const mid = Math.floor((lo + hi) / 2);
+    for (let step = 0; hi - from > 1 && step < 64; step++) {
+      const mid = Math.floor((from + hi) / 2);
       const next = await nextAt(mid);
-      if (!next || next.runSeq >= below) hi = mid;
-      else lo = Math.min(next.streamSeq, hi - 1);
+      if (next && next.streamSeq < hi && isBelow(next)) {
+        lo = next;
+        from = next.streamSeq;
+      } else {
+        hi = mid;
+      }
     }
-    return lo === 0 ? undefined : { streamSeq: lo + 1, runSeq: firstSequence };
+    return lo ? { streamSeq: lo.resume, runSeq: firstSequence } : undefined;
   }
 
   private async scan(stream: string, subject: string, start: { seq: number } | { ms: number }, visit: (msg: JsMsg) => boolean): Promise<void> {

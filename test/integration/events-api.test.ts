@@ -17,6 +17,7 @@ import { JetStreamEventLog } from "../../src/event-log.js";
 import { type EventCallback, type EventLog, type EventSource, type RunEvent, streamedEventOf } from "../../src/event-types.js";
 import { ApiError } from "../../src/errors.js";
 import { decodeEventId } from "../../src/event-ids.js";
+import { headerSeq, SEQ_HEADER } from "../../src/event-envelope.js";
 import { Ids, newId } from "../../src/ids.js";
 import { systemClock } from "../../src/clock.js";
 import type { Plan, TurnStatus } from "../../src/domain.js";
@@ -592,8 +593,9 @@ test("events - one turn's events far into a long run are read, listed and stream
     clock: systemClock,
   });
   const ref = { id: f.run._id, workspace_id: business.id, plan: "business" as const, event_retention_s: BUSINESS_EVENT_RETENTION_S, created_at: f.run.created_at };
-  // Every event of the run before the last MAX_EVENTS_AHEAD of turn 0 is skipped.
-  const skipBelow = decodeEventId(earlier[earlier.length - 300]!.id, f.run._id).streamSeq;
+  // Most of turn 0 is skipped: the read begins at the floor of a message numbered below the
+  // turn's first minus MAX_EVENTS_AHEAD (up to about twice that before the turn).
+  const skipBelow = decodeEventId(earlier[earlier.length - 1_000]!.id, f.run._id).streamSeq;
   const read = await watched.read(ref, { turnId: turn1, turnFirstSequence: later[0]!.sequence, limit: 1000, nowMs: Date.now() });
   t.deepEqual(read.events, later);
   t.is(read.history.status, "complete");
@@ -636,6 +638,57 @@ test("events - one turn's events far into a long run are read, listed and stream
   t.deepEqual(serviceStarts.filter((start) => start <= skipBelow), [1], `the service read from ${JSON.stringify(serviceStarts)}`);
 });
 
+test("events - the seek to a turn far into its run finds the turn's events after an owner change, when the old owner's late event is stored after them (found by a review)", async (t) => {
+  t.timeout(120_000);
+  const { business, nc, log } = t.context;
+  const f = await fixture(t, business.id, "business", ["completed", "completed"]);
+  const runRef = { id: f.run._id, workspace_id: business.id, plan: "business" as const };
+  const key = new EventKeyring(MASTER_KEY).keyFor(business.id);
+  const publisher = new AsyncPublisher(nc, systemClock);
+  const stream = eventStreamName("business");
+  publisher.raiseFloor(stream, (await t.context.jsm.streams.info(stream)).state.last_seq);
+  // The old owner: event 2,500's publish is held (lost with a NATS server, re-sent later), so
+  // its appender sends up to 2,755 (256 ahead) and no further.
+  const LATE = 2_500;
+  let releaseLate!: () => void;
+  const lateGate = new Promise<void>((resolve) => (releaseLate = resolve));
+  const stored = new Set<number>();
+  const oldOwner = new JetStreamAppender(
+    { floor: (s: string) => publisher.floor(s), publish: async (subject, payload, msgId, headers) => { if (Number(msgId.split(":")[1]) === LATE) await lateGate; return publisher.publish(subject, payload, msgId, headers); } },
+    key, runRef, 1, { onStored: (e) => void stored.add(e.sequence) },
+  );
+  oldOwner.append(null, "platform", "run.created", {}, Date.now());
+  for (let i = 0; i < 2_754; i++) oldOwner.append(f.turns[0]._id, "runtime", "text_delta", { delta: "x" }, Date.now());
+  // (Stored events are reported in order, so the held one holds the reports back: the stream is asked.)
+  const lastStored = async () => headerSeq((await t.context.jsm.streams.getMessage(stream, { last_by_subj: eventSubject("business", f.run._id) }))?.header.get(SEQ_HEADER) ?? "");
+  const until = Date.now() + 30_000;
+  while ((await lastStored()) < 2_755 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 20));
+  t.is(await lastStored(), 2_755, "the old owner stored up to 2,755 around the held event");
+  t.is(stored.size, LATE - 1);
+  // The new owner ends turn 0 and runs turn 1 (its first event numbered 2,761: 2,500 < 2,761 − 256).
+  const newOwner = log.appender(runRef, 2_756, {});
+  for (let i = 0; i < 5; i++) newOwner.append(f.turns[0]._id, "runtime", "text_delta", { delta: "y" }, Date.now());
+  const turn1: RunEvent[] = [];
+  const later = log.appender(runRef, 2_761, { onStored: (e) => void turn1.push(e) });
+  for (const item of turnEvents(1)) later.append(f.turns[1]._id, item.source ?? "runtime", item.type, item.data, Date.now());
+  await newOwner.flush();
+  await later.flush();
+  // Then the old owner's held event is stored, last.
+  releaseLate();
+  await oldOwner.flush();
+  const ref = { ...runRef, event_retention_s: BUSINESS_EVENT_RETENTION_S, created_at: f.run.created_at };
+  const read = await log.read(ref, { turnId: f.turns[1]._id, turnFirstSequence: 2_761, limit: 1000, nowMs: Date.now() });
+  t.deepEqual(read.events.map((e) => e.sequence), [2_761, 2_762, 2_763, 2_764]);
+  t.is(read.history.status, "complete");
+  const streamed: number[] = [];
+  const controller = new AbortController();
+  await log.subscribe(ref, { turnId: f.turns[1]._id, turnFirstSequence: 2_761 }, (event) => {
+    streamed.push(event.sequence);
+    if (streamed.length === 4) controller.abort();
+  }, controller.signal);
+  t.deepEqual(streamed, [2_761, 2_762, 2_763, 2_764]);
+});
+
 test("events - a streamed continuation of a long run reads its turn's events from near the turn, not from the run's first", async (t) => {
   t.timeout(120_000);
   const { business, nc } = t.context;
@@ -652,7 +705,7 @@ test("events - a streamed continuation of a long run reads its turn's events fro
     after = `&after=${encodeURIComponent(res.body.next_cursor)}`;
   }
   t.true(ids.length > 3_000, `${ids.length} events`);
-  const skipBelow = decodeEventId(ids[ids.length - 300]!, runId).streamSeq;
+  const skipBelow = decodeEventId(ids[ids.length - 1_000]!, runId).streamSeq;
   const subject = eventSubject("business", runId);
   const serviceStarts: number[] = [];
   const creates = nc.subscribe("$JS.API.CONSUMER.CREATE.>", {
