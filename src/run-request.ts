@@ -52,15 +52,23 @@ export type RunRequest = StartRequest | ContinueRequest;
  * the name would read back as U+FFFD), as tags.
  */
 export const MAX_FILENAME_CHARS = 255;
-export const FILENAME_PATTERN = /^[^\p{Cc}\p{Cs}]*$/u;
+// Written as code-unit ranges (no u flag), so the OpenAPI pattern reads the same in any
+// regex dialect; lone surrogates are refused apart ({@link hasLoneSurrogate}).
+// eslint-disable-next-line no-control-regex
+export const FILENAME_PATTERN = /^[^\u0000-\u001f\u007f-\u009f]*$/;
 export const FILENAME_RULE = `1 to ${MAX_FILENAME_CHARS} characters without control characters or lone surrogates`;
+
+/** Whether `text` holds a UTF-16 surrogate without its pair (no UTF-8 carries it: it reads back as U+FFFD). */
+export function hasLoneSurrogate(text: string): boolean {
+  return LONE_SURROGATE.test(text);
+}
 
 /**
  * A media type as a tenant gives it (an upload's, an inline file's): type/subtype and
  * parameters, a quoted value without control characters, at most 255 characters.
  */
 // eslint-disable-next-line no-control-regex
-export const MEDIA_TYPE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=("[^"\u0000-\u001f\u007f]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
+export const MEDIA_TYPE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}\/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}([ \t]*;[ \t]*[A-Za-z0-9!#$&^_.+-]+=("[^"\u0000-\u001f\u007f-\u009f\ud800-\udfff]*"|[A-Za-z0-9!#$&^_.+-]+))*$/;
 export const MAX_MEDIA_TYPE_CHARS = 255;
 
 /** A UTF-16 surrogate without its pair (without the u flag, the regex sees code units). */
@@ -100,6 +108,7 @@ const InputFileRequestSchema = z
       .min(1, `must be ${FILENAME_RULE}.`)
       .max(MAX_FILENAME_CHARS, `must be ${FILENAME_RULE}.`)
       .regex(FILENAME_PATTERN, `must be ${FILENAME_RULE}.`)
+      .refine((name) => !hasLoneSurrogate(name), `must be ${FILENAME_RULE}.`)
       .optional(),
     file_data: z.string({ error: "must be base64." }).optional().describe(`Base64 file content, at most ${MAX_INLINE_FILE_BYTES} bytes decoded (larger: 413 payload_too_large).`),
     media_type: z

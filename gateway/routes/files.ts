@@ -3,7 +3,7 @@ import type { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import multipart from "@fastify/multipart";
-import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, MAX_FILENAME_CHARS, MAX_MEDIA_TYPE_CHARS, MEDIA_TYPE_PATTERN, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
+import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, hasLoneSurrogate, MAX_FILENAME_CHARS, MAX_MEDIA_TYPE_CHARS, MEDIA_TYPE_PATTERN, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
 import { authOf, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import type { UploadSlot } from "../upload-slots.js";
@@ -36,7 +36,7 @@ export function renderFile(file: FileDoc) {
 }
 
 function checkFilename(value: string, param: string): string {
-  if (value.length === 0 || value.length > MAX_FILENAME_CHARS || !FILENAME_PATTERN.test(value)) throw invalid(param, `${param} must be ${FILENAME_RULE}.`);
+  if (value.length === 0 || value.length > MAX_FILENAME_CHARS || !FILENAME_PATTERN.test(value) || hasLoneSurrogate(value)) throw invalid(param, `${param} must be ${FILENAME_RULE}.`);
   return value;
 }
 

@@ -1,6 +1,7 @@
 import test from "ava";
 import { parseDeploymentRequest } from "../../src/agent-config.js";
-import { parseRunRequest } from "../../src/run-request.js";
+import { FILENAME_PATTERN, hasLoneSurrogate, MEDIA_TYPE_PATTERN, parseRunRequest } from "../../src/run-request.js";
+import { buildOpenApiDocument } from "../../gateway/openapi.js";
 import { scopeListProblem } from "../../src/scopes.js";
 import { ApiKeyCreateRequestSchema, DeploymentRequestSchema, RunRequestSchema, TagSchema } from "../../gateway/schemas.js";
 import { tagProblem } from "../helpers/tag-oracle.js";
@@ -79,6 +80,33 @@ test("openapi schemas - Tag pattern agrees with tagProblem", (t) => {
   for (const tag of ["a", "A b", "ünï", "🙂".repeat(64), "🙂".repeat(65), "", " ", "\u00a0", "a\nb", "a\u0085", "a\u2028", "x".repeat(64), "x".repeat(65), " lead"]) {
     t.is(TagSchema.safeParse(tag).success, tagProblem(tag) === undefined, JSON.stringify(tag));
   }
+});
+
+test("openapi schemas - every pattern of the document reads the same without the u flag (JSON Schema carries none): no \\p classes; filename and media type patterns agree with the validators (found by a review)", (t) => {
+  const patterns = new Set<string>();
+  const walk = (node: unknown): void => {
+    if (Array.isArray(node)) return node.forEach(walk);
+    if (node === null || typeof node !== "object") return;
+    for (const [key, value] of Object.entries(node)) {
+      if (key === "pattern" && typeof value === "string") patterns.add(value);
+      else walk(value);
+    }
+  };
+  walk(buildOpenApiDocument());
+  t.true(patterns.size > 0);
+  for (const pattern of patterns) {
+    t.notRegex(pattern, /\\[pP]\{/, pattern);
+    t.notThrows(() => new RegExp(pattern), pattern);
+  }
+  const inline = (extra: Record<string, unknown>) => parses(() => parseRunRequest({ agent: "a", input: [{ type: "input_file", filename: "a.txt", file_data: "aGk=", ...extra }] }));
+  for (const filename of ["report.pdf", "ünï 😀.txt", "a\u0085b", "a\nb", "a\ud800b"]) {
+    t.is(new RegExp(`^${FILENAME_PATTERN.source.replace(/^\^|\$$/g, "")}$`).test(filename) && !hasLoneSurrogate(filename), inline({ filename }), JSON.stringify(filename));
+  }
+  for (const media_type of ["text/plain", 'text/plain; a="b c"', "text/plain;\r\nX-Evil=1", 'text/plain; a="\u0085"', "text/plain; a=\"\u2028\""]) {
+    t.is(MEDIA_TYPE_PATTERN.test(media_type), inline({ media_type }), JSON.stringify(media_type));
+  }
+  t.false(inline({ media_type: "text/plain;\r\nX-Evil=1" }));
+  t.false(inline({ media_type: 'text/plain; a="\u0085"' }));
 });
 
 test("openapi schemas - ApiKeyCreateRequest scopes: canonical values, 1 to 11 (uniqueness and read pairs are described)", (t) => {
