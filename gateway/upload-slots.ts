@@ -70,8 +70,13 @@ export class UploadSlots {
             revision = await this.kv.update(key, this.hold(holder), revision);
             return true;
           } catch (err) {
-            if (isCasConflict(err)) return false;
-            throw err;
+            if (!isCasConflict(err)) throw err;
+            // Still this upload's (an earlier refresh was stored but its answer lost, so the
+            // revision here is behind): go on from the stored one. Else it was taken over.
+            const entry = await this.kv.get(key);
+            if (entry?.operation !== "PUT" || (entry.json() as { holder?: unknown }).holder !== holder) return false;
+            revision = entry.revision;
+            return true;
           }
         });
         last = refreshed.catch(() => undefined);

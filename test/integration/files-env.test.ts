@@ -4,6 +4,8 @@ import http from "node:http";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
+import { Kvm } from "@nats-io/kv";
+import { UploadSlots } from "../../gateway/upload-slots.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { EnvValues } from "../../src/env-values.js";
@@ -613,6 +615,23 @@ test("files - an upload silent past its hold whose slot another upload took stop
   } finally {
     await capped.close();
   }
+});
+
+test("files - upload slots: a refresh whose stored answer was lost goes on from the stored revision; a hold another upload took is lost (found by a review: a lost answer would have stopped a healthy upload)", async (t) => {
+  const kv = await new Kvm(t.context.nc).create(`test_slots_${Date.now()}`, { history: 1 });
+  const slots = new UploadSlots(kv, systemClock, 60_000);
+  const held = await slots.take("ws_slots", 1, "file_a");
+  t.truthy(held);
+  t.true(await held!.refresh());
+  // A refresh stored whose answer never came back: the key is a revision ahead of the holder's.
+  await kv.put("uploads.ws_slots.0", JSON.stringify({ holder: "file_a", until: Date.now() + 60_000 }));
+  t.true(await held!.refresh(), "still this upload's hold");
+  t.true(await held!.refresh(), "and on from there");
+  // Taken by another upload (its hold ran out meanwhile): lost.
+  await kv.put("uploads.ws_slots.0", JSON.stringify({ holder: "file_b", until: Date.now() + 60_000 }));
+  t.false(await held!.refresh());
+  await held!.release();
+  t.is((await kv.get("uploads.ws_slots.0"))?.json<{ holder: string }>().holder, "file_b", "the release leaves the new holder's hold");
 });
 
 test("files - the upload cap holds across nodes: 8 uploads started at once through two nodes of a workspace capped at 2, exactly 2 run, the rest 429; finished ones free their slots", async (t) => {
