@@ -275,11 +275,6 @@ export class JetStreamEventLog implements EventLog {
   }
 
   /**
-   * Feeds the run's stored messages from `start` on (a stream sequence, or the first stored
-   * at or after a time), in order, to `visit` until it returns false or the messages pending
-   * at the start are read. Uses an ordered consumer deleted at the end.
-   */
-  /**
    * Where a read of one turn's events may begin in the stream, for a turn that starts far
    * into its run (`firstSequence` past TURN_SEEK_FROM; else undefined: from the run's
    * first message, as for any read). The bisection looks for a stored message of the run
@@ -321,6 +316,11 @@ export class JetStreamEventLog implements EventLog {
     return lo ? { streamSeq: lo.resume, runSeq: firstSequence } : undefined;
   }
 
+  /**
+   * Feeds the run's stored messages from `start` on (a stream sequence, or the first stored
+   * at or after a time), in order, to `visit` until it returns false or the messages pending
+   * at the start are read. Uses an ordered consumer deleted at the end.
+   */
   private async scan(stream: string, subject: string, start: { seq: number } | { ms: number }, visit: (msg: JsMsg) => boolean): Promise<void> {
     const consumer = await this.js.consumers.get(stream, {
       filter_subjects: subject,
