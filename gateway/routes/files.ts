@@ -89,11 +89,13 @@ function uploadError(err: unknown, request: FastifyRequest): unknown {
 }
 
 /**
- * Answers an upload without reading the rest of its body: the connection closes after
- * the answer, so a large body left unread costs nothing.
+ * Answers an upload before the rest of its body is read. The connection is not closed at
+ * the answer: closed under a client still sending, it failed the client's write (EPIPE,
+ * "fetch failed") before the answer was read (found by a probe; seen in a CI run). Node
+ * reads and drops the rest, and the body deadline (gateway/app.ts, watchBodyArrival) ends
+ * a connection whose body is still short by then.
  */
 function refuse(reply: FastifyReply, err: ApiError): FastifyReply {
-  reply.header("connection", "close");
   return sendError(reply, err);
 }
 

@@ -467,12 +467,13 @@ test("files - a repeat while the first upload still sends is 503 upload_in_progr
   // Answered before its body is read, a repeat whose body is still arriving gets its answer
   // (a probe reported fetch failing with EPIPE here; not reproduced in this form).
   for (let i = 0; i < 3; i++) {
-    // Its body still arriving when the answer goes out (64 KiB every 20 ms).
+    // Its body still arriving when the answer goes out (64 KiB, then a pause the answer
+    // comes in, then the rest in 64 KiB every 20 ms).
     const body = multipart(fileParts(randomBytes(1024 * 1024), "slow.bin", "application/octet-stream"));
     let at = 0;
     const slowBody = new ReadableStream<Uint8Array>({
       async pull(controller) {
-        await sleep(20);
+        await sleep(at === 64 * 1024 ? 500 : 20);
         if (at >= body.length) return controller.close();
         controller.enqueue(new Uint8Array(body.subarray(at, (at += 64 * 1024))));
       },
