@@ -458,6 +458,11 @@ test("files - a repeat while the first upload still sends is 503 upload_in_progr
   const head = randomBytes(64 * 1024);
   first.write(head);
   const stop = trickle(first, 200);
+  // Should an assertion below fail, the trickling upload must not keep the file's process alive (a CI run waited out its timeout).
+  t.teardown(() => {
+    stop();
+    first.abort();
+  });
   await waitUploading(t.context.servers, t.context.wsId, key);
   const repeat = await upload(api, key, fileParts(Buffer.from("same key"), "slow.bin", "application/octet-stream"));
   t.is(repeat.status, 503);
@@ -569,6 +574,10 @@ test("files - concurrent uploads per workspace are capped: the next one is 429 u
     const ws = await newWorkspace(capped, "business");
     const first = rawUpload(ws.api, newKey());
     const stop = trickle(first, 200);
+    t.teardown(() => {
+      stop();
+      first.abort();
+    });
     await waitUploading(t.context.servers, ws.id, (first.req.getHeader("idempotency-key") as string) ?? "");
     const second = await upload(ws.api, newKey(), fileParts(Buffer.from("second")));
     t.is(second.status, 429);
