@@ -5,6 +5,7 @@ import {
   type JetStreamManager,
   type JsMsg,
   type MsgRequest,
+  type StoredMsg,
 } from "@nats-io/jetstream";
 import { Plan } from "./domain.js";
 import { ApiError } from "./errors.js";
@@ -132,7 +133,7 @@ export class JetStreamEventLog implements EventLog {
 
     return withUnavailable(async () => {
       const last = await this.jsm.streams.getMessage(stream, { last_by_subj: subject });
-      const turnStart = cursor || options.since || options.turnId === undefined ? undefined : await this.turnStart(stream, subject, options.turnFirstSequence, last?.seq);
+      const turnStart = cursor || options.since || options.turnId === undefined ? undefined : await this.turnStart(stream, subject, options.turnFirstSequence, last);
       const startSeq = cursor ? await this.checkCursor(run, cursor, minMs) : (turnStart?.streamSeq ?? 1);
       if (!last) assertNotLost(run, this.storedSince(run.plan, minMs, options.nowMs));
 
@@ -188,7 +189,7 @@ export class JetStreamEventLog implements EventLog {
     const turnStart =
       cursor || options.turnId === undefined
         ? undefined
-        : await withUnavailable(async () => this.turnStart(stream, subject, options.turnFirstSequence, (await this.jsm.streams.getMessage(stream, { last_by_subj: subject }))?.seq));
+        : await withUnavailable(async () => this.turnStart(stream, subject, options.turnFirstSequence, await this.jsm.streams.getMessage(stream, { last_by_subj: subject })));
     const startSeq = cursor ? await withUnavailable(() => this.checkCursor(run, cursor, this.clock.nowMs() - retentionMs)) : (turnStart?.streamSeq ?? 1);
     const order = new SequenceOrder<HeadAt>(cursor ? cursor.runSeq + 1 : (turnStart?.runSeq ?? 1), this.horizonMs);
     /** Hands one event in sequence order to the callback: a promise when it must be awaited. */
@@ -287,22 +288,24 @@ export class JetStreamEventLog implements EventLog {
    * new owner's events; found by a review.) Without the seek a turn's read decrypted the
    * whole run first: seconds for a run of 700,000 events (found by a probe).
    */
-  private async turnStart(stream: string, subject: string, firstSequence: number | undefined, lastStreamSeq: number | undefined): Promise<{ streamSeq: number; runSeq: number } | undefined> {
-    if (firstSequence === undefined || firstSequence <= TURN_SEEK_FROM || lastStreamSeq === undefined) return undefined;
+  private async turnStart(stream: string, subject: string, firstSequence: number | undefined, last: StoredMsg | null): Promise<{ streamSeq: number; runSeq: number } | undefined> {
+    if (firstSequence === undefined || firstSequence <= TURN_SEEK_FROM || !last) return undefined;
     const below = firstSequence - MAX_EVENTS_AHEAD;
-    // The run's next stored message at or after a stream position: its position, run sequence and floor.
+    // A stored message of the run: its position, run sequence and floor.
+    const probeOf = (msg: StoredMsg) => ({ streamSeq: msg.seq, runSeq: headerSeq(msg.header.get(SEQ_HEADER)), resume: resumePosition(msg.seq, msg.header.get(FLOOR_HEADER)) });
+    // The run's next stored message at or after a stream position.
     const nextAt = async (position: number) => {
       const msg = await this.jsm.streams.getMessage(stream, { seq: position, next_by_subj: subject } as unknown as MsgRequest);
-      return msg && { streamSeq: msg.seq, runSeq: headerSeq(msg.header.get(SEQ_HEADER)), resume: resumePosition(msg.seq, msg.header.get(FLOOR_HEADER)) };
+      return msg && probeOf(msg);
     };
     // Positions up to `from` lead (before `hi`) to a message numbered below `below`, `lo` the
     // last one found; the next message at or after `hi` is not (or its number is unknown).
     const isBelow = (probe: { runSeq: number }) => probe.runSeq > 0 && probe.runSeq < below;
-    const lastMessage = await nextAt(lastStreamSeq);
-    if (lastMessage && isBelow(lastMessage)) return { streamSeq: lastMessage.resume, runSeq: firstSequence };
-    let lo: Awaited<ReturnType<typeof nextAt>> | undefined;
+    const lastMessage = probeOf(last);
+    if (isBelow(lastMessage)) return { streamSeq: lastMessage.resume, runSeq: firstSequence };
+    let lo: ReturnType<typeof probeOf> | undefined;
     let from = 0;
-    let hi = lastStreamSeq;
+    let hi = last.seq;
     for (let step = 0; hi - from > 1 && step < 64; step++) {
       const mid = Math.floor((from + hi) / 2);
       const next = await nextAt(mid);
