@@ -1,6 +1,6 @@
 import type { KV } from "@nats-io/kv";
 import type { Logger } from "pino";
-import { type Clock, rendezvousOwner, type Timer } from "../src/index.js";
+import { type Clock, rendezvousOwner, type Timer, within } from "../src/index.js";
 
 interface LeaseValue {
   node: string;
@@ -280,11 +280,9 @@ export class PartitionLeases {
 
 /** Rejects when `work` takes longer than `ms` (the request itself is not cancelled). */
 function withTimeout<T>(work: Promise<T>, ms: number, clock: Clock): Promise<T> {
-  let timer: Timer | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = clock.after(ms, () => reject(new Error(`lease request timed out after ${ms} ms`)));
+  return within(work, ms, clock, (): never => {
+    throw new Error(`lease request timed out after ${ms} ms`);
   });
-  return Promise.race([work, timeout]).finally(() => timer?.cancel());
 }
 
 function key(partition: number): string {

@@ -1,6 +1,6 @@
 import { errors as natsErrors, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { ApiError, COMMAND_ANSWER_WITHIN_MS, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects, type Timer } from "../src/index.js";
+import { ApiError, COMMAND_ANSWER_WITHIN_MS, randomBase62, type Clock, type CommandReply, type ConnectionState, partitionOf, type RunCommand, Subjects, within } from "../src/index.js";
 import { retryAfterSeconds } from "./unavailable.js";
 
 const encoder = new TextEncoder();
@@ -121,7 +121,7 @@ export class CommandRouter {
   private async ask(cmd: RunCommand, payload: string, subject: string, leftMs: number): Promise<CommandReply | typeof NO_REPLY | typeof OUT_OF_TIME | undefined> {
     const servedHere = this.here?.(cmd.run_id, payload);
     // Waited for as long as the command may take: a resend would join the same work.
-    if (servedHere) return (await within(servedHere, Math.max(1, leftMs), this.clock)) ?? OUT_OF_TIME;
+    if (servedHere) return within<CommandReply, typeof OUT_OF_TIME>(servedHere, Math.max(1, leftMs), this.clock, () => OUT_OF_TIME, { keepAlive: false });
     try {
       const msg = await this.nc.request(subject, encoder.encode(payload), { timeout: Math.max(1, Math.min(this.attemptTimeoutMs, leftMs)) });
       return JSON.parse(decoder.decode(msg.data)) as CommandReply;
@@ -139,17 +139,6 @@ export class CommandRouter {
 
 const NO_REPLY = Symbol("no reply");
 const OUT_OF_TIME = Symbol("out of time");
-
-/** `pending`'s value, or undefined once `ms` passed without one. */
-async function within<T>(pending: Promise<T>, ms: number, clock: Clock): Promise<T | undefined> {
-  let timer: Timer | undefined;
-  const late = new Promise<undefined>((resolve) => (timer = clock.after(ms, () => resolve(undefined), { keepAlive: false })));
-  try {
-    return await Promise.race([pending, late]);
-  } finally {
-    timer?.cancel();
-  }
-}
 
 /** A request that got no reply in time (not one refused for want of a responder). */
 function isTimeout(err: unknown): boolean {

@@ -38,6 +38,28 @@ export const systemClock: Clock = {
     }),
 };
 
+/**
+ * `work`'s outcome, or, should `ms` pass first, `late()`'s (its value, or what it throws);
+ * the work itself is not cancelled. The timer is cancelled when either comes.
+ */
+export function within<T, L>(work: Promise<T>, ms: number, clock: Clock, late: () => L, options?: TimerOptions): Promise<T | L> {
+  let timer: Timer | undefined;
+  const timeout = new Promise<L>((resolve, reject) => {
+    timer = clock.after(
+      ms,
+      () => {
+        try {
+          resolve(late());
+        } catch (err) {
+          reject(err);
+        }
+      },
+      options,
+    );
+  });
+  return Promise.race([work, timeout]).finally(() => timer?.cancel());
+}
+
 export function unixSeconds(ms: number): number {
   return Math.floor(ms / 1000);
 }
