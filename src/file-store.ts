@@ -321,7 +321,11 @@ export class FileStore {
       if (ticking || stopped) return;
       ticking = true;
       // An ApiError from onProgress (the upload lost its place) stops the upload with it.
-      if (bytes !== beatBytes) onProgress?.().catch((err: unknown) => err instanceof ApiError && stop(err));
+      if (bytes !== beatBytes) {
+        onProgress?.().catch((err: unknown) => {
+          if (err instanceof ApiError) stop(err);
+        });
+      }
       void this.beat(session, bytes !== beatBytes)
         .then((owned) => {
           lastStoreOk = this.clock.nowMs();

@@ -84,7 +84,7 @@ export const TagSchema = z
   .regex(new RegExp(TAG_PATTERN, "u"), "a tag must not be whitespace only nor contain control characters.")
   // A lone surrogate cannot be stored as sent (the store keeps UTF-8, which has no such
   // character: it reads back as U+FFFD, and two such tags as one repeated).
-  .refine((tag) => !LONE_SURROGATE.test(tag), "a tag must be well-formed Unicode: a lone surrogate cannot be stored as sent.")
+  .refine((tag) => !hasLoneSurrogate(tag), "a tag must be well-formed Unicode: a lone surrogate cannot be stored as sent.")
   .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters, no lone surrogates.");
 
 function base64DecodedBytes(data: string): number | undefined {

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import type { Readable } from "node:stream";
-import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
 import multipart from "@fastify/multipart";
 import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, hasLoneSurrogate, MAX_FILENAME_CHARS, MAX_MEDIA_TYPE_CHARS, MEDIA_TYPE_PATTERN, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
@@ -88,17 +88,6 @@ function uploadError(err: unknown, request: FastifyRequest): unknown {
   return err;
 }
 
-/**
- * Answers an upload before the rest of its body is read. The connection is not closed at
- * the answer: closed under a client still sending, it failed the client's write (EPIPE,
- * "fetch failed") before the answer was read (found by a probe; seen in a CI run). Node
- * reads and drops the rest, and the body deadline (gateway/app.ts, watchBodyArrival) ends
- * a connection whose body is still short by then.
- */
-function refuse(reply: FastifyReply, err: ApiError): FastifyReply {
-  return sendError(reply, err);
-}
-
 /** The routes of this file, declared once: registration and the OpenAPI document come from these. */
 export const FILE_OPERATIONS = {
   uploadFile: {
@@ -157,7 +146,11 @@ export function fileRoutes(ctx: GatewayContext) {
 
       // Refusals that need no fingerprint are answered before reading the body.
       const early = decideUpload(await files.getUpload(files.uploadId(workspaceId, key)), undefined, ctx.clock.nowMs(), limits.takeoverMs);
-      if (early.kind === "in_progress" || early.kind === "conflict") return refuse(reply, decisionError(early)!);
+      // Answered before the body is read, without closing the connection: closed under a
+      // client still sending, it failed the client's write (EPIPE, "fetch failed") before
+      // the answer was read (found by a probe; seen in a CI run). Node reads and drops the
+      // rest; the body deadline (gateway/app.ts, watchBodyArrival) ends one still short then.
+      if (early.kind === "in_progress" || early.kind === "conflict") return sendError(reply, decisionError(early)!);
 
       const fields: { filename?: string; media_type?: string } = {};
       let meta: { filename: string; media_type: string } | undefined;
@@ -232,7 +225,7 @@ export function fileRoutes(ctx: GatewayContext) {
           await files.abandon(session, timedOut ? UploadState.expired : UploadState.failed);
         }
         const answer = uploadError(err, request);
-        if (answer instanceof ApiError) return refuse(reply, answer);
+        if (answer instanceof ApiError) return sendError(reply, answer);
         throw answer;
       } finally {
         await slot?.release();
