@@ -28,7 +28,9 @@ export const AgentConfigSchema = z
       z
         .string()
         .regex(/^[^/\s]+\/\S+$/, "model must be <provider>/<model-id>")
-        .describe("<provider>/<model-id> from GET /api/v1/models, or faux/scripted."),
+        // A failed build's error quotes it, and every read of the deployment shows that.
+        .max(256)
+        .describe("<provider>/<model-id> from GET /api/v1/models, or faux/scripted; at most 256 characters."),
       z
         .object({
           provider: z.literal("openai-compatible"),

@@ -105,22 +105,49 @@ export function renderDeployment(d: DeploymentDoc) {
   };
 }
 
-/**
- * `scheme:` and what follows it up to its last `@` before a space or quote, wherever it
- * stands in a text: a URL's user name and password, in any form a URL parser would take
- * (`https:user:pw@h`, `https:\\user@h`, a password holding `/`). It may hide more (a path
- * holding `@`): it is for text no parser could read, and shows too little rather than a secret.
- */
-const URL_USERINFO = /([a-z][a-z0-9+.-]*:[\\/]*)[^\s"'<>]*@/gi;
+/** A run of text between spaces, quotes and angle brackets: where a URL's user name and password can stand. */
+const URL_TOKEN = /[^\s"'<>]+/g;
+const SCHEME_CHAR = /[a-z0-9+.-]/i;
+const LETTER = /[a-z]/i;
 
 /**
- * `text` with every URL's user name and password shown as `***`. Since base_url refuses
- * them none is stored, but a deployment made before that may hold one, in its config or
- * quoted in its error, readable with agents:read (such a deployment's turns fail: fetch
- * refuses a URL with credentials).
+ * `text` with every URL's user name and password shown as `***`: in each run of text
+ * between spaces, quotes and angle brackets, what follows its first `scheme:` (and the
+ * slashes after it) up to the run's last `@`. That covers any form a URL parser would take
+ * (`https:user:pw@h`, `https:\\user@h`, a password holding `/`). It may hide more (a path
+ * holding `@`): it is for text no parser could read, and shows too little rather than a
+ * secret. Since base_url refuses credentials none is stored, but a deployment made before
+ * that may hold one, in its config or quoted in its error, readable with agents:read (such
+ * a deployment's turns fail: fetch refuses a URL with credentials).
+ *
+ * Linear in the text's length: the text is a tenant's (a deployment's error quotes its
+ * config), and a backtracking regex for the same rule took seconds on 50,000 letters.
  */
-function withoutUrlCredentials(text: string): string {
-  return text.replace(URL_USERINFO, "$1***@");
+export function withoutUrlCredentials(text: string): string {
+  return text.replace(URL_TOKEN, (token) => {
+    const at = token.lastIndexOf("@");
+    if (at < 0) return token;
+    const colon = schemeEnd(token, at);
+    if (colon < 0) return token;
+    let credentials = colon + 1;
+    while (token[credentials] === "/" || token[credentials] === "\\") credentials++;
+    return `${token.slice(0, credentials)}***${token.slice(at)}`;
+  });
+}
+
+/**
+ * The index of the `:` ending the first scheme in `token` before `before` (a letter, then
+ * letters, digits, `+`, `.` or `-`), or -1. Each `:` is looked back from once, over the
+ * run of scheme characters before it, so the whole search reads the token about twice.
+ */
+function schemeEnd(token: string, before: number): number {
+  for (let colon = token.indexOf(":"); colon >= 0 && colon < before; colon = token.indexOf(":", colon + 1)) {
+    let start = colon;
+    while (start > 0 && SCHEME_CHAR.test(token[start - 1]!)) start--;
+    while (start < colon && !LETTER.test(token[start]!)) start++;
+    if (start < colon) return colon;
+  }
+  return -1;
 }
 
 function withoutEndpointCredentials(config: DeploymentDoc["config"]): DeploymentDoc["config"] {

@@ -191,6 +191,8 @@ test("deployments - config validation: unknown fields, tools, script only for fa
     [{ config: { model: "openai/gpt-4.1-mini", script: [{ text: "x" }] } }, "config.script"],
     [{ config: { model: "faux/scripted", script: [{ say: "x" }] } }, "config.script.0"],
     [{ config: { model: "no-slash" } }, "config.model"],
+    // No length cap let a failed build quote megabytes in its error, on every read of it.
+    [{ config: { model: `p/${"x".repeat(255)}` } }, "config.model"],
     // Only http(s), and no credentials in the address (found by an adversarial probe: each was 201).
     ...["ftp://8.8.8.8/v1", "file:///etc/passwd", "javascript:alert(1)", "gopher://203.0.113.7:70/", "http://u:p@203.0.113.7/v1", "https://key@203.0.113.7/v1", `https://203.0.113.7/${"v".repeat(2_048)}`, "https://203.0.113.7:0/v1", "https://models..example/v1"].map(
       (baseUrl): [unknown, string] => [{ config: { model: { provider: "openai-compatible", base_url: baseUrl, model: "m" } } }, "config.model.base_url"],
