@@ -22,9 +22,11 @@ export interface CliIo {
 /**
  * Control characters but line breaks and tabs (a carriage return only before a line feed),
  * C1 ones included: from a model's output, an event or an error message they would drive
- * the terminal (move the cursor, rewrite lines, set the title or the clipboard).
+ * the terminal (move the cursor, rewrite lines, set the title or the clipboard). And the
+ * bidirectional embeddings, overrides and isolates, which make a terminal show text in
+ * another order than it is (a command that reads as harmless, a run id that is another's).
  */
-const CONTROL = /\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]/g;
+const CONTROL = /\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/g;
 
 /** `text` with its control characters shown as `\u001b`-style escapes: what a terminal is given. */
 export function visible(text: string): string {

@@ -456,8 +456,8 @@ test("cli - on a terminal, a streamed turn shows what it is doing on stderr unti
 });
 
 test("cli - a model's control characters reach a terminal as visible escapes (no cursor moves, titles or clipboard writes), a file or pipe as they are; waited and streamed", async (t) => {
-  const hostile = "ok\u001b]52;c;aGk=\u0007 \u001b[2J\u009b31m\rspoof\r\nnext\tcol";
-  const shown = "ok\\u001b]52;c;aGk=\\u0007 \\u001b[2J\\u009b31m\\u000dspoof\r\nnext\tcol";
+  const hostile = "ok\u001b]52;c;aGk=\u0007 \u001b[2J\u009b31m\rspoof\r\nnext\tcol \u202erm -rf\u2066x\u2069";
+  const shown = "ok\\u001b]52;c;aGk=\\u0007 \\u001b[2J\\u009b31m\\u000dspoof\r\nnext\tcol \\u202erm -rf\\u2066x\\u2069";
   const agent = await t.context.api.agentWith({ model: "faux/scripted", tools: [], script: [{ text: hostile }] }, "hostile");
   const env = { RUNS_URL: t.context.service.url, RUNS_API_KEY: t.context.key };
   for (const streamed of [false, true]) {
@@ -467,7 +467,7 @@ test("cli - a model's control characters reach a terminal as visible escapes (no
     const stdout = Object.assign(new Writable({ write: (chunk, _encoding, done) => done(void terminal.stdout.write(chunk)) }), { isTTY: true });
     t.is(await runCli(args, { ...terminal, stdout, stderr: bufferIo().stderr, env }), 0, terminal.out());
     t.true(terminal.out().includes(shown), `${streamed}: ${JSON.stringify(terminal.out())}`);
-    t.false(/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]|\r(?!\n)/.test(terminal.out()), `${streamed}: no raw control character`);
+    t.false(/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]|\r(?!\n)/.test(terminal.out()), `${streamed}: no raw control character`);
     const piped = bufferIo();
     t.is(await runCli(args, { ...piped, env }), 0);
     t.true(piped.out().includes(hostile), `${streamed}: piped as it is`);
