@@ -381,7 +381,8 @@ export class TurnExecution {
     ({ output, transcript } = fitted);
     if (fitted.failure) {
       status = TurnStatus.failed;
-      error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure });
+      // Not retryable: the same work makes the same transcript.
+      error = turnError("agent_execution_failed", { reference: this.r.ids.reference(), message: fitted.failure });
     }
     const now = this.r.clock.nowMs();
     const final: Partial<TurnDoc> = { status, output, error, transcript, completed_at: now, duration_ms: now - (turn.started_at ?? now), usage: options.usage ?? NO_USAGE };
@@ -479,7 +480,7 @@ export class TurnExecution {
       const fitted = fitTurnDocument(turn.input, [], result.transcript);
       if (fitted.failure || fitted.compacted) {
         // A compacted transcript could not be resumed exactly: the turn fails instead of waiting.
-        const error = turnError("platform_failure", { reference: this.r.ids.reference(), message: fitted.failure ?? "The turn's transcript is too large to wait for a decision." });
+        const error = turnError("agent_execution_failed", { reference: this.r.ids.reference(), message: fitted.failure ?? "The turn's transcript is too large to wait for a decision." });
         return await this.finishTurn(turn, TurnStatus.failed, [], closeToolCalls(result.transcript, "The call did not run: the turn failed first."), error, { ...used, checkpoint: false });
       }
       // Announced first, like a turn's start: an owner dying before the store below leaves an

@@ -961,6 +961,23 @@ test("run-actor - a finished turn whose write fails otherwise (not a temporary f
   t.is(w.store.runs.get(RUN)!.state, "idle");
 });
 
+test("run-actor - a finished turn whose transcript cannot fit its document is failed, not retryable (the same work makes the same transcript), with the run idle", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  // An assistant's text is kept whole (only user messages and tool results compact): 16 MiB of it cannot fit.
+  const huge = [{ role: "assistant", content: [{ type: "text", text: "x".repeat(16 * 1024 * 1024) }], stopReason: "stop", timestamp: 2 }];
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "done" }], transcript: huge as never });
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "agent_execution_failed");
+  t.false(turn.error?.retryable);
+  t.regex(turn.error?.message ?? "", /does not fit the 15 MiB a turn may store/);
+  t.deepEqual(turn.transcript, []);
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
 test("run-actor - usage: a turn that used nothing writes no ledger record", async (t) => {
   const w = await world();
   const actor = w.actor();
@@ -1034,6 +1051,23 @@ test("run-actor - approvals: a store outage as the turn comes to wait retries th
   t.is(w.store.runs.get(RUN)!.pending_action?.id, turn.actions![0]!.id);
   t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("tool.") || type.startsWith("turn.")), ["turn.started", "tool.approval_requested"], "announced once, and not failed");
   t.deepEqual(w.webhookEvents.map((e) => e.type), ["turn.action_required"]);
+});
+
+test("run-actor - approvals: a turn whose transcript would have to be compacted to wait ends failed, not retryable, never left busy", async (t) => {
+  const w = await world();
+  w.store.addDeployment(AGENT, 1, { config: GATED as never });
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const [user, assistant] = asked();
+  const big = [{ ...user, content: [{ type: "text", text: "y".repeat(16 * 1024 * 1024) }] }, assistant];
+  w.turns.last.finish({ outcome: "paused", transcript: big as never, pause: { toolCallId: "call_1", tool: "bash", arguments: { command: "rm x" }, assistantIndex: 1, steers: [] } });
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "agent_execution_failed");
+  t.false(turn.error?.retryable);
+  t.is(turn.actions, undefined);
+  t.is(w.store.runs.get(RUN)!.state, "idle");
 });
 
 test("run-actor - approvals: a wait whose write fails otherwise (not a temporary failure) ends the turn failed, never left busy", async (t) => {
