@@ -79,14 +79,9 @@ export function buildUserMessage(input: readonly InputPart[], acceptsImages: boo
       content.push({ type: "text", text: `[file ${name} was not provided inline and is not included]` });
       continue;
     }
-    let data = part.file_data;
-    let mediaType = part.media_type;
-    const dataUrl = /^data:([^;,]*)(?:;[^,]*)?,/.exec(data);
-    if (dataUrl) {
-      data = data.slice(dataUrl[0].length);
-      mediaType ??= dataUrl[1] || undefined;
-    }
-    const bytes = Buffer.from(data, "base64");
+    // Base64 alone: a request's file_data is checked so (src/run-request.ts).
+    const mediaType = part.media_type;
+    const bytes = Buffer.from(part.file_data, "base64");
     const file = classifyFile(bytes, mediaType, part.filename);
     switch (file.kind) {
       case "text":

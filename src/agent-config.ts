@@ -40,12 +40,12 @@ export const AgentConfigSchema = z
             .superRefine((value, ctx) => {
               // Not a URL at all: z.url() has said so (zod runs every check).
               const problem = destinationUrlProblem(value);
-              if (problem === "scheme") ctx.addIssue({ code: "custom", input: value, message: "base_url must be an http or https URL." });
+              if (problem === "scheme") ctx.addIssue({ code: "custom", input: value, message: "must be an http or https URL." });
               // Deployments are readable with agents:read: a key belongs in an environment value.
               if (problem === "credentials") {
-                ctx.addIssue({ code: "custom", input: value, message: "base_url may not carry a user name or password: keep the endpoint's key in an environment value named by api_key_env." });
+                ctx.addIssue({ code: "custom", input: value, message: "may not carry a user name or password: keep the endpoint's key in an environment value named by api_key_env." });
               }
-              if (problem === "host") ctx.addIssue({ code: "custom", input: value, message: "base_url must name a DNS name or an IP address, and a port other than 0." });
+              if (problem === "host") ctx.addIssue({ code: "custom", input: value, message: "must name a DNS name or an IP address, and a port other than 0." });
             })
             .describe("The endpoint's base address, http or https, without a user name or password, naming a DNS name or an IP address (not port 0). Private, loopback and link-local addresses are refused when a turn calls it (unless RUNS_ALLOW_PRIVATE_MODEL_ENDPOINTS)."),
           model: z.string().min(1).max(256),

@@ -35,7 +35,9 @@ export function requestError(error: z.ZodError, style: ParamStyle = "field"): Ap
   const params = issue.code === "custom" ? ((issue.params ?? {}) as IssueParams) : {};
   const param = params.param !== undefined ? params.param : (style === "field" ? path[0] : dotted) || null;
   if (issue.code === "unrecognized_keys") return invalid(param, `Unknown field ${dotted}.`);
-  const message = issue.code === "custom" || dotted === "" ? issue.message : `${dotted}: ${issue.message}`;
+  // refuse()'s issues name their param and are whole sentences; every other issue, a
+  // refinement's included, is a predicate its field's path is put before.
+  const message = (issue.code === "custom" && params.param !== undefined) || dotted === "" ? issue.message : `${dotted}: ${issue.message}`;
   if (params.code === "payload_too_large") return new ApiError("payload_too_large", { param, message });
   return invalid(param, message);
 }

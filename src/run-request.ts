@@ -84,7 +84,7 @@ export const TagSchema = z
   .regex(new RegExp(TAG_PATTERN, "u"), "a tag must not be whitespace only nor contain control characters.")
   // A lone surrogate cannot be stored as sent (the store keeps UTF-8, which has no such
   // character: it reads back as U+FFFD, and two such tags as one repeated).
-  .refine((tag) => !hasLoneSurrogate(tag), "a tag must be well-formed Unicode: a lone surrogate cannot be stored as sent.")
+  .refine((tag) => !hasLoneSurrogate(tag), "must be well-formed Unicode: a lone surrogate cannot be stored as sent.")
   .describe("1 to 64 characters, stored exactly as sent, case-sensitive; not whitespace-only, no control characters, no lone surrogates.");
 
 function base64DecodedBytes(data: string): number | undefined {
@@ -123,7 +123,7 @@ const InputFileRequestSchema = z
     if (part.filename === undefined || part.file_data === undefined) {
       ctx.addIssue({ code: "custom", message: "needs file_id, or filename with file_data.", path: [] });
     } else if (base64DecodedBytes(part.file_data) === undefined) {
-      ctx.addIssue({ code: "custom", message: "is not valid base64.", path: ["file_data"] });
+      ctx.addIssue({ code: "custom", message: "must be base64 alone: for a data: URL, send what follows its comma, and its media type as media_type.", path: ["file_data"] });
     }
   })
   .describe("An uploaded file by file_id, or an inline file: filename and file_data (media_type optional).");
@@ -149,7 +149,10 @@ export const InputSchema = z
           for (const part of parts) {
             if (part.type === "input_text") textBytes += Buffer.byteLength(part.text);
             else if (part.file_id === undefined) {
-              const bytes = base64DecodedBytes(part.file_data!)!;
+              // A part refused for its own fields is still counted here (zod runs this check
+              // anyway): without base64 data it adds nothing; its own refusal is the answer.
+              const bytes = part.file_data === undefined ? undefined : base64DecodedBytes(part.file_data);
+              if (bytes === undefined) continue;
               if (bytes > MAX_INLINE_FILE_BYTES) {
                 return refuse(ctx, "input", "An inline file may hold at most 4 MiB; upload larger files with POST /api/v1/files.", "payload_too_large");
               }

@@ -196,6 +196,10 @@ const badBodies: Array<[string, Record<string, unknown>, string]> = [
   // As an upload's name would be refused (POST /api/v1/files): a NUL or a line break in an inline file's name.
   ["inline file name with a NUL", { agent: "agt_x", input: [{ type: "input_file", filename: "a\u0000b.txt", file_data: "aGk=" }] }, "input"],
   ["inline file name with a line break", { agent: "agt_x", input: [{ type: "input_file", filename: "a\nb.txt", file_data: "aGk=" }] }, "input"],
+  // An inline file without its data had thrown a TypeError in the parts' byte count (found by a unit test).
+  ["inline file without file_data", { agent: "agt_x", input: [{ type: "input_file", filename: "a.txt" }] }, "input"],
+  ["inline file without file_data, after a text", { agent: "agt_x", input: [{ type: "input_text", text: "x" }, { type: "input_file", filename: "a.txt", media_type: "text/plain" }] }, "input"],
+  ["inline file as a data: URL", { agent: "agt_x", input: [{ type: "input_file", filename: "a.txt", file_data: "data:text/plain;base64,aGk=" }] }, "input"],
   ["on_busy with agent", { agent: "agt_x", input: "x", on_busy: "queue" }, "on_busy"],
   ["unknown on_busy", { run_id: "run_x", input: "x", on_busy: "later" }, "on_busy"],
   ["unknown field", { agent: "agt_x", input: "x", colour: "red" }, "colour"],

@@ -126,3 +126,21 @@ test("run-request - at most 32 parts, 4 MiB of text and 4 MiB of inline files pe
   t.is(status([file(2 * MiB), file(2 * MiB)]), 200);
   t.is(status([file(2 * MiB), file(2 * MiB), file(1)]), 413);
 });
+
+test("run-request - a refused inline file's message names the field it is about (it had been a bare 'is not valid base64.'); a data: URL is told how to send it", (t) => {
+  const messageOf = (part: Record<string, unknown>) => {
+    try {
+      parseRunRequest({ agent: "a", input: [{ type: "input_text", text: "x" }, { type: "input_file", ...part }] });
+      return undefined;
+    } catch (err) {
+      return (err as ApiError).message;
+    }
+  };
+  t.is(messageOf({ filename: "a.txt", file_data: "data:text/plain;base64,aGk=" }), "input.1.file_data: must be base64 alone: for a data: URL, send what follows its comma, and its media type as media_type.");
+  t.is(messageOf({ filename: "a.txt", file_data: "a" }), "input.1.file_data: must be base64 alone: for a data: URL, send what follows its comma, and its media type as media_type.");
+  t.is(messageOf({ filename: "a.txt" }), "input.1: needs file_id, or filename with file_data.");
+  t.regex(messageOf({ filename: "a\ud800", file_data: "aGk=" }) ?? "", /^input\.1\.filename: must be 1 to 255 characters/);
+  t.is(messageOf({ filename: "a.txt", file_data: "aGk=" }), undefined);
+  // refuse()'s whole sentences stay as they are.
+  t.is(messageOf({ filename: "a.bin", file_data: Buffer.alloc(4 * 1024 * 1024 + 1).toString("base64") }), "An inline file may hold at most 4 MiB; upload larger files with POST /api/v1/files.");
+});
