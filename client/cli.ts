@@ -214,7 +214,20 @@ async function runCommand(command: string | undefined, rest: string[], args: str
 function clientFrom(env: Environment): RunsClient {
   const apiKey = env.RUNS_API_KEY;
   if (!apiKey) throw new UsageError("RUNS_API_KEY is not set");
-  return new RunsClient({ baseUrl: env.RUNS_URL || undefined, apiKey });
+  const baseUrl = env.RUNS_URL || undefined;
+  // fetch would throw its own parse error, shown as a stack trace.
+  if (baseUrl !== undefined && !/^https?:$/.test(protocolOf(baseUrl))) {
+    throw new UsageError(`RUNS_URL must be the service's http or https address, such as ${DEFAULT_BASE_URL}`);
+  }
+  return new RunsClient({ baseUrl, apiKey });
+}
+
+function protocolOf(url: string): string {
+  try {
+    return new URL(url).protocol;
+  } catch {
+    return "";
+  }
 }
 
 async function inputOf(words: string[], io: CliIo): Promise<string> {

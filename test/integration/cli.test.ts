@@ -265,6 +265,8 @@ test("cli - bad usage exits 2 with the usage text and no stack trace", async (t)
     [["frobnicate"], /unknown command: frobnicate/],
     [[], /no command given/],
     [["list"], /RUNS_API_KEY is not set/, { RUNS_API_KEY: undefined }],
+    // fetch's own parse error had ended in a stack trace.
+    ...["notaurl", "http://[::1", "ftp://127.0.0.1/", "127.0.0.1:8080"].map((url): [string[], RegExp, Record<string, string>] => [["list"], /RUNS_URL must be the service's http or https address/, { RUNS_URL: url }]),
   ];
   for (const [args, message, env] of cases) {
     const res = await runs(t, args, env);
