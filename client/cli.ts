@@ -59,6 +59,18 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
   }
 }
 
+/**
+ * A reader that stops early (`runs models | head`) closes the pipe; the next write fails
+ * with EPIPE, an 'error' event nothing handles, and Node would end with a stack trace. The
+ * command ends quietly instead, as commands do when their reader has gone.
+ */
+export function endQuietlyWhenReaderCloses(stream: { on(event: "error", listener: (err: NodeJS.ErrnoException) => void): unknown }): void {
+  stream.on("error", (err) => {
+    if (err.code !== "EPIPE") throw err;
+    process.exit(process.exitCode ?? 0);
+  });
+}
+
 /** The client package's version (client/package.json; beside dist/ once built). */
 export function clientVersion(): string {
   for (const candidate of ["./package.json", "../package.json"]) {

@@ -23,5 +23,5 @@ export * from "./types.js";
 export { waitSchedule, waitIntervalMs, nextWaitMs, retryDelayMs, parseRetryAfter } from "./schedule.js";
 export { SseParser, sseFrames, type SseFrame } from "./sse.js";
 // The `runs` command's API commands (node/cli.ts adds the admin ones).
-export { CLIENT_USAGE, UsageError, clientVersion, describeClientError, runCli, runClientCommand, usageOf } from "./cli.js";
+export { CLIENT_USAGE, UsageError, clientVersion, describeClientError, endQuietlyWhenReaderCloses, runCli, runClientCommand, usageOf } from "./cli.js";
 export { parseArgs, type FlagSpec, type Parsed } from "./cli-args.js";

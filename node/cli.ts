@@ -2,7 +2,7 @@ import { existsSync } from "node:fs";
 import path from "node:path";
 import type { MongoStore, Plan } from "../src/index.js";
 import type { ServerProcess } from "./servers.js";
-import { describeClientError, parseArgs, runCli, UsageError } from "../client/index.js";
+import { describeClientError, endQuietlyWhenReaderCloses, parseArgs, runCli, UsageError } from "../client/index.js";
 
 // The admin command's modules (store driver, server processes) load only for `admin`:
 // the API commands start about twice as fast without them.
@@ -166,6 +166,7 @@ function adminArgs(args: string[], spec: Parameters<typeof parseArgs>[1]) {
 
 class AdminHelp extends Error {}
 
+endQuietlyWhenReaderCloses(process.stdout);
 main(process.argv.slice(2)).catch(async (err) => {
   if (err instanceof AdminHelp) {
     process.stdout.write(`${ADMIN_USAGE}\n`);

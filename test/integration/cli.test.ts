@@ -1,5 +1,6 @@
 import anyTest, { type TestFn } from "ava";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
+import { once } from "node:events";
 import { promisify } from "node:util";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import { bashThen, gatedBashConfig } from "../helpers/agent-configs.js";
@@ -83,6 +84,25 @@ async function runs(t: { context: Context }, args: string[], env: Record<string,
 }
 
 const NO_STACK = /at .*\.(ts|js):\d+/;
+
+test("cli - a reader that has gone (runs models | head) ends the command quietly: no EPIPE stack trace (found by a probe)", async (t) => {
+  const release = await cliSlot();
+  try {
+    const env = { ...process.env, RUNS_URL: t.context.service.url, RUNS_API_KEY: t.context.key };
+    const child = spawn(process.execPath, ["bin/runs.js", "models"], { cwd: PROJECT_ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+    let stderr = "";
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    const exited = once(child, "exit");
+    // Gone before the first line: every write the command makes finds the pipe closed.
+    child.stdout.destroy();
+    const [code] = (await exited) as [number | null];
+    t.is(code, 0, stderr);
+    t.notRegex(stderr, /EPIPE|Error/);
+    t.notRegex(stderr, NO_STACK);
+  } finally {
+    release();
+  }
+});
 
 test("cli - start --wait prints the run line and the output text", async (t) => {
   const res = await runs(t, ["start", "--agent", t.context.echoAgent, "--wait", "hello", "from", "the", "cli"]);
