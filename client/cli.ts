@@ -218,8 +218,11 @@ async function runCommand(command: string | undefined, rest: string[], args: str
       else for (const m of models.data) out.line(String(m.id ?? JSON.stringify(m)));
       return 0;
     }
+    case "admin":
+      // node/cli.ts serves admin before this; the runs-client package has no store to act on.
+      throw new UsageError("admin runs on the service's machine, with its own runs command (npx runs admin … in its folder), not from the runs-client package");
     default:
-      throw new UsageError(command === undefined ? "no command given" : `unknown command: ${args.join(" ")}${suggestion(command, COMMANDS)}`);
+      throw new UsageError(command === undefined ? "no command given" : `unknown command: ${command}${suggestion(command, COMMANDS)}`);
   }
 }
 

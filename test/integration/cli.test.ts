@@ -338,6 +338,13 @@ test("cli - --version, --help of every command, and mistakes answered with the c
   const command = await runs(t, ["lsit"]);
   t.is(command.code, 2);
   t.regex(command.stderr, /^runs: unknown command: lsit \(did you mean list\?\)/);
+  // The command alone, not the whole line (found by a probe: "unknown command: strat --agent x hi").
+  const words = await runs(t, ["strat", "--agent", "agt_x", "hi"]);
+  t.regex(words.stderr, /^runs: unknown command: strat \(did you mean start\?\)\n/);
+  // The client package's runs has no admin (the service's runs serves it before this).
+  const admin = bufferIo();
+  t.is(await runCli(["admin", "create-workspace", "--plan", "solo"], { ...admin, env: {} }), 2);
+  t.regex(admin.out(), /^runs: admin runs on the service's machine, with its own runs command/);
   const value = await runs(t, ["list", "--limit"]);
   t.is(value.code, 2);
   t.regex(value.stderr, /^runs: --limit needs a value\n/);
