@@ -151,10 +151,17 @@ export async function buildApp(
     genReqId: (req) => acceptedRequestId(req.headers[REQUEST_ID_HEADER]) ?? ctx.ids.reference().replace("ref_", "req_"),
     // What the router refuses before any route (a malformed percent-encoding in the path, an
     // over-long parameter) is answered in the contract's error body too, with the request id.
+    // No hook runs for these: the headers every answer carries are set here, and a key is
+    // authenticated and counted as for an unknown path (a bad key is 401, a good one's
+    // answer carries X-RateLimit-*).
     frameworkErrors: (error, request, reply) => {
       reply.header(REQUEST_ID_HEADER, request.id);
+      markAnswer(request, reply);
       const message = error.code === "FST_ERR_BAD_URL" ? "The request path is not a valid URL: a percent-encoding in it is malformed." : "The request path could not be routed.";
-      return sendError(reply, new ApiError("invalid_request", { message }));
+      countUnrouted(context, request, reply).then(
+        () => sendError(reply, new ApiError("invalid_request", { message })),
+        (err: unknown) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)),
+      );
     },
   });
   app.decorateRequest("auth", null);
@@ -176,19 +183,13 @@ export async function buildApp(
   // an unknown /api path is authenticated and counted as any route is (then 404), and a
   // public /api route (the OpenAPI document) shows the key's state without counting.
   app.addHook("onRequest", async (request, reply) => {
-    // What the API answers may carry a secret (a revealed value, a new key) or a tenant's
-    // data: no cache keeps it, and no browser takes an answer for another type.
-    reply.header("x-content-type-options", "nosniff");
-    if (API_TARGET.test(request.url)) reply.header("cache-control", "no-store");
+    markAnswer(request, reply);
     const config = request.routeOptions.config;
     const route = request.routeOptions.url;
     if (route === undefined) {
       // An unknown path: 404 here, before any body is read (a body the path never takes
       // would otherwise be parsed first, and a malformed one answered 400).
-      if (request.headers.authorization !== undefined && API_TARGET.test(request.url)) {
-        request.auth = await context.auth.authenticate(request);
-        await applyRateLimit(context, request.auth, undefined, reply);
-      }
+      await countUnrouted(context, request, reply);
       throw noRoute(request);
     }
     if (!route.startsWith("/api")) return;
@@ -241,6 +242,23 @@ export async function buildApp(
   await app.register(openapiRoutes(JSON.stringify(buildOpenApiDocument())));
   await app.register(consoleRoutes());
   return { app, context };
+}
+
+/**
+ * What every answer says: the API's answers may carry a secret (a revealed value, a new
+ * key) or a tenant's data, so no cache keeps them, and no browser takes an answer for
+ * another type.
+ */
+function markAnswer(request: FastifyRequest, reply: FastifyReply): void {
+  reply.header("x-content-type-options", "nosniff");
+  if (API_TARGET.test(request.url)) reply.header("cache-control", "no-store");
+}
+
+/** A request no route takes: its key, when it sends one to /api, authenticated and counted as a route's would be. */
+async function countUnrouted(context: GatewayContext, request: FastifyRequest, reply: FastifyReply): Promise<void> {
+  if (request.headers.authorization === undefined || !API_TARGET.test(request.url)) return;
+  request.auth = await context.auth.authenticate(request);
+  await applyRateLimit(context, request.auth, undefined, reply);
 }
 
 /** A request target under /api, in origin form (`/api/…`) or absolute form (`http://host/api/…`). */

@@ -56,6 +56,8 @@ export function errorCodesOf(op: Operation): Map<number, ErrorCode[]> {
   // A body not whole within RUNS_REQUEST_BODY_TIMEOUT_MS (an upload: within its own limit).
   if (op.body) add(408, ["request_timeout"]);
   if (op.idempotencyKey) add(400, ["invalid_request"]);
+  // A path parameter whose percent-encoding is malformed is refused before any route.
+  if (op.path.includes("{")) add(400, ["invalid_request"]);
   for (const [status, list] of Object.entries(op.errors ?? {})) add(Number(status), list ?? []);
   return new Map([...codes].sort(([a], [b]) => a - b).map(([status, set]) => [status, [...set]]));
 }

@@ -483,7 +483,15 @@ test("openapi - a path with a malformed percent-encoding is 400 invalid_request 
     t.is(res.body.error.param, null);
     t.false(JSON.stringify(res.body).includes("FST_"), JSON.stringify(res.body));
     t.truthy(res.headers.get("x-request-id"));
+    // As every /api answer (found by a probe: these had none of them).
+    t.is(res.headers.get("cache-control"), "no-store", path);
+    t.is(res.headers.get("x-content-type-options"), "nosniff", path);
+    t.truthy(res.headers.get("x-ratelimit-limit"), path);
   }
+  // A key is checked as for an unknown path: a wrong one is 401.
+  const wrongKey = await ws.api.withKey("sk_live_wrong").get("/api/v1/runs/%zz");
+  t.is(wrongKey.status, 401);
+  t.is(wrongKey.headers.get("cache-control"), "no-store");
 });
 
 /** A URL for `op` with made-up ids: validation answers before any of them is looked up. */
