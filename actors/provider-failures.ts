@@ -10,7 +10,9 @@ import { scriptedErrorStatus } from "./scripted-model.js";
 
 const STATUS_PATTERNS = [
   /^\s*(\d{3})\b/, // OpenAI and Anthropic SDKs: "429 Rate limit reached…"
-  /\bstatus(?:\s*code)?\s*[:=]?\s*(\d{3})\b/i, // "got status: 503", "status code 401"
+  // Each run of blanks belongs to one group only: three optional runs over the same blanks
+  // had made "status" and 50,000 spaces take seconds (a script's or endpoint's message).
+  /\bstatus(?:\s*code)?(?:\s*[:=])?\s*(\d{3})\b/i, // "got status: 503", "status code 401"
   /"code"\s*:\s*(\d{3})\b/, // JSON error bodies (Google)
   /\bHTTP(?:\/[\d.]+)?\s+(\d{3})\b/i,
 ];
@@ -27,16 +29,19 @@ export function providerFailure(message: AssistantMessage): { code: TurnErrorCod
   const text = sanitizeErrorText(message.errorMessage ?? "");
   const scripted = scriptedErrorStatus(message);
   if (scripted !== undefined) return { code: scriptedErrorCode(scripted), message: text };
-  const status = parseStatus(message.errorMessage ?? "");
+  // A status or a transport failure is named near the start; the rest (up to whatever size
+  // a script or a tenant's endpoint sends) is not searched.
+  const head = (message.errorMessage ?? "").slice(0, MAX_SEARCHED_CHARS);
+  const status = parseStatus(head);
   // A tenant's own endpoint: its answer is summarised, never echoed (it could carry
   // whatever the endpoint wants stored and shown, or reflect what it was sent).
   if (message.provider === OPENAI_COMPATIBLE) {
     if (status !== undefined) return { code: providerErrorCode(status), message: `The model endpoint answered HTTP ${status}.` };
-    if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) return { code: TurnErrorCode.provider_transport_failed, message: "The model endpoint could not be reached, or its answer broke off." };
+    if (TRANSPORT_PATTERN.test(head)) return { code: TurnErrorCode.provider_transport_failed, message: "The model endpoint could not be reached, or its answer broke off." };
     return { code: TurnErrorCode.provider_failure, message: "The model endpoint's answer could not be used." };
   }
   if (status !== undefined) return { code: providerErrorCode(status), message: withProvider(message, text) };
-  if (TRANSPORT_PATTERN.test(message.errorMessage ?? "")) {
+  if (TRANSPORT_PATTERN.test(head)) {
     return { code: TurnErrorCode.provider_transport_failed, message: withProvider(message, text) };
   }
   return { code: TurnErrorCode.provider_failure, message: withProvider(message, text) };
@@ -57,6 +62,7 @@ function parseStatus(text: string): number | undefined {
 }
 
 const MAX_ERROR_MESSAGE_CHARS = 1000;
+const MAX_SEARCHED_CHARS = 4096;
 
 /** Error text safe to store and show: likely secrets redacted, control characters removed, length capped. */
 export function sanitizeErrorText(text: string): string {

@@ -679,6 +679,27 @@ test("agent-runner - providerFailure parses provider error messages in one place
   t.deepEqual(own("Something odd: secret-ish body"), { code: "provider_failure", message: "The model endpoint's answer could not be used." });
 });
 
+test("agent-runner - providerFailure reads a hostile message in linear time: 'status' and a megabyte of blanks, scripted or from an endpoint (found by an audit: seconds at 50,000)", (t) => {
+  const failed = (errorMessage: string, provider = "openai"): AssistantMessage => ({
+    role: "assistant", content: [], api: "openai-completions", provider, model: "m",
+    usage: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } },
+    stopReason: "error", errorMessage, timestamp: 0,
+  });
+  for (const text of [`status${" ".repeat(1 << 20)}`, `status${" ".repeat(1 << 19)}:${" ".repeat(1 << 19)}x`, "status ".repeat(1 << 17), `${"x".repeat(1 << 20)} status 503`]) {
+    for (const provider of ["openai", "openai-compatible"]) {
+      const started = process.hrtime.bigint();
+      const failure = providerFailure(failed(text, provider));
+      const ms = Number(process.hrtime.bigint() - started) / 1e6;
+      t.true(ms < 500, `${ms} ms for ${JSON.stringify(text.slice(0, 12))}…`);
+      t.is(failure.code, "provider_failure", "a status past the first 4 KiB is not looked for");
+    }
+  }
+  // What the regex must still read.
+  for (const [message, code] of [["status code 401", "provider_authentication_failed"], ["Status=429", "provider_rate_limited"], ["got status : 503", "provider_service_unavailable"], ["status 200 then 500", "provider_failure"]] as const) {
+    t.is(providerFailure(failed(message)).code, code, message);
+  }
+});
+
 test("agent-runner - sanitizeErrorText redacts secrets and caps length", (t) => {
   t.notRegex(sanitizeErrorText("key sk-proj-abcdefghijklmnopqrstuv rejected"), /abcdefghijkl/);
   t.notRegex(sanitizeErrorText("Authorization: Bearer abc.def.ghi"), /abc\.def/);
