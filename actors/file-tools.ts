@@ -171,9 +171,8 @@ export function editTool(runner: ToolRunner): AgentTool<typeof editParameters> {
       if (code === Exit.tooLarge) throw new Error(`${params.path} is larger than ${formatBytes(MAX_EDIT_BYTES)}; edit it with bash`);
       if (code !== 0) throw fileError(code, params.path, read);
       const content = read.output.toString("utf8");
-      const first = content.indexOf(params.old_text);
+      const { first, occurrences } = findOccurrences(content, params.old_text);
       if (first < 0) throw new Error(`old_text was not found in ${params.path}`);
-      const occurrences = countOccurrences(content, params.old_text);
       if (occurrences > 1) {
         throw new Error(
           `old_text occurs ${occurrences} times in ${params.path}; include more context to make it unique`,
@@ -187,10 +186,34 @@ export function editTool(runner: ToolRunner): AgentTool<typeof editParameters> {
   };
 }
 
-function countOccurrences(haystack: string, needle: string): number {
-  let count = 0;
-  for (let at = haystack.indexOf(needle); at >= 0; at = haystack.indexOf(needle, at + needle.length)) count++;
-  return count;
+/**
+ * Where `needle` first occurs in `haystack` (-1: nowhere) and how many times, not
+ * overlapping: one Knuth-Morris-Pratt pass, linear in both. The model writes the needle and
+ * the workspace holds the file (up to 8 MiB): String.indexOf took 5 s on a 1 MiB file for a
+ * 10,000-character `a…ab a…a`, and minutes at the largest sizes (found by an audit).
+ */
+export function findOccurrences(haystack: string, needle: string): { first: number; occurrences: number } {
+  const m = needle.length;
+  if (m === 0 || m > haystack.length) return { first: -1, occurrences: 0 };
+  // fallback[i]: the length of the longest proper prefix of needle[0..i] that is also its suffix.
+  const fallback = new Int32Array(m);
+  for (let i = 1, k = 0; i < m; i++) {
+    while (k > 0 && needle.charCodeAt(i) !== needle.charCodeAt(k)) k = fallback[k - 1]!;
+    if (needle.charCodeAt(i) === needle.charCodeAt(k)) k++;
+    fallback[i] = k;
+  }
+  let first = -1;
+  let occurrences = 0;
+  for (let i = 0, k = 0; i < haystack.length; i++) {
+    while (k > 0 && haystack.charCodeAt(i) !== needle.charCodeAt(k)) k = fallback[k - 1]!;
+    if (haystack.charCodeAt(i) === needle.charCodeAt(k)) k++;
+    if (k === m) {
+      if (first < 0) first = i - m + 1;
+      occurrences++;
+      k = 0; // not overlapping
+    }
+  }
+  return { first, occurrences };
 }
 
 // ---------------------------------------------------------------------------------
