@@ -63,10 +63,19 @@ export interface ActionDoc {
  */
 export function approvalRequired(policy: ApprovalPolicy | undefined, tool: string, args: unknown, relative: (path: string) => string = (path) => path): boolean {
   if (!policy) return false;
-  return policy.rules.some((rule) => ruleMatches(rule, tool, args, relative));
+  const budget = { steps: MAX_GLOB_STEPS };
+  return policy.rules.some((rule) => ruleMatches(rule, tool, args, relative, budget));
 }
 
-function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: (path: string) => string): boolean {
+/**
+ * The glob matching one call may do, in steps (a glob's tokens × the path's length + 1, summed
+ * over its rules). 50 rules of 1,000-token globs against a 4,096-character path had taken
+ * ~5 s per call (found by an audit); past this a path rule gates the call instead (fails
+ * closed). Real rules and paths take a few thousand steps.
+ */
+export const MAX_GLOB_STEPS = 1_000_000;
+
+function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: (path: string) => string, budget: { steps: number }): boolean {
   if (rule.tool !== "*" && rule.tool !== tool) return false;
   const fields = (args && typeof args === "object" ? args : {}) as Record<string, unknown>;
   if (rule.command_prefix !== undefined) {
@@ -86,6 +95,9 @@ function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: 
     } catch {
       return true;
     }
+    const steps = globTokens(rule.path_glob).length * (normalized.length + 1);
+    if (steps > budget.steps) return true;
+    budget.steps -= steps;
     if (!globMatches(rule.path_glob, normalized)) return false;
   }
   return true;
@@ -122,9 +134,9 @@ export function workspacePath(p: string): string {
 export function globMatches(glob: string, path: string): boolean {
   const n = path.length;
   let reach = new Uint8Array(n + 1);
+  let next = new Uint8Array(n + 1);
   reach[0] = 1;
   for (const token of globTokens(glob)) {
-    const next = new Uint8Array(n + 1);
     let seen = 0;
     for (let i = 0; i <= n; i++) {
       const prev = i > 0 ? path[i - 1] : undefined;
@@ -147,7 +159,7 @@ export function globMatches(glob: string, path: string): boolean {
       }
       seen |= reach[i];
     }
-    reach = next;
+    [reach, next] = [next, reach];
   }
   return reach[n] === 1;
 }

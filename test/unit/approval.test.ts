@@ -1,5 +1,5 @@
 import test from "ava";
-import { actionArguments, approvalRequired, BUILTIN_TOOLS, decide, MAX_ACTION_ARGUMENTS_BYTES, denialText, expire, globMatches, newAction, type ActionDoc, type ApprovalPolicy, workspacePath } from "../../src/index.js";
+import { actionArguments, approvalRequired, BUILTIN_TOOLS, decide, MAX_ACTION_ARGUMENTS_BYTES, MAX_GLOB_STEPS, denialText, expire, globMatches, newAction, type ActionDoc, type ApprovalPolicy, workspacePath } from "../../src/index.js";
 import { closeToolCalls } from "../../actors/agent-runner.js";
 
 const T0 = 1_700_000_000_000;
@@ -196,4 +196,23 @@ test("approval - abuse: a tenant's glob and a model's path cannot stall the node
   const policy: ApprovalPolicy = { rules: [{ tool: "write", path_glob: "never/**" }] };
   t.false(approvalRequired(policy, "write", { path: "a".repeat(4_096) }));
   t.true(approvalRequired(policy, "write", { path: "a".repeat(4_097) }), "past 4096 characters a path rule gates (fails closed)");
+});
+
+test("approval - abuse: one call's glob matching is bounded across all rules; past the bound a path rule gates (fails closed), and ordinary rules stay far inside it", (t) => {
+  // 50 rules of 1,000-token globs against a 4,096-character path had taken ~5 s per call (found by an audit).
+  const evil: ApprovalPolicy = { rules: Array.from({ length: 50 }, () => ({ tool: "write" as const, path_glob: `${"*a".repeat(499)}b` })) };
+  const started = process.hrtime.bigint();
+  t.true(approvalRequired(evil, "write", { path: "a".repeat(4_096) }), "over the bound: gated");
+  const ms = Number(process.hrtime.bigint() - started) / 1e6;
+  t.true(ms < 300, `${ms} ms`);
+  // A 199-token glob against the longest path a rule matches still fits, and is matched in full.
+  const long = `${"*a".repeat(99)}b`;
+  t.true(199 * 4_097 <= MAX_GLOB_STEPS);
+  t.false(approvalRequired({ rules: [{ tool: "write", path_glob: long }] }, "write", { path: "a".repeat(4_096) }), "matched, and it does not match");
+  t.true(approvalRequired({ rules: [{ tool: "write", path_glob: long }] }, "write", { path: `${"a".repeat(4_095)}b` }));
+  // 50 ordinary rules against an ordinary path: matched in full, well inside the bound.
+  const ordinary: ApprovalPolicy = { rules: Array.from({ length: 50 }, (_, i) => ({ tool: "write" as const, path_glob: `dir${i}/**/*.sh` })) };
+  t.true(50 * 13 * 41 < MAX_GLOB_STEPS / 10);
+  t.false(approvalRequired(ordinary, "write", { path: "src/some/deeper/folder/and/a/file.ts" }));
+  t.true(approvalRequired(ordinary, "write", { path: "dir49/some/deeper/folder/run.sh" }));
 });
