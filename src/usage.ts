@@ -28,7 +28,19 @@ export function hasPrices(prices: ModelPrices | undefined): boolean {
   return prices !== undefined && (prices.input > 0 || prices.output > 0 || prices.cacheRead > 0 || prices.cacheWrite > 0);
 }
 
-const tokens = (n: unknown): number => (typeof n === "number" && Number.isFinite(n) && n > 0 ? Math.floor(n) : 0);
+/**
+ * The most one model call is counted for, in tokens and dollars. A model (or a tenant's
+ * endpoint) reports what it likes: 1e308 tokens had summed to Infinity, which the store
+ * refuses, and the run's every later write failed with it (found by a probe). No real call
+ * comes near these.
+ */
+export const MAX_CALL_TOKENS = 1e9;
+export const MAX_CALL_COST_USD = 1e6;
+
+const tokens = (n: unknown): number => (typeof n === "number" && Number.isFinite(n) && n > 0 ? Math.min(Math.floor(n), MAX_CALL_TOKENS) : 0);
+
+/** A sum that stays a finite, exact number however many turns it adds up. */
+const saturated = (n: number): number => Math.min(n, Number.MAX_SAFE_INTEGER);
 
 /** The usage of a turn: its assistant messages' usage summed; cost only when the model has prices. */
 export function turnUsage(messages: ReadonlyArray<{ role: string; usage?: MessageUsage }>, priced: boolean): TurnUsage {
@@ -41,19 +53,20 @@ export function turnUsage(messages: ReadonlyArray<{ role: string; usage?: Messag
     usage.cache_read_tokens += tokens(message.usage.cacheRead);
     usage.cache_write_tokens += tokens(message.usage.cacheWrite);
     const total = message.usage.cost?.total;
-    if (typeof total === "number" && Number.isFinite(total) && total > 0) cost += total;
+    if (typeof total === "number" && Number.isFinite(total) && total > 0) cost += Math.min(total, MAX_CALL_COST_USD);
   }
-  return { ...usage, cost_usd: priced ? roundCost(cost) : null };
+  const summed = { input_tokens: saturated(usage.input_tokens), output_tokens: saturated(usage.output_tokens), cache_read_tokens: saturated(usage.cache_read_tokens), cache_write_tokens: saturated(usage.cache_write_tokens) };
+  return { ...summed, cost_usd: priced ? roundCost(saturated(cost)) : null };
 }
 
 /** Two usages summed; a cost is known when either side's is. */
 export function addUsage(a: TurnUsage, b: TurnUsage): TurnUsage {
   return {
-    input_tokens: a.input_tokens + b.input_tokens,
-    output_tokens: a.output_tokens + b.output_tokens,
-    cache_read_tokens: a.cache_read_tokens + b.cache_read_tokens,
-    cache_write_tokens: a.cache_write_tokens + b.cache_write_tokens,
-    cost_usd: a.cost_usd === null && b.cost_usd === null ? null : roundCost((a.cost_usd ?? 0) + (b.cost_usd ?? 0)),
+    input_tokens: saturated(a.input_tokens + b.input_tokens),
+    output_tokens: saturated(a.output_tokens + b.output_tokens),
+    cache_read_tokens: saturated(a.cache_read_tokens + b.cache_read_tokens),
+    cache_write_tokens: saturated(a.cache_write_tokens + b.cache_write_tokens),
+    cost_usd: a.cost_usd === null && b.cost_usd === null ? null : roundCost(saturated((a.cost_usd ?? 0) + (b.cost_usd ?? 0))),
   };
 }
 

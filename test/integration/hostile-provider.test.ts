@@ -210,6 +210,8 @@ test.before(async (t) => {
         served.add(`${kind} ${n}`);
         return hostile(res);
       }
+      // Counts no call has: two such turns had summed to Infinity (found by a probe).
+      if (last?.role === "user" && text.trim() === "huge usage") return writeChatStream(res, ["ok"], { prompt_tokens: 1e308, completion_tokens: 1e308, total_tokens: 1e308 });
       writeChatStream(res, ["ok"]);
     });
   });
@@ -282,6 +284,33 @@ test.serial(`hostile provider - ${TURNS} generated hostile streams: every turn e
     t.is(next.status, 200, `${i}: ${JSON.stringify(next.body).slice(0, 300)}`);
     t.is(next.body.turn?.status, "completed", `${i}: ${JSON.stringify(next.body.turn?.error)}`);
   }
+});
+
+test.serial("hostile provider - an endpoint reporting 1e308 tokens per call: each call counts at most a billion, sums stay finite, and the run continues, cancels and deletes (two such turns had summed to Infinity, which the store refuses: the run stayed busy for good and answered 500)", async (t) => {
+  const { live, baseUrl } = t.context;
+  const ws = await newWorkspace(live.service);
+  const agent = await ws.api.agentWith({ model: { provider: "openai-compatible", base_url: baseUrl, model: "m" }, tools: [] });
+  const first = await ws.api.post("/api/v1/runs", { agent, input: "huge usage" });
+  t.is(first.status, 200, JSON.stringify(first.body));
+  t.is(first.body.turn.status, "completed");
+  t.is(first.body.turn.usage.input_tokens, 1e9);
+  const runId = first.body.id;
+  for (let i = 0; i < 2; i++) {
+    const next = await ws.api.post("/api/v1/runs", { run_id: runId, input: "huge usage" });
+    t.is(next.status, 200, JSON.stringify(next.body));
+    t.is(next.body.turn.status, "completed");
+    t.is(next.body.state, "idle");
+  }
+  const run = await ws.api.get(`/api/v1/runs/${runId}`);
+  t.is(run.body.usage.input_tokens, 3e9);
+  t.is(run.body.usage.output_tokens, 3e9);
+  const listed = await ws.api.get("/api/v1/runs");
+  t.is(listed.body.data.find((r: { id: string }) => r.id === runId)?.state, "idle");
+  const usage = await ws.api.get("/api/v1/usage");
+  t.is(usage.status, 200);
+  t.is(usage.body.total.input_tokens, 3e9);
+  t.is((await ws.api.post(`/api/v1/runs/${runId}/cancel`, {})).status, 200);
+  t.is((await ws.api.request("DELETE", `/api/v1/runs/${runId}`, { idempotencyKey: `del-${runId}` })).status, 200);
 });
 
 test.serial(`hostile provider - ${TOOL_TURNS} generated calls of the real tools (wrong types, paths out of the workspace, /proc and /etc, NULs, 100 KB contents, hostile extra keys): every turn ends final, the run goes idle, nothing is written outside the workspace`, async (t) => {

@@ -91,3 +91,13 @@ test("usage - months and days are UTC; model labels never hold an endpoint's URL
   t.false(hasUsage(NO_USAGE));
   t.true(hasUsage({ ...NO_USAGE, output_tokens: 1 }));
 });
+
+test("usage - a call counts at most a billion tokens and a million dollars, and sums saturate at the largest exact number: 1e308 from a model had summed to Infinity, which the store refuses (found by a probe)", (t) => {
+  const huge = [{ role: "assistant", usage: { input: 1e308, output: 1e308, cacheRead: Number.MAX_VALUE, cacheWrite: 5, cost: { total: 1e308 } } }];
+  const one = turnUsage(huge, true);
+  t.deepEqual(one, { input_tokens: 1e9, output_tokens: 1e9, cache_read_tokens: 1e9, cache_write_tokens: 5, cost_usd: 1e6 });
+  let sum = one;
+  for (let i = 0; i < 30; i++) sum = addUsage(sum, { ...sum });
+  for (const n of [sum.input_tokens, sum.output_tokens, sum.cache_read_tokens, sum.cost_usd!]) t.true(Number.isFinite(n) && n <= Number.MAX_SAFE_INTEGER, String(n));
+  t.is(sum.input_tokens, Number.MAX_SAFE_INTEGER);
+});
