@@ -3,7 +3,7 @@
  * transient ones become {@link StoreUnavailableError} (answered 503), a unique index's
  * refusal is recognised, and an insert can be "once".
  */
-import { type Collection, type Document, type Filter, MongoError, MongoNetworkError } from "mongodb";
+import { type Collection, type Document, type Filter, MongoBulkWriteError, MongoError, MongoNetworkError } from "mongodb";
 import type { InsertBatcher } from "./insert-batcher.js";
 
 /** The store could not be reached or answered with a transient failure. */
@@ -31,6 +31,13 @@ export function isDuplicateKey(err: unknown): boolean {
  */
 const NETWORK_CODES = new Set(["EPIPE", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENOTCONN"]);
 
+/** A bulk write's per-document errors (the driver gives one error unwrapped). */
+function bulkWriteErrors(err: MongoBulkWriteError): unknown[] {
+  const writeErrors: unknown = err.writeErrors;
+  if (Array.isArray(writeErrors)) return writeErrors;
+  return writeErrors ? [writeErrors] : [];
+}
+
 /** Driver errors that mean "try again later" rather than "your request is wrong". */
 export function isTransient(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
@@ -39,6 +46,10 @@ export function isTransient(err: unknown): boolean {
   // Network errors by class: the driver renames some (a pool cleared after a network error
   // is a MongoNetworkError named MongoPoolClearedError).
   if (err instanceof MongoNetworkError) return true;
+  // A bulk write that failed as a whole, not document by document: the driver wraps the
+  // command's failure (a connection timed out, a pool cleared) and drops its class. Seen as
+  // a 500 for every start batched with others while the store was stopped (found by a probe).
+  if (err instanceof MongoBulkWriteError) return bulkWriteErrors(err).length === 0 && !err.writeConcernError;
   return TRANSIENT_NAMES.has(err.name) || (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"));
 }
 

@@ -1,5 +1,5 @@
 import test from "ava";
-import { MongoDriverError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
+import { MongoBulkWriteError, MongoDriverError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
 import { guard, isDuplicateKey, isTransient, StoreUnavailableError } from "../../src/mongo-guard.js";
 
 const fails = (err: unknown) => guard(async () => Promise.reject(err));
@@ -42,4 +42,13 @@ test("mongo guard - a store away or saturated is transient, whatever the driver 
   for (const err of [new MongoServerError({ message: "immutable field _id", code: 66 }), new MongoDriverError("bad argument"), new Error("bad")]) {
     t.false(isTransient(err), err.message);
   }
+});
+
+test("mongo guard - a bulk write that failed as a whole (its command's connection timed out) is transient, a 503; one whose documents were refused is not", async (t) => {
+  const whole = new MongoBulkWriteError(new MongoNetworkError("connection <monitor> to 127.0.0.1:27017 timed out"), {} as never);
+  t.true(isTransient(whole));
+  t.true((await fails(whole).catch((e: unknown) => e)) instanceof StoreUnavailableError);
+  const refused = new MongoBulkWriteError({ message: "E11000", code: 11000, writeErrors: [{ index: 0, code: 11000, errmsg: "E11000 duplicate key" }] as never }, {} as never);
+  t.false(isTransient(refused));
+  t.is(await fails(refused).catch((e: unknown) => e), refused);
 });
