@@ -133,7 +133,11 @@ export class ActorHost {
         const unsettled = this.actors.get(run._id)?.isUnsettled === true;
         if (!unsettled && (run.epoch > epoch || this.actors.get(run._id)?.holdsRun)) continue;
         this.r.log.warn({ run_id: run._id, run_epoch: run.epoch, epoch }, unsettled ? "recovering a run whose finished turn could not be stored" : "recovering a run a stale owner left busy");
-        await this.actorFor(run._id, run.partition, epoch).recover();
+        // One run's recovery failing (the store refusing what it holds, say) is that run's:
+        // the check goes on to the rest, which would otherwise wait behind it for good.
+        await this.actorFor(run._id, run.partition, epoch)
+          .recover()
+          .catch((err: unknown) => this.r.log.warn({ err, run_id: run._id }, "recovery failed; retrying at the next orphan check"));
       }
     } catch (err) {
       this.r.log.warn({ err }, "orphan check failed; retrying at the next interval");
