@@ -40,6 +40,12 @@ export class RunActor {
   private r: ActorResources;
   private mailbox: Promise<unknown> = Promise.resolve();
   private run: RunDoc | null = null;
+  /**
+   * A queued turn's admission whose run write failed (the store away for a moment): the turn
+   * may be stored without the run naming it. Settled before the next command (see
+   * {@link settleUnadmitted}).
+   */
+  private queuedAdmissionInDoubt = false;
   private appender: EventAppender | undefined;
   private stopped = false;
   /** Stopped because a finished turn could not be stored: the host recovers the run. */
@@ -239,6 +245,7 @@ export class RunActor {
     const run = await this.activate();
     // The body names the run of a continuation; the path names it for the other commands.
     if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, cmd.op === "continue" ? "run_id" : "runId");
+    if (this.queuedAdmissionInDoubt) await this.settleUnadmitted(run, { reread: true });
     if (runExpired(run, this.r.clock.nowMs(), this.r.config.turnLimitMs)) return fail("run_expired");
     switch (cmd.op) {
       case "continue":
@@ -267,12 +274,10 @@ export class RunActor {
     try {
       await this.openEvents(run);
       if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
+      await this.settleUnadmitted(run, { reread: false });
     } catch (err) {
       // Not held half-recovered: the next command (or the orphan check) activates it again.
-      this.run = null;
-      this.appender = undefined;
-      this.turns.waiting?.timer.cancel();
-      this.turns.waiting = undefined;
+      this.release();
       throw err;
     }
     return this.run;
@@ -334,6 +339,60 @@ export class RunActor {
       return;
     }
     await this.turns.afterTurn(run, null, now);
+  }
+
+  /**
+   * An admission's insert or run write failed: the turn may be stored without the run
+   * naming it (a write that timed out may have landed). Never left so: an idle run is let
+   * go and activated again from the store ({@link settleUnadmitted} there); a busy one
+   * (a queued turn's admission) checks before its next command.
+   */
+  private admissionInDoubt(err: unknown, queue: boolean): void {
+    if (err instanceof FencedError) return;
+    if (queue) this.queuedAdmissionInDoubt = true;
+    else this.release();
+  }
+
+  /** Lets the run go unrecovered: the next command (or the orphan check) activates it again from the store. */
+  private release(): void {
+    this.run = null;
+    this.appender = undefined;
+    this.turns.waiting?.timer.cancel();
+    this.turns.waiting = undefined;
+  }
+
+  /**
+   * A turn stored past the run's count was admitted half: its owner died, or the store
+   * failed, between the turn's insert and the run's write. The run never named it, and a
+   * new turn would take its index (409 "The turn id is taken" for good; a retry answered
+   * with a turn in progress that nothing runs). Nothing of it ran: it fails
+   * `runtime_dispatch_failed` (retryable: send it again), and the run counts it. With
+   * `reread`, the run is read again first: a write that seemed to fail may have landed.
+   */
+  private async settleUnadmitted(run: RunDoc, options: { reread: boolean }): Promise<void> {
+    if (options.reread) {
+      const stored = await this.r.store.getRun(run._id);
+      if (stored && stored.turn_count > run.turn_count) {
+        // The queued turn's write landed: the run names it, as the active turn's end will.
+        Object.assign(run, { turn_count: stored.turn_count, latest_turn_id: stored.latest_turn_id, queued_turn_id: stored.queued_turn_id, event_seq: Math.max(run.event_seq, stored.event_seq) });
+      }
+    }
+    const unadmitted = await this.r.store.listTurns(run._id, { afterIndex: run.turn_count - 1 });
+    this.queuedAdmissionInDoubt = false;
+    if (unadmitted.length === 0) return;
+    const now = this.r.clock.nowMs();
+    for (const turn of unadmitted) {
+      if (isFinalStatus(turn.status)) continue;
+      const final: Partial<TurnDoc> = { status: TurnStatus.failed, output: [], error: turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }), completed_at: now, duration_ms: 0 };
+      await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
+      this.emit(turn._id, "platform", finalEventType(TurnStatus.failed), { run: renderRun(run, { ...turn, ...final }) });
+      this.r.log.warn({ run_id: run._id, turn_id: turn._id }, "a turn admitted half (its run never named it) failed: nothing of it ran");
+    }
+    const last = unadmitted[unadmitted.length - 1]!;
+    await this.appender!.flush().catch((err: unknown) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
+    const set: Partial<RunDoc> = { turn_count: last.index + 1, latest_turn_id: last._id, event_seq: this.appender!.nextSequence - 1 };
+    await this.r.store.updateRunFenced(run._id, this.epoch, set);
+    Object.assign(run, set);
   }
 
   // ---- admission ----------------------------------------------------------------
@@ -574,7 +633,15 @@ export class RunActor {
     const firstSeq = this.emit(turnId, "platform", queue ? "turn.queued" : "turn.started", { agent_version: version });
     const turn = this.newTurn(run, turnId, run.turn_count, status, version, input, now, firstSeq, queue ? Disposition.queued : Disposition.continued);
     await this.appender!.flush();
-    if (!(await this.r.store.insertTurnOnce(turn))) {
+    let inserted: boolean;
+    try {
+      inserted = await this.r.store.insertTurnOnce(turn);
+    } catch (err) {
+      // An insert that timed out may have landed all the same.
+      this.admissionInDoubt(err, queue);
+      throw err;
+    }
+    if (!inserted) {
       // Admitted before (a resent command after a lost reply): answer as then.
       return (await this.replayContinue(run, turnId)) ?? fail("conflict", "The turn id is taken.");
     }
@@ -589,7 +656,12 @@ export class RunActor {
     // summary and the version filter show the version the workspace is on).
     if (queue) set.queued_turn_id = turn._id;
     else Object.assign(set, { state: RunState.busy, active_turn_id: turn._id }, onVersion(run, version));
-    await this.r.store.updateRunFenced(run._id, this.epoch, set);
+    try {
+      await this.r.store.updateRunFenced(run._id, this.epoch, set);
+    } catch (err) {
+      this.admissionInDoubt(err, queue);
+      throw err;
+    }
     Object.assign(run, set);
     if (!queue) await this.turns.execute(run, turn);
     const disposition = queue ? Disposition.queued : Disposition.continued;

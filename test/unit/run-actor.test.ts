@@ -936,8 +936,9 @@ test("run-actor - a new actor never saves a workspace it has not prepared: not a
   w.store.activeVersions.set(AGENT, 1);
   const listTurns = w.store.listTurns.bind(w.store);
   let failures = 1;
+  // The session's load (the transcripts), not the activation's look for a turn admitted half.
   w.store.listTurns = async (...args) => {
-    if (failures-- > 0) throw new Error("the store answered garbage");
+    if (args[1]?.withTranscript && failures-- > 0) throw new Error("the store answered garbage");
     return listTurns(...args);
   };
   okReply(await third.command(continueCmd("turn_3", "reject")));
@@ -976,6 +977,70 @@ test("run-actor - a finished turn whose transcript cannot fit its document is fa
   t.regex(turn.error?.message ?? "", /does not fit the 15 MiB a turn may store/);
   t.deepEqual(turn.transcript, []);
   t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
+test("run-actor - a turn admitted half (stored, its run write failed) fails runtime_dispatch_failed before the next command, and the run takes new turns: it had stayed in progress for good, and every new turn was 409 'The turn id is taken' (found by a fault probe)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }] });
+  await settled(actor);
+  // The store fails the run's write after the turn's insert (a timeout, say).
+  const update = w.store.updateRunFenced.bind(w.store);
+  let failures = 1;
+  w.store.updateRunFenced = async (id, epoch, set) => {
+    if (set.turn_count !== undefined && failures-- > 0) throw new Error("store unavailable (injected)");
+    return update(id, epoch, set);
+  };
+  await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+  t.is(w.store.turns.get("turn_2")?.status, "in_progress", "stored, the run not naming it");
+  // A retry of it answers the turn, now final and retryable; a new turn is admitted after it.
+  const retried = await actor.command({ ...continueCmd("turn_2", "queue"), resent: true } as RunCommand);
+  okReply(retried);
+  t.is(w.store.turns.get("turn_2")!.status, "failed");
+  t.is(w.store.turns.get("turn_2")!.error?.code, "runtime_dispatch_failed");
+  t.true(w.store.turns.get("turn_2")!.error?.retryable);
+  t.true(w.events.types(RUN).includes("turn.failed"), "its stream ends");
+  okReply(await actor.command(continueCmd("turn_3", "queue")));
+  t.is(w.store.turns.get("turn_3")!.index, 2);
+  t.is(w.store.runs.get(RUN)!.turn_count, 3);
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "three" }] });
+  await settled(actor);
+  t.is(w.store.turns.get("turn_3")!.status, "completed");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+});
+
+test("run-actor - a queued turn admitted half is settled before the next command: failed when the run's write did not land, kept queued when it did", async (t) => {
+  for (const landed of [false, true]) {
+    const w = await world();
+    const actor = w.actor();
+    okReply(await actor.command(startCmd()));
+    const update = w.store.updateRunFenced.bind(w.store);
+    let failures = 1;
+    w.store.updateRunFenced = async (id, epoch, set) => {
+      if (set.queued_turn_id !== undefined && failures-- > 0) {
+        if (landed) await update(id, epoch, set);
+        throw new Error("store unavailable (injected)");
+      }
+      return update(id, epoch, set);
+    };
+    await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+    // The next command (a tag edit) settles it first.
+    okReply(await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["x"], remove: [] } as RunCommand));
+    t.is(w.store.turns.get("turn_2")!.status, landed ? "queued" : "failed", `landed: ${landed}`);
+    t.is(w.store.runs.get(RUN)!.turn_count, 2);
+    // The active turn's end starts the queued one when it is the run's.
+    w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }] });
+    await settled(actor);
+    if (landed) {
+      t.is(w.store.turns.get("turn_2")!.status, "in_progress");
+      w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "two" }] });
+      await settled(actor);
+    }
+    t.is(w.store.runs.get(RUN)!.state, "idle");
+    okReply(await actor.command(continueCmd("turn_3", "queue")));
+    t.is(w.store.turns.get("turn_3")!.index, 2);
+  }
 });
 
 test("run-actor - usage: a turn that used nothing writes no ledger record", async (t) => {
