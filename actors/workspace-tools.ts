@@ -37,7 +37,28 @@ export function createWorkspaceTools(dir: string, names: readonly BuiltinTool[],
     edit: () => editTool(runner),
     ls: () => lsTool(runner),
   };
-  return names.map((name) => build[name]());
+  return names.map((name) => ({ ...build[name](), prepareArguments: flatArguments }));
+}
+
+/** The most arguments one call may name; every tool takes at most four. */
+const MAX_ARGUMENT_KEYS = 32;
+
+/**
+ * A call's arguments as the tools take them: one object of plain values (every parameter
+ * is a string or a number). Anything else is refused here with a short reason: the
+ * validator after this quotes refused arguments whole, pretty-printed, and a model's 2 MB
+ * of deeply nested arrays became ~140 MB of error text, 24 s of the node's event loop and
+ * 2 GB of memory (found by a probe).
+ */
+export function flatArguments(args: unknown): Record<string, unknown> {
+  if (args === null || typeof args !== "object" || Array.isArray(args)) throw new Error("The arguments must be a JSON object.");
+  let keys = 0;
+  for (const key in args) {
+    if (++keys > MAX_ARGUMENT_KEYS) throw new Error(`The arguments may name at most ${MAX_ARGUMENT_KEYS} parameters.`);
+    const value = (args as Record<string, unknown>)[key];
+    if (value !== null && typeof value === "object") throw new Error(`The argument ${JSON.stringify(key.slice(0, 100))} is an object or array; this tool's parameters are strings and numbers.`);
+  }
+  return args as Record<string, unknown>;
 }
 
 // ---------------------------------------------------------------------------------

@@ -274,3 +274,29 @@ test("workspace-tools - a read blocked inside the sandbox ends with the abort si
   t.true(Date.now() - started < 5_000);
   await rm(d.base, { recursive: true });
 });
+
+test("workspace tools - arguments that are not one object of plain values are refused before validation, in a short message: the validator quotes refused arguments pretty-printed, and 2 MB of nested arrays became ~140 MB of error text (found by a probe)", async (t) => {
+  const { flatArguments } = await import("../../actors/workspace-tools.js");
+  t.deepEqual(flatArguments({ command: "ls", timeout: 5, extra: null }), { command: "ls", timeout: 5, extra: null });
+  let nested: unknown = Array.from({ length: 100_000 }, () => 0);
+  for (let i = 0; i < 57; i++) nested = { a: nested };
+  for (const [args, message] of [
+    [{ command: nested }, /"command" is an object or array/],
+    [{ command: ["ls"] }, /"command" is an object or array/],
+    [[1, 2, 3], /must be a JSON object/],
+    ["ls", /must be a JSON object/],
+    [null, /must be a JSON object/],
+    [Object.fromEntries(Array.from({ length: 33 }, (_, i) => [`k${i}`, i])), /at most 32 parameters/],
+  ] as const) {
+    const error = t.throws(() => flatArguments(args));
+    t.regex(error!.message, message);
+    t.true(error!.message.length < 200, error!.message);
+  }
+  // Every tool the service builds refuses them so.
+  const dir = await mkdtemp(path.join(tmpdir(), "flat-"));
+  try {
+    for (const tool of createWorkspaceTools(dir, BUILTIN_TOOLS, { sandbox: testSandbox() } as never)) t.is(tool.prepareArguments, flatArguments, tool.name);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
