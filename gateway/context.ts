@@ -114,11 +114,11 @@ export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rat
   if (rate === "exempt") {
     // Cancel and revocation stay available when the standard limit is used up; their own
     // budget, ten times larger, only bounds what a flood of them makes the service store.
-    setRateHeaders(reply, ctx.rateLimiter.peek(ws._id, ws.plan, RateClass.standard));
+    // The headers describe the limit that governs them (runs-api.md), served or refused: a
+    // cancel served with the standard limit's "0 remaining" had read as refused.
     const own = await ctx.rateLimiter.take(ws._id, ws.plan, RateClass.exempt);
+    setRateHeaders(reply, own);
     if (!own.allowed) {
-      // Refused by its own budget: the headers describe the limit that governed (runs-api.md).
-      setRateHeaders(reply, own);
       throw new ApiError("rate_limited", { retryAfterS: own.retryAfterS, message: `The workspace's limit of ${own.limit} cancels and revocations per window is used up. Retry after ${own.retryAfterS} s.` });
     }
     return;

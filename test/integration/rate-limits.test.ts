@@ -122,6 +122,11 @@ test.serial("rate limits - cancels are not held back by the standard limit, but 
     const res = await ws.api.post("/api/v1/runs/run_none/cancel", {});
     statuses.push(res.status);
     if (res.status === 429) refused = res;
+    // A served cancel's headers are its own budget's too, not the spent standard limit's "0 left" (found by a probe).
+    else {
+      t.is(res.headers.get("x-ratelimit-limit"), "6");
+      t.is(res.headers.get("x-ratelimit-remaining"), String(5 - i));
+    }
   }
   t.deepEqual(statuses, [404, 404, 404, 404, 404, 404, 429, 429], "six cancels in the window (RUNS_RATE_EXEMPT_SOLO), then 429");
   // The refusal's headers describe the limit that governed it: the cancels' own budget.
