@@ -98,7 +98,7 @@ function watchBodyArrival(request: FastifyRequest, reply: FastifyReply, ctx: Pic
       if (raw.complete) return;
       if (reply.raw.writableEnded) return void raw.socket?.destroy();
       // Only a body its route's parser reads (listening for its data and errors) is answered.
-      if (request.routeOptions.config?.ownBodyTimeout || raw.listenerCount("data") === 0 || raw.listenerCount("error") === 0) return;
+      if (request.routeOptions.config?.multipart || raw.listenerCount("data") === 0 || raw.listenerCount("error") === 0) return;
       reply.header("connection", "close");
       raw.emit("error", new ApiError("request_timeout", { message: `The request's body did not arrive within ${ctx.config.requestBodyTimeoutMs / 1000} s.` }));
     },
@@ -208,7 +208,10 @@ export async function buildApp(
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));
   app.setNotFoundHandler((request, reply) => sendError(reply, noRoute(request)));
-  // An empty JSON body on a POST is treated as {} (cancel takes an optional body).
+  // JSON only: a JSON body sent as text/plain was parsed as a string and answered "The body
+  // must be a JSON object" (found by a probe); now it is told the type to send.
+  app.removeContentTypeParser("text/plain");
+    // An empty JSON body on a POST is treated as {} (cancel takes an optional body).
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
     const text = typeof body === "string" ? body : body.toString("utf8");
     if (text.trim() === "") return done(null, undefined);

@@ -63,8 +63,11 @@ declare module "fastify" {
     public?: boolean;
     /** `exempt`: not held back by the standard limit, only by a budget of its own (cancel, key revocation); `expensive`: the lower limit too. */
     rate?: "exempt" | "expensive";
-    /** The route bounds its body's arrival itself (an upload's time limit), not by RUNS_REQUEST_BODY_TIMEOUT_MS. */
-    ownBodyTimeout?: boolean;
+    /**
+     * The route reads a multipart body itself: it bounds the body's arrival (an upload's time
+     * limit, not RUNS_REQUEST_BODY_TIMEOUT_MS) and takes no other type.
+     */
+    multipart?: boolean;
   }
 }
 
@@ -76,6 +79,9 @@ export function authOf(request: FastifyRequest): AuthContext {
   return request.auth;
 }
 
+/** What an upload sent in another type is told. */
+export const MULTIPART_ONLY = "Send the file as multipart/form-data with a part named file.";
+
 export function toApiError(err: unknown, log: Logger, request: FastifyRequest, ids: IdSource): ApiError {
   if (err instanceof ApiError) return err;
   if (isTransientFailure(err)) {
@@ -84,7 +90,9 @@ export function toApiError(err: unknown, log: Logger, request: FastifyRequest, i
   }
   const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
   if (e.code === "FST_ERR_CTP_BODY_TOO_LARGE") return new ApiError("payload_too_large", { message: "The request body is larger than 16 MiB." });
-  if (e.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") return invalid(null, "Send the body as application/json.");
+  if (e.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") {
+    return request.routeOptions.config?.multipart ? invalid("file", MULTIPART_ONLY) : invalid(null, "Send the body as application/json.");
+  }
   if (e.code === "FST_ERR_CTP_EMPTY_JSON_BODY") return invalid(null, "The JSON body is empty.");
   if (typeof e.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500) {
     return invalid(null, e.message ?? "The request is invalid.");

@@ -153,7 +153,7 @@ export function route<O extends Operation>(app: FastifyInstance, op: O, handler:
   app.route({
     method: op.method.toUpperCase() as "GET" | "POST" | "PUT" | "PATCH" | "DELETE",
     url: fastifyUrl(op),
-    config: op.scope === "public" ? { public: true } : { scope: op.scope, ...(op.rate ? { rate: op.rate } : {}), ...(op.body?.multipart ? { ownBodyTimeout: true } : {}) },
+    config: op.scope === "public" ? { public: true } : { scope: op.scope, ...(op.rate ? { rate: op.rate } : {}), ...(op.body?.multipart ? { multipart: true } : {}) },
     schema,
     validatorCompiler: ({ schema: part, httpPart }) => {
       const zod = part as unknown as z.ZodType;

@@ -4,7 +4,7 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
 import multipart from "@fastify/multipart";
 import { ApiError, type Clock, FILENAME_PATTERN, FILENAME_RULE, hasLoneSurrogate, MAX_FILENAME_CHARS, MAX_MEDIA_TYPE_CHARS, MEDIA_TYPE_PATTERN, decideUpload, decisionError, type FileDoc, invalid, type ReceivedObject, StoreUnavailableError, unixSeconds, uploadFingerprint, type UploadLimits, type UploadSession, UploadSourceError, UploadState } from "../../src/index.js";
-import { authOf, sendError, type GatewayContext } from "../context.js";
+import { authOf, MULTIPART_ONLY, sendError, type GatewayContext } from "../context.js";
 import { idempotencyKeyOf } from "../idempotency.js";
 import type { UploadSlot } from "../upload-slots.js";
 import { retryAfterSeconds } from "../unavailable.js";
@@ -136,7 +136,7 @@ export function fileRoutes(ctx: GatewayContext) {
     route(app, FILE_OPERATIONS.uploadFile, async (request, reply) => {
       const auth = authOf(request);
       const key = idempotencyKeyOf(request)!;
-      if (!request.isMultipart()) throw invalid("file", "Send the file as multipart/form-data with a part named file.");
+      if (!request.isMultipart()) throw invalid("file", MULTIPART_ONLY);
       // RFC 2046 bounds a boundary at 70 characters; the parser fails (a 500) past 252.
       const boundary = /;\s*boundary=(?:"([^"]*)"|([^;\s]*))/i.exec(request.headers["content-type"] ?? "");
       if ((boundary?.[1] ?? boundary?.[2] ?? "").length > MAX_BOUNDARY_CHARS) {

@@ -196,6 +196,23 @@ test.serial("http layer - a compressed body (Content-Encoding gzip, br) is refus
   }
 });
 
+test.serial("http layer - a body of another type is told the type to send: JSON for JSON routes (a JSON body sent as text/plain had been told 'The body must be a JSON object'), multipart for an upload (it had been told JSON; found by a probe)", async (t) => {
+  const { service } = t.context;
+  const ws = await newWorkspace(service);
+  const agent = await ws.api.agentWith({ model: "faux/scripted" });
+  const send = (path: string, type: string, body: string) =>
+    fetch(`${service.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${ws.key}`, "content-type": type, "idempotency-key": `k-${Math.random()}` }, body, signal: AbortSignal.timeout(20_000) });
+  for (const type of ["text/plain", "application/x-www-form-urlencoded", "application/octet-stream"]) {
+    const run = await send("/api/v1/runs", type, JSON.stringify({ agent, input: "hello" }));
+    t.is(run.status, 400, type);
+    t.like((await run.json()).error, { code: "invalid_request", param: null, message: "Send the body as application/json." }, type);
+    const file = await send("/api/v1/files", type, "some notes");
+    t.is(file.status, 400, type);
+    t.like((await file.json()).error, { code: "invalid_request", param: "file", message: "Send the file as multipart/form-data with a part named file." }, type);
+  }
+  t.is((await ws.api.get("/api/v1/runs")).body.data.length, 0, "nothing started");
+});
+
 test.serial("http layer - a body that stops arriving is answered 408 once RUNS_REQUEST_BODY_TIMEOUT_MS passes and its connection closed; a slow body that arrives whole is served (found by a probe: such sockets stayed open for good)", async (t) => {
   t.timeout(60_000);
   const { servers } = t.context;
