@@ -31,6 +31,22 @@ export function unstorablePath(value: unknown, maxDepth = Infinity): { path: str
   return firstProblem(value, maxDepth, true);
 }
 
+/** How many members and items `value` holds at every depth, counted up to just past `limit`. */
+export function memberCount(value: unknown, limit: number): number {
+  let count = 0;
+  const stack: unknown[] = [value];
+  while (stack.length > 0 && count <= limit) {
+    const current = stack.pop();
+    if (current === null || typeof current !== "object") continue;
+    for (const key in current) {
+      if (++count > limit) return count;
+      const child = (current as Record<string, unknown>)[key];
+      if (child !== null && typeof child === "object") stack.push(child);
+    }
+  }
+  return count;
+}
+
 /** The one walk of both checks: depth always, what the store refuses when `storable` is asked. */
 function firstProblem(value: unknown, maxDepth: number, storable: boolean): { path: string[]; why: Unstorable } | undefined {
   // Each entry links to its parent: the path is built once, for the part found.

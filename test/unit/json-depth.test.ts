@@ -1,5 +1,5 @@
 import test from "ava";
-import { fieldOfPath, tooDeepPath, unstorablePath } from "../../src/json-depth.js";
+import { fieldOfPath, memberCount, tooDeepPath, unstorablePath } from "../../src/json-depth.js";
 
 const nest = (levels: number, leaf: unknown = 1, key = "a"): unknown => {
   let v = leaf;
@@ -58,4 +58,10 @@ test("json-depth - unstorablePath names NaN and infinities wherever they are, an
   // Arrays count as levels too.
   t.deepEqual(unstorablePath([{ a: [{ a: 1 }] }], 3), { path: ["0", "a", "0"], why: "depth" });
   t.is(unstorablePath([{ a: [{ a: 1 }] }], 4), undefined);
+});
+
+test("json depth - memberCount counts members and items at every depth, and stops just past its limit", (t) => {
+  t.is(memberCount({ a: 1, b: [1, 2, { c: 3 }] }, 100), 6);
+  t.is(memberCount("x", 100), 0);
+  t.is(memberCount(Object.fromEntries(Array.from({ length: 1_000_000 }, (_, i) => [`k${i}`, i])), 10), 11);
 });
