@@ -46,10 +46,12 @@ export function isTransient(err: unknown): boolean {
   // Network errors by class: the driver renames some (a pool cleared after a network error
   // is a MongoNetworkError named MongoPoolClearedError).
   if (err instanceof MongoNetworkError) return true;
-  // A bulk write that failed as a whole, not document by document: the driver wraps the
-  // command's failure (a connection timed out, a pool cleared) and drops its class. Seen as
-  // a 500 for every start batched with others while the store was stopped (found by a probe).
-  if (err instanceof MongoBulkWriteError) return bulkWriteErrors(err).length === 0 && !err.writeConcernError;
+  // A bulk write whose command failed on its connection (it timed out, the pool was
+  // cleared): the driver wraps the network error and drops its class, keeping its fields
+  // (`beforeHandshake` is a network error's own). Seen as a 500 for every start batched
+  // with others while the store was stopped (found by a probe). A bulk the driver refused
+  // to send (a name BSON cannot hold) is wrapped the same way without it: not transient.
+  if (err instanceof MongoBulkWriteError) return bulkWriteErrors(err).length === 0 && !err.writeConcernError && Object.hasOwn(err, "beforeHandshake");
   return TRANSIENT_NAMES.has(err.name) || (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"));
 }
 

@@ -1,5 +1,5 @@
 import test from "ava";
-import { MongoBulkWriteError, MongoDriverError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
+import { BSON, MongoBulkWriteError, MongoDriverError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
 import { guard, isDuplicateKey, isTransient, StoreUnavailableError } from "../../src/mongo-guard.js";
 
 const fails = (err: unknown) => guard(async () => Promise.reject(err));
@@ -50,5 +50,7 @@ test("mongo guard - a bulk write that failed as a whole (its command's connectio
   t.true((await fails(whole).catch((e: unknown) => e)) instanceof StoreUnavailableError);
   const refused = new MongoBulkWriteError({ message: "E11000", code: 11000, writeErrors: [{ index: 0, code: 11000, errmsg: "E11000 duplicate key" }] as never }, {} as never);
   t.false(isTransient(refused));
+  // Refused by the driver before it was sent (a field name BSON cannot hold): the caller's own fault.
+  t.false(isTransient(new MongoBulkWriteError(new BSON.BSONError("key must not contain a null character"), {} as never)));
   t.is(await fails(refused).catch((e: unknown) => e), refused);
 });
