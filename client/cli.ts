@@ -64,7 +64,7 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
  * with EPIPE, an 'error' event nothing handles, and Node would end with a stack trace. The
  * command ends quietly instead, as commands do when their reader has gone.
  */
-export function endQuietlyWhenReaderCloses(stream: { on(event: "error", listener: (err: NodeJS.ErrnoException) => void): unknown }): void {
+export function endQuietlyWhenReaderCloses(stream: { on(event: "error", listener: (err: Error & { code?: string }) => void): unknown }): void {
   stream.on("error", (err) => {
     if (err.code !== "EPIPE") throw err;
     process.exit(process.exitCode ?? 0);
