@@ -17,14 +17,20 @@ export async function startVersionOf(agent: AgentDoc | null, requested: number |
   if (!agent) throw new ApiError("agent_not_found", { param: "agent" });
   const target = requested ?? agent.active_version;
   if (target === null) {
-    throw new ApiError("agent_version_not_ready", { param: "agent", message: "The agent has no active deployment yet." });
+    throw new ApiError("agent_version_not_ready", {
+      param: "agent",
+      message: "The agent has no active deployment yet: a deployment becomes active when its build is ready (unless made with activate: false), or when activated.",
+    });
   }
   const deployment = await deployments.get(agent._id, target);
   if (!deployment) throw new ApiError("agent_version_not_found", { param: "version" });
   if (deployment.status !== DeploymentStatus.ready) {
     throw new ApiError("agent_version_not_ready", {
       param: requested === undefined ? "agent" : "version",
-      message: `Version ${target} is ${deployment.status}.`,
+      message:
+        deployment.status === DeploymentStatus.failed
+          ? `Version ${target} failed to build${deployment.error ? ` (${deployment.error.code})` : ""}; deploy a new version.`
+          : `Version ${target} is ${deployment.status}.`,
       // A build that failed never becomes ready: the same request cannot succeed.
       retryable: deployment.status !== DeploymentStatus.failed,
     });

@@ -177,6 +177,11 @@ test("deployments - a model no registry holds fails the build with an error nami
   t.is(start.body.error.code, "agent_version_not_ready");
   t.is(start.body.error.param, "version");
   t.false(start.body.error.retryable);
+  // It says why and what to do (it had said "Version 1 is failed."; found by a probe).
+  t.is(start.body.error.message, `Version ${d.version} failed to build (model_not_found); deploy a new version.`);
+  const active = await api.post("/api/v1/runs", { agent: agent.id, input: "x" });
+  t.is(active.status, 409);
+  t.regex(active.body.error.message, /no active deployment yet: a deployment becomes active when its build is ready/);
 });
 
 test("deployments - config validation: unknown fields, tools, script only for faux/scripted", async (t) => {
