@@ -1634,6 +1634,8 @@ export interface components {
         "Retry-After": number;
         /** @description /api/v1/runs/{runId}?turn_id={turnId}: where to read the turn. */
         Location: string;
+        /** @description The scheme a key is sent with: Bearer realm="runs". */
+        "WWW-Authenticate": string;
     };
     pathItems: never;
 }
@@ -1694,6 +1696,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1808,6 +1811,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1968,6 +1972,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2092,6 +2097,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2244,6 +2250,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2405,6 +2412,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2559,6 +2567,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2721,6 +2730,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2844,6 +2854,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -2987,6 +2998,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3093,6 +3105,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3192,6 +3205,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3290,6 +3304,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3411,6 +3426,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3525,6 +3541,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3641,6 +3658,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3788,6 +3806,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3899,6 +3918,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4022,6 +4042,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4120,6 +4141,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4241,6 +4263,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4350,6 +4373,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4463,6 +4487,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4612,6 +4637,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4761,6 +4787,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4894,6 +4921,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5006,6 +5034,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5119,6 +5148,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5240,6 +5270,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5351,6 +5382,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5452,6 +5484,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5534,6 +5567,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5644,6 +5678,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5750,6 +5785,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5849,6 +5885,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5947,6 +5984,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6080,6 +6118,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6189,6 +6228,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6302,6 +6342,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6435,6 +6476,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6544,6 +6586,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6658,6 +6701,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6769,6 +6813,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6880,6 +6925,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7146,6 +7192,7 @@ export interface operations {
             /** @description Missing, invalid or revoked API key. Codes: unauthorized. */
             401: {
                 headers: {
+                    "WWW-Authenticate": components["headers"]["WWW-Authenticate"];
                     [name: string]: unknown;
                 };
                 content: {

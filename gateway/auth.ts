@@ -74,7 +74,11 @@ export class Authenticator {
   async authenticate(request: FastifyRequest): Promise<AuthContext> {
     const header = request.headers.authorization;
     const match = typeof header === "string" ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
-    if (!match) throw new ApiError("unauthorized", { message: "Missing API key: send Authorization: Bearer <API_KEY>." });
+    if (!match) {
+      // A key sent without its scheme is told so, not that none was sent (found by a probe).
+      const message = header === undefined ? "Missing API key: send Authorization: Bearer <API_KEY>." : "The Authorization header must be Bearer <API_KEY>.";
+      throw new ApiError("unauthorized", { message });
+    }
     const hash = hashSecret(match[1]!);
     const now = this.clock.nowMs();
     let entry = this.cache.get(hash);

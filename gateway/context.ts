@@ -144,6 +144,8 @@ export async function applyRateLimit(ctx: GatewayContext, auth: AuthContext, rat
 
 export function sendError(reply: FastifyReply, error: ApiError): FastifyReply {
   if (error.retryAfterS !== undefined) reply.header("retry-after", String(error.retryAfterS));
+  // RFC 9110: a 401 names the scheme it takes.
+  if (error.status === 401) reply.header("www-authenticate", 'Bearer realm="runs"');
   return reply.status(error.status).send(error.toBody());
 }
 

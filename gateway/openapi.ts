@@ -73,6 +73,7 @@ function headersFor(op: Operation, status: number, success?: Success): Record<st
   // Authentication comes before the rate limiter (no workspace is known yet), so 401 carries no rate headers.
   if (op.scope !== "public" && status !== 401) Object.assign(headers, RATE_HEADERS);
   if (!success && (status === 429 || status === 503)) headers["Retry-After"] = { $ref: "#/components/headers/Retry-After" };
+  if (status === 401) headers["WWW-Authenticate"] = { $ref: "#/components/headers/WWW-Authenticate" };
   if (success?.location) headers.Location = { $ref: "#/components/headers/Location" };
   return Object.keys(headers).length ? headers : undefined;
 }
@@ -251,6 +252,7 @@ export function buildOpenApiDocument(): Record<string, unknown> {
         "X-RateLimit-Reset": { description: "Unix seconds when the window resets.", required: true, schema: { type: "integer", minimum: 0 } },
         "Retry-After": { description: "Seconds to wait before retrying (1 to 3 for runtime_unavailable).", required: true, schema: { type: "integer", minimum: 0 } },
         Location: { description: "/api/v1/runs/{runId}?turn_id={turnId}: where to read the turn.", required: true, schema: { type: "string" } },
+        "WWW-Authenticate": { description: 'The scheme a key is sent with: Bearer realm="runs".', required: true, schema: { type: "string" } },
       },
     },
     "x-error-codes": errorCatalogue(),

@@ -34,7 +34,12 @@ test("auth - missing, malformed and unknown keys are 401 unauthorized", async (t
     t.is(res.status, 401, JSON.stringify(headers));
     t.is(res.body.error.code, "unauthorized");
     t.is(res.body.error.type, "authentication_error");
+    t.is(res.headers.get("www-authenticate"), 'Bearer realm="runs"', "the scheme it takes (RFC 9110)");
   }
+  // A key sent without its scheme is told the header's form, not that no key came (found by a probe).
+  const bare = await anon.request("GET", "/api/v1/runs/run_x", { headers: { authorization: "rk_live_abc" } });
+  t.is(bare.body.error.message, "The Authorization header must be Bearer <API_KEY>.");
+  t.is((await anon.request("GET", "/api/v1/runs/run_x")).body.error.message, "Missing API key: send Authorization: Bearer <API_KEY>.");
 });
 
 test("auth - a key without the route's scope is 403 permission_denied naming the scope", async (t) => {
