@@ -215,7 +215,7 @@ export const RunRequestBodySchema = jsonBody({
     if (body.tags !== undefined) return refuse(ctx, "tags", "tags apply only when starting a run; use POST /api/v1/runs/{runId}/tags.");
   } else {
     if (body.on_busy !== undefined) return refuse(ctx, "on_busy", "on_busy applies only when continuing a run.");
-    if (new Set(body.tags).size > MAX_TAGS) refuse(ctx, "tags", `at most ${MAX_TAGS} distinct tags are allowed.`);
+    if (new Set(body.tags).size > MAX_TAGS) refuse(ctx, "tags", `tags may hold at most ${MAX_TAGS} distinct tags.`);
   }
 });
 

@@ -141,6 +141,7 @@ test("run-request - a refused inline file's message names the field it is about 
   t.is(messageOf({ filename: "a.txt" }), "input.1: needs file_id, or filename with file_data.");
   t.regex(messageOf({ filename: "a\ud800", file_data: "aGk=" }) ?? "", /^input\.1\.filename: must be 1 to 255 characters/);
   t.is(messageOf({ filename: "a.txt", file_data: "aGk=" }), undefined);
-  // refuse()'s whole sentences stay as they are.
+  // refuse()'s whole sentences stay as they are, and name their field (found by a probe: "at most 20 distinct tags are allowed.").
+  t.is((() => { try { parseRunRequest({ agent: "a", input: "x", tags: Array.from({ length: 21 }, (_, i) => `t${i}`) }); } catch (err) { return (err as ApiError).message; } })(), "tags may hold at most 20 distinct tags.");
   t.is(messageOf({ filename: "a.bin", file_data: Buffer.alloc(4 * 1024 * 1024 + 1).toString("base64") }), "An inline file may hold at most 4 MiB; upload larger files with POST /api/v1/files.");
 });
