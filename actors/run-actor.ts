@@ -85,6 +85,9 @@ export class RunActor {
       markUnsettled: () => {
         this.unsettled = true;
       },
+      settleAdmission: async (run) => {
+        if (this.queuedAdmissionInDoubt) await this.settleUnadmitted(run, { reread: true });
+      },
     });
   }
 
@@ -273,8 +276,9 @@ export class RunActor {
     this.hold(run);
     try {
       await this.openEvents(run);
-      if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
+      // Before the active turn's recovery, which may start the queued turn.
       await this.settleUnadmitted(run, { reread: false });
+      if (run.state === RunState.busy && !this.turns.active) await this.recoverActiveTurn(run, run.active_turn_id);
     } catch (err) {
       // Not held half-recovered: the next command (or the orphan check) activates it again.
       this.release();
@@ -378,8 +382,10 @@ export class RunActor {
       }
     }
     const unadmitted = await this.r.store.listTurns(run._id, { afterIndex: run.turn_count - 1 });
-    this.queuedAdmissionInDoubt = false;
-    if (unadmitted.length === 0) return;
+    if (unadmitted.length === 0) {
+      this.queuedAdmissionInDoubt = false;
+      return;
+    }
     const now = this.r.clock.nowMs();
     for (const turn of unadmitted) {
       if (isFinalStatus(turn.status)) continue;
@@ -393,6 +399,8 @@ export class RunActor {
     const set: Partial<RunDoc> = { turn_count: last.index + 1, latest_turn_id: last._id, event_seq: this.appender!.nextSequence - 1 };
     await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
+    // Only now: a settlement that failed part way is tried again before the next command.
+    this.queuedAdmissionInDoubt = false;
   }
 
   // ---- admission ----------------------------------------------------------------
@@ -643,7 +651,12 @@ export class RunActor {
     }
     if (!inserted) {
       // Admitted before (a resent command after a lost reply): answer as then.
-      return (await this.replayContinue(run, turnId)) ?? fail("conflict", "The turn id is taken.");
+      const replay = await this.replayContinue(run, turnId);
+      if (replay) return replay;
+      // Another turn holds the index (a stale owner's late insert): activated again from the
+      // store, the next attempt finds and settles it.
+      if (!this.turns.active && !this.turns.waiting) this.release();
+      return fail("conflict", "The turn id is taken.");
     }
     const set: Partial<RunDoc> = {
       turn_count: run.turn_count + 1,

@@ -57,6 +57,8 @@ export interface ExecutionHost {
   stop(reason: string): void;
   /** A finished turn could not be stored: the host recovers the run. */
   markUnsettled(): void;
+  /** Before a run moves on: a queued turn whose admission is in doubt is settled first (the run as stored names it, or it fails). */
+  settleAdmission(run: RunDoc): Promise<void>;
 }
 
 /** A finished turn's result, kept to store it again after a failed write. */
@@ -726,6 +728,7 @@ export class TurnExecution {
    * idle, and only then tell waiters (they read the run when notified).
    */
   async afterTurn(run: RunDoc, finished: TurnDoc | null, now: number, options: { emitFinal?: boolean } = {}): Promise<void> {
+    await this.host.settleAdmission(run);
     // The turn to start next: the queued one, or, when an earlier move-on wrote the run but
     // could not start that turn (a failed turn write; settleUnstored comes back here), the
     // one the run already names active.

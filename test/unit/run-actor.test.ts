@@ -1043,6 +1043,53 @@ test("run-actor - a queued turn admitted half is settled before the next command
   }
 });
 
+test("run-actor - a queued turn admitted half is settled when the active turn ends first, before the run moves on: started when the run's write landed, failed when it did not (found by a review: it stayed queued for good)", async (t) => {
+  for (const landed of [true, false]) {
+    const w = await world();
+    const actor = w.actor();
+    okReply(await actor.command(startCmd()));
+    const update = w.store.updateRunFenced.bind(w.store);
+    let failures = 1;
+    w.store.updateRunFenced = async (id, epoch, set) => {
+      if (set.queued_turn_id !== undefined && set.queued_turn_id !== null && failures-- > 0) {
+        if (landed) await update(id, epoch, set);
+        throw new Error("store unavailable (injected)");
+      }
+      return update(id, epoch, set);
+    };
+    await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+    w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }] });
+    await settled(actor);
+    t.is(w.store.turns.get("turn_2")!.status, landed ? "in_progress" : "failed", `landed: ${landed}`);
+    if (landed) {
+      w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "two" }] });
+      await settled(actor);
+      t.is(w.store.turns.get("turn_2")!.status, "completed");
+    }
+    t.is(w.store.runs.get(RUN)!.state, "idle");
+    t.is(w.store.runs.get(RUN)!.turn_count, 2);
+  }
+});
+
+test("run-actor - a settlement of a half-admitted turn that fails part way is tried again before the next command (found by a review)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const update = w.store.updateRunFenced.bind(w.store);
+  let failures = 2; // the admission's write, then the settlement's
+  w.store.updateRunFenced = async (id, epoch, set) => {
+    if ((set.queued_turn_id || set.turn_count !== undefined) && failures-- > 0) throw new Error("store unavailable (injected)");
+    return update(id, epoch, set);
+  };
+  await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+  await t.throwsAsync(actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["x"], remove: [] } as RunCommand), { message: /injected/ });
+  okReply(await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["y"], remove: [] } as RunCommand));
+  t.is(w.store.turns.get("turn_2")!.status, "failed");
+  t.is(w.store.runs.get(RUN)!.turn_count, 2);
+  okReply(await actor.command(continueCmd("turn_3", "queue")));
+  t.is(w.store.turns.get("turn_3")!.index, 2);
+});
+
 test("run-actor - usage: a turn that used nothing writes no ledger record", async (t) => {
   const w = await world();
   const actor = w.actor();
