@@ -65,4 +65,14 @@ test("sandbox-process - OutputTail keeps the last limit bytes whatever the reads
   t.true(ms < 100, `${ms} ms`);
   t.true(tail.result().output.equals(Buffer.alloc(limit, 7)));
   t.is(tail.result().totalBytes, 70_000 + limit);
+  // Dropped reads are let go at once: 4,000 reads of 64 KiB keep about the limit, not 250 MiB (found by a review).
+  const big = new OutputTail(limit);
+  const held = new Set<Buffer>();
+  let kept = 0;
+  for (let i = 0; i < 4_000; i++) {
+    big.push(Buffer.alloc(64 * 1024, i & 0xff));
+  }
+  for (const chunk of (big as unknown as { chunks: Buffer[] }).chunks) if (chunk.length > 0) held.add(chunk);
+  for (const chunk of held) kept += chunk.length;
+  t.true(kept <= 2 * limit, `${kept} bytes still referenced`);
 });
