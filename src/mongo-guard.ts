@@ -46,12 +46,13 @@ export function isTransient(err: unknown): boolean {
   // Network errors by class: the driver renames some (a pool cleared after a network error
   // is a MongoNetworkError named MongoPoolClearedError).
   if (err instanceof MongoNetworkError) return true;
-  // A bulk write whose command failed on its connection (it timed out, the pool was
-  // cleared): the driver wraps the network error and drops its class, keeping its fields
-  // (`beforeHandshake` is a network error's own). Seen as a 500 for every start batched
-  // with others while the store was stopped (found by a probe). A bulk the driver refused
-  // to send (a name BSON cannot hold) is wrapped the same way without it: not transient.
-  if (err instanceof MongoBulkWriteError) return bulkWriteErrors(err).length === 0 && !err.writeConcernError && Object.hasOwn(err, "beforeHandshake");
+  // A bulk write whose command failed as a whole: the driver wraps what failed (a connection
+  // that timed out, a server it could not select, a bulk it refused to send) and keeps it
+  // as `errorResponse`; that decides. Taken by the wrapper's class, every start batched with
+  // others while the store was stopped answered 500 (found by a probe).
+  if (err instanceof MongoBulkWriteError && bulkWriteErrors(err).length === 0 && !err.writeConcernError && err.errorResponse instanceof Error && err.errorResponse !== err) {
+    if (isTransient(err.errorResponse)) return true;
+  }
   return TRANSIENT_NAMES.has(err.name) || (typeof err.hasErrorLabel === "function" && err.hasErrorLabel("RetryableWriteError"));
 }
 

@@ -1,5 +1,5 @@
 import test from "ava";
-import { BSON, MongoBulkWriteError, MongoDriverError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
+import { BSON, MongoBulkWriteError, MongoDriverError, MongoServerSelectionError, MongoNetworkError, MongoNotConnectedError, MongoOperationTimeoutError, MongoServerClosedError, MongoServerError, MongoTopologyClosedError } from "mongodb";
 import { guard, isDuplicateKey, isTransient, StoreUnavailableError } from "../../src/mongo-guard.js";
 
 const fails = (err: unknown) => guard(async () => Promise.reject(err));
@@ -47,6 +47,10 @@ test("mongo guard - a store away or saturated is transient, whatever the driver 
 test("mongo guard - a bulk write that failed as a whole (its command's connection timed out) is transient, a 503; one whose documents were refused is not", async (t) => {
   const whole = new MongoBulkWriteError(new MongoNetworkError("connection <monitor> to 127.0.0.1:27017 timed out"), {} as never);
   t.true(isTransient(whole));
+  // Whatever transient failure it wraps (found by a review: server selection and timeouts carry no network fields).
+  for (const inner of [new MongoServerSelectionError("Server selection timed out after 30000 ms", {} as never), new MongoOperationTimeoutError("timed out"), new MongoNotConnectedError("not connected")]) {
+    t.true(isTransient(new MongoBulkWriteError(inner, {} as never)), inner.name);
+  }
   t.true((await fails(whole).catch((e: unknown) => e)) instanceof StoreUnavailableError);
   const refused = new MongoBulkWriteError({ message: "E11000", code: 11000, writeErrors: [{ index: 0, code: 11000, errmsg: "E11000 duplicate key" }] as never }, {} as never);
   t.false(isTransient(refused));
