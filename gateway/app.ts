@@ -10,7 +10,7 @@ import { IdempotencyRecords } from "./idempotency.js";
 import { FinalTurnCache } from "./final-turns.js";
 import { RateLimiter } from "./rate-limits.js";
 import { UploadSlots } from "./upload-slots.js";
-import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, showRateLimit, toApiError } from "./context.js";
+import { applyRateLimit, BODY_LIMIT_BYTES, type GatewayContext, sendError, showRateLimit, toApiError, wrongBodyType } from "./context.js";
 import { runRoutes } from "./routes/runs.js";
 import { turnRoutes } from "./routes/turns.js";
 import { tagRoutes } from "./routes/tags.js";
@@ -209,9 +209,15 @@ export async function buildApp(
   app.setErrorHandler((err, request, reply) => sendError(reply, toApiError(err, ctx.log, request, ctx.ids)));
   app.setNotFoundHandler((request, reply) => sendError(reply, noRoute(request)));
   // JSON only: a JSON body sent as text/plain was parsed as a string and answered "The body
-  // must be a JSON object" (found by a probe); now it is told the type to send.
+  // must be a JSON object" (found by a probe); now it is told the type to send. An empty one
+  // is no body (fetch sends `body: ""` as text/plain), as for JSON below.
   app.removeContentTypeParser("text/plain");
-    // An empty JSON body on a POST is treated as {} (cancel takes an optional body).
+  app.addContentTypeParser("text/plain", { parseAs: "string" }, (request, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, undefined);
+    done(wrongBodyType(request), undefined);
+  });
+  // An empty JSON body on a POST is treated as {} (cancel takes an optional body).
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
     const text = typeof body === "string" ? body : body.toString("utf8");
     if (text.trim() === "") return done(null, undefined);

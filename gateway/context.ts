@@ -82,6 +82,11 @@ export function authOf(request: FastifyRequest): AuthContext {
 /** What an upload sent in another type is told. */
 export const MULTIPART_ONLY = "Send the file as multipart/form-data with a part named file.";
 
+/** What a body of a type its route does not take is told: the type to send. */
+export function wrongBodyType(request: FastifyRequest): ApiError {
+  return request.routeOptions.config?.multipart ? invalid("file", MULTIPART_ONLY) : invalid(null, "Send the body as application/json.");
+}
+
 export function toApiError(err: unknown, log: Logger, request: FastifyRequest, ids: IdSource): ApiError {
   if (err instanceof ApiError) return err;
   if (isTransientFailure(err)) {
@@ -90,9 +95,7 @@ export function toApiError(err: unknown, log: Logger, request: FastifyRequest, i
   }
   const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
   if (e.code === "FST_ERR_CTP_BODY_TOO_LARGE") return new ApiError("payload_too_large", { message: "The request body is larger than 16 MiB." });
-  if (e.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") {
-    return request.routeOptions.config?.multipart ? invalid("file", MULTIPART_ONLY) : invalid(null, "Send the body as application/json.");
-  }
+  if (e.code === "FST_ERR_CTP_INVALID_MEDIA_TYPE") return wrongBodyType(request);
   if (e.code === "FST_ERR_CTP_EMPTY_JSON_BODY") return invalid(null, "The JSON body is empty.");
   if (typeof e.statusCode === "number" && e.statusCode >= 400 && e.statusCode < 500) {
     return invalid(null, e.message ?? "The request is invalid.");

@@ -211,6 +211,10 @@ test.serial("http layer - a body of another type is told the type to send: JSON 
     t.like((await file.json()).error, { code: "invalid_request", param: "file", message: "Send the file as multipart/form-data with a part named file." }, type);
   }
   t.is((await ws.api.get("/api/v1/runs")).body.data.length, 0, "nothing started");
+  // An empty body sent as text/plain (fetch's type for body: "") is no body: a cancel answers as without one (found by a review).
+  const run = (await ws.api.post("/api/v1/runs", { agent, input: "hi" })).body;
+  const cancel = await send(`/api/v1/runs/${run.id}/cancel`, "text/plain", "");
+  t.is(cancel.status, 200, JSON.stringify(await cancel.clone().json()));
 });
 
 test.serial("http layer - a body that stops arriving is answered 408 once RUNS_REQUEST_BODY_TIMEOUT_MS passes and its connection closed; a slow body that arrives whole is served (found by a probe: such sockets stayed open for good)", async (t) => {
