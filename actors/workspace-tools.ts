@@ -17,7 +17,7 @@
  */
 import type { AgentTool } from "@mariozechner/pi-agent-core";
 import { Type } from "@mariozechner/pi-ai";
-import type { BuiltinTool } from "../src/index.js";
+import { memberCount, type BuiltinTool } from "../src/index.js";
 import { editTool, lsTool, readTool, writeTool } from "./file-tools.js";
 import { formatBytes } from "./sandbox-limits.js";
 import { formatSeconds, textResult, ToolRunner, Workspace, type WorkspaceToolsOptions } from "./tool-runner.js";
@@ -37,26 +37,25 @@ export function createWorkspaceTools(dir: string, names: readonly BuiltinTool[],
     edit: () => editTool(runner),
     ls: () => lsTool(runner),
   };
-  return names.map((name) => ({ ...build[name](), prepareArguments: flatArguments }));
+  return names.map((name) => ({ ...build[name](), prepareArguments: boundedArguments }));
 }
 
-/** The most arguments one call may name; every tool takes at most four. */
-const MAX_ARGUMENT_KEYS = 32;
+/** The most members and items one call's arguments may hold, at every depth; every tool takes at most four plain values. */
+const MAX_ARGUMENT_MEMBERS = 1_000;
 
 /**
- * A call's arguments as the tools take them: one object of plain values (every parameter
- * is a string or a number). Anything else is refused here with a short reason: the
- * validator after this quotes refused arguments whole, pretty-printed, and a model's 2 MB
- * of deeply nested arrays became ~140 MB of error text, 24 s of the node's event loop and
- * 2 GB of memory (found by a probe).
+ * A call's arguments, bounded before validation: one object holding at most
+ * {@link MAX_ARGUMENT_MEMBERS} members and items. Anything else is refused here with a
+ * short reason: the validator after this quotes refused arguments whole, pretty-printed,
+ * and a model's 2 MB of deeply nested arrays became ~140 MB of error text, 24 s of the
+ * node's event loop and 2 GB of memory (found by a probe). Within the bound the quote is at
+ * most ~150 KB (64 levels of indentation per line); extra keys the tools ignore still pass,
+ * and a gated call shows them.
  */
-export function flatArguments(args: unknown): Record<string, unknown> {
+export function boundedArguments(args: unknown): Record<string, unknown> {
   if (args === null || typeof args !== "object" || Array.isArray(args)) throw new Error("The arguments must be a JSON object.");
-  let keys = 0;
-  for (const key in args) {
-    if (++keys > MAX_ARGUMENT_KEYS) throw new Error(`The arguments may name at most ${MAX_ARGUMENT_KEYS} parameters.`);
-    const value = (args as Record<string, unknown>)[key];
-    if (value !== null && typeof value === "object") throw new Error(`The argument ${JSON.stringify(key.slice(0, 100))} is an object or array; this tool's parameters are strings and numbers.`);
+  if (memberCount(args, MAX_ARGUMENT_MEMBERS) > MAX_ARGUMENT_MEMBERS) {
+    throw new Error(`The arguments may hold at most ${MAX_ARGUMENT_MEMBERS} members and items; this tool takes a few strings and numbers.`);
   }
   return args as Record<string, unknown>;
 }
