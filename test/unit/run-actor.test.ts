@@ -4,7 +4,7 @@
  * each test holds the actor at the step it needs: admission × on_busy, the cancel
  * table, recovery after a lost owner, fencing refusals, resent commands.
  */
-import test from "ava";
+import test, { type ExecutionContext } from "ava";
 import { CheckpointError } from "../../actors/checkpoints.js";
 import { RunActor } from "../../actors/run-actor.js";
 import { PARTS_CHECK_AFTER_MS } from "../../actors/run-removal.js";
@@ -1010,21 +1010,30 @@ test("run-actor - a turn admitted half (stored, its run write failed) fails runt
   t.is(w.store.runs.get(RUN)!.state, "idle");
 });
 
+/**
+ * A run whose turn_1 is active and whose queued turn_2's admission failed at the run's write
+ * (which landed first, when `landed`): the turn is stored, the run may not name it.
+ */
+async function queuedAdmissionInDoubt(t: ExecutionContext, landed: boolean) {
+  const w = await world();
+  const actor = w.actor();
+  okReply(await actor.command(startCmd()));
+  const update = w.store.updateRunFenced.bind(w.store);
+  let failures = 1;
+  w.store.updateRunFenced = async (id, epoch, set) => {
+    if (set.queued_turn_id !== undefined && set.queued_turn_id !== null && failures-- > 0) {
+      if (landed) await update(id, epoch, set);
+      throw new Error("store unavailable (injected)");
+    }
+    return update(id, epoch, set);
+  };
+  await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+  return { w, actor };
+}
+
 test("run-actor - a queued turn admitted half is settled before the next command: failed when the run's write did not land, kept queued when it did", async (t) => {
   for (const landed of [false, true]) {
-    const w = await world();
-    const actor = w.actor();
-    okReply(await actor.command(startCmd()));
-    const update = w.store.updateRunFenced.bind(w.store);
-    let failures = 1;
-    w.store.updateRunFenced = async (id, epoch, set) => {
-      if (set.queued_turn_id !== undefined && failures-- > 0) {
-        if (landed) await update(id, epoch, set);
-        throw new Error("store unavailable (injected)");
-      }
-      return update(id, epoch, set);
-    };
-    await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+    const { w, actor } = await queuedAdmissionInDoubt(t, landed);
     // The next command (a tag edit) settles it first.
     okReply(await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["x"], remove: [] } as RunCommand));
     t.is(w.store.turns.get("turn_2")!.status, landed ? "queued" : "failed", `landed: ${landed}`);
@@ -1045,19 +1054,7 @@ test("run-actor - a queued turn admitted half is settled before the next command
 
 test("run-actor - a queued turn admitted half is settled when the active turn ends first, before the run moves on: started when the run's write landed, failed when it did not (found by a review: it stayed queued for good)", async (t) => {
   for (const landed of [true, false]) {
-    const w = await world();
-    const actor = w.actor();
-    okReply(await actor.command(startCmd()));
-    const update = w.store.updateRunFenced.bind(w.store);
-    let failures = 1;
-    w.store.updateRunFenced = async (id, epoch, set) => {
-      if (set.queued_turn_id !== undefined && set.queued_turn_id !== null && failures-- > 0) {
-        if (landed) await update(id, epoch, set);
-        throw new Error("store unavailable (injected)");
-      }
-      return update(id, epoch, set);
-    };
-    await t.throwsAsync(actor.command(continueCmd("turn_2", "queue")), { message: /injected/ });
+    const { w, actor } = await queuedAdmissionInDoubt(t, landed);
     w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "one" }] });
     await settled(actor);
     t.is(w.store.turns.get("turn_2")!.status, landed ? "in_progress" : "failed", `landed: ${landed}`);
