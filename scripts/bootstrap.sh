@@ -39,6 +39,9 @@ if (( need_npm )); then
   fi
 fi
 
+# npm runs it after every install; here too, for a node_modules installed before it existed.
+node "$ROOT/scripts/patch-pi-ai.mjs" >/dev/null
+
 if [[ "${RUNS_SKIP_TOOLS:-}" != 1 ]]; then
   "$ROOT/scripts/ensure-tools.sh"
 fi
