@@ -1,4 +1,4 @@
-import { MongoBulkWriteError, MongoServerError, type Collection, type Document, type OptionalUnlessRequiredId } from "mongodb";
+import { MongoBulkWriteError, MongoServerError, type Collection, type Document, type OptionalUnlessRequiredId, type WriteError } from "mongodb";
 
 interface Queued<T> {
   doc: T;
@@ -75,11 +75,18 @@ export class InsertBatcher<T extends Document> {
  */
 function refusedDocuments(err: unknown): Map<number, MongoServerError> | undefined {
   if (!(err instanceof MongoBulkWriteError)) return undefined;
-  const writeErrors = Array.isArray(err.writeErrors) ? err.writeErrors : [err.writeErrors];
+  const writeErrors = bulkWriteErrors(err);
   if (writeErrors.length === 0 || err.writeConcernError) return undefined;
   const refused = new Map<number, MongoServerError>();
   for (const we of writeErrors) {
     refused.set(we.index, new MongoServerError({ message: we.errmsg ?? "write error", errmsg: we.errmsg, code: we.code }));
   }
   return refused;
+}
+
+/** A bulk write's per-document errors (the driver gives one error unwrapped); none when its command failed as a whole. */
+export function bulkWriteErrors(err: MongoBulkWriteError): readonly WriteError[] {
+  const writeErrors: WriteError | readonly WriteError[] | undefined = err.writeErrors;
+  if (Array.isArray(writeErrors)) return writeErrors;
+  return writeErrors ? [writeErrors as WriteError] : [];
 }

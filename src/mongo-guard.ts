@@ -4,7 +4,7 @@
  * refusal is recognised, and an insert can be "once".
  */
 import { type Collection, type Document, type Filter, MongoBulkWriteError, MongoError, MongoNetworkError } from "mongodb";
-import type { InsertBatcher } from "./insert-batcher.js";
+import { bulkWriteErrors, type InsertBatcher } from "./insert-batcher.js";
 
 /** The store could not be reached or answered with a transient failure. */
 export class StoreUnavailableError extends Error {
@@ -30,13 +30,6 @@ export function isDuplicateKey(err: unknown): boolean {
  * FerretDB was killed mid-write), not as MongoNetworkError.
  */
 const NETWORK_CODES = new Set(["EPIPE", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENOTCONN"]);
-
-/** A bulk write's per-document errors (the driver gives one error unwrapped). */
-function bulkWriteErrors(err: MongoBulkWriteError): unknown[] {
-  const writeErrors: unknown = err.writeErrors;
-  if (Array.isArray(writeErrors)) return writeErrors;
-  return writeErrors ? [writeErrors] : [];
-}
 
 /** Driver errors that mean "try again later" rather than "your request is wrong". */
 export function isTransient(err: unknown): boolean {
