@@ -95,10 +95,11 @@ function ruleMatches(rule: ApprovalRule, tool: string, args: unknown, relative: 
     } catch {
       return true;
     }
-    const steps = globTokens(rule.path_glob).length * (normalized.length + 1);
+    const tokens = globTokens(rule.path_glob);
+    const steps = tokens.length * (normalized.length + 1);
     if (steps > budget.steps) return true;
     budget.steps -= steps;
-    if (!globMatches(rule.path_glob, normalized)) return false;
+    if (!tokensMatch(tokens, normalized)) return false;
   }
   return true;
 }
@@ -132,11 +133,16 @@ export function workspacePath(p: string): string {
  * than {@link MAX_GLOB_PATH} are not matched at all (path rules gate them: fail closed).
  */
 export function globMatches(glob: string, path: string): boolean {
+  return tokensMatch(globTokens(glob), path);
+}
+
+/** {@link globMatches} of a glob already split into its tokens. */
+function tokensMatch(tokens: readonly string[], path: string): boolean {
   const n = path.length;
   let reach = new Uint8Array(n + 1);
   let next = new Uint8Array(n + 1);
   reach[0] = 1;
-  for (const token of globTokens(glob)) {
+  for (const token of tokens) {
     let seen = 0;
     for (let i = 0; i <= n; i++) {
       const prev = i > 0 ? path[i - 1] : undefined;
