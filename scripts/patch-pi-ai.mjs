@@ -25,11 +25,15 @@ function __runsStreamingParse(block, text) {
 }
 `;
 
-/** Each provider's delta lines: the append to the argument text, then the parse of all of it. */
+/**
+ * Each provider's delta lines: the append to a block's argument text, then the parse of all
+ * of it (`$2` the block, `$3` its text), which becomes the geometric parse.
+ */
+const DELTA = (append) => new RegExp(`(${append}\\s*\\n\\s*)(block|currentBlock)\\.arguments = parseStreamingJson\\(\\2\\.(partialArgs|partialJson)\\);`);
 const DELTAS = {
-  "openai-completions.js": [/(block\.partialArgs = \(block\.partialArgs \?\? ""\) \+ toolCall\.function\.arguments;\s*\n\s*)block\.arguments = parseStreamingJson\(block\.partialArgs\);/],
-  "anthropic.js": [/(block\.partialJson \+= event\.delta\.partial_json;\s*\n\s*)block\.arguments = parseStreamingJson\(block\.partialJson\);/],
-  "openai-responses-shared.js": [/(currentBlock\.partialJson \+= event\.delta;\s*\n\s*)currentBlock\.arguments = parseStreamingJson\(currentBlock\.partialJson\);/],
+  "openai-completions.js": DELTA(String.raw`block\.partialArgs = \(block\.partialArgs \?\? ""\) \+ toolCall\.function\.arguments;`),
+  "anthropic.js": DELTA(String.raw`block\.partialJson \+= event\.delta\.partial_json;`),
+  "openai-responses-shared.js": DELTA(String.raw`currentBlock\.partialJson \+= event\.delta;`),
 };
 
 const root = fileURLToPath(new URL("../node_modules/@mariozechner/pi-ai/", import.meta.url));
@@ -38,18 +42,16 @@ if (!existsSync(root)) {
   process.exit(0);
 }
 let failed = false;
-for (const [file, patterns] of Object.entries(DELTAS)) {
+for (const [file, pattern] of Object.entries(DELTAS)) {
   const target = path.join(root, "dist", "providers", file);
   let text = readFileSync(target, "utf8");
   if (text.includes(MARK)) continue;
-  for (const pattern of patterns) {
-    if (!pattern.test(text)) {
-      console.error(`patch-pi-ai: ${file} no longer holds the line this rewrites (${pattern.source.slice(0, 60)}…)`);
-      failed = true;
-      continue;
-    }
-    text = text.replace(pattern, (_all, before) => `${before}${/currentBlock/.test(before) ? "currentBlock.arguments = __runsStreamingParse(currentBlock, currentBlock.partialJson);" : /partialArgs/.test(before) ? "block.arguments = __runsStreamingParse(block, block.partialArgs);" : "block.arguments = __runsStreamingParse(block, block.partialJson);"}`);
+  if (!pattern.test(text)) {
+    console.error(`patch-pi-ai: ${file} no longer holds the line this rewrites`);
+    failed = true;
+    continue;
   }
+  text = text.replace(pattern, "$1$2.arguments = __runsStreamingParse($2, $2.$3);");
   // After the imports: the helper uses the module's own parseStreamingJson.
   const lastImport = text.lastIndexOf("\nimport ");
   const insertAt = text.indexOf("\n", text.indexOf(";", lastImport)) + 1;
