@@ -80,6 +80,7 @@ export class RunActor {
       },
       emit: (turnId, source, type, data) => this.emit(turnId, source, type, data),
       appender: () => this.appender!,
+      resumeEvents: () => this.resumeEvents(),
       enqueue: (work) => this.enqueue(work),
       stop: (reason) => this.stop(reason),
       markUnsettled: () => {
@@ -249,6 +250,12 @@ export class RunActor {
     // The body names the run of a continuation; the path names it for the other commands.
     if (!run || run.workspace_id !== cmd.workspace_id) return fail("run_not_found", undefined, cmd.op === "continue" ? "run_id" : "runId");
     if (this.queuedAdmissionInDoubt) await this.settleUnadmitted(run, { reread: true });
+    // An event write failed while nothing executed (a command's own event): nothing to
+    // account it to, and the next command must not fail on it for as long as the actor lives.
+    if (this.appender?.failure && !this.turns.active && !this.turns.waiting) {
+      await this.appender.flush().catch(() => undefined);
+      this.resumeEvents();
+    }
     if (runExpired(run, this.r.clock.nowMs(), this.r.config.turnLimitMs)) return fail("run_expired");
     switch (cmd.op) {
       case "continue":
@@ -301,6 +308,17 @@ export class RunActor {
       onStored: (event) => this.r.nc.publish(Subjects.live(run.workspace_id, run._id), JSON.stringify(event)),
       gate: () => this.r.writeGate?.(this.partition),
     });
+  }
+
+  /** Lets the run's events be stored again after a failed write (see {@link EventAppender.resume}). */
+  private resumeEvents(): void {
+    const failure = this.appender?.failure;
+    if (!failure) return;
+    this.r.log.warn(
+      { run_id: this.runId, lost_from: failure.sequence, next_sequence: this.appender!.nextSequence },
+      "event stream resumed after a failed write: events numbered from lost_from to below next_sequence may be missing from the run's history",
+    );
+    this.appender!.resume();
   }
 
   /** Appends an event; returns its run sequence. */

@@ -53,6 +53,8 @@ export interface ExecutionHost {
   readonly run: RunDoc | null;
   emit(turnId: string | null, source: "runtime" | "platform", type: string, data: unknown): number;
   appender(): EventAppender;
+  /** After a failed event write whose loss is accounted: later events are stored again. */
+  resumeEvents(): void;
   enqueue<T>(work: () => Promise<T>): Promise<T>;
   stop(reason: string): void;
   /** A finished turn could not be stored: the host recovers the run. */
@@ -367,6 +369,9 @@ export class TurnExecution {
         status = TurnStatus.failed;
         error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
       }
+      // The loss is this turn's, told by its status: its final event and the run's later
+      // turns are stored again (once NATS answers), not dropped for as long as the actor lives.
+      if (!this.host.stopped) this.host.resumeEvents();
     }
     // Once per turn: a retried final write (store away for a moment) does not save it again.
     if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false && this.checkpointedTurnId !== turn._id) {

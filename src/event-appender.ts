@@ -155,6 +155,15 @@ export class JetStreamAppender implements EventAppender {
     return waiting;
   }
 
+  resume(): void {
+    if (!this.firstFailure) return;
+    this.firstFailure = null;
+    // Every event below this one is stored, or was given up by this appender: none of those
+    // is sent again, so readers meeting a later event need not wait for them.
+    this.storedBelow = this.next;
+    this.storedAhead.clear();
+  }
+
   async flush(): Promise<void> {
     // Appends made while waiting extend the chain: wait until it is stable.
     let seen: Promise<void>;

@@ -134,6 +134,14 @@ export interface EventAppender {
   readonly nextSequence: number;
   /** The first failure, once one happened (events appended after it are dropped). */
   readonly failure: EventWriteError | null;
+  /**
+   * After a failure, once {@link flush} has rejected (nothing of the failed era is in
+   * flight): later events are stored again, numbered on. The events it dropped stay lost;
+   * readers skip them, since each later event says every event below it is stored or gone.
+   * The caller accounts the loss first (the turn whose events they were fails with
+   * event_stream_write_failed).
+   */
+  resume(): void;
 }
 
 /**

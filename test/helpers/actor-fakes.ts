@@ -25,7 +25,7 @@ import type { UsageRecordDoc } from "../../src/usage.js";
 import type { WebhookStore } from "../../src/webhooks.js";
 
 type WebhookEvent = Parameters<WebhookStore["enqueue"]>[0];
-import type { AppenderOptions, EventAppender, EventLog, EventRunRef, RunEvent } from "../../src/event-types.js";
+import { type AppenderOptions, type EventAppender, type EventLog, type EventRunRef, EventWriteError, type RunEvent } from "../../src/event-types.js";
 
 const clone = <T>(value: T): T => structuredClone(value);
 
@@ -172,24 +172,37 @@ export class MemoryEventLog implements EventLog {
     return this.events(runId).map((event) => event.type);
   }
 
+  /** While true, appends are not stored: the appender fails as JetStream's does (at its first lost event, until resumed). */
+  failWrites = false;
+
   appender(run: EventRunRef, nextRunSeq: number, options: AppenderOptions = {}): EventAppender {
     const log = this.byRun.get(run.id) ?? [];
     this.byRun.set(run.id, log);
     let next = nextRunSeq;
+    let failure: EventWriteError | null = null;
     return {
       append: (turnId, source, type, data, createdAtMs) => {
         const sequence = next++;
+        if (!failure && this.failWrites) failure = new EventWriteError(sequence, new Error("no ack from JetStream in time"));
+        if (failure) return sequence;
         // A resent start repeats sequences: the store keeps the first (JetStream de-duplicates).
         if (!log.some((event) => event.sequence === sequence)) log.push({ sequence, turn_id: turnId, source, type, data, ms: createdAtMs });
         const event: RunEvent = { id: `evt_${sequence}`, sequence, source, type, run_id: run.id, turn_id: turnId, created_at: Math.floor(createdAtMs / 1000), data };
         options.onStored?.(event);
         return sequence;
       },
-      flush: async () => undefined,
+      flush: async () => {
+        if (failure) throw failure;
+      },
       get nextSequence() {
         return next;
       },
-      failure: null,
+      get failure() {
+        return failure;
+      },
+      resume: () => {
+        failure = null;
+      },
     };
   }
   async lastSequence(run: { id: string }): Promise<number> {

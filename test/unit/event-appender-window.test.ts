@@ -1,7 +1,7 @@
 import test from "ava";
 import type { MsgHdrs } from "@nats-io/transport-node";
 import { JetStreamAppender } from "../../src/event-appender.js";
-import { FLOOR_HEADER, MAX_EVENTS_AHEAD } from "../../src/event-order.js";
+import { FLOOR_HEADER, MAX_EVENTS_AHEAD, STORED_BELOW_HEADER } from "../../src/event-order.js";
 import type { StoredAck } from "../../src/js-publisher.js";
 import { PublishError } from "../../src/js-publisher.js";
 
@@ -11,14 +11,16 @@ import { PublishError } from "../../src/js-publisher.js";
  * carries the publisher's floor at its first send.
  */
 function world() {
-  const sent: Array<{ seq: number; floor: string | undefined }> = [];
+  const sent: Array<{ seq: number; floor: string | undefined; storedBelow?: string }> = [];
   const pending = new Map<number, { resolve: (ack: StoredAck) => void; reject: (err: Error) => void }>();
   let stored = 0;
   let floor: number | undefined;
+  const storedBelowOf = new Map<number, string>();
   const publisher = {
     publish: (_subject: string, _payload: Uint8Array, msgId: string, headers: MsgHdrs): Promise<StoredAck> => {
       const seq = Number(msgId.split(":")[1]);
       sent.push({ seq, floor: headers.has(FLOOR_HEADER) ? headers.get(FLOOR_HEADER) : undefined });
+      storedBelowOf.set(seq, headers.get(STORED_BELOW_HEADER));
       return new Promise((resolve, reject) => pending.set(seq, { resolve, reject }));
     },
     floor: () => floor,
@@ -28,7 +30,7 @@ function world() {
     pending.get(seq)!.resolve({ stream: "EVENTS_SOLO", seq: ++stored, duplicate: false });
     pending.delete(seq);
   };
-  return { sent, pending, appender, ack, setFloor: (f: number | undefined) => (floor = f) };
+  return { sent, pending, appender, ack, storedBelowOf, setFloor: (f: number | undefined) => (floor = f) };
 }
 
 const tick = () => new Promise((resolve) => setImmediate(resolve));
@@ -89,4 +91,30 @@ test("event appender - each event carries the publisher's floor at its first sen
   ]);
   for (const seq of [1, 2, 3, 4]) ack(seq);
   await appender.flush();
+});
+
+test("event appender - resumed after a failure, later events are sent again, numbered on, each saying every event below the first of them is stored or gone (readers do not wait for the lost ones)", async (t) => {
+  const { sent, pending, appender, ack, storedBelowOf } = world();
+  for (let i = 0; i < 4; i++) appender.append("turn_1", "runtime", "text_delta", { delta: String(i) }, 0);
+  await tick();
+  ack(1);
+  pending.get(2)!.reject(new PublishError("no ack from JetStream in time", true));
+  pending.delete(2);
+  ack(3);
+  ack(4);
+  for (let i = 0; i < 5 && !appender.failure; i++) await tick();
+  t.truthy(appender.failure);
+  t.is(appender.append("turn_1", "runtime", "text_delta", { delta: "dropped" }, 0), 5, "numbered, not sent");
+  await t.throwsAsync(appender.flush(), { message: /Event 2 could not be stored/ });
+  appender.resume();
+  t.is(appender.failure, null);
+  t.is(appender.append("turn_1", "platform", "turn.failed", {}, 0), 6);
+  t.is(appender.append(null, "platform", "run.tags_changed", {}, 0), 7);
+  await tick();
+  t.deepEqual(sent.map((s) => s.seq), [1, 2, 3, 4, 6, 7], "5 stays dropped; 6 and 7 go out");
+  t.is(storedBelowOf.get(6), "6");
+  ack(6);
+  ack(7);
+  await appender.flush();
+  t.is(appender.nextSequence, 8);
 });

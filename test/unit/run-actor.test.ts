@@ -838,6 +838,46 @@ test("run-actor - a finished turn whose write meets a store outage keeps its own
   t.is(w.checkpoints.saved, 1, "the retried write does not save the workspace again");
 });
 
+test("run-actor - a turn whose events could not all be stored fails event_stream_write_failed with its result kept; its final event and the run's next turns are stored again without a new actor (the run had answered every later command with the first failure for as long as the actor lived: found by a fault probe)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  // One of the turn's events is lost (NATS away past the publisher's retries); then NATS answers again.
+  w.events.failWrites = true;
+  w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "lost" } } as never);
+  w.events.failWrites = false;
+  w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "dropped too: the turn's stream already has a hole" } } as never);
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
+  await settled(actor);
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "event_stream_write_failed");
+  t.true(turn.error?.retryable);
+  t.deepEqual(turn.output, [{ type: "output_text", text: "kept" }], "the result is kept");
+  t.is(w.store.runs.get(RUN)!.state, "idle");
+  t.deepEqual(w.events.types(RUN).filter((type) => type.startsWith("turn.")), ["turn.started", "turn.failed"], "the final event is stored once writes work again");
+  const next = okReply(await actor.command(continueCmd("turn_2", "reject")));
+  t.is(next.disposition, "continued");
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "again" }] });
+  await settled(actor);
+  t.is(w.store.turns.get("turn_2")!.status, "completed");
+  t.deepEqual(w.events.events(RUN).filter((e) => e.turn_id === "turn_2").map((e) => e.type), ["turn.started", "turn.completed"]);
+});
+
+test("run-actor - an idle run's command whose event could not be stored fails; once events are stored again the next command is admitted by the same actor, not failed with the old error", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await startIdle(w, actor);
+  w.events.failWrites = true;
+  await t.throwsAsync(actor.command(continueCmd("turn_2", "reject")), { message: /could not be stored/ });
+  t.is(w.store.turns.get("turn_2"), undefined, "a turn is announced only once its first event is stored");
+  w.events.failWrites = false;
+  const reply = okReply(await actor.command(continueCmd("turn_3", "reject")));
+  t.is(reply.disposition, "continued");
+  t.is(w.store.turns.get("turn_3")!.index, 1);
+  t.deepEqual(w.events.events(RUN).filter((e) => e.turn_id === "turn_3").map((e) => e.type), ["turn.started"]);
+});
+
 test("run-actor - a workspace save the object store did not answer in time is tried again: one stored though its answer was lost is saved over once ownership is confirmed, and the turn completes", async (t) => {
   const w = await world();
   const save = w.resources.checkpoints.save;
