@@ -270,8 +270,11 @@ async function countUnrouted(context: GatewayContext, request: FastifyRequest, r
   await applyRateLimit(context, request.auth, undefined, reply);
 }
 
-/** A request target under /api, in origin form (`/api/…`) or absolute form (`http://host/api/…`). */
-const API_TARGET = /^(?:[a-z][a-z0-9+.-]*:\/\/[^/?#]*)?\/api(?:[/?#]|$)/i;
+/**
+ * A request target of the API, in origin form (`/api/…`) or absolute form (`http://host/api/…`):
+ * under /api, or the key rotation served without /api/v1 (`/api-keys/…`, decisions).
+ */
+const API_TARGET = /^(?:[a-z][a-z0-9+.-]*:\/\/[^/?#]*)?\/api(?:-keys)?(?:[/?#]|$)/i;
 
 /**
  * A node that closes must not wait on connections: Node counts one that has not sent a

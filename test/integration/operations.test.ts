@@ -87,11 +87,15 @@ test.serial("headers - every /api answer says no-store (a revealed value, a new 
   const answers = [
     await ws.api.get("/api/v1/environment-values/CACHED_NOT?reveal=true"),
     await ws.api.post("/api/v1/api-keys", { scopes: ["run:read"] }),
+    // The rotation served without /api/v1 (decisions): a new secret too (authz probe).
+    await ws.api.post(`/api-keys/${(await ws.api.post("/api/v1/api-keys", { scopes: ["run:read"] })).body.id}/rotate`, {}),
     await ws.api.get("/api/v1/runs"),
     await ws.api.get("/api/v1/runs/run_none"),
     await ws.api.withKey(undefined).get("/api/v1/runs"),
     await ws.api.get("/api/v1/openapi.json"),
   ];
+  t.is(answers[2]!.status, 201, JSON.stringify(answers[2]!.body));
+  t.regex(answers[2]!.body.key, /^rk_/);
   for (const answer of answers) {
     t.is(answer.headers.get("cache-control"), "no-store", String(answer.status));
     t.is(answer.headers.get("x-content-type-options"), "nosniff");
