@@ -15,6 +15,8 @@ export interface TurnNotices {
   next: (timeoutMs: number) => Promise<Heard>;
   /** The run the final notice carried, once it arrived with one for this turn. */
   view: () => RunView | undefined;
+  /** Wakes a pending {@link next} as a waiting notice would ("waiting": re-read). */
+  poke: () => void;
 }
 
 /**
@@ -46,6 +48,10 @@ export function turnNotices(ctx: Pick<GatewayContext, "nc" | "clock">, runId: st
     sub,
     turnId,
     view: () => view,
+    poke: () => {
+      waiting = true;
+      wake?.();
+    },
     next: async (timeoutMs) => {
       if (!final && !waiting) {
         let timer: Timer | undefined;

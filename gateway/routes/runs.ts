@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyReply } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { ApiError, pendingActionOf, startVersionOf, decodeCursor, type Disposition, encodeCursor, invalid, isFinalStatus, list, listReadableRuns, queryId, renderRun, renderRunSummary, type RunCommand, type RunDoc, RunListQuerySchema, runListFilters, type RunRequest, runRequestFingerprint, toRunRequest, type TurnDoc, TurnStatus } from "../../src/index.js";
 import { authOf, type GatewayContext } from "../context.js";
@@ -307,11 +307,12 @@ async function admit(
  * after each waiting notice and every few seconds, so a notice lost while NATS reconnected
  * costs seconds, not the whole wait.
  */
-async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notices: TurnNotices, deadline: number): Promise<void> {
+async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, notices: TurnNotices, deadline: number, key: KeyWatch): Promise<void> {
   for (let i = 0; i < 10_000; i++) {
     const left = deadline - ctx.clock.nowMs();
     if (left <= 0) return;
     if ((await notices.next(Math.min(left, ctx.config.waitStoreCheckMs))) === "final") return;
+    await key.check();
     const turn = await loadTurn(ctx, run, turnId);
     if (settled(turn, await ctx.store.getRun(run._id))) return;
     // A turn that waits for a person's decision is not about to end: answer 202 now.
@@ -325,6 +326,39 @@ async function waitUntilFinal(ctx: GatewayContext, run: RunDoc, turnId: string, 
  */
 function runParamOf(body: RunRequest): string | null {
   return body.kind === "continue" ? "run_id" : null;
+}
+
+/**
+ * The key of a request that waits for its turn, watched as a stream's is (gateway/sse.ts):
+ * a revocation heard from any node wakes the wait, and the key is authenticated again after
+ * each wake and before a waited answer is sent, so a turn's result never goes to a key
+ * revoked (or past its rotation's grace) meanwhile; its answer is 401. A check that cannot
+ * be made (the store away) leaves the wait as it is.
+ */
+interface KeyWatch {
+  /** The notices a revocation wakes (the wait's current ones). */
+  wakes(notices: TurnNotices | undefined): void;
+  check(): Promise<void>;
+  stop(): void;
+}
+
+function watchKey(ctx: GatewayContext, request: FastifyRequest): KeyWatch {
+  const keyId = request.auth?.keyId;
+  let waking: TurnNotices | undefined;
+  const stop = ctx.auth.onInvalidated((changed) => {
+    if (changed === undefined || keyId === undefined || changed === keyId) waking?.poke();
+  });
+  return {
+    wakes: (notices) => (waking = notices),
+    async check() {
+      try {
+        await ctx.auth.authenticate(request);
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 401) throw err;
+      }
+    },
+    stop,
+  };
 }
 
 /** A final turn whose run moved on too (the notice follows both writes, DESIGN §4). */
@@ -356,33 +390,42 @@ async function deliver(
     return reply.status(202).send(answer.view);
   }
   const deadline = ctx.clock.nowMs() + ctx.config.waitTimeoutMs;
-  const fromNotice = (notice: TurnNotices | undefined) => {
+  const key = watchKey(ctx, reply.request);
+  // True when it answered. (Not the reply itself: a FastifyReply is thenable, and an async
+  // function's result would be taken as that promise's value, undefined.)
+  const fromNotice = async (notice: TurnNotices | undefined): Promise<boolean> => {
     const view = notice?.view();
-    return view && reply.status(200).send(answer.disposition ? { ...view, disposition: answer.disposition } : view);
+    if (!view) return false;
+    await key.check();
+    reply.status(200).send(answer.disposition ? { ...view, disposition: answer.disposition } : view);
+    return true;
   };
-  // (No background request subscribes.)
-  if (admittedHere && waitFor?.turnId === answer.turn_id) {
-    // How long a request that admitted its turn waits for the final notice before it reads the store.
-    if ((await waitFor.next(Math.min(ctx.config.waitTimeoutMs, ctx.config.waitStoreCheckMs))) === "final") {
-      const sent = fromNotice(waitFor);
-      if (sent) return sent;
-    }
-  }
   // A steered answer names the active turn, not the one subscribed to before admission: its
   // notices are subscribed to before the reads, so an end between them is not missed (and
   // the claim's turn, which will never have one, is let go).
   const own = waitFor?.turnId === answer.turn_id;
-  if (waitFor && !own) waitFor.sub.unsubscribe();
-  const notice = body.background ? undefined : own ? waitFor : turnNotices(ctx, answer.run_id, answer.turn_id);
+  let notice: TurnNotices | undefined;
   try {
+    // (No background request subscribes.)
+    if (admittedHere && own) {
+      key.wakes(waitFor);
+      // How long a request that admitted its turn waits for the final notice before it reads the store.
+      if ((await waitFor!.next(Math.min(ctx.config.waitTimeoutMs, ctx.config.waitStoreCheckMs))) === "final") {
+        if (await fromNotice(waitFor)) return reply;
+      }
+      await key.check();
+    }
+    if (waitFor && !own) waitFor.sub.unsubscribe();
+    notice = body.background ? undefined : own ? waitFor : turnNotices(ctx, answer.run_id, answer.turn_id);
+    key.wakes(notice);
     let run = await loadRun(ctx, workspaceId, answer.run_id, runParamOf(body));
     let turn = await loadTurn(ctx, run, answer.turn_id);
     if (notice && !settled(turn, run) && !pendingActionOf(turn.actions)) {
-      await waitUntilFinal(ctx, run, turn._id, notice, deadline);
-      const sent = fromNotice(notice);
-      if (sent) return sent;
+      await waitUntilFinal(ctx, run, turn._id, notice, deadline, key);
+      if (await fromNotice(notice)) return reply;
       run = await loadRun(ctx, workspaceId, answer.run_id, runParamOf(body));
       turn = await loadTurn(ctx, run, turn._id);
+      await key.check();
     }
     const final = isFinalStatus(turn.status);
     if (!final || body.background) {
@@ -392,6 +435,7 @@ async function deliver(
     }
     return reply.status(200).send(renderRun(run, turn, answer.disposition));
   } finally {
+    key.stop();
     if (notice !== waitFor) notice?.sub.unsubscribe();
   }
 }

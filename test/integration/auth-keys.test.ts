@@ -295,6 +295,32 @@ test("keys - a revoked key is refused at once and shows revoked_at", async (t) =
   t.is(after.body.error.code, "unauthorized");
 });
 
+test("keys - a POST that waits for its turn is answered 401, at the revocation and without the turn's result, when its key is revoked meanwhile (it had answered the whole result once the turn ended: authz probe)", async (t) => {
+  const { api } = t.context;
+  // About 8 s of streaming text at 4 tokens a second.
+  const agent = await api.agentWith({ model: "faux/scripted", tokens_per_second: 4 });
+  for (const how of ["start", "continue"] as const) {
+    const key = await createKey(api, ["run:read", "run:write"]);
+    const holder = api.withKey(key.key);
+    let body: Record<string, unknown> = { agent, input: "secret ".repeat(30) };
+    if (how === "continue") {
+      const run = await holder.post("/api/v1/runs", { agent, input: "hi", background: true });
+      await holder.waitTurn(run.body.id, run.body.turn.id);
+      body = { run_id: run.body.id, input: "secret ".repeat(30) };
+    }
+    const started = Date.now();
+    const waiting = holder.post("/api/v1/runs", body);
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    const revokedAt = Date.now();
+    t.is((await api.post(`/api/v1/api-keys/${key.id}/revoke`)).status, 200);
+    const answer = await waiting;
+    t.is(answer.status, 401, `${how}: ${JSON.stringify(answer.body).slice(0, 200)}`);
+    t.is(answer.body.error.code, "unauthorized");
+    t.notRegex(JSON.stringify(answer.body), /secret/, how);
+    t.true(Date.now() - revokedAt < 3_000, `${how}: answered ${Date.now() - revokedAt} ms after the revocation (${Date.now() - started} ms in all), not at the turn's end`);
+  }
+});
+
 test("keys - another workspace's key is 404", async (t) => {
   const { api, other } = t.context;
   const key = await createKey(api, ["run:read"]);
