@@ -11,7 +11,7 @@
  * - the service's own provider variables are removed from its environment at start
  *   ({@link scrubProviderEnvironment}), so no provider client can fall back to them.
  */
-import type { ModelRef } from "../src/index.js";
+import { isHeaderSafe, type ModelRef } from "../src/index.js";
 
 const OPENAI_COMPATIBLE = "openai-compatible";
 
@@ -39,12 +39,18 @@ export function providerKeyVars(provider: string): string[] {
  * endpoint gets the value its model reference names, or nothing.
  */
 export function apiKeyResolver(values: Record<string, string>, model: ModelRef): (provider: string) => string | undefined {
+  // A value stored before values had to be header-safe is not sent: the HTTP client's
+  // refusal would quote it (src/env-values.ts, isHeaderSafe). The turn fails as without one.
+  const usable = (name: string) => {
+    const value = values[name];
+    return value && isHeaderSafe(value) ? value : undefined;
+  };
   return (provider) => {
     if (provider === OPENAI_COMPATIBLE) {
       const name = typeof model === "object" ? model.api_key_env : undefined;
-      return name ? values[name] || undefined : undefined;
+      return name ? usable(name) : undefined;
     }
-    for (const name of providerKeyVars(provider)) if (values[name]) return values[name];
+    for (const name of providerKeyVars(provider)) if (usable(name)) return usable(name);
     return undefined;
   };
 }

@@ -1340,7 +1340,7 @@ export interface components {
             updated_at: number;
         };
         EnvironmentValuePutRequest: {
-            /** @description At most 64 KiB (UTF-8). */
+            /** @description At most 64 KiB (UTF-8), without control characters (a tab is allowed): a value is sent as a provider credential in an HTTP header. */
             value: string;
         };
         EnvironmentValueDeleted: {

@@ -147,7 +147,7 @@ export const EnvValueSchema = named(
 /** Its size (at most 64 KiB) is checked where it is stored (src/env-values.ts). */
 export const EnvValuePutRequestSchema = named(
   "EnvironmentValuePutRequest",
-  jsonBody({ value: z.string({ error: (issue) => (issue.input === undefined ? "is required." : "must be a string.") }).describe("At most 64 KiB (UTF-8).") }),
+  jsonBody({ value: z.string({ error: (issue) => (issue.input === undefined ? "is required." : "must be a string.") }).describe("At most 64 KiB (UTF-8), without control characters (a tab is allowed): a value is sent as a provider credential in an HTTP header.") }),
 );
 
 export const EnvValueDeletedSchema = named(

@@ -64,7 +64,21 @@ export function checkEnvName(name: string): string {
 export function checkEnvValue(value: unknown): string {
   if (typeof value !== "string") throw invalid("value", "value must be a string.");
   if (Buffer.byteLength(value, "utf8") > MAX_ENV_VALUE_BYTES) throw invalid("value", "value must be at most 64 KiB.");
+  if (!isHeaderSafe(value)) {
+    throw invalid("value", "value must not hold control characters (a line break, NUL, …; a tab is allowed): it is sent as a credential in an HTTP header.");
+  }
   return value;
+}
+
+/**
+ * Whether a value can be sent in an HTTP header field (RFC 9110: no control character but
+ * horizontal tab). A value is how a provider credential reaches the agent (decisions §3),
+ * always as a header. One with a line break or NUL made the HTTP client refuse the request
+ * with a message quoting the whole header, value included, which the turn's error, its
+ * events and webhooks then carried to anyone with run:read (found by a probe).
+ */
+export function isHeaderSafe(value: string): boolean {
+  return !/[\u0000-\u0008\u000a-\u001f\u007f]/.test(value);
 }
 
 /** How long a node reuses a workspace's decrypted values for new turns. */

@@ -178,6 +178,21 @@ async function waitFor<T>(what: () => Promise<T>, ok: (value: T) => boolean, tim
 
 // ---- environment values --------------------------------------------------------------
 
+test("env values - a value with a control character is refused (400 param value), a tab is kept: a credential with a line break had made the HTTP client's refusal, which quotes the header, carry it into the turn's error, events and webhooks (probe)", async (t) => {
+  const { api } = await newWorkspace(t.context.service, "business");
+  for (const value of ["sk-one\nsk-two", "sk-one\r\nX-Injected: yes", "sk\u0000x", "sk\u0001x", "sk\u007fx", "\n"]) {
+    const res = await api.request("PUT", "/api/v1/environment-values/ANTHROPIC_API_KEY", { body: { value } });
+    t.is(res.status, 400, JSON.stringify(value));
+    t.is(res.body.error.param, "value");
+    t.regex(res.body.error.message, /control character/);
+    t.false(JSON.stringify(res.body).includes("sk-one"), "the refusal does not quote the value");
+  }
+  t.is((await api.get("/api/v1/environment-values/ANTHROPIC_API_KEY")).status, 404, "nothing stored");
+  const tab = await api.request("PUT", "/api/v1/environment-values/ANTHROPIC_API_KEY", { body: { value: "sk-a\tb é ✓" } });
+  t.is(tab.status, 200);
+  t.is((await api.get("/api/v1/environment-values/ANTHROPIC_API_KEY?reveal=true")).body.value, "sk-a\tb é ✓");
+});
+
 test("env values - put, list, get, reveal, replace keeps created_at, delete", async (t) => {
   const { api } = await newWorkspace(t.context.service, "business");
   const put = await api.request("PUT", "/api/v1/environment-values/OPENAI_API_KEY", { body: { value: "sk-first" } });
