@@ -17,6 +17,14 @@ import { prepareRunWorkspace, workspaceDirOf } from "./run-workspace.js";
 import { fitTurnDocument } from "./transcript-bounds.js";
 import { resolveFiles, withRetries } from "./turn-input.js";
 
+/**
+ * How long a finished turn's write is retried while the store fails for a moment: past a
+ * MongoDB election (10–30 s) and a FerretDB restart, each pause at most 5 s.
+ */
+export const SETTLE_RETRY_MS = 120_000;
+const SETTLE_MAX_PAUSE_MS = 5_000;
+const SETTLE_ATTEMPTS = 40;
+
 export interface ActiveExecution {
   turn: TurnDoc;
   running: RunningTurn;
@@ -301,10 +309,12 @@ export class TurnExecution {
   /**
    * The finished turn (or the run after it) could not be stored. No run may stay busy
    * because a write failed, and no turn may lose its result to a store outage shorter
-   * than the retries: a temporary failure (the store or NATS away for a moment) retries
-   * the turn's own result; any other stores it `failed` without its result. Retried for
-   * ~15 s; if even that cannot be written (the store is down), the actor stops as
-   * unsettled and the node recovers the run once the store answers (ActorHost.adoptOrphans).
+   * than the retries: a temporary failure (the store or NATS away for a moment, a MongoDB
+   * failover) retries the turn's own result; any other stores it `failed` without its
+   * result. Retried for {@link SETTLE_RETRY_MS} (it was ~15 s, and a longer outage lost a
+   * finished turn's output: the fault probe); if even that cannot be written, the actor
+   * stops as unsettled and the node recovers the run once the store answers
+   * (ActorHost.adoptOrphans), as interrupted.
    */
   private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}, finished?: FinishedTurn): Promise<void> {
     const reference = this.r.ids.reference();
@@ -313,7 +323,8 @@ export class TurnExecution {
     if (own) this.r.log.warn({ err: cause, run_id: this.host.runId, turn_id: turn._id }, "could not store a finished turn for now; retrying it");
     else this.r.log.error({ err: cause, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
     const error = turnError("platform_failure", { reference, message: "The turn finished, but its result could not be stored." });
-    for (let attempt = 0; attempt < 5 && !this.host.stopped; attempt++) {
+    const giveUpAt = this.r.clock.nowMs() + SETTLE_RETRY_MS;
+    for (let attempt = 0; attempt < SETTLE_ATTEMPTS && !this.host.stopped; attempt++) {
       try {
         const stored = this.storedFinal?.turnId === turn._id ? this.storedFinal : undefined;
         // The turn itself was stored: only the run's move to its next state is left.
@@ -327,17 +338,20 @@ export class TurnExecution {
           own = undefined;
           this.r.log.error({ err, run_id: this.host.runId, turn_id: turn._id, reference }, "could not store a finished turn; storing it as failed without its result");
         }
+        const pause = Math.min(500 * 2 ** attempt, SETTLE_MAX_PAUSE_MS);
+        if (this.r.clock.nowMs() + pause > giveUpAt) break;
         this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id, attempt }, own ? "storing the finished turn failed; retrying" : "storing the failed turn failed; retrying");
-        await this.r.clock.sleep(500 * 2 ** attempt);
+        await this.r.clock.sleep(pause);
       }
     }
+    this.r.log.error({ run_id: this.host.runId, turn_id: turn._id }, "a finished turn could not be stored within its retries: the run is recovered once the store answers, the turn as interrupted");
     this.host.markUnsettled();
     this.host.stop("a finished turn could not be stored");
   }
 
   /**
-   * Runs `write`, again while it fails for a moment (the store or NATS away: ~15 s in all,
-   * as settleUnstored); any other failure, or the last, is thrown.
+   * Runs `write`, again while it fails for a moment (the store or NATS away: ~15 s in all);
+   * any other failure, or the last, is thrown.
    */
   private async whileTransient<T>(turn: TurnDoc, write: () => Promise<T>): Promise<T> {
     for (let attempt = 0; ; attempt++) {

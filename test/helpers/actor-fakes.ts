@@ -42,6 +42,8 @@ export class MemoryRunStore implements RunStore {
   failTurnWriteOnce?: (id: string, set: Partial<TurnDoc>) => boolean;
   /** What that failed write throws (default a plain Error: not a temporary failure). */
   failTurnWriteError?: Error;
+  /** Makes every turn write that matches fail, with {@link failTurnWriteError}, until cleared (a store away for long). */
+  failTurnWrites?: (id: string, set: Partial<TurnDoc>) => boolean;
 
   async insertRunOnce(doc: RunDoc): Promise<boolean> {
     if (this.runs.has(doc._id)) return false;
@@ -86,6 +88,7 @@ export class MemoryRunStore implements RunStore {
       this.failTurnWriteOnce = undefined;
       throw this.failTurnWriteError ?? new Error("store unavailable (injected)");
     }
+    if (this.failTurnWrites?.(id, set)) throw this.failTurnWriteError ?? new Error("store unavailable (injected)");
     const turn = this.turns.get(id);
     if (!turn || turn.epoch > epoch) throw new FencedError(id);
     Object.assign(turn, clone(set), { epoch });

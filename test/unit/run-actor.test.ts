@@ -12,7 +12,7 @@ import type { CommandReply, RunCommand } from "../../src/commands.js";
 import { StoreUnavailableError } from "../../src/mongo-guard.js";
 import { unavailable } from "../../src/event-envelope.js";
 import { busyGraceMs } from "../../src/domain.js";
-import { retentionRefreshMs } from "../../actors/turn-execution.js";
+import { retentionRefreshMs, SETTLE_RETRY_MS } from "../../actors/turn-execution.js";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import { BoundedWork } from "../../src/bounded-work.js";
 import { actorWorld, type ActorWorld } from "../helpers/actor-fakes.js";
@@ -876,6 +876,34 @@ test("run-actor - an idle run's command whose event could not be stored fails; o
   t.is(reply.disposition, "continued");
   t.is(w.store.turns.get("turn_3")!.index, 1);
   t.deepEqual(w.events.events(RUN).filter((e) => e.turn_id === "turn_3").map((e) => e.type), ["turn.started"]);
+});
+
+test("run-actor - a finished turn whose write meets a store outage of a minute keeps its own result (it was stored interrupted without its output past ~15 s: fault probe); past the retries the actor stops unsettled, for the node to recover the run", async (t) => {
+  for (const outageMs of [60_000, SETTLE_RETRY_MS + 30_000]) {
+    const w = await world();
+    const actor = w.actor();
+    await actor.command(startCmd());
+    w.store.failTurnWrites = (id, set) => id === "turn_1" && set.status !== undefined;
+    w.store.failTurnWriteError = new StoreUnavailableError(new Error("connection refused"));
+    w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
+    // The store answers again after `outageMs` of the actor's clock.
+    for (let elapsed = 0; elapsed < outageMs + 10_000; elapsed += 250) {
+      await ticks(3);
+      if (elapsed >= outageMs) w.store.failTurnWrites = undefined;
+      w.clock.advance(250);
+    }
+    await ticks(10);
+    const turn = w.store.turns.get("turn_1")!;
+    if (outageMs === 60_000) {
+      t.is(turn.status, "completed", `${outageMs} ms`);
+      t.deepEqual(turn.output, [{ type: "output_text", text: "kept" }]);
+      t.is(w.store.runs.get(RUN)!.state, "idle");
+    } else {
+      t.is(turn.status, "in_progress", "left for the node's recovery");
+      t.true(actor.isUnsettled, "stopped as unsettled");
+      t.false(actor.holdsRun);
+    }
+  }
 });
 
 test("run-actor - a workspace save the object store did not answer in time is tried again: one stored though its answer was lost is saved over once ownership is confirmed, and the turn completes", async (t) => {
