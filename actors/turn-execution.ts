@@ -344,7 +344,7 @@ export class TurnExecution {
         await this.r.clock.sleep(pause);
       }
     }
-    this.r.log.error({ run_id: this.host.runId, turn_id: turn._id }, "a finished turn could not be stored within its retries: the run is recovered once the store answers, the turn as interrupted");
+    if (!this.host.stopped) this.r.log.error({ run_id: this.host.runId, turn_id: turn._id }, "a finished turn could not be stored within its retries: the run is recovered once the store answers, the turn as interrupted");
     this.host.markUnsettled();
     this.host.stop("a finished turn could not be stored");
   }
