@@ -79,6 +79,13 @@ export interface AttemptDoc extends WebhookAttempt {
 
 /** How long a rotated-out secret still signs deliveries. */
 export const SECRET_GRACE_MS = 24 * 3600 * 1000;
+/**
+ * Rotated-out secrets that still sign, at most: the newest ones. Each signs every delivery
+ * (one `v1,…` of ~48 bytes in its signature header); 400 rotations in a day had made that
+ * header overflow a receiver's 16 KiB limit (431 on every attempt) and the document grow
+ * without end (found by a probe).
+ */
+export const MAX_PREVIOUS_SECRETS = 4;
 /** Workspaces whose endpoints a node keeps in memory. */
 const CACHED_WORKSPACES = 10_000;
 /** The error of an attempt claimed and not answered yet. */
@@ -224,14 +231,18 @@ export class WebhookStore {
     this.cache.delete(doc.workspace_id);
   }
 
-  /** A new current secret; the previous one keeps signing for {@link SECRET_GRACE_MS}. */
+  /**
+   * A new current secret; the previous one keeps signing for {@link SECRET_GRACE_MS}, and
+   * at most {@link MAX_PREVIOUS_SECRETS} rotated-out ones do (the oldest's grace ends first).
+   */
   async rotateSecret(workspaceId: string, id: string): Promise<{ doc: WebhookDoc; secret: string } | null> {
     const doc = await this.get(workspaceId, id);
     if (!doc) return null;
     const now = this.clock.nowMs();
     const secret = newWebhookSecret();
     const kept = doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => (s.expires_at === null ? { ...s, expires_at: now + SECRET_GRACE_MS } : s));
-    const secrets = [{ sealed: this.sealSecret(workspaceId, secret), created_at: now, expires_at: null }, ...kept];
+    const newestFirst = kept.sort((a, b) => b.created_at - a.created_at).slice(0, MAX_PREVIOUS_SECRETS);
+    const secrets = [{ sealed: this.sealSecret(workspaceId, secret), created_at: now, expires_at: null }, ...newestFirst];
     const updated = await guard(() => this.endpoints.findOneAndUpdate({ _id: id, workspace_id: workspaceId }, { $set: { secrets, updated_at: now } }, { returnDocument: "after" }));
     return updated ? { doc: updated, secret } : null;
   }
@@ -356,8 +367,15 @@ export class WebhookStore {
    * Pending deliveries of these partitions that are due, oldest first, without their bodies
    * (read when attempted: {@link bodyOf}), leaving out `exclude` (those being attempted).
    */
-  due(partitions: number[], nowMs: number, limit: number, exclude: string[] = []): Promise<DueDelivery[]> {
-    const filter = { status: "pending" as const, next_attempt_at: { $lte: nowMs }, partition: { $in: partitions }, ...(exclude.length ? { _id: { $nin: exclude } } : {}) };
+  due(partitions: number[], nowMs: number, limit: number, exclude: { deliveries?: string[]; endpoints?: string[] } = {}): Promise<DueDelivery[]> {
+    const { deliveries = [], endpoints = [] } = exclude;
+    const filter = {
+      status: "pending" as const,
+      next_attempt_at: { $lte: nowMs },
+      partition: { $in: partitions },
+      ...(deliveries.length ? { _id: { $nin: deliveries } } : {}),
+      ...(endpoints.length ? { webhook_id: { $nin: endpoints } } : {}),
+    };
     return guard(() => this.deliveries.find(filter, { projection: { body: 0 } }).sort({ created_at: 1, _id: 1 }).limit(limit).toArray()) as Promise<DueDelivery[]>;
   }
 

@@ -269,6 +269,61 @@ test("webhooks - rotation signs with both secrets for a day; a test delivery and
   t.is(r.requests[1]!.headers["webhook-id"], request.headers["webhook-id"]);
 });
 
+test("webhooks - rotations keep at most the 4 newest rotated-out secrets signing beside the current one: 400 rotations had made the signature header overflow a receiver's limit (431 on every attempt; probe)", async (t) => {
+  const ws = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  const hook = (await ws.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.completed"] })).body;
+  const secrets: string[] = [hook.secret];
+  for (let i = 0; i < 12; i++) {
+    const rotated = await ws.api.post(`/api/v1/webhooks/${hook.id}/rotate-secret`, {});
+    t.is(rotated.status, 200);
+    secrets.push(rotated.body.secret);
+  }
+  t.is((await ws.api.post(`/api/v1/webhooks/${hook.id}/test`, {})).status, 202);
+  await r.until(() => r.requests.length >= 1);
+  const request = r.requests[0]!;
+  t.is(String(request.headers["webhook-signature"]).split(" ").length, 5, "the current secret and 4 rotated out");
+  const verifies = secrets.map((secret) => {
+    try {
+      new Webhook(secret).verify(request.body, request.headers as Record<string, string>);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+  t.deepEqual(verifies, [...Array(8).fill(false), ...Array(5).fill(true)], "the newest five sign");
+  const raw = await t.context.servers.raw();
+  t.is(((await raw.db.collection("webhooks").findOne({ _id: hook.id as never })) as { secrets: unknown[] } | null)?.secrets.length, 5, "the document keeps no more");
+});
+
+test("webhooks - one tenant's receiver that never answers, with hundreds of due deliveries, does not hold back another tenant's: those are left out of the look while its attempts are at their limit (a probe measured 0.3 s → 148 s)", async (t) => {
+  t.timeout(90_000);
+  const slow = await newWorkspace(t.context.service);
+  const hanging = createServer(() => undefined);
+  const sockets = new Set<import("node:net").Socket>();
+  hanging.on("connection", (socket) => (sockets.add(socket), socket.on("close", () => sockets.delete(socket))));
+  await new Promise<void>((resolve) => hanging.listen(0, "127.0.0.1", resolve));
+  const slowHook = (await slow.api.post("/api/v1/webhooks", { url: `http://127.0.0.1:${(hanging.address() as AddressInfo).port}/hang`, event_types: ["turn.completed"] })).body;
+  t.teardown(async () => {
+    await slow.api.request("DELETE", `/api/v1/webhooks/${slowHook.id}`);
+    for (const socket of sockets) socket.destroy();
+    hanging.close();
+  });
+  // More due deliveries than one look reads (200), all older than the other tenant's.
+  for (let i = 0; i < 260; i += 20) {
+    const sent = await Promise.all(Array.from({ length: 20 }, () => slow.api.post(`/api/v1/webhooks/${slowHook.id}/test`, {})));
+    t.true(sent.every((res) => res.status === 202));
+  }
+  const other = await newWorkspace(t.context.service);
+  const r = await receiver(t);
+  const hook = (await other.api.post("/api/v1/webhooks", { url: r.url, event_types: ["turn.completed"] })).body;
+  const started = Date.now();
+  t.is((await other.api.post(`/api/v1/webhooks/${hook.id}/test`, {})).status, 202);
+  await r.until(() => r.requests.length >= 1, 8_000);
+  t.log(`delivered ${Date.now() - started} ms after it was sent`);
+  t.true(sockets.size > 0 && sockets.size <= 4, `the slow receiver holds the endpoint's limit of attempts (${sockets.size})`);
+});
+
 test("webhooks - what a webhook sends and where takes run:read too: webhooks:write alone cannot direct runs' data to an address (found by a probe)", async (t) => {
   const ws = await newWorkspace(t.context.service);
   const key = async (scopes: string[]) => ws.api.withKey((await ws.api.post("/api/v1/api-keys", { scopes })).body.key);
@@ -503,7 +558,7 @@ test("webhooks - a look for due deliveries leaves out those being attempted and 
   const due = await store.due([999_994], Date.now() + 1_000, 10);
   t.deepEqual(due.map((d) => d._id).sort(), [a._id, b._id].sort());
   t.true(due.every((d) => !("body" in d)));
-  t.deepEqual((await store.due([999_994], Date.now() + 1_000, 10, [a._id])).map((d) => d._id), [b._id]);
+  t.deepEqual((await store.due([999_994], Date.now() + 1_000, 10, { deliveries: [a._id] })).map((d) => d._id), [b._id]);
   t.is(await store.bodyOf(a._id), a.body);
   t.is(await store.bodyOf("whd_none"), null);
 });
