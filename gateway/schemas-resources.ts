@@ -266,7 +266,8 @@ const webhookUrl = z
     const problem = destinationUrlProblem(value);
     if (problem === "credentials") refuse(ctx, "url", "url must not hold credentials; verify deliveries with the webhook's secret.");
     else if (problem === "host") refuse(ctx, "url", "url must name a DNS name or an IP address, and a port other than 0.");
-    else if (problem) refuse(ctx, "url", "url must be an http or https URL.");
+    else if (problem === "scheme") refuse(ctx, "url", "url must be an http or https URL.");
+    else if (problem) refuse(ctx, "url", "url must be a valid absolute URL (its host or port could not be read).");
   })
   .describe("Where deliveries are POSTed: http or https, without credentials, naming a DNS name or an IP address (not port 0). Private, loopback, link-local and metadata addresses are refused unless the operator allows them (RUNS_WEBHOOK_ALLOW_PRIVATE).");
 const eventTypes = z.array(webhookEventType, { error: "must be an array of event types." }).min(1, "must name at least one event type.").max(WEBHOOK_EVENT_TYPES.length + 1);

@@ -1,6 +1,6 @@
 /** Body schemas of errors, runs, turns and events (see gateway/schema-registry.ts). */
 import { z } from "zod";
-import { Disposition, ErrorType, jsonBody, MAX_INLINE_FILE_BYTES, MAX_TAGS, refuse, RunRequestBodySchema, RunState, TagSchema as SourceTagSchema, TURN_ERROR_CATALOGUE, TurnStatus } from "../src/index.js";
+import { Disposition, ErrorType, hasLoneSurrogate, jsonBody, MAX_INLINE_FILE_BYTES, MAX_TAGS, refuse, RunRequestBodySchema, RunState, TagSchema as SourceTagSchema, TURN_ERROR_CATALOGUE, TurnStatus } from "../src/index.js";
 import { named, unixSeconds } from "./schema-registry.js";
 
 // ---------------------------------------------------------------------------------
@@ -107,11 +107,23 @@ export const ActionSchema = named(
   "A gated tool call and its decision.",
 );
 
+/** A decision's reason: anything but controls other than tab, line feed and carriage return. */
+// eslint-disable-next-line no-control-regex
+const REASON_PATTERN = /^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$/;
+
 export const ActionDecisionSchema = named(
   "ActionDecision",
   jsonBody({
     decision: z.enum(["approve", "deny"], { error: 'must be "approve" or "deny".' }),
-    reason: z.string({ error: "must be a string." }).max(2_000, "must be at most 2000 characters.").optional().describe("Shown to the model with a denial; kept with the action."),
+    reason: z
+      .string({ error: "must be a string." })
+      .max(2_000, "must be at most 2000 characters.")
+      // Free text, line breaks and tabs included; not NUL or other controls, nor a lone
+      // surrogate, which the store keeps as U+FFFD while the event and the model had it raw.
+      .regex(REASON_PATTERN, "must not hold control characters other than tab and line breaks.")
+      .refine((text) => !hasLoneSurrogate(text), "must not hold a lone surrogate (UTF-16 half of a character).")
+      .optional()
+      .describe("Shown to the model with a denial; kept with the action."),
   }),
 );
 

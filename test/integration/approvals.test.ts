@@ -272,6 +272,10 @@ test("another workspace's run is 404 run_not_found; an unknown action 404 action
     [{ decision: "maybe" }, "decision"],
     [{ decision: "approve", reason: 7 }, "reason"],
     [{ decision: "approve", reason: "x".repeat(2001) }, "reason"],
+    // Stored as U+FFFD or refused by some readers, while the event and the model had them raw (probe).
+    [{ decision: "deny", reason: "a\u0000b" }, "reason"],
+    [{ decision: "deny", reason: "a\u001b[2Jb" }, "reason"],
+    [{ decision: "deny", reason: "half \ud800" }, "reason"],
     [{ decision: "approve", extra: true }, "extra"],
   ] as const) {
     const res = await api.post(`/api/v1/runs/${run.id}/actions/${action.id}`, body);
