@@ -390,6 +390,11 @@ test("webhooks - bad input answers 400 naming the field; scopes; another workspa
   }
   const portZero = await ws.api.post("/api/v1/webhooks", { url: "https://example.com:0/x", event_types: ["*"] });
   t.regex(portZero.body.error.message, /DNS name or an IP address, and a port other than 0/);
+  // What is not a URL at all says so, not that it must be http (probe).
+  for (const url of ["http://example.com:99999/", "not a url"]) {
+    t.regex((await ws.api.post("/api/v1/webhooks", { url, event_types: ["*"] })).body.error.message, /valid absolute URL/, url);
+  }
+  t.regex((await ws.api.post("/api/v1/webhooks", { url: "ftp://example.com/x", event_types: ["*"] })).body.error.message, /http or https/);
   const hook = (await ws.api.post("/api/v1/webhooks", { url: "https://example.com/x", event_types: ["*"] })).body;
   // An agent filter names an agent of the workspace: none, or another workspace's, never matches.
   const theirs = await other.api.agentWith({ model: "faux/scripted" });
