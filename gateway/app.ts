@@ -3,7 +3,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http";
 import type { Socket } from "node:net";
 import type { KV } from "@nats-io/kv";
-import { ApiError, fieldOfPath, invalid, malformedQueryParam, MAX_JSON_DEPTH, tooDeepPath, trackConnection } from "../src/index.js";
+import { ApiError, fieldOfPath, invalid, malformedQueryParam, MAX_JSON_DEPTH, tooDeepPath, trackConnection, within } from "../src/index.js";
 import { Authenticator, requireScope } from "./auth.js";
 import { CommandRouter } from "./router.js";
 import { IdempotencyRecords } from "./idempotency.js";
@@ -112,13 +112,21 @@ function watchBodyArrival(request: FastifyRequest, reply: FastifyReply, ctx: Pic
 /** How much longer than an upload may take any request may take to arrive whole (Node's requestTimeout). */
 const REQUEST_TIMEOUT_MARGIN_MS = 60_000;
 
-/** A scrape waits at most this long for the store's ping. */
-const STORE_PING_BOUND_MS = 1_000;
+/** A readiness check or a scrape waits at most this long for the store's ping, or NATS's. */
+const PING_BOUND_MS = 1_000;
 
 export async function buildApp(
-  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "uploadSlots" | "finalTurns" | "metrics"> & { rateLimits: KV },
+  ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "uploadSlots" | "finalTurns" | "metrics" | "health"> & { rateLimits: KV },
 ): Promise<{ app: FastifyInstance; context: GatewayContext }> {
   const connection = trackConnection(ctx.nc);
+  const health: GatewayContext["health"] = {
+    // Connected by the client's account, and a round trip (PING/PONG) within the bound: the
+    // client learns of a server that stopped answering only at its next ping (2 min), and
+    // /readyz had said nats: true seconds into an outage (fault probe).
+    natsUp: async () =>
+      connection.connected && !ctx.nc.isClosed() && !ctx.nc.isDraining() && (await within(ctx.nc.flush().then(() => true, () => false), PING_BOUND_MS, ctx.clock, () => false)),
+    storeUp: () => within(ctx.store.ping(), PING_BOUND_MS, ctx.clock, () => false),
+  };
   const context: GatewayContext = {
     ...ctx,
     rateLimiter: new RateLimiter(ctx.rateLimits, ctx.config.rateLimits, ctx.clock, (err) =>
@@ -133,8 +141,9 @@ export async function buildApp(
       turns: ctx.turnCounts,
       sseStreams: () => openStreamCount(context),
       natsConnected: () => connection.connected && !ctx.nc.isClosed(),
-      storeReachable: () => Promise.race([ctx.store.ping(), ctx.clock.sleep(STORE_PING_BOUND_MS).then(() => false)]),
+      storeReachable: health.storeUp,
     }, ctx.config.metricsToken !== undefined),
+    health,
   };
   const app = Fastify({
     loggerInstance: ctx.log.child({ component: "http" }) as FastifyBaseLogger,

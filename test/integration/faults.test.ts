@@ -71,7 +71,14 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   const run = (await api.post("/api/v1/runs", { agent, input: "before" })).body;
   const doomed = (await api.post("/api/v1/runs", { agent, input: "to delete" })).body;
   const port = servers.nats.port;
+  t.is((await api.get("/readyz")).status, 200);
   await servers.nats.stop();
+  // Not ready while NATS is away, said within a bound (it had said nats: true: fault probe).
+  const readyStarted = Date.now();
+  const notReady = await api.get("/readyz");
+  t.is(notReady.status, 503, JSON.stringify(notReady.body));
+  t.like(notReady.body, { status: "unavailable", nats: false, store: true });
+  t.true(Date.now() - readyStarted < 3_000, `answered in ${Date.now() - readyStarted} ms`);
   const started = Date.now();
   const cont = await api.post("/api/v1/runs", { run_id: run.id, input: "during" });
   assertUnavailable(t, cont);
@@ -95,6 +102,7 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   }
   t.is(res!.status, 200, JSON.stringify(res!.body));
   t.is(res!.body.turn.status, "completed");
+  t.like((await api.get("/readyz")).body, { status: "ready", nats: true, store: true });
 
   // The run is deleted meanwhile (here by another request; as well by the first attempt
   // itself when its answer was lost): the repeat with the key answers as the first would have.
