@@ -171,8 +171,12 @@ async function launch(
   // servers after the service has let go of them; a kill reaches the whole group.
   const child = spawn("/bin/sh", ["-c", WATCHDOG, "sh", bin, ...args], { env, stdio: ["pipe", log.fd, log.fd], detached: true });
   child.stdin!.on("error", () => undefined);
-  // The pipe must not keep this process alive; its end closes when the process dies.
+  // Neither the pipe nor the child keeps this process alive: when nothing else does (a test
+  // worker whose set-up failed before its teardown knew the servers), it exits, its end of
+  // the pipe closes, and the watchdog stops the server. A worker had waited for ever on a
+  // server left running. A stop holds the process until the server is gone.
   (child.stdin as unknown as { unref?: () => void }).unref?.();
+  child.unref();
   child.once("exit", () => void log.close().catch(() => undefined));
   const killGroup = () => {
     try {
@@ -184,6 +188,7 @@ async function launch(
   const stop = async () => {
     if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise((resolve) => child.once("exit", resolve));
+    child.ref();
     child.kill("SIGTERM");
     const timer = setTimeout(killGroup, 5_000);
     await exited;

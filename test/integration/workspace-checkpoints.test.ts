@@ -15,6 +15,7 @@ import { objectChunkReader } from "../../src/object-read.js";
 import { systemClock } from "../../src/clock.js";
 import { BlobKeyring } from "../../src/blob-crypto.js";
 import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
+import type { RunningService } from "../../node/service.js";
 
 /**
  * POSTs as a client would right after a node restarted: a retryable 503 (runtime_unavailable:
@@ -44,8 +45,9 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
   const servers = await startTestServers();
   const dataDir = path.join(servers.dir, "node-a");
   const env = { RUNS_DATA_DIR: dataDir, RUNS_WAIT_TIMEOUT_MS: "20000" };
-  let service = await startTestService(servers, env);
+  let service: RunningService | undefined;
   try {
+    service = await startTestService(servers, env);
     const ws = await newWorkspace(service);
     let api = ws.api;
     const deployBash = async (agent: string, command: string) => {
@@ -95,7 +97,7 @@ test("checkpoints - a workspace a node kept from before is replaced by the run's
     await deployBash(agent, "cat extra.txt note.txt");
     t.is(await turn(runId), "kept as it is\ntwo");
   } finally {
-    await service.close();
+    await service?.close();
     await servers.stop();
   }
 });
