@@ -405,18 +405,27 @@ export class RunActor {
       return;
     }
     const now = this.r.clock.nowMs();
+    const last = unadmitted[unadmitted.length - 1]!;
+    const counted: Partial<RunDoc> = { turn_count: last.index + 1, latest_turn_id: last._id };
+    const settledNow: Array<{ turnId: string; view: ReturnType<typeof renderRun> }> = [];
     for (const turn of unadmitted) {
       if (isFinalStatus(turn.status)) continue;
       const final: Partial<TurnDoc> = { status: TurnStatus.failed, output: [], error: turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }), completed_at: now, duration_ms: 0 };
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
-      this.emit(turn._id, "platform", finalEventType(TurnStatus.failed), { run: renderRun(run, { ...turn, ...final }) });
+      // As any final turn's: its final event, webhooks and notice carry the run as this
+      // settlement leaves it (counting the turn), and the webhooks are recorded before it.
+      const view = renderRun({ ...run, ...counted }, { ...turn, ...final });
+      this.emit(turn._id, "platform", finalEventType(TurnStatus.failed), { run: view });
+      await this.turns.recordWebhooks(run, { ...turn, ...final }, view);
+      settledNow.push({ turnId: turn._id, view });
       this.r.log.warn({ run_id: run._id, turn_id: turn._id }, "a turn admitted half (its run never named it) failed: nothing of it ran");
     }
-    const last = unadmitted[unadmitted.length - 1]!;
     await this.appender!.flush().catch((err: unknown) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
-    const set: Partial<RunDoc> = { turn_count: last.index + 1, latest_turn_id: last._id, event_seq: this.appender!.nextSequence - 1 };
+    const set: Partial<RunDoc> = { ...counted, event_seq: this.appender!.nextSequence - 1 };
     await this.r.store.updateRunFenced(run._id, this.epoch, set);
     Object.assign(run, set);
+    // Those waiting for it (a retry's long poll) hear it now, not at their timeout.
+    for (const { turnId, view } of settledNow) this.turns.publishFinal(turnId, view);
     // Only now: a settlement that failed part way is tried again before the next command.
     this.queuedAdmissionInDoubt = false;
   }

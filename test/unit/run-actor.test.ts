@@ -1069,6 +1069,10 @@ test("run-actor - a turn admitted half (stored, its run write failed) fails runt
   t.is(w.store.turns.get("turn_2")!.error?.code, "runtime_dispatch_failed");
   t.true(w.store.turns.get("turn_2")!.error?.retryable);
   t.true(w.events.types(RUN).includes("turn.failed"), "its stream ends");
+  const finalEvent = w.events.events(RUN).find((e) => e.type === "turn.failed" && e.turn_id === "turn_2")!;
+  t.is((finalEvent.data as { run: { turn: { status: string } } }).run.turn.status, "failed");
+  t.true(w.webhookEvents.some((e) => e.eventKey.includes("turn_2")), "its turn.failed webhook is recorded, as any final turn's");
+  t.true(w.published.includes("runs.turn.turn_2.final"), "waiters hear it at once, not at their timeout");
   okReply(await actor.command(continueCmd("turn_3", "queue")));
   t.is(w.store.turns.get("turn_3")!.index, 2);
   t.is(w.store.runs.get(RUN)!.turn_count, 3);
