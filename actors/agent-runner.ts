@@ -24,7 +24,7 @@
  */
 import { Agent, type AgentEvent, type AgentMessage, type AgentTool, type BeforeToolCallContext, type BeforeToolCallResult, type StreamFn } from "@mariozechner/pi-agent-core";
 import { approvalRequired, type AgentConfig, type TurnOutcome, assertNever, BUILTIN_TOOLS, READ_ONLY_TOOLS, checkModelEndpoint, type InputPart, type Lookup, NetworkPolicyError, newReference, type OutputPart, providerOffered, type RuntimeEvent, type TurnError, turnError, TurnErrorCode, type TurnUsage, turnUsage, hasPrices } from "../src/index.js";
-import { createAssistantMessageEventStream, streamSimple, type AssistantMessage, type TextContent, type ToolResultMessage, type UserMessage } from "@mariozechner/pi-ai";
+import { createAssistantMessageEventStream, streamSimple, type AssistantMessage, type AssistantMessageEventStream, type TextContent, type ToolResultMessage, type UserMessage } from "@mariozechner/pi-ai";
 import { OPENAI_COMPATIBLE, PLACEHOLDER_API_KEY, resolveModel } from "./model-resolution.js";
 import { toRuntimeEvent } from "./agent-events.js";
 import { providerFailure, sanitizeErrorText } from "./provider-failures.js";
@@ -482,10 +482,17 @@ class TurnExecution {
         replay = undefined;
         return endedStream(message);
       }
-      if (!this.egress) return call(model, context, options);
-      // A refusal names this call's failure, not a later one's.
-      this.egressRefusal = undefined;
-      return call({ ...model, headers: { ...model.headers, ...this.egress.headers } }, context, options);
+      // The model's request is aborted with the turn, or once it asks for too many calls.
+      const controller = new AbortController();
+      const signal = options?.signal ? AbortSignal.any([options.signal, controller.signal]) : controller.signal;
+      if (this.egress) {
+        // A refusal names this call's failure, not a later one's.
+        this.egressRefusal = undefined;
+        model = { ...model, headers: { ...model.headers, ...this.egress.headers } };
+      }
+      // A stream function that throws, or whose promise rejects, fails the turn as before.
+      const source = call(model, context, { ...options, signal });
+      return source instanceof Promise ? source.then((stream) => boundedToolCalls(model, stream, controller)) : boundedToolCalls(model, source, controller);
     };
   }
 
@@ -607,6 +614,44 @@ function steerMessage(text: string): UserMessage {
 }
 
 /** A stream that answers `message` at once, as a provider's last event would. */
+/**
+ * Tool calls one model message may ask for. Past it the message ends in an error and its
+ * request is aborted: a tenant's endpoint answering 30,000 calls in one message made some
+ * 200,000 events, appended in one burst that held a node's event loop for 11 s (model probe).
+ */
+export const MAX_TOOL_CALLS_PER_MESSAGE = 256;
+
+/** `source`'s events, ended with an error once its message asks for more than {@link MAX_TOOL_CALLS_PER_MESSAGE} calls. */
+function boundedToolCalls(model: Parameters<StreamFn>[0], stream: AssistantMessageEventStream, controller: AbortController): AssistantMessageEventStream {
+  const out = createAssistantMessageEventStream();
+  void (async () => {
+    let calls = 0;
+    for await (const event of stream) {
+      if (event.type === "toolcall_start" && ++calls > MAX_TOOL_CALLS_PER_MESSAGE) {
+        controller.abort();
+        // The calls asked for are dropped with the message: none of them runs.
+        const message: AssistantMessage = {
+          ...event.partial,
+          content: event.partial.content.filter((block) => block.type !== "toolCall"),
+          stopReason: "error",
+          errorMessage: `The model asked for more than ${MAX_TOOL_CALLS_PER_MESSAGE} tool calls in one message; none of them ran.`,
+        };
+        out.push({ type: "error", reason: "error", error: message });
+        out.end(message);
+        return;
+      }
+      out.push(event);
+    }
+    out.end(await stream.result());
+  })().catch((err: unknown) => {
+    // Its stream failed outside its protocol (which ends in an error event).
+    const message: AssistantMessage = { role: "assistant", content: [], api: model.api, provider: model.provider, model: model.id, usage: NO_MODEL_USAGE, stopReason: "error", errorMessage: err instanceof Error ? err.message : String(err), timestamp: Date.now() };
+    out.push({ type: "error", reason: "error", error: message });
+    out.end(message);
+  });
+  return out;
+}
+
 function endedStream(message: AssistantMessage) {
   const stream = createAssistantMessageEventStream();
   if (message.stopReason === "error" || message.stopReason === "aborted") stream.push({ type: "error", reason: message.stopReason, error: message });

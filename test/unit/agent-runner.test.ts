@@ -8,7 +8,7 @@ import path from "node:path";
 import type { AgentMessage, StreamFn } from "@mariozechner/pi-agent-core";
 import { createAssistantMessageEventStream, type AssistantMessage, type Context, type ToolResultMessage } from "@mariozechner/pi-ai";
 import type { AgentConfig, InputPart, RuntimeEvent, ScriptStep } from "../../src/domain.js";
-import { startTurn, SteeringTargetEndedError, type RunningTurn, type TurnRunRequest } from "../../actors/agent-runner.js";
+import { MAX_TOOL_CALLS_PER_MESSAGE, startTurn, SteeringTargetEndedError, type RunningTurn, type TurnRunRequest } from "../../actors/agent-runner.js";
 import { buildUserMessage, classifyFile } from "../../actors/user-message.js";
 import { providerFailure, sanitizeErrorText } from "../../actors/provider-failures.js";
 import { resolveModel } from "../../actors/model-resolution.js";
@@ -888,4 +888,72 @@ test("model-resolution - a base_url that is not a URL (stored before deployments
     t.regex(resolved.error, /base_url of the openai-compatible model is not a URL/);
     t.false(resolved.error.includes("s3cret"));
   }
+});
+
+test("agent-runner - a model message asking for more tool calls than MAX_TOOL_CALLS_PER_MESSAGE ends in an error at the first one past it: its request is aborted, none of its calls runs, and the burst is not turned into events (30,000 calls held a node 11 s: model probe)", async (t) => {
+  const dir = await workspace();
+  let signal: AbortSignal | undefined;
+  const CALLS = 30_000;
+  const started = Date.now();
+  const { turn, events } = run({
+    config: scripted(),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    resolveModel: () => ({
+      model: scriptedModel,
+      streamFn: (model, _context, opts) => {
+        signal = opts?.signal;
+        const stream = createAssistantMessageEventStream();
+        const message = toolUse(model, []);
+        stream.push({ type: "start", partial: message });
+        // One burst, as one network chunk of a hostile endpoint parses into.
+        for (let i = 0; i < CALLS; i++) {
+          message.content.push({ type: "toolCall", id: `call_${i}`, name: "bash", arguments: { command: `touch f${i}` } });
+          stream.push({ type: "toolcall_start", contentIndex: i, partial: message });
+          stream.push({ type: "toolcall_end", contentIndex: i, toolCall: message.content[i] as never, partial: message });
+        }
+        stream.push({ type: "done", reason: "toolUse", message });
+        stream.end(message);
+        return stream;
+      },
+    }),
+  });
+  const result = await turn.result;
+  t.is(result.outcome, "failed");
+  t.regex(result.error?.message ?? "", new RegExp(`more than ${MAX_TOOL_CALLS_PER_MESSAGE} tool calls`));
+  t.true(signal?.aborted, "the model's request is aborted");
+  t.deepEqual(await readdir(dir), [], "no call ran");
+  t.is(events.filter((e) => e.type === "tool_execution_start").length, 0);
+  t.true(events.length < 4 * MAX_TOOL_CALLS_PER_MESSAGE, `${events.length} events`);
+  t.log(`${Date.now() - started} ms, ${events.length} events`);
+  await rm(dir, { recursive: true });
+});
+
+test("agent-runner - a message with MAX_TOOL_CALLS_PER_MESSAGE calls is taken whole", async (t) => {
+  const dir = await workspace();
+  let calls = 0;
+  const result = await run({
+    config: scripted(),
+    workspaceDir: dir,
+    history: [],
+    input: text("x"),
+    resolveModel: () => ({
+      model: scriptedModel,
+      streamFn: (model) => {
+        calls++;
+        const content = Array.from({ length: MAX_TOOL_CALLS_PER_MESSAGE }, (_, i) => ({ type: "toolCall" as const, id: `c${i}`, name: "read", arguments: { path: "none.txt" } }));
+        const message = calls === 1 ? toolUse(model, content) : { ...toolUse(model, [{ type: "text" as const, text: "done" }]), stopReason: "stop" as const };
+        const stream = createAssistantMessageEventStream();
+        stream.push({ type: "start", partial: message });
+        if (calls === 1) for (let i = 0; i < content.length; i++) stream.push({ type: "toolcall_start", contentIndex: i, partial: message });
+        stream.push({ type: "done", reason: message.stopReason as "stop" | "toolUse", message });
+        stream.end(message);
+        return stream;
+      },
+    }),
+  }).turn.result;
+  t.is(result.outcome, "completed", JSON.stringify(result.error));
+  t.is(result.transcript.filter((m) => m.role === "toolResult").length, MAX_TOOL_CALLS_PER_MESSAGE);
+  await rm(dir, { recursive: true });
 });
