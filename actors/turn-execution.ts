@@ -379,13 +379,18 @@ export class TurnExecution {
       await this.host.appender().flush();
     } catch (err) {
       this.r.log.warn({ err, run_id: this.host.runId, turn_id: turn._id }, "event stream write failed");
-      if (status === TurnStatus.completed) {
-        status = TurnStatus.failed;
-        error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
-      }
-      // The loss is this turn's, told by its status: its final event and the run's later
-      // turns are stored again (once NATS answers), not dropped for as long as the actor lives.
+      // Kept with the turn: a retried final write (the store away for a moment) finds the
+      // appender resumed below, and must still say so.
+      this.eventsLostBy = turn._id;
+      // Its final event and the run's later turns are stored again (once NATS answers), not
+      // dropped for as long as the actor lives.
       if (!this.host.stopped) this.host.resumeEvents();
+    }
+    // A completed turn says its events were not all stored; a turn that ended otherwise
+    // keeps its own error (one per turn), and the gap in its history is logged above.
+    if (this.eventsLostBy === turn._id && status === TurnStatus.completed) {
+      status = TurnStatus.failed;
+      error = turnError("event_stream_write_failed", { reference: this.r.ids.reference() });
     }
     // Once per turn: a retried final write (store away for a moment) does not save it again.
     if (turn.started_at !== null && !this.host.stopped && options.checkpoint !== false && this.checkpointedTurnId !== turn._id) {
@@ -680,6 +685,9 @@ export class TurnExecution {
       await this.settleUnstored(turn, err, { usage: turn.waiting_usage, model: waiting.model });
     }
   }
+
+  /** The turn whose events could not all be stored (its final write says so, retried or not). */
+  private eventsLostBy: string | undefined;
 
   /** Work of the waiting turn not yet done (a deadline being applied, a decision being resumed). */
   private inFlight = 0;

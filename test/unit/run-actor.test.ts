@@ -864,6 +864,28 @@ test("run-actor - a turn whose events could not all be stored fails event_stream
   t.deepEqual(w.events.events(RUN).filter((e) => e.turn_id === "turn_2").map((e) => e.type), ["turn.started", "turn.completed"]);
 });
 
+test("run-actor - a turn whose events were lost and whose first final write meets a store outage is still stored event_stream_write_failed when the write is retried (the appender resumed meanwhile: review)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await actor.command(startCmd());
+  w.events.failWrites = true;
+  w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "lost" } } as never);
+  w.events.failWrites = false;
+  w.store.failTurnWriteOnce = (id, set) => id === "turn_1" && set.status !== undefined;
+  w.store.failTurnWriteError = new StoreUnavailableError(new Error("connection refused"));
+  w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
+  for (let i = 0; i < 20 && w.store.turns.get("turn_1")!.status === "in_progress"; i++) {
+    await ticks(3);
+    w.clock.advance(1_000);
+  }
+  await settled(actor);
+  t.true(w.store.failTurnWriteOnce === undefined, "the first final write failed");
+  const turn = w.store.turns.get("turn_1")!;
+  t.is(turn.status, "failed");
+  t.is(turn.error?.code, "event_stream_write_failed");
+  t.deepEqual(turn.output, [{ type: "output_text", text: "kept" }]);
+});
+
 test("run-actor - an idle run's command whose event could not be stored fails; once events are stored again the next command is admitted by the same actor, not failed with the old error", async (t) => {
   const w = await world();
   const actor = w.actor();
