@@ -10,6 +10,10 @@ export interface AuthContext {
   workspace: WorkspaceDoc;
   keyId: string;
   scopes: ReadonlySet<string>;
+  /** When the key stops working as it was read (a rotation's grace, a revocation to come), or null. */
+  usableUntilMs: number | null;
+  /** The {@link Authenticator.generation} it was read at: a later one means keys changed since. */
+  generation: number;
 }
 
 interface CacheEntry {
@@ -31,7 +35,12 @@ export class Authenticator {
   /** Lookups in flight by key hash; dropped on invalidation so later requests read afresh. */
   private readonly loading = new Map<string, Promise<CacheEntry>>();
   /** Bumped by every invalidation: a lookup begun before it does not fill the cache. */
-  private generation = 0;
+  private generationCount = 0;
+
+  /** How many changes of keys (revocations, rotations) this node has heard of. */
+  get generation(): number {
+    return this.generationCount;
+  }
   private readonly lastUsedWrites = new Map<string, number>();
   private sub: Subscription | undefined;
   /** Called at every invalidation, here or on another node, with the key it names (open event streams check theirs again). */
@@ -65,7 +74,7 @@ export class Authenticator {
   }
 
   private forget(keyId?: string): void {
-    this.generation++;
+    this.generationCount++;
     this.cache.clear();
     this.loading.clear();
     for (const listener of this.invalidationListeners) listener(keyId);
@@ -88,7 +97,8 @@ export class Authenticator {
       throw new ApiError("unauthorized", { message: "Invalid or revoked API key." });
     }
     this.touch(key, now);
-    return { workspace, keyId: key._id, scopes: new Set(key.scopes) };
+    const ends = [key.revoked_at, key.revokes_at].filter((at): at is number => at !== null);
+    return { workspace, keyId: key._id, scopes: new Set(key.scopes), usableUntilMs: ends.length ? Math.min(...ends) : null, generation: this.generationCount };
   }
 
   private lookup(hash: string, now: number): Promise<CacheEntry> {

@@ -330,10 +330,11 @@ function runParamOf(body: RunRequest): string | null {
 
 /**
  * The key of a request that waits for its turn, watched as a stream's is (gateway/sse.ts):
- * a revocation heard from any node wakes the wait, and the key is authenticated again after
- * each wake and before a waited answer is sent, so a turn's result never goes to a key
- * revoked (or past its rotation's grace) meanwhile; its answer is 401. A check that cannot
- * be made (the store away) leaves the wait as it is.
+ * a revocation heard from any node wakes the wait, and before the wait goes on and before a
+ * waited answer is sent, the key is authenticated again if a change of keys was heard or its
+ * rotation's grace has ended, so a turn's result never goes to a key revoked meanwhile; its
+ * answer is 401. Otherwise nothing is read (an answer from the final notice reads no store).
+ * A check that cannot be made (the store away) leaves the wait as it is.
  */
 interface KeyWatch {
   /** The notices a revocation wakes (the wait's current ones). */
@@ -344,15 +345,22 @@ interface KeyWatch {
 
 function watchKey(ctx: GatewayContext, request: FastifyRequest): KeyWatch {
   const keyId = request.auth?.keyId;
+  let usableUntilMs = request.auth?.usableUntilMs ?? null;
+  // Keys changed between the request's authentication and this wait: checked at once.
+  let changed = request.auth?.generation !== ctx.auth.generation;
   let waking: TurnNotices | undefined;
-  const stop = ctx.auth.onInvalidated((changed) => {
-    if (changed === undefined || keyId === undefined || changed === keyId) waking?.poke();
+  const stop = ctx.auth.onInvalidated((key) => {
+    if (key !== undefined && keyId !== undefined && key !== keyId) return;
+    changed = true;
+    waking?.poke();
   });
   return {
     wakes: (notices) => (waking = notices),
     async check() {
+      if (!changed && (usableUntilMs === null || ctx.clock.nowMs() < usableUntilMs)) return;
+      changed = false;
       try {
-        await ctx.auth.authenticate(request);
+        usableUntilMs = (await ctx.auth.authenticate(request)).usableUntilMs;
       } catch (err) {
         if (err instanceof ApiError && err.status === 401) throw err;
       }

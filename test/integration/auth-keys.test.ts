@@ -319,6 +319,14 @@ test("keys - a POST that waits for its turn is answered 401, at the revocation a
     t.notRegex(JSON.stringify(answer.body), /secret/, how);
     t.true(Date.now() - revokedAt < 3_000, `${how}: answered ${Date.now() - revokedAt} ms after the revocation (${Date.now() - started} ms in all), not at the turn's end`);
   }
+  // A rotation's grace that ends while the POST waits: 401 too, though no revocation is heard then.
+  const key = await createKey(api, ["run:read", "run:write"]);
+  const waiting = api.withKey(key.key).post("/api/v1/runs", { agent, input: "secret ".repeat(30) });
+  await new Promise((resolve) => setTimeout(resolve, 1_000));
+  t.is((await api.post(`/api/v1/api-keys/${key.id}/rotate`, { gracePeriodSeconds: 2 })).status, 201);
+  const answer = await waiting;
+  t.is(answer.status, 401, JSON.stringify(answer.body).slice(0, 200));
+  t.notRegex(JSON.stringify(answer.body), /secret/);
 });
 
 test("keys - another workspace's key is 404", async (t) => {
