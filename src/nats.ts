@@ -76,6 +76,11 @@ export async function connectNats(options: { url: string; user?: string; passwor
     name: options.name,
     maxReconnectAttempts: -1,
     reconnectTimeWait: 500,
+    // A server that stops answering without closing the socket (frozen, a network gone) is
+    // taken as disconnected after three unanswered pings, ~30–40 s (the default: 2 min each),
+    // so /readyz and the router see it and the client reconnects.
+    pingInterval: 10_000,
+    maxPingOut: 3,
     timeout: 5_000,
     // Otherwise every request builds two Errors with stacks up front, to decorate a failure
     // that rarely comes (with a third, built in any case, 1–2.7 % of the node's samples in
