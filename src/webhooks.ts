@@ -143,7 +143,9 @@ export class WebhookStore {
   signingSecrets(doc: WebhookDoc): string[] {
     const now = this.clock.nowMs();
     const key = deriveLabelledKey(this.master, "webhooks", doc.workspace_id);
-    return doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
+    // The newest ones only, also for an endpoint rotated more often before the cap.
+    const live = doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).sort((a, b) => b.created_at - a.created_at);
+    return live.slice(0, MAX_PREVIOUS_SECRETS + 1).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
   }
 
   private readonly insertListeners = new Set<(partition: number) => void>();

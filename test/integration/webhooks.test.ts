@@ -293,7 +293,15 @@ test("webhooks - rotations keep at most the 4 newest rotated-out secrets signing
   });
   t.deepEqual(verifies, [...Array(8).fill(false), ...Array(5).fill(true)], "the newest five sign");
   const raw = await t.context.servers.raw();
-  t.is(((await raw.db.collection("webhooks").findOne({ _id: hook.id as never })) as { secrets: unknown[] } | null)?.secrets.length, 5, "the document keeps no more");
+  const stored = (await raw.db.collection("webhooks").findOne({ _id: hook.id as never })) as { secrets: Array<{ sealed: string; created_at: number; expires_at: number | null }> } | null;
+  t.is(stored?.secrets.length, 5, "the document keeps no more");
+  // An endpoint rotated often before the cap (its document holds more) signs with the newest five too.
+  const older = Array.from({ length: 10 }, (_, i) => ({ ...stored!.secrets[1]!, created_at: stored!.secrets[4]!.created_at - 1_000 * (i + 1) }));
+  await raw.db.collection("webhooks").updateOne({ _id: hook.id as never }, { $set: { secrets: [...stored!.secrets, ...older] } });
+  await new Promise((resolve) => setTimeout(resolve, 2_500)); // the deliverer's endpoints are read again
+  t.is((await ws.api.post(`/api/v1/webhooks/${hook.id}/test`, {})).status, 202);
+  await r.until(() => r.requests.length >= 2);
+  t.is(String(r.requests[1]!.headers["webhook-signature"]).split(" ").length, 5);
 });
 
 test("webhooks - one tenant's receiver that never answers, with hundreds of due deliveries, does not hold back another tenant's: those are left out of the look while its attempts are at their limit (a probe measured 0.3 s → 148 s)", async (t) => {
