@@ -298,8 +298,9 @@ export class ActorHost {
     this.actors.clear();
   }
 
+  /** Actors whose turn runs, or whose finished turn's writes are retried (drained alike: review). */
   private busyActors(): RunActor[] {
-    return [...this.actors.values()].filter((actor) => actor.hasActiveTurn);
+    return [...this.actors.values()].filter((actor) => actor.hasActiveTurn || actor.isSettlingTurn);
   }
 
   private async gained(partition: number, epoch: number): Promise<void> {

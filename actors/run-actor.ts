@@ -120,6 +120,11 @@ export class RunActor {
     return !this.stopped && this.run !== null && this.run.queued_turn_id !== null;
   }
 
+  /** Whether a finished turn's writes are being retried here (the store away for a moment). */
+  get isSettlingTurn(): boolean {
+    return this.turns.isSettling && !this.stopped;
+  }
+
   /** Whether an agent is executing a turn of this run on this node now. */
   get hasActiveTurn(): boolean {
     return this.turns.active !== undefined && !this.stopped;

@@ -317,6 +317,22 @@ export class TurnExecution {
    * (ActorHost.adoptOrphans), as interrupted.
    */
   private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}, finished?: FinishedTurn): Promise<void> {
+    this.settling++;
+    try {
+      await this.settleUnstoredNow(turn, cause, used, finished);
+    } finally {
+      this.settling--;
+    }
+  }
+
+  /** Finished turns whose writes are being retried (a draining node waits for them as for a running turn). */
+  private settling = 0;
+
+  get isSettling(): boolean {
+    return this.settling > 0;
+  }
+
+  private async settleUnstoredNow(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string }, finished?: FinishedTurn): Promise<void> {
     const reference = this.r.ids.reference();
     // The turn's own result while the failures are temporary; undefined once one is not.
     let own = isTransientFailure(cause) ? finished : undefined;

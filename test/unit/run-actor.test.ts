@@ -909,11 +909,15 @@ test("run-actor - a finished turn whose write meets a store outage of a minute k
     w.store.failTurnWriteError = new StoreUnavailableError(new Error("connection refused"));
     w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
     // The store answers again after `outageMs` of the actor's clock.
+    let settlingSeen = false;
     for (let elapsed = 0; elapsed < outageMs + 10_000; elapsed += 250) {
       await ticks(3);
+      if (elapsed === 5_000) settlingSeen = actor.isSettlingTurn;
       if (elapsed >= outageMs) w.store.failTurnWrites = undefined;
       w.clock.advance(250);
     }
+    t.true(settlingSeen, "a draining node waits for it as for a running turn");
+    t.false(actor.isSettlingTurn);
     await ticks(10);
     const turn = w.store.turns.get("turn_1")!;
     if (outageMs === 60_000) {
