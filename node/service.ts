@@ -1,5 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
+import { MongoNetworkError, MongoServerSelectionError } from "mongodb";
 import { BlobKeyring, BoundedWork, objectChunkReader, CHECKPOINTS_BUCKET, type Clock, FILES_BUCKET, orphanGraceMs, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
 import { ActiveTurns, ActorHost, CHECKPOINT_WRITE_GRACE_MS, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
@@ -49,7 +50,7 @@ export async function startService(config: Config, options: ServiceOptions = {})
     }
   };
   try {
-    const store = await MongoStore.connect(config.mongoUri, config.mongoDb);
+    const store = await connectStore(config, log);
     opened.push(() => store.close());
     await store.provision();
     const nc = await connectNats({ url: config.natsUrl, user: config.natsUser, password: config.natsPassword, name: `runs-${config.nodeId}` });
@@ -176,6 +177,28 @@ export async function startService(config: Config, options: ServiceOptions = {})
     if (opened.length) log.info("the node could not start: closing what it had opened");
     await closeOpened();
     throw err;
+  }
+}
+
+/**
+ * How long a starting node waits for its store to answer: a store starting beside it (a
+ * compose file, a pod restarted with its database) or a busy machine (FerretDB's first
+ * answer took over the driver's 3 s in a full test run) is waited for, not a failed start.
+ */
+export const STORE_START_WAIT_MS = 30_000;
+
+/** The store, connected within {@link STORE_START_WAIT_MS} while it cannot be reached; any other failure at once. */
+async function connectStore(config: Config, log: Logger): Promise<MongoStore> {
+  const giveUpAt = Date.now() + STORE_START_WAIT_MS;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await MongoStore.connect(config.mongoUri!, config.mongoDb);
+    } catch (err) {
+      const unreachable = err instanceof MongoServerSelectionError || err instanceof MongoNetworkError;
+      if (!unreachable || Date.now() + 1_000 >= giveUpAt) throw err;
+      log.warn({ err: (err as Error).message, attempt }, "the store does not answer yet; waiting for it");
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+    }
   }
 }
 

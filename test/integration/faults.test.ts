@@ -224,3 +224,22 @@ test.serial("faults - the store frozen (SIGSTOP: its sockets open, nothing answe
   t.is(after.status, 200, JSON.stringify(after.body));
   t.is(after.body.turn.status, "completed");
 });
+
+test.serial("faults - a node started while its store does not answer yet waits for it (a store starting beside it, a busy machine), and starts once it answers", async (t) => {
+  t.timeout(90_000);
+  const { servers } = t.context;
+  const port = servers.ferret.port;
+  await servers.ferret.stop();
+  const starting = startTestService(servers);
+  let restarted = false;
+  try {
+    await new Promise((resolve) => setTimeout(resolve, 5_000));
+    servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+    restarted = true;
+    const late = await starting;
+    t.teardown(() => late.close());
+    t.is((await new Api(late.url!).get("/healthz")).status, 200);
+  } finally {
+    if (!restarted) servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+  }
+});
