@@ -139,13 +139,20 @@ export type Handler<O extends Operation> = RouteHandlerMethod<
 >;
 
 /**
+ * The body of a POST that declares none (activate, revoke, a webhook's test): nothing, or `{}`.
+ * A field sent is refused as on every other body (400 naming it), not ignored: it had
+ * answered 200 to `{"version": 2}` on an activation of version 1 (README probe).
+ */
+const NO_BODY: NonNullable<Operation["body"]> = { schema: z.object({}).strict(), required: false };
+
+/**
  * Registers `handler` as the route `op` declares: URL, the `config` the auth and
  * rate-limit hooks read, and validation of its path, query and body by their schemas. A
  * refused part is answered as {@link requestError} says (400 naming the parameter, or 413),
  * after authentication and before the handler; the handler receives what the schemas output.
  */
 export function route<O extends Operation>(app: FastifyInstance, op: O, handler: Handler<O>): void {
-  const body = op.body && !op.body.multipart ? op.body : undefined;
+  const body = op.body ? (op.body.multipart ? undefined : op.body) : op.method === "post" ? NO_BODY : undefined;
   const schema: Record<string, z.ZodType> = {};
   if (op.params) schema.params = op.params;
   if (op.query) schema.querystring = op.query;

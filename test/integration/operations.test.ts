@@ -5,6 +5,7 @@ import pino from "pino";
 import { Api, collectedLogs, newWorkspace, startTestServers, testConfig, type TestServers } from "../helpers/servers.js";
 import { startService, type RunningService } from "../../node/service.js";
 import { sample } from "../helpers/metrics.js";
+import { OPERATIONS } from "../../gateway/operations.js";
 
 /** /metrics, request ids and the log lines of a request and of a run, on a real service. */
 const test = anyTest as TestFn<{ servers: TestServers; service: RunningService; logs: Array<Record<string, unknown>> }>;
@@ -329,4 +330,24 @@ test.serial("http layer - a closing node waits on no connection: silent ones and
   const answer = await inFlight;
   t.is(answer.status, 200, JSON.stringify(answer.body));
   t.is(answer.body.turn.status, "completed");
+});
+
+test.serial("bodies - a POST that takes no body (activate, revoke, a webhook's test, …) refuses a field sent to it, 400 naming it, as every other body does; none and {} are taken (a field had been ignored: README probe)", async (t) => {
+  const { service } = t.context;
+  const ws = await newWorkspace(service);
+  const bodiless = OPERATIONS.filter((op) => op.method === "post" && !op.body);
+  t.true(bodiless.length >= 5, bodiless.map((op) => op.path).join(", "));
+  for (const op of bodiless) {
+    const url = op.path
+      .replace(/\{version\}/g, "1")
+      .replace(/\{keyId\}/g, "00000000-0000-4000-8000-000000000000")
+      .replace(/\{(\w+)\}/g, (_, name: string) => `${name.replace(/Id$/, "").slice(0, 3)}_none`);
+    const refused = await ws.api.post(url, { unexpected: 1 });
+    t.is(refused.status, 400, `${url}: ${JSON.stringify(refused.body)}`);
+    t.is(refused.body.error.param, "unexpected", url);
+    for (const body of [undefined, {}]) {
+      const taken = await ws.api.post(url, body);
+      t.not(taken.status, 400, `${url} ${JSON.stringify(body)}: ${JSON.stringify(taken.body)}`);
+    }
+  }
 });
