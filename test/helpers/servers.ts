@@ -79,6 +79,22 @@ export async function startTestServers(): Promise<TestServers> {
   return servers;
 }
 
+/** Starts the servers' NATS again on `port` and its store dir (a fault test stopped it); `servers.nats` is the new one. */
+export async function restartNats(servers: TestServers, port: number): Promise<void> {
+  servers.nats = await startNatsServer({
+    port,
+    storeDir: path.join(servers.dir, "nats"),
+    logFile: path.join(servers.dir, "nats.log"),
+    servicePassword: servers.servicePassword,
+    tapPassword: servers.tapPassword,
+  });
+}
+
+/** Starts the servers' FerretDB again on `port` and its data dir (a fault test stopped it); `servers.ferret` is the new one. */
+export async function restartFerret(servers: TestServers, port: number): Promise<void> {
+  servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+}
+
 /** A config for a node against the test servers; `env` overrides settings as the environment would. */
 export function testConfig(servers: TestServers, env: Record<string, string> = {}): Config {
   return loadConfig({

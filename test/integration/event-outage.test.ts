@@ -1,7 +1,5 @@
 import test from "ava";
-import path from "node:path";
-import { newWorkspace, startTestServers, startTestService } from "../helpers/servers.js";
-import { startNatsServer } from "../../node/servers.js";
+import { newWorkspace, restartNats, startTestServers, startTestService } from "../helpers/servers.js";
 import { MAX_PUBLISH_SPAN_MS } from "../../src/js-publisher.js";
 
 /**
@@ -28,13 +26,7 @@ test("event outage - NATS away past the publisher's retries mid-turn: the turn f
     await servers.nats.stop();
     // Past the publisher's retry budget (MAX_PUBLISH_SPAN_MS less the last ack's wait).
     await new Promise((resolve) => setTimeout(resolve, MAX_PUBLISH_SPAN_MS - 1_000));
-    servers.nats = await startNatsServer({
-      port,
-      storeDir: path.join(servers.dir, "nats"),
-      logFile: path.join(servers.dir, "nats.log"),
-      servicePassword: servers.servicePassword,
-      tapPassword: servers.tapPassword,
-    });
+    await restartNats(servers, port);
 
     const first = (await api.waitTurn(runId, turnId, 60_000)).turn;
     t.is(first.status, "failed");

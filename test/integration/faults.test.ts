@@ -1,7 +1,5 @@
 import anyTest, { type TestFn } from "ava";
-import path from "node:path";
-import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import { startFerretDb, startNatsServer } from "../../node/servers.js";
+import { Api, newWorkspace, restartFerret, restartNats, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { Ids, partitionOf } from "../../src/index.js";
 
@@ -51,7 +49,7 @@ test.serial("faults - the store going away answers 503 runtime_unavailable with 
     t.true(retryAfters.size > 1, `Retry-After varies: ${[...retryAfters]}`);
   } finally {
     // Also after a failed assertion: the tests after this one share the store.
-    servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+    await restartFerret(servers, port);
   }
   let recovered: Awaited<ReturnType<Api["get"]>> | undefined;
   for (let i = 0; i < 60; i++) {
@@ -87,13 +85,7 @@ test.serial("faults - NATS going away: commands answer 503 quickly, reads from t
   const deleteKey = `del-${doomed.id}`;
   assertUnavailable(t, await api.request("DELETE", `/api/v1/runs/${doomed.id}`, { idempotencyKey: deleteKey }));
 
-  servers.nats = await startNatsServer({
-    port,
-    storeDir: path.join(servers.dir, "nats"),
-    logFile: path.join(servers.dir, "nats.log"),
-    servicePassword: servers.servicePassword,
-    tapPassword: servers.tapPassword,
-  });
+  await restartNats(servers, port);
   let res: Awaited<ReturnType<Api["post"]>> | undefined;
   for (let i = 0; i < 60; i++) {
     res = await api.post("/api/v1/runs", { run_id: run.id, input: "after" }, `after-${run.id}`);
@@ -234,12 +226,12 @@ test.serial("faults - a node started while its store does not answer yet waits f
   let restarted = false;
   try {
     await new Promise((resolve) => setTimeout(resolve, 5_000));
-    servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+    await restartFerret(servers, port);
     restarted = true;
     const late = await starting;
     t.teardown(() => late.close());
     t.is((await new Api(late.url!).get("/healthz")).status, 200);
   } finally {
-    if (!restarted) servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+    if (!restarted) await restartFerret(servers, port);
   }
 });

@@ -1,8 +1,7 @@
 import anyTest, { type TestFn } from "ava";
 import { writeFile } from "node:fs/promises";
 import path from "node:path";
-import { Api, newWorkspace, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
-import { startFerretDb } from "../../node/servers.js";
+import { Api, newWorkspace, restartFerret, startTestServers, startTestService, type TestServers } from "../helpers/servers.js";
 import type { RunningService } from "../../node/service.js";
 import { MAX_TURN_FILE_BYTES } from "../../src/run-request.js";
 
@@ -107,7 +106,7 @@ test.serial("the store gone for seconds when a turn finishes: the turn keeps its
   await servers.ferret.stop();
   await writeFile(path.join(t.context.dataDir, "workspaces", runId, "release"), "");
   await new Promise((resolve) => setTimeout(resolve, 6_000));
-  servers.ferret = await startFerretDb({ port, dataDir: path.join(servers.dir, "ferretdb"), logFile: path.join(servers.dir, "ferretdb.log") });
+  await restartFerret(servers, port);
   const run = await api.waitRun(runId, (r) => r.state === "idle", 90_000);
   t.is(run.state, "idle");
   const final = (await api.get(`/api/v1/runs/${runId}/turns`)).body.data.find((x: { id: string }) => x.id === turn.id);
