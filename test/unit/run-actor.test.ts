@@ -838,14 +838,18 @@ test("run-actor - a finished turn whose write meets a store outage keeps its own
   t.is(w.checkpoints.saved, 1, "the retried write does not save the workspace again");
 });
 
-test("run-actor - a turn whose events could not all be stored fails event_stream_write_failed with its result kept; its final event and the run's next turns are stored again without a new actor (the run had answered every later command with the first failure for as long as the actor lived: found by a fault probe)", async (t) => {
-  const w = await world();
-  const actor = w.actor();
+/** Starts the run; one of its turn's events is lost (NATS away past the publisher's retries), then NATS answers again. */
+async function startLosingAnEvent(w: ActorWorld, actor: RunActor): Promise<void> {
   await actor.command(startCmd());
-  // One of the turn's events is lost (NATS away past the publisher's retries); then NATS answers again.
   w.events.failWrites = true;
   w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "lost" } } as never);
   w.events.failWrites = false;
+}
+
+test("run-actor - a turn whose events could not all be stored fails event_stream_write_failed with its result kept; its final event and the run's next turns are stored again without a new actor (the run had answered every later command with the first failure for as long as the actor lived: found by a fault probe)", async (t) => {
+  const w = await world();
+  const actor = w.actor();
+  await startLosingAnEvent(w, actor);
   w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "dropped too: the turn's stream already has a hole" } } as never);
   w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
   await settled(actor);
@@ -867,10 +871,7 @@ test("run-actor - a turn whose events could not all be stored fails event_stream
 test("run-actor - a turn whose events were lost and whose first final write meets a store outage is still stored event_stream_write_failed when the write is retried (the appender resumed meanwhile: review)", async (t) => {
   const w = await world();
   const actor = w.actor();
-  await actor.command(startCmd());
-  w.events.failWrites = true;
-  w.turns.last.request.onEvent({ type: "text_delta", data: { delta: "lost" } } as never);
-  w.events.failWrites = false;
+  await startLosingAnEvent(w, actor);
   w.store.failTurnWriteOnce = (id, set) => id === "turn_1" && set.status !== undefined;
   w.store.failTurnWriteError = new StoreUnavailableError(new Error("connection refused"));
   w.turns.last.finish({ outcome: "completed", output: [{ type: "output_text", text: "kept" }] });
