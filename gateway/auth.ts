@@ -90,6 +90,8 @@ export class Authenticator {
     }
     const hash = hashSecret(match[1]!);
     const now = this.clock.nowMs();
+    // Taken before the read: a change heard while it reads makes the answer's generation old.
+    const generation = this.generationCount;
     let entry = this.cache.get(hash);
     if (!entry || now - entry.fetchedMs > this.cacheMs) entry = await this.lookup(hash, now);
     const { key, workspace } = entry;
@@ -98,7 +100,7 @@ export class Authenticator {
     }
     this.touch(key, now);
     const ends = [key.revoked_at, key.revokes_at].filter((at): at is number => at !== null);
-    return { workspace, keyId: key._id, scopes: new Set(key.scopes), usableUntilMs: ends.length ? Math.min(...ends) : null, generation: this.generationCount };
+    return { workspace, keyId: key._id, scopes: new Set(key.scopes), usableUntilMs: ends.length ? Math.min(...ends) : null, generation };
   }
 
   private lookup(hash: string, now: number): Promise<CacheEntry> {

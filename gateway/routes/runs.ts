@@ -331,10 +331,11 @@ function runParamOf(body: RunRequest): string | null {
 /**
  * The key of a request that waits for its turn, watched as a stream's is (gateway/sse.ts):
  * a revocation heard from any node wakes the wait, and before the wait goes on and before a
- * waited answer is sent, the key is authenticated again if a change of keys was heard or its
- * rotation's grace has ended, so a turn's result never goes to a key revoked meanwhile; its
- * answer is 401. Otherwise nothing is read (an answer from the final notice reads no store).
- * A check that cannot be made (the store away) leaves the wait as it is.
+ * waited answer is sent, the key is authenticated again if a change of keys was heard, its
+ * rotation's grace has ended, or it was last read {@link KEY_RECHECK_MS} ago, so a turn's
+ * result does not go to a key revoked meanwhile; its answer is 401. A turn answered within
+ * those seconds from its final notice reads no store. A check that cannot be made (the store
+ * away) leaves the wait as it is, and is made again at the next.
  */
 interface KeyWatch {
   /** The notices a revocation wakes (the wait's current ones). */
@@ -348,6 +349,7 @@ function watchKey(ctx: GatewayContext, request: FastifyRequest): KeyWatch {
   let usableUntilMs = request.auth?.usableUntilMs ?? null;
   // Keys changed between the request's authentication and this wait: checked at once.
   let changed = request.auth?.generation !== ctx.auth.generation;
+  let checkedAtMs = ctx.clock.nowMs();
   let waking: TurnNotices | undefined;
   const stop = ctx.auth.onInvalidated((key) => {
     if (key !== undefined && keyId !== undefined && key !== keyId) return;
@@ -357,17 +359,28 @@ function watchKey(ctx: GatewayContext, request: FastifyRequest): KeyWatch {
   return {
     wakes: (notices) => (waking = notices),
     async check() {
-      if (!changed && (usableUntilMs === null || ctx.clock.nowMs() < usableUntilMs)) return;
-      changed = false;
+      const now = ctx.clock.nowMs();
+      // Also every few seconds, as a stream's key: an invalidation is a core NATS message,
+      // and one lost while NATS reconnected would otherwise never be made up for.
+      const due = changed || now - checkedAtMs >= KEY_RECHECK_MS || (usableUntilMs !== null && now >= usableUntilMs);
+      if (!due) return;
       try {
-        usableUntilMs = (await ctx.auth.authenticate(request)).usableUntilMs;
+        const auth = await ctx.auth.authenticate(request);
+        usableUntilMs = auth.usableUntilMs;
+        // A change heard while this read ran is read again at the next check.
+        changed = changed && auth.generation !== ctx.auth.generation;
+        checkedAtMs = now;
       } catch (err) {
         if (err instanceof ApiError && err.status === 401) throw err;
+        // Not read (the store away): the change stays to be checked.
       }
     },
     stop,
   };
 }
+
+/** How often a waiting request's key is read again without a change heard (as a stream's, gateway/sse.ts). */
+const KEY_RECHECK_MS = 5_000;
 
 /** A final turn whose run moved on too (the notice follows both writes, DESIGN §4). */
 function settled(turn: TurnDoc, run: RunDoc | null): boolean {
