@@ -298,9 +298,9 @@ export class ActorHost {
     this.actors.clear();
   }
 
-  /** Actors whose turn runs, or whose finished turn's writes are retried (drained alike: review). */
+  /** Actors whose turn runs, or is being finished (its checkpoint, its final writes and their retries): drained alike (review). */
   private busyActors(): RunActor[] {
-    return [...this.actors.values()].filter((actor) => actor.hasActiveTurn || actor.isSettlingTurn);
+    return [...this.actors.values()].filter((actor) => actor.hasActiveTurn || actor.isFinishingTurn);
   }
 
   private async gained(partition: number, epoch: number): Promise<void> {

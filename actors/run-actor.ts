@@ -120,9 +120,9 @@ export class RunActor {
     return !this.stopped && this.run !== null && this.run.queued_turn_id !== null;
   }
 
-  /** Whether a finished turn's writes are being retried here (the store away for a moment). */
-  get isSettlingTurn(): boolean {
-    return this.turns.isSettling && !this.stopped;
+  /** Whether a turn whose agent ended is being finished here (its checkpoint and final writes, or their retries). */
+  get isFinishingTurn(): boolean {
+    return this.turns.isFinishing && !this.stopped;
   }
 
   /** Whether an agent is executing a turn of this run on this node now. */

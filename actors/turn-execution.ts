@@ -247,7 +247,7 @@ export class TurnExecution {
     );
     const execution: ActiveExecution = { turn, running, limitTimer, model: modelLabel(deployment.config.model), approval: deployment.config.approval };
     this.active = execution;
-    void running.result.then((result) => this.host.enqueue(() => this.onFinished(execution, result)));
+    void running.result.then((result) => this.host.enqueue(() => this.finishingWhile(() => this.onFinished(execution, result))));
   }
 
   /**
@@ -316,20 +316,28 @@ export class TurnExecution {
    * stops as unsettled and the node recovers the run once the store answers
    * (ActorHost.adoptOrphans), as interrupted.
    */
-  private async settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}, finished?: FinishedTurn): Promise<void> {
-    this.settling++;
-    try {
-      await this.settleUnstoredNow(turn, cause, used, finished);
-    } finally {
-      this.settling--;
-    }
+  private settleUnstored(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string } = {}, finished?: FinishedTurn): Promise<void> {
+    return this.finishingWhile(() => this.settleUnstoredNow(turn, cause, used, finished));
   }
 
-  /** Finished turns whose writes are being retried (a draining node waits for them as for a running turn). */
-  private settling = 0;
+  /**
+   * Turns being finished here: their agent ended and their writes (the checkpoint, the final
+   * writes, their retries) are under way. A draining node waits for them as for a running turn
+   * (the agent's end clears `active` before any of it: review).
+   */
+  private finishing = 0;
 
-  get isSettling(): boolean {
-    return this.settling > 0;
+  get isFinishing(): boolean {
+    return this.finishing > 0;
+  }
+
+  private async finishingWhile<T>(work: () => Promise<T>): Promise<T> {
+    this.finishing++;
+    try {
+      return await work();
+    } finally {
+      this.finishing--;
+    }
   }
 
   private async settleUnstoredNow(turn: TurnDoc, cause: unknown, used: { usage?: TurnUsage; model?: string }, finished?: FinishedTurn): Promise<void> {

@@ -913,12 +913,12 @@ test("run-actor - a finished turn whose write meets a store outage of a minute k
     let settlingSeen = false;
     for (let elapsed = 0; elapsed < outageMs + 10_000; elapsed += 250) {
       await ticks(3);
-      if (elapsed === 5_000) settlingSeen = actor.isSettlingTurn;
+      if (elapsed === 5_000) settlingSeen = actor.isFinishingTurn;
       if (elapsed >= outageMs) w.store.failTurnWrites = undefined;
       w.clock.advance(250);
     }
     t.true(settlingSeen, "a draining node waits for it as for a running turn");
-    t.false(actor.isSettlingTurn);
+    t.false(actor.isFinishingTurn);
     await ticks(10);
     const turn = w.store.turns.get("turn_1")!;
     if (outageMs === 60_000) {
