@@ -414,7 +414,15 @@ export class RunActor {
     const counted: Partial<RunDoc> = { turn_count: last.index + 1, latest_turn_id: last._id };
     const settledNow: Array<{ turnId: string; view: ReturnType<typeof renderRun> }> = [];
     for (const turn of unadmitted) {
-      if (isFinalStatus(turn.status)) continue;
+      if (isFinalStatus(turn.status)) {
+        // Settled by an attempt that stopped before the run's write (a failed webhook record,
+        // a crash): its webhooks (once per turn) and notice still go; its final event is not
+        // emitted again, as for any turn a new owner finds final (recoverActiveTurn).
+        const view = renderRun({ ...run, ...counted }, turn);
+        await this.turns.recordWebhooks(run, turn, view);
+        settledNow.push({ turnId: turn._id, view });
+        continue;
+      }
       const final: Partial<TurnDoc> = { status: TurnStatus.failed, output: [], error: turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }), completed_at: now, duration_ms: 0 };
       await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       // As any final turn's: its final event, webhooks and notice carry the run as this

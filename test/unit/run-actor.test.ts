@@ -1182,6 +1182,9 @@ test("run-actor - a settlement of a half-admitted turn that fails part way is tr
   okReply(await actor.command({ op: "tags", workspace_id: WS, run_id: RUN, add: ["y"], remove: [] } as RunCommand));
   t.is(w.store.turns.get("turn_2")!.status, "failed");
   t.is(w.store.runs.get(RUN)!.turn_count, 2);
+  // The retry found it final: its webhook (once) and its notice still go (review).
+  t.is(w.webhookEvents.filter((e) => e.eventKey.includes("turn_2")).length, 1);
+  t.true(w.published.includes("runs.turn.turn_2.final"));
   okReply(await actor.command(continueCmd("turn_3", "queue")));
   t.is(w.store.turns.get("turn_3")!.index, 2);
 });
