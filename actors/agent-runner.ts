@@ -589,6 +589,10 @@ class TurnExecution {
           const message = endpointRefused(this.egressRefusal);
           return { outcome: "failed", output: partialOutput(), transcript, error: turnError(TurnErrorCode.network_policy_denied, { message, reference: this.reference(), source: "configuration" }) };
         }
+        if (OVER_TOOL_CALL_LIMIT.has(last)) {
+          // Named as it is, for any provider (a tenant's endpoint's own errors are only summarised).
+          return { outcome: "failed", output: partialOutput(), transcript, error: turnError(TurnErrorCode.agent_execution_failed, { message: last.errorMessage, reference: this.reference() }) };
+        }
         const failure = providerFailure(last);
         return {
           outcome: "failed",
@@ -613,13 +617,15 @@ function steerMessage(text: string): UserMessage {
   return { role: "user", content: [{ type: "text", text }], timestamp: Date.now() };
 }
 
-/** A stream that answers `message` at once, as a provider's last event would. */
 /**
  * Tool calls one model message may ask for. Past it the message ends in an error and its
  * request is aborted: a tenant's endpoint answering 30,000 calls in one message made some
  * 200,000 events, appended in one burst that held a node's event loop for 11 s (model probe).
  */
 export const MAX_TOOL_CALLS_PER_MESSAGE = 256;
+
+/** Messages {@link boundedToolCalls} ended: their turn fails naming the limit, not as a provider's error. */
+const OVER_TOOL_CALL_LIMIT = new WeakSet<AssistantMessage>();
 
 /** `source`'s events, ended with an error once its message asks for more than {@link MAX_TOOL_CALLS_PER_MESSAGE} calls. */
 function boundedToolCalls(model: Parameters<StreamFn>[0], stream: AssistantMessageEventStream, controller: AbortController): AssistantMessageEventStream {
@@ -636,6 +642,7 @@ function boundedToolCalls(model: Parameters<StreamFn>[0], stream: AssistantMessa
           stopReason: "error",
           errorMessage: `The model asked for more than ${MAX_TOOL_CALLS_PER_MESSAGE} tool calls in one message; none of them ran.`,
         };
+        OVER_TOOL_CALL_LIMIT.add(message);
         out.push({ type: "error", reason: "error", error: message });
         out.end(message);
         return;
@@ -652,6 +659,7 @@ function boundedToolCalls(model: Parameters<StreamFn>[0], stream: AssistantMessa
   return out;
 }
 
+/** A stream that answers `message` at once, as a provider's last event would. */
 function endedStream(message: AssistantMessage) {
   const stream = createAssistantMessageEventStream();
   if (message.stopReason === "error" || message.stopReason === "aborted") stream.push({ type: "error", reason: message.stopReason, error: message });

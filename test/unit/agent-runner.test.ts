@@ -905,7 +905,8 @@ test("agent-runner - a model message asking for more tool calls than MAX_TOOL_CA
       streamFn: (model, _context, opts) => {
         signal = opts?.signal;
         const stream = createAssistantMessageEventStream();
-        const message = toolUse(model, []);
+        // As a tenant's own endpoint answers (its errors are otherwise only summarised).
+        const message = toolUse({ ...model, provider: "openai-compatible" }, []);
         stream.push({ type: "start", partial: message });
         // One burst, as one network chunk of a hostile endpoint parses into.
         for (let i = 0; i < CALLS; i++) {
@@ -921,6 +922,8 @@ test("agent-runner - a model message asking for more tool calls than MAX_TOOL_CA
   });
   const result = await turn.result;
   t.is(result.outcome, "failed");
+  t.is(result.error?.code, "agent_execution_failed", "named as it is, not retryable (a tenant endpoint's errors are only summarised: review)");
+  t.false(result.error?.retryable);
   t.regex(result.error?.message ?? "", new RegExp(`more than ${MAX_TOOL_CALLS_PER_MESSAGE} tool calls`));
   t.true(signal?.aborted, "the model's request is aborted");
   t.deepEqual(await readdir(dir), [], "no call ran");
