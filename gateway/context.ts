@@ -51,7 +51,7 @@ export interface GatewayContext {
   /** This node's executing and queued turns and its recoveries of gained partitions' busy runs (for /metrics); undefined for gateway-only nodes. */
   turnCounts?: () => { active: number; queued: number; recovering: number; recoveriesWaiting: number };
   metrics: GatewayMetrics;
-  /** Whether NATS and the store answer now, each within a second (/readyz and /metrics). */
+  /** Whether this node's NATS connection is up, and whether the store answers a ping within a second (/readyz and /metrics). */
   health: { natsUp(): Promise<boolean>; storeUp(): Promise<boolean> };
 }
 
