@@ -1,7 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { MongoNetworkError, MongoServerSelectionError } from "mongodb";
-import { BlobKeyring, BoundedWork, objectChunkReader, CHECKPOINTS_BUCKET, type Clock, FILES_BUCKET, orphanGraceMs, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
+import { BlobKeyring, BoundedWork, objectChunkReader, CHECKPOINTS_BUCKET, type Clock, FILES_BUCKET, orphanGraceMs, Ids, type Config, ConfigurationError, connectNats, DeploymentCache, EnvValues, EventKeyring, FileStore, isTransient, JetStreamEventLog, MongoStore, provisionNats, secretboxBackend, secretboxReady, systemClock, UsageLedger, useCursorKey, useEventIdVersion, WebhookStore } from "../src/index.js";
 import { ActiveTurns, ActorHost, CHECKPOINT_WRITE_GRACE_MS, WebhookDeliverer, DeploymentBuilder, EgressProxy, parseTestHosts, PART_REMOVALS_AT_ONCE, PART_REMOVALS_WAITING, Sandbox, scrubProviderEnvironment, WorkspaceCheckpoints } from "../actors/index.js";
 import path from "node:path";
 import { buildApp } from "../gateway/index.js";
@@ -194,8 +193,7 @@ async function connectStore(config: Config, log: Logger): Promise<MongoStore> {
     try {
       return await MongoStore.connect(config.mongoUri!, config.mongoDb);
     } catch (err) {
-      const unreachable = err instanceof MongoServerSelectionError || err instanceof MongoNetworkError;
-      if (!unreachable || Date.now() + 1_000 >= giveUpAt) throw err;
+      if (!isTransient(err) || Date.now() + 1_000 >= giveUpAt) throw err;
       log.warn({ err: (err as Error).message, attempt }, "the store does not answer yet; waiting for it");
       await new Promise((resolve) => setTimeout(resolve, 1_000));
     }
