@@ -119,13 +119,14 @@ export async function buildApp(
   ctx: Omit<GatewayContext, "router" | "auth" | "idempotency" | "rateLimiter" | "uploadSlots" | "finalTurns" | "metrics" | "health"> & { rateLimits: KV },
 ): Promise<{ app: FastifyInstance; context: GatewayContext }> {
   const connection = trackConnection(ctx.nc);
+  const natsConnected = () => connection.connected && !ctx.nc.isClosed();
   const health: GatewayContext["health"] = {
     // Connected by the client's account (it had only asked whether the connection was closed
     // for good, and said nats: true through an outage: fault probe). A server that stops
     // answering without closing the socket is found by the client's pings (src/nats.ts):
     // a PING of /readyz's own would wait behind the node's other traffic and make readiness
     // flap on a busy node (review).
-    natsUp: async () => connection.connected && !ctx.nc.isClosed() && !ctx.nc.isDraining(),
+    natsUp: () => natsConnected() && !ctx.nc.isDraining(),
     storeUp: () => within(ctx.store.ping(), PING_BOUND_MS, ctx.clock, () => false),
   };
   const context: GatewayContext = {
@@ -141,7 +142,7 @@ export async function buildApp(
     metrics: new GatewayMetrics({
       turns: ctx.turnCounts,
       sseStreams: () => openStreamCount(context),
-      natsConnected: () => connection.connected && !ctx.nc.isClosed(),
+      natsConnected,
       storeReachable: health.storeUp,
     }, ctx.config.metricsToken !== undefined),
     health,

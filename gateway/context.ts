@@ -52,7 +52,7 @@ export interface GatewayContext {
   turnCounts?: () => { active: number; queued: number; recovering: number; recoveriesWaiting: number };
   metrics: GatewayMetrics;
   /** Whether this node's NATS connection is up, and whether the store answers a ping within a second (/readyz and /metrics). */
-  health: { natsUp(): Promise<boolean>; storeUp(): Promise<boolean> };
+  health: { natsUp(): boolean; storeUp(): Promise<boolean> };
 }
 
 declare module "fastify" {

@@ -56,7 +56,8 @@ export function healthRoutes(ctx: GatewayContext) {
     route(app, HEALTH_OPERATIONS.healthz, async () => ({ status: "ok" as const }));
 
     route(app, HEALTH_OPERATIONS.readyz, async (_request, reply) => {
-      const [nats, store] = await Promise.all([ctx.health.natsUp(), ctx.health.storeUp()]);
+      const nats = ctx.health.natsUp();
+      const store = await ctx.health.storeUp();
       const actors = ctx.actorsReady ? ctx.actorsReady() : true;
       const ready = nats && store && actors;
       // The sandbox is reported, not required here: a node without one never starts.
