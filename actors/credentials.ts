@@ -50,7 +50,10 @@ export function apiKeyResolver(values: Record<string, string>, model: ModelRef):
       const name = typeof model === "object" ? model.api_key_env : undefined;
       return name ? usable(name) : undefined;
     }
-    for (const name of providerKeyVars(provider)) if (usable(name)) return usable(name);
+    for (const name of providerKeyVars(provider)) {
+      const value = usable(name);
+      if (value) return value;
+    }
     return undefined;
   };
 }
