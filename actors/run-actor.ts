@@ -414,24 +414,23 @@ export class RunActor {
     const counted: Partial<RunDoc> = { turn_count: last.index + 1, latest_turn_id: last._id };
     const settledNow: Array<{ turnId: string; view: ReturnType<typeof renderRun> }> = [];
     for (const turn of unadmitted) {
-      if (isFinalStatus(turn.status)) {
-        // Settled by an attempt that stopped before the run's write (a failed webhook record,
-        // a crash): its webhooks (once per turn) and notice still go; its final event is not
-        // emitted again, as for any turn a new owner finds final (recoverActiveTurn).
-        const view = renderRun({ ...run, ...counted }, turn);
-        await this.turns.recordWebhooks(run, turn, view);
-        settledNow.push({ turnId: turn._id, view });
-        continue;
+      // One found final was settled by an attempt that stopped before the run's write (a
+      // failed webhook record, a crash): its final event is not emitted again, as for any
+      // turn a new owner finds final (recoverActiveTurn); its webhooks (once per turn) and
+      // notice still go.
+      let final = turn;
+      if (!isFinalStatus(turn.status)) {
+        const set: Partial<TurnDoc> = { status: TurnStatus.failed, output: [], error: turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }), completed_at: now, duration_ms: 0 };
+        await this.r.store.updateTurnFenced(turn._id, this.epoch, set);
+        final = { ...turn, ...set };
       }
-      const final: Partial<TurnDoc> = { status: TurnStatus.failed, output: [], error: turnError("runtime_dispatch_failed", { reference: this.r.ids.reference() }), completed_at: now, duration_ms: 0 };
-      await this.r.store.updateTurnFenced(turn._id, this.epoch, final);
       // As any final turn's: its final event, webhooks and notice carry the run as this
       // settlement leaves it (counting the turn), and the webhooks are recorded before it.
-      const view = renderRun({ ...run, ...counted }, { ...turn, ...final });
-      this.emit(turn._id, "platform", finalEventType(TurnStatus.failed), { run: view });
-      await this.turns.recordWebhooks(run, { ...turn, ...final }, view);
+      const view = renderRun({ ...run, ...counted }, final);
+      if (final !== turn) this.emit(turn._id, "platform", finalEventType(TurnStatus.failed), { run: view });
+      await this.turns.recordWebhooks(run, final, view);
       settledNow.push({ turnId: turn._id, view });
-      this.r.log.warn({ run_id: run._id, turn_id: turn._id }, "a turn admitted half (its run never named it) failed: nothing of it ran");
+      if (final !== turn) this.r.log.warn({ run_id: run._id, turn_id: turn._id }, "a turn admitted half (its run never named it) failed: nothing of it ran");
     }
     await this.appender!.flush().catch((err: unknown) => this.r.log.warn({ err, run_id: run._id }, "event stream write failed"));
     const set: Partial<RunDoc> = { ...counted, event_seq: this.appender!.nextSequence - 1 };
