@@ -103,6 +103,14 @@ const ENDPOINTS_TTL_MS = 2_000;
 /** A delivery as a look for due ones reads it: everything but its body. */
 export type DueDelivery = Omit<DeliveryDoc, "body">;
 
+/** The at most `count` newest of `secrets` that sign at `now` (current, or in their grace), newest first. */
+function signingNow(secrets: WebhookSecretDoc[], now: number, count: number): WebhookSecretDoc[] {
+  return secrets
+    .filter((s) => s.expires_at === null || s.expires_at > now)
+    .sort((a, b) => b.created_at - a.created_at)
+    .slice(0, count);
+}
+
 /** Documents ordered before (createdAt, id) by creation time, then id: keyset paging and order per run. */
 export class WebhookStore {
   private readonly endpoints: Collection<WebhookDoc>;
@@ -144,8 +152,7 @@ export class WebhookStore {
     const now = this.clock.nowMs();
     const key = deriveLabelledKey(this.master, "webhooks", doc.workspace_id);
     // The newest ones only, also for an endpoint rotated more often before the cap.
-    const live = doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).sort((a, b) => b.created_at - a.created_at);
-    return live.slice(0, MAX_PREVIOUS_SECRETS + 1).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
+    return signingNow(doc.secrets, now, MAX_PREVIOUS_SECRETS + 1).map((s) => Buffer.from(open(key, Buffer.from(s.sealed, "base64"))).toString("utf8"));
   }
 
   private readonly insertListeners = new Set<(partition: number) => void>();
@@ -242,9 +249,8 @@ export class WebhookStore {
     if (!doc) return null;
     const now = this.clock.nowMs();
     const secret = newWebhookSecret();
-    const kept = doc.secrets.filter((s) => s.expires_at === null || s.expires_at > now).map((s) => (s.expires_at === null ? { ...s, expires_at: now + SECRET_GRACE_MS } : s));
-    const newestFirst = kept.sort((a, b) => b.created_at - a.created_at).slice(0, MAX_PREVIOUS_SECRETS);
-    const secrets = [{ sealed: this.sealSecret(workspaceId, secret), created_at: now, expires_at: null }, ...newestFirst];
+    const kept = signingNow(doc.secrets, now, MAX_PREVIOUS_SECRETS).map((s) => (s.expires_at === null ? { ...s, expires_at: now + SECRET_GRACE_MS } : s));
+    const secrets = [{ sealed: this.sealSecret(workspaceId, secret), created_at: now, expires_at: null }, ...kept];
     const updated = await guard(() => this.endpoints.findOneAndUpdate({ _id: id, workspace_id: workspaceId }, { $set: { secrets, updated_at: now } }, { returnDocument: "after" }));
     return updated ? { doc: updated, secret } : null;
   }
