@@ -67,6 +67,11 @@ function run(
   return { turn, events };
 }
 
+/** A turn on `dir` whose model is `streamFn` (input "x", no history). */
+function runWith(dir: string, streamFn: StreamFn, config: AgentConfig = scripted()) {
+  return run({ config, workspaceDir: dir, history: [], input: text("x"), resolveModel: () => ({ model: scriptedModel, streamFn }) });
+}
+
 /** Wraps the real resolver so the test sees every context the model was called with. */
 function recordingResolver(contexts: Context[]): typeof resolveModel {
   return (ref, options) => {
@@ -489,17 +494,8 @@ test("agent-runner - onEvent is not called before startTurn returns", async (t) 
 
 test("agent-runner - an exception in the loop fails with agent_execution_failed, sanitized", async (t) => {
   const dir = await workspace();
-  const result = await run({
-    config: scripted(),
-    workspaceDir: dir,
-    history: [],
-    input: text("x"),
-    resolveModel: () => ({
-      model: scriptedModel,
-      streamFn: () => {
-        throw new Error("kaboom with sk-abcdefghijklmnop1234567");
-      },
-    }),
+  const result = await runWith(dir, () => {
+    throw new Error("kaboom with sk-abcdefghijklmnop1234567");
   }).turn.result;
   t.is(result.outcome, "failed");
   t.is(result.error?.code, "agent_execution_failed");
@@ -791,23 +787,14 @@ test("agent-runner - approvals: gated calls without a unique id are refused, not
       { type: "toolCall", id: "", name: "bash", arguments: { command: "touch one" } },
       { type: "toolCall", id: "", name: "bash", arguments: { command: "touch two" } },
     ]);
-  const result = await run({
-    config: scripted(undefined, { approval: { rules: [{ tool: "bash" }] } }),
-    workspaceDir: dir,
-    history: [],
-    input: text("x"),
-    resolveModel: () => ({
-      model: scriptedModel,
-      streamFn: (model) => {
-        calls++;
-        const message = calls === 1 ? asking(model) : { ...asking(model), content: [{ type: "text" as const, text: "gave up" }], stopReason: "stop" as const };
-        const stream = createAssistantMessageEventStream();
-        stream.push({ type: "done", reason: message.stopReason as "stop" | "toolUse", message });
-        stream.end(message);
-        return stream;
-      },
-    }),
-  }).turn.result;
+  const result = await runWith(dir, (model) => {
+    calls++;
+    const message = calls === 1 ? asking(model) : { ...asking(model), content: [{ type: "text" as const, text: "gave up" }], stopReason: "stop" as const };
+    const stream = createAssistantMessageEventStream();
+    stream.push({ type: "done", reason: message.stopReason as "stop" | "toolUse", message });
+    stream.end(message);
+    return stream;
+  }, scripted(undefined, { approval: { rules: [{ tool: "bash" }] } })).turn.result;
   t.is(result.outcome, "completed");
   t.is(result.pause, undefined);
   const results = result.transcript.filter((m) => m.role === "toolResult") as ToolResultMessage[];
@@ -895,30 +882,21 @@ test("agent-runner - a model message asking for more tool calls than MAX_TOOL_CA
   let signal: AbortSignal | undefined;
   const CALLS = 30_000;
   const started = Date.now();
-  const { turn, events } = run({
-    config: scripted(),
-    workspaceDir: dir,
-    history: [],
-    input: text("x"),
-    resolveModel: () => ({
-      model: scriptedModel,
-      streamFn: (model, _context, opts) => {
-        signal = opts?.signal;
-        const stream = createAssistantMessageEventStream();
-        // As a tenant's own endpoint answers (its errors are otherwise only summarised).
-        const message = toolUse({ ...model, provider: "openai-compatible" }, []);
-        stream.push({ type: "start", partial: message });
-        // One burst, as one network chunk of a hostile endpoint parses into.
-        for (let i = 0; i < CALLS; i++) {
-          message.content.push({ type: "toolCall", id: `call_${i}`, name: "bash", arguments: { command: `touch f${i}` } });
-          stream.push({ type: "toolcall_start", contentIndex: i, partial: message });
-          stream.push({ type: "toolcall_end", contentIndex: i, toolCall: message.content[i] as never, partial: message });
-        }
-        stream.push({ type: "done", reason: "toolUse", message });
-        stream.end(message);
-        return stream;
-      },
-    }),
+  const { turn, events } = runWith(dir, (model, _context, opts) => {
+    signal = opts?.signal;
+    const stream = createAssistantMessageEventStream();
+    // As a tenant's own endpoint answers (its errors are otherwise only summarised).
+    const message = toolUse({ ...model, provider: "openai-compatible" }, []);
+    stream.push({ type: "start", partial: message });
+    // One burst, as one network chunk of a hostile endpoint parses into.
+    for (let i = 0; i < CALLS; i++) {
+      message.content.push({ type: "toolCall", id: `call_${i}`, name: "bash", arguments: { command: `touch f${i}` } });
+      stream.push({ type: "toolcall_start", contentIndex: i, partial: message });
+      stream.push({ type: "toolcall_end", contentIndex: i, toolCall: message.content[i] as never, partial: message });
+    }
+    stream.push({ type: "done", reason: "toolUse", message });
+    stream.end(message);
+    return stream;
   });
   const result = await turn.result;
   t.is(result.outcome, "failed");
@@ -936,25 +914,16 @@ test("agent-runner - a model message asking for more tool calls than MAX_TOOL_CA
 test("agent-runner - a message with MAX_TOOL_CALLS_PER_MESSAGE calls is taken whole", async (t) => {
   const dir = await workspace();
   let calls = 0;
-  const result = await run({
-    config: scripted(),
-    workspaceDir: dir,
-    history: [],
-    input: text("x"),
-    resolveModel: () => ({
-      model: scriptedModel,
-      streamFn: (model) => {
-        calls++;
-        const content = Array.from({ length: MAX_TOOL_CALLS_PER_MESSAGE }, (_, i) => ({ type: "toolCall" as const, id: `c${i}`, name: "read", arguments: { path: "none.txt" } }));
-        const message = calls === 1 ? toolUse(model, content) : { ...toolUse(model, [{ type: "text" as const, text: "done" }]), stopReason: "stop" as const };
-        const stream = createAssistantMessageEventStream();
-        stream.push({ type: "start", partial: message });
-        if (calls === 1) for (let i = 0; i < content.length; i++) stream.push({ type: "toolcall_start", contentIndex: i, partial: message });
-        stream.push({ type: "done", reason: message.stopReason as "stop" | "toolUse", message });
-        stream.end(message);
-        return stream;
-      },
-    }),
+  const result = await runWith(dir, (model) => {
+    calls++;
+    const content = Array.from({ length: MAX_TOOL_CALLS_PER_MESSAGE }, (_, i) => ({ type: "toolCall" as const, id: `c${i}`, name: "read", arguments: { path: "none.txt" } }));
+    const message = calls === 1 ? toolUse(model, content) : { ...toolUse(model, [{ type: "text" as const, text: "done" }]), stopReason: "stop" as const };
+    const stream = createAssistantMessageEventStream();
+    stream.push({ type: "start", partial: message });
+    if (calls === 1) for (let i = 0; i < content.length; i++) stream.push({ type: "toolcall_start", contentIndex: i, partial: message });
+    stream.push({ type: "done", reason: message.stopReason as "stop" | "toolUse", message });
+    stream.end(message);
+    return stream;
   }).turn.result;
   t.is(result.outcome, "completed", JSON.stringify(result.error));
   t.is(result.transcript.filter((m) => m.role === "toolResult").length, MAX_TOOL_CALLS_PER_MESSAGE);
